@@ -1,0 +1,3 @@
+//! Layer 1 of `distribute`: device names in TensorFlow's syntax.
+//!
+//! Knows nothing about values, tensors, threads or strategies.

@@ -1,0 +1,150 @@
+//! `cargo xtask`: the project's runner, in the style of rust-analyzer's and wgpu's xtasks.
+//!
+//! It only orchestrates `cargo` and the provisioning that tests need; it knows nothing about the
+//! library crates' internals. The tidy tests (layering, module headers) live in [`tidy`].
+
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+#[cfg(test)]
+mod tidy;
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [args]
+
+commands:
+  test [CARGO-TEST-ARGS...]   run every test of the workspace (unit, integration, benches in
+                              test mode, doc tests); extra args go to the test binaries
+  ci                          cargo fmt --check, clippy --all-targets -D warnings, then test
+  bench [SUITE...]            run the criterion benchmarks of the named crates (e.g. `device-spec`),
+                              or of every crate when none is named
+  help                        print this message
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &[String]) -> Result<()> {
+    let (command, rest) = match args.split_first() {
+        Some((command, rest)) => (command.as_str(), rest),
+        None => ("help", &[][..]),
+    };
+    match command {
+        "test" => test(rest),
+        "ci" => ci(rest),
+        "bench" => bench(rest),
+        "help" | "--help" | "-h" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown command '{other}'\n\n{USAGE}"),
+    }
+}
+
+/// Runs every test of the workspace. Doc tests need their own invocation because
+/// `--all-targets` leaves them out.
+fn test(extra: &[String]) -> Result<()> {
+    let mut all_targets = vec!["test", "--workspace", "--all-targets"];
+    let mut doc = vec!["test", "--workspace", "--doc"];
+    if !extra.is_empty() {
+        all_targets.push("--");
+        doc.push("--");
+        all_targets.extend(extra.iter().map(String::as_str));
+        doc.extend(extra.iter().map(String::as_str));
+    }
+    cargo("tests", &all_targets)?;
+    cargo("doc tests", &doc)
+}
+
+fn ci(rest: &[String]) -> Result<()> {
+    if !rest.is_empty() {
+        bail!("`cargo xtask ci` takes no arguments (got {rest:?})");
+    }
+    cargo("format check", &["fmt", "--all", "--", "--check"])?;
+    cargo(
+        "clippy",
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
+    )?;
+    test(&[])
+}
+
+fn bench(suites: &[String]) -> Result<()> {
+    let mut args = vec!["bench".to_owned()];
+    if suites.is_empty() {
+        args.push("--workspace".to_owned());
+    }
+    for suite in suites {
+        args.push("--package".to_owned());
+        args.push(package_for_suite(suite));
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    cargo("benchmarks", &args)
+}
+
+/// `device-spec` → `distribute-device-spec`; a full package name passes through.
+fn package_for_suite(suite: &str) -> String {
+    if suite.starts_with("distribute") {
+        suite.to_owned()
+    } else {
+        format!("distribute-{suite}")
+    }
+}
+
+/// Runs `cargo ARGS` from the workspace root, echoing the command and its duration.
+fn cargo(what: &str, args: &[&str]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    eprintln!("xtask: {what}: cargo {}", args.join(" "));
+    let start = Instant::now();
+    let status = Command::new(&cargo)
+        .args(args)
+        .current_dir(workspace_root())
+        .status()
+        .with_context(|| format!("could not start `{cargo}`"))?;
+    eprintln!("xtask: {what}: {:.1} s", start.elapsed().as_secs_f64());
+    if !status.success() {
+        bail!("{what} failed: `cargo {}` exited with {status}", args.join(" "));
+    }
+    Ok(())
+}
+
+fn workspace_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives one level below the workspace root")
+        .to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suites_map_to_packages() {
+        assert_eq!(package_for_suite("device-spec"), "distribute-device-spec");
+        assert_eq!(package_for_suite("distribute-values"), "distribute-values");
+    }
+
+    #[test]
+    fn unknown_command_is_an_error_with_usage() {
+        let err = run(&["frobnicate".to_owned()]).unwrap_err().to_string();
+        assert!(err.contains("unknown command 'frobnicate'"), "{err}");
+        assert!(err.contains("usage: cargo xtask"), "{err}");
+    }
+}
