@@ -119,7 +119,10 @@ fn cargo(what: &str, args: &[&str]) -> Result<()> {
         .with_context(|| format!("could not start `{cargo}`"))?;
     eprintln!("xtask: {what}: {:.1} s", start.elapsed().as_secs_f64());
     if !status.success() {
-        bail!("{what} failed: `cargo {}` exited with {status}", args.join(" "));
+        bail!(
+            "{what} failed: `cargo {}` exited with {status}",
+            args.join(" ")
+        );
     }
     Ok(())
 }
