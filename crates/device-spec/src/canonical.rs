@@ -121,8 +121,8 @@ pub fn all_local_devices(available_gpus: usize, limit: Option<usize>) -> Vec<Str
     local_devices_from_num_gpus(limit.map_or(available_gpus, |n| n.min(available_gpus)))
 }
 
-/// The canonical spec of `device`: the built-in defaults, overridden by the host's fields when it
-/// names a job, then by `default`, then by `device`.
+/// The canonical spec of `device`: each field from `device` if set, else from `default`, else
+/// from the host when it names a job, else the built-in default.
 fn canonical_spec(
     device: &DeviceSpec,
     default: Option<&DeviceSpec>,
@@ -134,15 +134,29 @@ fn canonical_spec(
     }
     static BUILTIN: LazyLock<DeviceSpec> =
         LazyLock::new(|| DEFAULT_HOST.parse().expect("the built-in default parses"));
-    let mut result = if host.job().is_some() {
-        BUILTIN.merged_with(host)
-    } else {
-        BUILTIN.clone()
+    // Highest precedence first; merging field by field without building intermediate specs
+    // keeps this to one allocation per string field.
+    let layers = [
+        Some(device),
+        default,
+        host.job().is_some().then_some(host),
+        Some(&*BUILTIN),
+    ];
+    let first = |field: fn(&DeviceSpec) -> Option<&str>| {
+        layers.iter().flatten().find_map(|spec| field(spec))
     };
-    if let Some(default) = default {
-        result = result.merged_with(default);
-    }
-    Ok(result.merged_with(device))
+    let first_number = |field: fn(&DeviceSpec) -> Option<u32>| {
+        layers.iter().flatten().find_map(|spec| field(spec))
+    };
+    let spec = DeviceSpec::new()
+        .with_job(first(DeviceSpec::job))?
+        .with_replica(first_number(DeviceSpec::replica))
+        .with_task(first_number(DeviceSpec::task))
+        .with_device(
+            first(DeviceSpec::device_type),
+            first_number(DeviceSpec::device_index),
+        )?;
+    Ok(spec)
 }
 
 fn check_upper_case(spec: &DeviceSpec) -> Result<(), DeviceSpecError> {

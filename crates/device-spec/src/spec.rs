@@ -217,37 +217,44 @@ impl FromStr for DeviceSpec {
         let mut parsed = DeviceSpec::default();
         let mut seen_device = false;
         for component in spec.split('/').filter(|c| !c.is_empty()) {
-            let parts: Vec<&str> = component.split(':').collect();
-            let (device_type, index) = match parts.as_slice() {
-                ["job", "*"] => {
+            // At most four parts matter: three for `device:TYPE:N`, a fourth means too many.
+            let mut parts = component.split(':');
+            let parts = [parts.next(), parts.next(), parts.next(), parts.next()];
+            let (device_type, index) = match parts {
+                [Some("job"), Some("*"), None, _] => {
                     parsed.job = None;
                     continue;
                 }
-                ["job", job] => {
+                [Some("job"), Some(job), None, _] => {
                     parsed.job = Some(checked_name("job", job)?);
                     continue;
                 }
-                ["replica", n] => {
+                [Some("replica"), Some(n), None, _] => {
                     parsed.replica = parse_number(spec, "replica", n)?;
                     continue;
                 }
-                ["task", n] => {
+                [Some("task"), Some(n), None, _] => {
                     parsed.task = parse_number(spec, "task", n)?;
                     continue;
                 }
-                [short] if is_short_form(short) => (short.to_ascii_uppercase(), "*"),
-                [short, index] if is_short_form(short) => (short.to_ascii_uppercase(), *index),
-                ["device", device_type @ ("cpu" | "gpu"), index] => {
-                    (device_type.to_ascii_uppercase(), *index)
+                [Some(short), index, None, _] if is_short_form(short) => {
+                    (short.to_ascii_uppercase(), index.unwrap_or("*"))
                 }
-                ["device", device_type, index] => ((*device_type).to_owned(), *index),
+                [
+                    Some("device"),
+                    Some(device_type @ ("cpu" | "gpu")),
+                    Some(index),
+                    None,
+                ] => (device_type.to_ascii_uppercase(), index),
+                [Some("device"), Some(device_type), Some(index), None] => {
+                    (device_type.to_owned(), index)
+                }
                 [name, ..] => {
                     return Err(DeviceSpecError::UnknownComponent {
                         spec: spec.to_owned(),
-                        component: (*name).to_owned(),
+                        component: name.unwrap_or_default().to_owned(),
                     });
                 }
-                [] => unreachable!("str::split yields at least one part"),
             };
             if std::mem::replace(&mut seen_device, true) {
                 return Err(DeviceSpecError::MultipleDeviceTypes {
@@ -269,22 +276,55 @@ fn is_short_form(name: &str) -> bool {
 
 impl fmt::Display for DeviceSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Writing pieces with `write_str` instead of `write!` keeps printing (and so
+        // canonicalization, which prints) well under the cost of parsing.
         if let Some(job) = &self.job {
-            write!(f, "/job:{job}")?;
+            f.write_str("/job:")?;
+            f.write_str(job)?;
         }
         if let Some(replica) = self.replica {
-            write!(f, "/replica:{replica}")?;
+            f.write_str("/replica:")?;
+            f.write_str(Decimal::new(replica).as_str())?;
         }
         if let Some(task) = self.task {
-            write!(f, "/task:{task}")?;
+            f.write_str("/task:")?;
+            f.write_str(Decimal::new(task).as_str())?;
         }
         if let Some(device_type) = &self.device_type {
+            f.write_str("/device:")?;
+            f.write_str(device_type)?;
+            f.write_str(":")?;
             match self.device_index {
-                Some(index) => write!(f, "/device:{device_type}:{index}")?,
-                None => write!(f, "/device:{device_type}:*")?,
+                Some(index) => f.write_str(Decimal::new(index).as_str())?,
+                None => f.write_str("*")?,
             }
         }
         Ok(())
+    }
+}
+
+/// A `u32` in decimal, on the stack.
+struct Decimal {
+    digits: [u8; 10],
+    start: usize,
+}
+
+impl Decimal {
+    fn new(mut n: u32) -> Self {
+        let mut digits = [0; 10];
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            digits[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                return Self { digits, start };
+            }
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        std::str::from_utf8(&self.digits[self.start..]).expect("ASCII digits")
     }
 }
 
@@ -310,6 +350,13 @@ mod tests {
         let spec = parse("/gpu:3").with_device(None, 7).unwrap();
         assert_eq!(spec.device_index(), None);
         assert_eq!(spec, DeviceSpec::new());
+    }
+
+    #[test]
+    fn decimals_print_like_display() {
+        for n in [0, 7, 10, 99, 4_294_967_295] {
+            assert_eq!(Decimal::new(n).as_str(), n.to_string());
+        }
     }
 
     #[test]
