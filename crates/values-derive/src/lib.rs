@@ -7,7 +7,7 @@
 use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as TokenStream2};
 use quote::{format_ident, quote};
-use syn::{Data, DeriveInput, Fields, Ident, Index, parse_macro_input, parse_quote};
+use syn::{Data, DeriveInput, Fields, Generics, Ident, Index, parse_macro_input, parse_quote};
 
 /// See `distribute_values::Regroup` (the derive is documented where it is re-exported).
 #[proc_macro_derive(Regroup, attributes(regroup))]
@@ -52,9 +52,8 @@ fn expand_leaf(input: &DeriveInput) -> TokenStream2 {
     let name = &input.ident;
     let mut generics = input.generics.clone();
     for param in generics.type_params_mut() {
-        param
-            .bounds
-            .push(parse_quote!(::core::clone::Clone + ::core::cmp::PartialEq));
+        param.bounds.push(parse_quote!(::core::clone::Clone));
+        param.bounds.push(parse_quote!(::core::cmp::PartialEq));
     }
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     quote! {
@@ -154,11 +153,14 @@ fn expand_struct(input: &DeriveInput, fields: &Fields) -> syn::Result<TokenStrea
         quote!(<#ty as ::distribute_values::Regroup>::select(&regrouped.#member, selection, &path.field(#label))?)
     });
 
+    let companion_impls = companion_impls(&generics, &companion, fields, &members, &labels, &types);
+
     Ok(quote! {
         #[doc = #companion_doc]
-        #[derive(::core::fmt::Debug, ::core::clone::Clone, ::core::cmp::PartialEq)]
         #[allow(missing_docs)]
         #vis struct #companion #impl_generics #declaration_where #companion_body
+
+        #companion_impls
 
         impl #impl_generics ::distribute_values::Regroup for #name #ty_generics #where_clause {
             type Regrouped = #companion #ty_generics;
@@ -185,5 +187,90 @@ fn expand_struct(input: &DeriveInput, fields: &Fields) -> syn::Result<TokenStrea
                 ::core::result::Result::Ok(#name #selected_value)
             }
         }
+    })
+}
+
+/// `Debug`, `Clone` and `PartialEq` for the companion, bounded on the fields' regrouped types:
+/// std's derives would bound the type parameters instead, which says nothing about
+/// `<T as Regroup>::Regrouped`.
+fn companion_impls(
+    generics: &Generics,
+    companion: &Ident,
+    fields: &Fields,
+    members: &[TokenStream2],
+    labels: &[String],
+    types: &[&syn::Type],
+) -> TokenStream2 {
+    let params: Vec<&Ident> = generics.type_params().map(|p| &p.ident).collect();
+    // Only fields that involve a type parameter need a bound; bounding concrete field types
+    // would make a recursive struct's impls depend on themselves.
+    let generic_types: Vec<&&syn::Type> = types
+        .iter()
+        .filter(|ty| mentions_any(quote!(#ty), &params))
+        .collect();
+    let bounded = |bound: TokenStream2| -> Generics {
+        let mut generics = generics.clone();
+        let where_clause = generics.make_where_clause();
+        for ty in &generic_types {
+            where_clause
+                .predicates
+                .push(parse_quote!(<#ty as ::distribute_values::Regroup>::Regrouped: #bound));
+        }
+        generics
+    };
+    let clone_generics = bounded(quote!(::core::clone::Clone));
+    let eq_generics = bounded(quote!(::core::cmp::PartialEq));
+    let debug_generics = bounded(quote!(::core::fmt::Debug));
+    let (clone_impl, ty_generics, clone_where) = clone_generics.split_for_impl();
+    let (eq_impl, _, eq_where) = eq_generics.split_for_impl();
+    let (debug_impl, _, debug_where) = debug_generics.split_for_impl();
+
+    let clones: Vec<TokenStream2> = members
+        .iter()
+        .map(|m| quote!(::core::clone::Clone::clone(&self.#m)))
+        .collect();
+    let clone_body = match fields {
+        Fields::Named(_) => quote!(#companion { #( #members: #clones, )* }),
+        Fields::Unnamed(_) => quote!(#companion ( #( #clones, )* )),
+        Fields::Unit => quote!(#companion),
+    };
+    let companion_name = companion.to_string();
+    let debug_body = match fields {
+        Fields::Named(_) => quote! {
+            f.debug_struct(#companion_name) #( .field(#labels, &self.#members) )* .finish()
+        },
+        Fields::Unnamed(_) => quote! {
+            f.debug_tuple(#companion_name) #( .field(&self.#members) )* .finish()
+        },
+        Fields::Unit => quote!(f.write_str(#companion_name)),
+    };
+    quote! {
+        impl #clone_impl ::core::clone::Clone for #companion #ty_generics #clone_where {
+            fn clone(&self) -> Self {
+                #clone_body
+            }
+        }
+
+        impl #eq_impl ::core::cmp::PartialEq for #companion #ty_generics #eq_where {
+            fn eq(&self, other: &Self) -> bool {
+                let _ = other;
+                true #( && self.#members == other.#members )*
+            }
+        }
+
+        impl #debug_impl ::core::fmt::Debug for #companion #ty_generics #debug_where {
+            fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                #debug_body
+            }
+        }
+    }
+}
+
+/// Whether `tokens` contain one of the identifiers `idents`, at any depth.
+fn mentions_any(tokens: TokenStream2, idents: &[&Ident]) -> bool {
+    tokens.into_iter().any(|token| match token {
+        proc_macro2::TokenTree::Ident(ident) => idents.iter().any(|i| **i == ident),
+        proc_macro2::TokenTree::Group(group) => mentions_any(group.stream(), idents),
+        _ => false,
     })
 }

@@ -485,7 +485,7 @@ pub enum UpdateGrouping {
 /// use distribute_values::{update_regroup, Leaf, ReplicaDeviceMap, UpdateGrouping};
 ///
 /// let map = Arc::new(ReplicaDeviceMap::new(["/cpu:0", "/cpu:1"])?);
-/// let grouped: Leaf<f32> = update_regroup(&map, vec![1.0, 1.0], UpdateGrouping::Grouped)?;
+/// let grouped: Leaf<f32> = update_regroup(&map, vec![1.0_f32, 1.0], UpdateGrouping::Grouped)?;
 /// assert!(matches!(grouped, Leaf::Mirrored(_)));
 /// # Ok::<(), distribute_values::ValuesError>(())
 /// ```
@@ -611,7 +611,7 @@ fn transpose<S>(
     let len = replicas.first().map_or(0, Vec::len);
     if let Some((replica, other)) = replicas.iter().enumerate().find(|(_, r)| r.len() != len) {
         return Err(path.mismatch(format!(
-            "replica 0 returned a {what} of {len} elements, replica {replica} one of {}",
+            "replica 0 returned a {what} of {len} elements, replica {replica} a {what} of {}",
             other.len()
         )));
     }
