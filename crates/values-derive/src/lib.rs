@@ -274,3 +274,41 @@ fn mentions_any(tokens: TokenStream2, idents: &[&Ident]) -> bool {
         _ => false,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expand_str(source: &str) -> Result<String, String> {
+        let input: DeriveInput = syn::parse_str(source).unwrap();
+        expand(input)
+            .map(|tokens| tokens.to_string())
+            .map_err(|err| err.to_string())
+    }
+
+    #[test]
+    fn structs_get_a_companion_and_an_impl() {
+        let out = expand_str("pub struct Spec { pub mode: String, loss: f32 }").unwrap();
+        assert!(out.contains("pub struct SpecRegrouped"), "{out}");
+        assert!(
+            out.contains("impl :: distribute_values :: Regroup for Spec"),
+            "{out}"
+        );
+        assert!(out.contains("path . field (\"loss\")"), "{out}");
+    }
+
+    #[test]
+    fn leaves_get_no_companion() {
+        let out = expand_str("#[regroup(leaf)] struct Token<T>(T);").unwrap();
+        assert!(!out.contains("TokenRegrouped"), "{out}");
+        assert!(out.contains("Leaf < Self >"), "{out}");
+    }
+
+    #[test]
+    fn enums_and_unknown_attributes_are_refused_with_a_hint() {
+        let err = expand_str("enum E { A, B }").unwrap_err();
+        assert!(err.contains("#[regroup(leaf)]"), "{err}");
+        let err = expand_str("#[regroup(flatten)] struct S;").unwrap_err();
+        assert!(err.contains("the only one is #[regroup(leaf)]"), "{err}");
+    }
+}

@@ -54,8 +54,8 @@ pub use variable::{DistributedVariable, MirroredVariable, SyncOnReadVariable, Va
 /// For `struct Name { … }` it declares `NameRegrouped` with the same fields (and visibility),
 /// each of the field's regrouped type, deriving `Debug`, `Clone` and `PartialEq`. Tuple and unit
 /// structs work too; generic parameters get a `Regroup` bound. With `#[regroup(leaf)]` the type
-/// is a leaf instead: it regroups to [`Leaf<Self>`] and needs `Clone + PartialEq`. Enums and
-/// unions are not supported.
+/// is a leaf instead: it regroups to [`Leaf<Self>`] and needs `Clone + PartialEq`. Enums can
+/// only be leaves: their variants are not regrouped field by field.
 ///
 /// ```
 /// use std::sync::Arc;

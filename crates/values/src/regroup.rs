@@ -340,13 +340,14 @@ impl<T> Leaf<T> {
         }
     }
 
-    /// Whether the leaf holds the same logical value on every replica (VAL-37: `Mirrored`
-    /// values, and collapsed values that are literally equal).
+    /// TF's `is_mirrored`: true only for a [`Mirrored`] value (VAL-37). A plain value is not
+    /// mirrored, even when it was equal on every replica.
     pub fn is_mirrored(&self) -> bool {
-        !matches!(self, Leaf::PerReplica(_))
+        matches!(self, Leaf::Mirrored(_))
     }
 
-    /// TF's `is_sync_on_read` helper: true for anything that is not mirrored (VAL-37).
+    /// TF's `is_sync_on_read` helper: true for anything that is not mirrored, plain values and
+    /// [`PerReplica`] included (VAL-37).
     pub fn is_sync_on_read(&self) -> bool {
         !self.is_mirrored()
     }

@@ -60,10 +60,10 @@ fn for_replica(base: &Node, r: usize, vary: &[bool], counter: &mut usize) -> Nod
     if next() {
         node.value = node.value.wrapping_add(shift as i32);
     }
-    if let Some(label) = &mut node.label {
-        if next() {
-            label.push_str(&r.to_string());
-        }
+    if let Some(label) = &mut node.label
+        && next()
+    {
+        label.push_str(&r.to_string());
     }
     if next() {
         node.pair.0 = node.pair.0.wrapping_add(r as u8);

@@ -60,13 +60,14 @@ fn val_37_classification() {
     let plain = Leaf::Same(1);
     assert!(mirrored.is_mirrored() && !mirrored.is_sync_on_read());
     assert!(!per_replica.is_mirrored() && per_replica.is_sync_on_read());
-    assert!(plain.is_mirrored());
+    assert!(!plain.is_mirrored() && plain.is_sync_on_read());
 }
 
 #[test]
 fn val_37_synchronization_resolution() {
     use VariableSynchronization as S;
-    let cases: [(S, Option<bool>, Result<(SyncKind, bool), ErrorKind>); 7] = [
+    type Case = (S, Option<bool>, Result<(SyncKind, bool), ErrorKind>);
+    let cases: [Case; 7] = [
         (S::Auto, None, Ok((SyncKind::OnWrite, true))),
         (S::OnWrite, Some(false), Ok((SyncKind::OnWrite, false))),
         (S::OnRead, None, Ok((SyncKind::OnRead, false))),
@@ -227,12 +228,13 @@ fn val_43_aggregated_update_table() {
     let two = cpus(2);
     let per_replica =
         |a: f64, b: f64| Leaf::PerReplica(PerReplica::new(two.clone(), vec![a, b]).unwrap());
-    let cases: [(
+    type Case = (
         VariableAggregation,
         usize,
         Leaf<f64>,
         Result<f64, ErrorKind>,
-    ); 10] = [
+    );
+    let cases: [Case; 10] = [
         (Sum, 2, per_replica(1.0, 2.0), Ok(3.0)),
         (Mean, 2, per_replica(1.0, 2.0), Ok(1.5)),
         (OnlyFirstReplica, 2, per_replica(1.0, 2.0), Ok(1.0)),
