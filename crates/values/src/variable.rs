@@ -498,6 +498,8 @@ fn sum<T: VariableValue>(values: &[T]) -> Result<T, ValuesError> {
 }
 
 impl<T: VariableValue> SyncOnReadVariable<T> {
+    /// Replica-context updates of a sync-on-read variable are local whatever its aggregation:
+    /// the aggregation applies when it is read across replicas.
     fn check_local_update(&self) -> Result<(), ValuesError> {
         Ok(())
     }

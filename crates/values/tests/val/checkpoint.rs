@@ -1,6 +1,7 @@
 //! VAL-38..VAL-40: checkpoints save the logical value and restore it across replica counts.
 
 use distribute_values::{MirroredVariable, SavedValue, SyncOnReadVariable, VariableAggregation};
+use proptest::prelude::*;
 
 use crate::cpus;
 
@@ -116,5 +117,28 @@ fn checkpoints_restore_across_replica_counts() {
                 assert_eq!(target.values(), vec![share; m], "{aggregation} {case}");
             }
         }
+    }
+}
+
+proptest! {
+    /// Random components, replica counts 1..=8 on both sides: the cross-replica read after
+    /// save and restore equals the one before.
+    #[test]
+    fn sync_on_read_logical_value_survives_any_replica_count(
+        components in proptest::collection::vec(-1e6f64..1e6, 1..=8),
+        target_replicas in 1usize..=8,
+        aggregation in prop_oneof![
+            Just(VariableAggregation::Sum),
+            Just(VariableAggregation::Mean),
+            Just(VariableAggregation::OnlyFirstReplica),
+        ],
+    ) {
+        let source = SyncOnReadVariable::new("s", cpus(components.len()), 0.0, aggregation).unwrap();
+        set(&source, &components);
+        let logical = source.read_cross_replica().unwrap();
+        let target = SyncOnReadVariable::new("s", cpus(target_replicas), 0.0, aggregation).unwrap();
+        target.restore(&through_json(&source.save().unwrap())).unwrap();
+        let back = target.read_cross_replica().unwrap();
+        prop_assert!((back - logical).abs() <= 1e-9 * logical.abs().max(1.0), "{} vs {}", back, logical);
     }
 }
