@@ -1,0 +1,78 @@
+//! Layer 2 of `distribute`: the values that flow between replicas.
+//!
+//! Owns [`ReduceOp`], [`VariableAggregation`], [`VariableSynchronization`],
+//! [`ReplicaDeviceMap`], the distributed values [`PerReplica`] and [`Mirrored`] behind
+//! [`DistributedValues`], nested structures with [`regroup`] / [`select_replica`] /
+//! [`select_device_mirrored`] / [`update_regroup`] (and `#[derive(Regroup)]` for users'
+//! structs), the distributed variables [`MirroredVariable`] and [`SyncOnReadVariable`], and
+//! their checkpoint values.
+//!
+//! Element types are generic. This crate knows nothing about device memory, threads or
+//! collectives: device names are opaque strings, reductions of tensors belong to
+//! distribute-collectives, and replica vs cross-replica context is the strategy layer's typed
+//! context, which calls the explicit `*_local` / `*_cross_replica` methods here.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use distribute_values::{regroup, select_replica, Leaf, ReplicaDeviceMap};
+//!
+//! let map = Arc::new(ReplicaDeviceMap::new(["/device:GPU:0", "/device:GPU:1"])?);
+//! // Each replica returned (loss, step); the step is the same everywhere.
+//! let grouped = regroup(&map, vec![(0.5, 10), (0.25, 10)])?;
+//! assert!(matches!(grouped.0, Leaf::PerReplica(_)));
+//! assert_eq!(grouped.1, Leaf::Same(10));
+//! assert_eq!(select_replica::<(f64, i32)>(1, &grouped)?, (0.25, 10));
+//! # Ok::<(), distribute_values::ValuesError>(())
+//! ```
+
+// The derive macro names `::distribute_values`, which must resolve inside this crate too.
+extern crate self as distribute_values;
+
+mod aggregation;
+mod checkpoint;
+mod device_map;
+mod distributed;
+mod element;
+mod error;
+mod regroup;
+mod variable;
+
+pub use aggregation::{ReduceOp, SyncKind, VariableAggregation, VariableSynchronization};
+pub use checkpoint::SavedValue;
+pub use device_map::ReplicaDeviceMap;
+pub use distributed::{DistributedValues, Mirrored, PerReplica};
+pub use element::{UpdateOp, VariableValue};
+pub use error::{ErrorKind, ValuesError};
+pub use regroup::{
+    Leaf, Path, Regroup, RegroupContext, RegroupOptions, Selection, UpdateGrouping, Wrap, regroup,
+    regroup_with, select_device_mirrored, select_replica, select_replica_mirrored, update_regroup,
+};
+pub use variable::{DistributedVariable, MirroredVariable, SyncOnReadVariable, VariableComponent};
+
+/// `#[derive(Regroup)]`: regroup and select a struct field by field.
+///
+/// For `struct Name { … }` it declares `NameRegrouped` with the same fields (and visibility),
+/// each of the field's regrouped type, deriving `Debug`, `Clone` and `PartialEq`. Tuple and unit
+/// structs work too; generic parameters get a `Regroup` bound. With `#[regroup(leaf)]` the type
+/// is a leaf instead: it regroups to [`Leaf<Self>`] and needs `Clone + PartialEq`. Enums can
+/// only be leaves: their variants are not regrouped field by field.
+///
+/// ```
+/// use std::sync::Arc;
+/// use distribute_values::{regroup, select_replica, Leaf, Regroup, ReplicaDeviceMap};
+///
+/// #[derive(Debug, Clone, PartialEq, Regroup)]
+/// #[regroup(leaf)]
+/// struct Token(u32);
+///
+/// #[derive(Debug, Clone, PartialEq, Regroup)]
+/// struct Batch(Vec<Token>, String);
+///
+/// let map = Arc::new(ReplicaDeviceMap::new(["/cpu:0", "/cpu:1"])?);
+/// let xs = vec![Batch(vec![Token(1)], "x".into()), Batch(vec![Token(2)], "x".into())];
+/// let grouped: BatchRegrouped = regroup(&map, xs.clone())?;
+/// assert_eq!(grouped.1, Leaf::Same("x".to_owned()));
+/// assert_eq!(select_replica::<Batch>(0, &grouped)?, xs[0]);
+/// # Ok::<(), distribute_values::ValuesError>(())
+/// ```
+pub use distribute_values_derive::Regroup;
