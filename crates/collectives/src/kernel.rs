@@ -1,0 +1,295 @@
+//! Element-wise reduction kernels on host memory, in a fixed order.
+//!
+//! Every output element is `((in[0] ⊕ in[1]) ⊕ in[2]) ⊕ …` in input (replica) order, whatever
+//! thread computes it and however the work is split: that is what makes the results of the
+//! deterministic mode bitwise identical across runs, replicas and backends. `f16` and `bf16`
+//! accumulate in `f32` and round once; integers add with wrapping (no panic, same bits
+//! everywhere). `Mean` divides the sum by the input count and is refused for integers.
+//!
+//! The work is done in blocks that fit in L1, so each input element is read once and each output
+//! element written once: the memory traffic is the minimum, `N·S` read and `S` written.
+
+use distribute_values::ReduceOp;
+use half::{bf16, f16};
+use ndarray::{ArcArray, IxDyn};
+
+use crate::tensor::{Element, with_dtype};
+use crate::{CollectiveError, DType, Tensor};
+
+/// Elements per block: 16 KiB of f32 accumulators, well inside L1 together with the inputs'
+/// cache lines.
+const BLOCK: usize = 4096;
+
+/// Arithmetic of one element type, with its accumulator type.
+pub(crate) trait Arith: Element {
+    /// The type sums are kept in.
+    type Acc: Copy + Default + Send + Sync;
+    fn load(self) -> Self::Acc;
+    fn store(acc: Self::Acc) -> Self;
+    fn add(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    fn min(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    fn max(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    /// `a / n`, or `None` where division has no exact meaning (integers).
+    fn div(a: Self::Acc, n: usize) -> Option<Self::Acc>;
+}
+
+macro_rules! float_arith {
+    ($ty:ty, $acc:ty, $load:expr, $store:expr) => {
+        impl Arith for $ty {
+            type Acc = $acc;
+            #[inline(always)]
+            fn load(self) -> $acc {
+                ($load)(self)
+            }
+            #[inline(always)]
+            fn store(acc: $acc) -> Self {
+                ($store)(acc)
+            }
+            #[inline(always)]
+            fn add(a: $acc, b: $acc) -> $acc {
+                a + b
+            }
+            // NaN wins in both, as in tf.minimum / tf.maximum.
+            #[inline(always)]
+            fn min(a: $acc, b: $acc) -> $acc {
+                if a.is_nan() || a < b { a } else { b }
+            }
+            #[inline(always)]
+            fn max(a: $acc, b: $acc) -> $acc {
+                if a.is_nan() || a > b { a } else { b }
+            }
+            #[inline(always)]
+            fn div(a: $acc, n: usize) -> Option<$acc> {
+                Some(a / n as $acc)
+            }
+        }
+    };
+}
+
+float_arith!(f32, f32, |x| x, |x| x);
+float_arith!(f64, f64, |x| x, |x| x);
+float_arith!(f16, f32, f16::to_f32, f16::from_f32);
+float_arith!(bf16, f32, bf16::to_f32, bf16::from_f32);
+
+macro_rules! int_arith {
+    ($ty:ty) => {
+        impl Arith for $ty {
+            type Acc = $ty;
+            #[inline(always)]
+            fn load(self) -> $ty {
+                self
+            }
+            #[inline(always)]
+            fn store(acc: $ty) -> Self {
+                acc
+            }
+            #[inline(always)]
+            fn add(a: $ty, b: $ty) -> $ty {
+                a.wrapping_add(b)
+            }
+            #[inline(always)]
+            fn min(a: $ty, b: $ty) -> $ty {
+                Ord::min(a, b)
+            }
+            #[inline(always)]
+            fn max(a: $ty, b: $ty) -> $ty {
+                Ord::max(a, b)
+            }
+            fn div(_: $ty, _: usize) -> Option<$ty> {
+                None
+            }
+        }
+    };
+}
+
+int_arith!(i32);
+int_arith!(i64);
+
+/// Fails for `Mean` of an integer dtype, before any work is done.
+pub(crate) fn check_op(op: ReduceOp, dtype: DType) -> Result<(), CollectiveError> {
+    if op == ReduceOp::Mean && !dtype.is_floating() {
+        return Err(CollectiveError::IntegerMean(dtype));
+    }
+    Ok(())
+}
+
+/// Reduces element `i` of every input into `out[i]`, for `i` in `0..out.len()`.
+///
+/// `divisor` is what `Mean` divides by (the replica count, which may differ from `inputs.len()`
+/// when several workers contribute). Inputs must be at least as long as `out`.
+pub(crate) fn reduce_slices<T: Arith>(
+    op: ReduceOp,
+    inputs: &[&[T]],
+    out: &mut [T],
+    divisor: usize,
+) {
+    match op {
+        ReduceOp::Sum => fold(inputs, out, T::add, |a| a),
+        ReduceOp::Mean => fold(inputs, out, T::add, |a| {
+            T::div(a, divisor).expect("check_op refuses MEAN of integers")
+        }),
+        ReduceOp::Min => fold(inputs, out, T::min, |a| a),
+        ReduceOp::Max => fold(inputs, out, T::max, |a| a),
+    }
+}
+
+#[inline(always)]
+fn fold<T: Arith>(
+    inputs: &[&[T]],
+    out: &mut [T],
+    combine: impl Fn(T::Acc, T::Acc) -> T::Acc + Copy,
+    finish: impl Fn(T::Acc) -> T::Acc + Copy,
+) {
+    let (first, rest) = inputs.split_first().expect("at least one input");
+    let mut acc = [T::Acc::default(); BLOCK];
+    let mut start = 0;
+    while start < out.len() {
+        let end = (start + BLOCK).min(out.len());
+        let acc = &mut acc[..end - start];
+        for (a, &x) in acc.iter_mut().zip(&first[start..end]) {
+            *a = x.load();
+        }
+        for input in rest {
+            for (a, &x) in acc.iter_mut().zip(&input[start..end]) {
+                *a = combine(*a, x.load());
+            }
+        }
+        for (o, &a) in out[start..end].iter_mut().zip(acc.iter()) {
+            *o = T::store(finish(a));
+        }
+        start = end;
+    }
+}
+
+/// The contiguous elements of a host array, or `None` for a non-standard layout (a transposed
+/// or strided view), which callers copy first.
+pub(crate) fn contiguous<T: Element>(array: &ArcArray<T, IxDyn>) -> Option<&[T]> {
+    array.as_slice()
+}
+
+/// Reduces whole tensors element-wise on the calling thread; the result is placed on `device`.
+///
+/// All inputs must share dtype and shape. `divisor` is what `Mean` divides by.
+pub(crate) fn reduce_tensors(
+    op: ReduceOp,
+    inputs: &[&Tensor],
+    device: &str,
+    divisor: usize,
+) -> Result<Tensor, CollectiveError> {
+    let first = inputs.first().ok_or_else(|| {
+        CollectiveError::InvalidArgument("cannot reduce an empty list of values".into())
+    })?;
+    check_op(op, first.dtype())?;
+    if let Some(other) = inputs
+        .iter()
+        .find(|t| t.dtype() != first.dtype() || t.shape() != first.shape())
+    {
+        return Err(CollectiveError::InvalidArgument(format!(
+            "cannot reduce a {} {:?} tensor with a {} {:?} tensor: dtypes and shapes must match",
+            first.dtype(),
+            first.shape(),
+            other.dtype(),
+            other.shape()
+        )));
+    }
+    fn typed<T: Arith>(
+        op: ReduceOp,
+        inputs: &[&Tensor],
+        device: &str,
+        divisor: usize,
+    ) -> Result<Tensor, CollectiveError> {
+        // Standard-layout copies only where an input is strided; the common case borrows.
+        let owned: Vec<std::borrow::Cow<'_, [T]>> = inputs
+            .iter()
+            .map(|t| {
+                let a = t.array::<T>()?;
+                Ok(match contiguous(a) {
+                    Some(slice) => std::borrow::Cow::Borrowed(slice),
+                    None => std::borrow::Cow::Owned(a.iter().copied().collect()),
+                })
+            })
+            .collect::<Result<_, CollectiveError>>()?;
+        let slices: Vec<&[T]> = owned.iter().map(|c| &c[..]).collect();
+        let shape = inputs[0].shape().to_vec();
+        let mut out = vec![T::zero(); slices[0].len()];
+        reduce_slices(op, &slices, &mut out, divisor);
+        Tensor::from_vec(device, &shape, out)
+    }
+    with_dtype!(first.dtype(), T => typed::<T>(op, inputs, device, divisor))
+}
+
+/// Divides every element by `n` (TF's `divide_by_n_tensors_or_indexed_slices` for dense values).
+pub(crate) fn divide(tensor: &Tensor, n: usize) -> Result<Tensor, CollectiveError> {
+    if n == 0 {
+        return Err(CollectiveError::InvalidArgument(
+            "cannot divide by 0".into(),
+        ));
+    }
+    check_op(ReduceOp::Mean, tensor.dtype())?;
+    fn typed<T: Arith>(tensor: &Tensor, n: usize) -> Result<Tensor, CollectiveError> {
+        let a = tensor.array::<T>()?;
+        let out = a.mapv(|x| T::store(T::div(x.load(), n).expect("checked floating")));
+        Ok(Tensor::from_shared(tensor.device(), out.into_shared()))
+    }
+    with_dtype!(tensor.dtype(), T => typed::<T>(tensor, n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_cover_lengths_around_the_block_size() {
+        for len in [0, 1, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 7] {
+            let a: Vec<f32> = (0..len).map(|i| i as f32).collect();
+            let b: Vec<f32> = (0..len).map(|i| 2.0 * i as f32).collect();
+            let mut out = vec![0.0; len];
+            reduce_slices(ReduceOp::Sum, &[&a, &b], &mut out, 2);
+            assert!(
+                out.iter().enumerate().all(|(i, &x)| x == 3.0 * i as f32),
+                "len {len}"
+            );
+        }
+    }
+
+    #[test]
+    fn order_is_fixed_left_to_right() {
+        // (1e8 + 1) - 1e8 = 0 in f32, but 1e8 + (1 - 1e8) = 0 too; pick values where grouping
+        // matters: ((a + b) + c) with a = 1e8, b = -1e8, c = 1 gives 1; (a + (b + c)) gives 0.
+        let (a, b, c) = ([1e8f32], [-1e8f32], [1.0f32]);
+        let mut out = [0.0];
+        reduce_slices(ReduceOp::Sum, &[&a, &b, &c], &mut out, 3);
+        assert_eq!(out, [1.0]);
+    }
+
+    #[test]
+    fn half_precision_accumulates_in_f32() {
+        // 2048 + 1 + 1 in f16 step by step stays 2048 (spacing 2); in f32 it is 2050.
+        let big = [f16::from_f32(2048.0)];
+        let one = [f16::from_f32(1.0)];
+        let mut out = [f16::ZERO];
+        reduce_slices(ReduceOp::Sum, &[&big, &one, &one], &mut out, 3);
+        assert_eq!(out[0].to_f32(), 2050.0);
+    }
+
+    #[test]
+    fn min_max_propagate_nan_and_integers_wrap() {
+        let (a, b) = ([1.0f32, f32::NAN], [f32::NAN, 2.0]);
+        let mut out = [0.0; 2];
+        reduce_slices(ReduceOp::Min, &[&a, &b], &mut out, 2);
+        assert!(out[0].is_nan() && out[1].is_nan());
+        let (x, y) = ([i32::MAX], [1]);
+        let mut sum = [0];
+        reduce_slices(ReduceOp::Sum, &[&x, &y], &mut sum, 2);
+        assert_eq!(sum, [i32::MIN]);
+    }
+
+    #[test]
+    fn integer_mean_is_refused() {
+        let t = Tensor::from_vec("/cpu:0", &[1], vec![3i64]).unwrap();
+        assert_eq!(
+            reduce_tensors(ReduceOp::Mean, &[&t, &t], "/cpu:0", 2).unwrap_err(),
+            CollectiveError::IntegerMean(DType::I64)
+        );
+    }
+}

@@ -1,0 +1,225 @@
+//! Sparse gradients ([`IndexedSlices`], TF's `IndexedSlices`) and [`AnyTensor`], the dense-or-sparse
+//! value that cross-device operations accept.
+//!
+//! Sparse values reduce by concatenation (TF's behaviour): a sum keeps every slice, duplicates
+//! included, and only densifying adds duplicates up.
+
+use std::fmt;
+
+use crate::tensor::{Element, with_dtype};
+use crate::{CollectiveError, DType, Tensor};
+
+/// Rows of a conceptually dense tensor: `values[i]` is row `indices[i]` of a tensor of shape
+/// `dense_shape`. Indices may repeat; their rows add up.
+///
+/// ```
+/// use distribute_collectives::{IndexedSlices, Tensor};
+///
+/// let values = Tensor::from_vec("/cpu:0", &[2, 2], vec![3.0f32, 4.0, 5.0, 6.0])?;
+/// let slices = IndexedSlices::new(values, vec![1, 3], vec![5, 2])?;
+/// let dense = slices.to_dense()?;
+/// assert_eq!(dense.to_vec::<f32>()?, [0., 0., 3., 4., 0., 0., 5., 6., 0., 0.]);
+/// # Ok::<(), distribute_collectives::CollectiveError>(())
+/// ```
+#[derive(Clone, PartialEq)]
+pub struct IndexedSlices {
+    values: Tensor,
+    indices: Vec<usize>,
+    dense_shape: Vec<usize>,
+}
+
+impl IndexedSlices {
+    /// Checks that there is one index per row of `values`, each below `dense_shape[0]`, and that
+    /// the rows have the shape of `dense_shape` without its first dimension.
+    pub fn new(
+        values: Tensor,
+        indices: Vec<usize>,
+        dense_shape: Vec<usize>,
+    ) -> Result<IndexedSlices, CollectiveError> {
+        let invalid = |why: String| Err(CollectiveError::InvalidArgument(why));
+        let Some((&rows, row_shape)) = dense_shape.split_first() else {
+            return invalid("IndexedSlices need a dense shape of rank ≥ 1".into());
+        };
+        if values.shape().first() != Some(&indices.len()) || &values.shape()[1..] != row_shape {
+            return invalid(format!(
+                "IndexedSlices values of shape {:?} do not fit {} indices into dense shape \
+                 {dense_shape:?}: expected values of shape [{}, {}]",
+                values.shape(),
+                indices.len(),
+                indices.len(),
+                row_shape
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ));
+        }
+        if let Some(&bad) = indices.iter().find(|&&i| i >= rows) {
+            return invalid(format!(
+                "IndexedSlices index {bad} is out of range for a dense shape with {rows} rows"
+            ));
+        }
+        Ok(IndexedSlices {
+            values,
+            indices,
+            dense_shape,
+        })
+    }
+
+    /// The rows, shape `[indices.len(), dense_shape[1..]…]`.
+    pub fn values(&self) -> &Tensor {
+        &self.values
+    }
+
+    /// The row of the dense tensor each value row belongs to.
+    pub fn indices(&self) -> &[usize] {
+        &self.indices
+    }
+
+    /// The shape of the dense tensor.
+    pub fn dense_shape(&self) -> &[usize] {
+        &self.dense_shape
+    }
+
+    /// The device of the values.
+    pub fn device(&self) -> &str {
+        self.values.device()
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.values.dtype()
+    }
+
+    /// The same slices on `device`, sharing the buffer.
+    pub fn to_device(&self, device: &str) -> IndexedSlices {
+        IndexedSlices {
+            values: self.values.to_device(device),
+            ..self.clone()
+        }
+    }
+
+    /// The dense tensor: zeros, with every slice added to its row (duplicates add up).
+    pub fn to_dense(&self) -> Result<Tensor, CollectiveError> {
+        fn densify<T: Element + std::ops::Add<Output = T>>(
+            slices: &IndexedSlices,
+        ) -> Result<Tensor, CollectiveError> {
+            let mut dense = Tensor::zeros(slices.device(), T::DTYPE, &slices.dense_shape);
+            let values = slices.values.array::<T>()?;
+            let out = dense.array_mut::<T>()?;
+            for (row, &index) in slices.indices.iter().enumerate() {
+                let mut target = out.index_axis_mut(ndarray::Axis(0), index);
+                let source = values.index_axis(ndarray::Axis(0), row);
+                target.zip_mut_with(&source, |t, &s| *t = *t + s);
+            }
+            Ok(dense)
+        }
+        with_dtype!(self.dtype(), T => densify::<T>(self))
+    }
+
+    /// The slices of every input in order, on `device` (TF's sparse SUM). Fails when dense
+    /// shapes or dtypes differ.
+    pub fn concat(device: &str, parts: &[IndexedSlices]) -> Result<IndexedSlices, CollectiveError> {
+        let first = parts.first().ok_or_else(|| {
+            CollectiveError::InvalidArgument("cannot reduce an empty list of IndexedSlices".into())
+        })?;
+        if let Some(other) = parts.iter().find(|p| p.dense_shape != first.dense_shape) {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "IndexedSlices with dense shapes {:?} and {:?} cannot be reduced together",
+                first.dense_shape, other.dense_shape
+            )));
+        }
+        let values: Vec<Tensor> = parts.iter().map(|p| p.values.clone()).collect();
+        let values = Tensor::concat_rows(device, &values)?;
+        let indices = parts
+            .iter()
+            .flat_map(|p| p.indices.iter().copied())
+            .collect();
+        IndexedSlices::new(values, indices, first.dense_shape.clone())
+    }
+}
+
+impl fmt::Debug for IndexedSlices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "IndexedSlices(indices={:?}, dense_shape={:?}, values={})",
+            self.indices, self.dense_shape, self.values
+        )
+    }
+}
+
+/// A dense [`Tensor`] or sparse [`IndexedSlices`]: what `reduce` and `batch_reduce` accept.
+#[derive(Clone, PartialEq)]
+pub enum AnyTensor {
+    /// A dense tensor.
+    Dense(Tensor),
+    /// Rows of a dense tensor.
+    Sparse(IndexedSlices),
+}
+
+impl AnyTensor {
+    /// The device the value is placed on.
+    pub fn device(&self) -> &str {
+        match self {
+            AnyTensor::Dense(t) => t.device(),
+            AnyTensor::Sparse(s) => s.device(),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            AnyTensor::Dense(t) => t.dtype(),
+            AnyTensor::Sparse(s) => s.dtype(),
+        }
+    }
+
+    /// True for [`AnyTensor::Sparse`] (TF's `is_indexed_slices`).
+    pub fn is_sparse(&self) -> bool {
+        matches!(self, AnyTensor::Sparse(_))
+    }
+
+    /// The same value on `device`, sharing buffers.
+    pub fn to_device(&self, device: &str) -> AnyTensor {
+        match self {
+            AnyTensor::Dense(t) => AnyTensor::Dense(t.to_device(device)),
+            AnyTensor::Sparse(s) => AnyTensor::Sparse(s.to_device(device)),
+        }
+    }
+
+    /// The dense tensor, densifying sparse slices.
+    pub fn to_dense(&self) -> Result<Tensor, CollectiveError> {
+        match self {
+            AnyTensor::Dense(t) => Ok(t.clone()),
+            AnyTensor::Sparse(s) => s.to_dense(),
+        }
+    }
+}
+
+impl From<Tensor> for AnyTensor {
+    fn from(t: Tensor) -> Self {
+        AnyTensor::Dense(t)
+    }
+}
+
+impl From<IndexedSlices> for AnyTensor {
+    fn from(s: IndexedSlices) -> Self {
+        AnyTensor::Sparse(s)
+    }
+}
+
+impl fmt::Debug for AnyTensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AnyTensor::Dense(t) => fmt::Debug::fmt(t, f),
+            AnyTensor::Sparse(s) => fmt::Debug::fmt(s, f),
+        }
+    }
+}
+
+impl fmt::Display for AnyTensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}

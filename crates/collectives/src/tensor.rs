@@ -1,0 +1,458 @@
+//! [`Tensor`]: a dense array of one of the supported element types ([`DType`]), placed on a
+//! device.
+//!
+//! Host tensors keep their elements in an `ndarray::ArcArray`, so cloning a tensor, moving it to
+//! another host device, or handing every replica the same all-reduce result shares one buffer;
+//! writing through [`Tensor::array_mut`] copies first if the buffer is shared (copy on write).
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use ndarray::{ArcArray, Array, ArrayD, Axis, Dimension, IxDyn, Slice};
+
+use crate::CollectiveError;
+
+/// The element type of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    /// IEEE 754 half precision.
+    F16,
+    /// bfloat16: f32's exponent with 8 bits of mantissa.
+    BF16,
+    /// IEEE 754 single precision.
+    F32,
+    /// IEEE 754 double precision.
+    F64,
+    /// 32-bit signed integer.
+    I32,
+    /// 64-bit signed integer.
+    I64,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size_in_bytes(self) -> usize {
+        match self {
+            DType::F16 | DType::BF16 => 2,
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+        }
+    }
+
+    /// True for the floating-point types, the ones `Mean` can reduce.
+    pub fn is_floating(self) -> bool {
+        !matches!(self, DType::I32 | DType::I64)
+    }
+
+    /// TF's name: `float16`, `bfloat16`, `float32`, `float64`, `int32`, `int64`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+            DType::F32 => "float32",
+            DType::F64 => "float64",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A type a [`Tensor`] can hold: `f16`, `bf16`, `f32`, `f64`, `i32`, `i64`.
+///
+/// Sealed: the reduction kernels and the storage enum know every implementor.
+pub trait Element:
+    Copy + Send + Sync + PartialEq + fmt::Debug + fmt::Display + 'static + sealed::Sealed
+{
+    /// The dtype tag of this type.
+    const DTYPE: DType;
+    /// Zero, the value of fresh tensors.
+    fn zero() -> Self;
+    /// The bit pattern, zero-extended: equal bits mean the very same value.
+    fn to_bits(self) -> u64;
+    #[doc(hidden)]
+    fn wrap(array: ArcArray<Self, IxDyn>) -> HostArray;
+    #[doc(hidden)]
+    fn unwrap(array: &HostArray) -> Option<&ArcArray<Self, IxDyn>>;
+    #[doc(hidden)]
+    fn unwrap_mut(array: &mut HostArray) -> Option<&mut ArcArray<Self, IxDyn>>;
+}
+
+macro_rules! host_array {
+    ($($variant:ident => $ty:ty, $zero:expr, $bits:expr;)*) => {
+        /// Host storage of a tensor, one variant per element type.
+        #[doc(hidden)]
+        #[derive(Clone)]
+        pub enum HostArray {
+            $(
+                #[doc(hidden)]
+                $variant(ArcArray<$ty, IxDyn>),
+            )*
+        }
+
+        $(
+            impl sealed::Sealed for $ty {}
+            impl Element for $ty {
+                const DTYPE: DType = DType::$variant;
+                fn zero() -> Self {
+                    $zero
+                }
+                fn to_bits(self) -> u64 {
+                    ($bits)(self)
+                }
+                fn wrap(array: ArcArray<Self, IxDyn>) -> HostArray {
+                    HostArray::$variant(array)
+                }
+                fn unwrap(array: &HostArray) -> Option<&ArcArray<Self, IxDyn>> {
+                    match array {
+                        HostArray::$variant(a) => Some(a),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    }
+                }
+                fn unwrap_mut(array: &mut HostArray) -> Option<&mut ArcArray<Self, IxDyn>> {
+                    match array {
+                        HostArray::$variant(a) => Some(a),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    }
+                }
+            }
+        )*
+
+        impl HostArray {
+            fn dtype(&self) -> DType {
+                match self {
+                    $(HostArray::$variant(_) => DType::$variant,)*
+                }
+            }
+
+            fn zeros(dtype: DType, shape: &[usize]) -> HostArray {
+                match dtype {
+                    $(DType::$variant => HostArray::$variant(ArcArray::from_elem(shape, $zero)),)*
+                }
+            }
+        }
+    };
+}
+
+host_array! {
+    F16 => f16, f16::ZERO, |x: f16| u64::from(x.to_bits());
+    BF16 => bf16, bf16::ZERO, |x: bf16| u64::from(x.to_bits());
+    F32 => f32, 0.0, |x: f32| u64::from(x.to_bits());
+    F64 => f64, 0.0, f64::to_bits;
+    I32 => i32, 0, |x: i32| u64::from(x as u32);
+    I64 => i64, 0, |x: i64| x as u64;
+}
+
+/// Runs `$body` with `$a` bound to the typed `ArcArray` inside a `HostArray`, whatever its dtype.
+macro_rules! with_host {
+    ($host:expr, $a:ident => $body:expr) => {
+        match $host {
+            HostArray::F16($a) => $body,
+            HostArray::BF16($a) => $body,
+            HostArray::F32($a) => $body,
+            HostArray::F64($a) => $body,
+            HostArray::I32($a) => $body,
+            HostArray::I64($a) => $body,
+        }
+    };
+}
+pub(crate) use with_host;
+
+/// Runs `$body` with the type alias `$t` naming the Rust type of `$dtype`.
+macro_rules! with_dtype {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $t = half::bf16;
+                $body
+            }
+            $crate::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            $crate::DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $t = i64;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_dtype;
+
+/// Where a tensor's elements live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Placement {
+    /// Host memory, readable from every thread.
+    Host,
+}
+
+/// A dense array of [`Element`]s with a shape, placed on a device.
+///
+/// ```
+/// use distribute_collectives::{DType, Tensor};
+///
+/// let t = Tensor::from_vec("/cpu:0", &[2, 2], vec![1.0f32, 2.0, 3.0, 4.0])?;
+/// assert_eq!((t.dtype(), t.shape(), t.device()), (DType::F32, &[2, 2][..], "/cpu:0"));
+/// let moved = t.to_device("/cpu:1");
+/// assert!(moved.shares_buffer_with(&t), "host tensors move without copying");
+/// assert_eq!(moved.to_vec::<f32>()?, [1.0, 2.0, 3.0, 4.0]);
+/// # Ok::<(), distribute_collectives::CollectiveError>(())
+/// ```
+#[derive(Clone)]
+pub struct Tensor {
+    host: HostArray,
+    device: Arc<str>,
+}
+
+impl Tensor {
+    /// A tensor holding `array` on `device`.
+    pub fn from_array<T: Element, D: Dimension>(device: &str, array: Array<T, D>) -> Tensor {
+        Tensor::from_shared(device, array.into_dyn().into_shared())
+    }
+
+    /// A tensor that shares `array`'s buffer.
+    pub fn from_shared<T: Element>(device: &str, array: ArcArray<T, IxDyn>) -> Tensor {
+        Tensor {
+            host: T::wrap(array),
+            device: device.into(),
+        }
+    }
+
+    /// A tensor of `shape` from elements in row-major order; fails if the counts differ.
+    pub fn from_vec<T: Element>(
+        device: &str,
+        shape: &[usize],
+        data: Vec<T>,
+    ) -> Result<Tensor, CollectiveError> {
+        let len = data.len();
+        let array = ArrayD::from_shape_vec(shape, data).map_err(|_| {
+            CollectiveError::InvalidArgument(format!(
+                "{len} elements cannot fill a tensor of shape {shape:?} ({} elements)",
+                shape.iter().product::<usize>()
+            ))
+        })?;
+        Ok(Tensor::from_array(device, array))
+    }
+
+    /// A rank-0 tensor.
+    pub fn scalar<T: Element>(device: &str, value: T) -> Tensor {
+        Tensor::from_array(device, ndarray::arr0(value))
+    }
+
+    /// A tensor of zeros.
+    pub fn zeros(device: &str, dtype: DType, shape: &[usize]) -> Tensor {
+        Tensor {
+            host: HostArray::zeros(dtype, shape),
+            device: device.into(),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.host.dtype()
+    }
+
+    /// The size of each dimension.
+    pub fn shape(&self) -> &[usize] {
+        with_host!(&self.host, a => a.shape())
+    }
+
+    /// The number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.shape().len()
+    }
+
+    /// The number of elements.
+    pub fn num_elements(&self) -> usize {
+        self.shape().iter().product()
+    }
+
+    /// The number of bytes of the elements.
+    pub fn size_in_bytes(&self) -> usize {
+        self.num_elements() * self.dtype().size_in_bytes()
+    }
+
+    /// The device the tensor is placed on.
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// Where the elements live.
+    pub fn placement(&self) -> Placement {
+        Placement::Host
+    }
+
+    /// The same tensor on `device`. Host tensors share their buffer: nothing is copied.
+    pub fn to_device(&self, device: &str) -> Tensor {
+        Tensor {
+            host: self.host.clone(),
+            device: device.into(),
+        }
+    }
+
+    /// The typed elements; fails when `T` is not the tensor's dtype.
+    pub fn array<T: Element>(&self) -> Result<&ArcArray<T, IxDyn>, CollectiveError> {
+        T::unwrap(&self.host).ok_or(CollectiveError::DTypeMismatch {
+            expected: T::DTYPE,
+            actual: self.dtype(),
+        })
+    }
+
+    /// The typed elements for writing; a buffer shared with other tensors is copied first.
+    pub fn array_mut<T: Element>(&mut self) -> Result<&mut ArcArray<T, IxDyn>, CollectiveError> {
+        let actual = self.dtype();
+        T::unwrap_mut(&mut self.host).ok_or(CollectiveError::DTypeMismatch {
+            expected: T::DTYPE,
+            actual,
+        })
+    }
+
+    /// The elements in row-major order.
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, CollectiveError> {
+        Ok(self.array::<T>()?.iter().copied().collect())
+    }
+
+    /// True when both tensors read the same memory (a clone or a host move of each other).
+    pub fn shares_buffer_with(&self, other: &Tensor) -> bool {
+        self.dtype() == other.dtype()
+            && self.shape() == other.shape()
+            && with_host!(&self.host, a => a.as_ptr() as *const u8)
+                == with_host!(&other.host, a => a.as_ptr() as *const u8)
+    }
+
+    /// Same dtype, shape and bit pattern of every element (device ignored): the test of the
+    /// deterministic mode, stricter than `==` (which has `NaN != NaN` and `0.0 == -0.0`).
+    pub fn bitwise_eq(&self, other: &Tensor) -> bool {
+        fn bits<T: Element>(a: &ArcArray<T, IxDyn>, b: &HostArray) -> bool {
+            let Some(b) = T::unwrap(b) else { return false };
+            a.shape() == b.shape()
+                && a.iter()
+                    .zip(b.iter())
+                    .all(|(x, y)| x.to_bits() == y.to_bits())
+        }
+        with_host!(&self.host, a => bits(a, &other.host))
+    }
+
+    /// Rows `range` of the first axis, sharing the buffer. Fails on a rank-0 tensor or a range
+    /// past the end.
+    pub fn slice_rows(&self, range: Range<usize>) -> Result<Tensor, CollectiveError> {
+        let rows = self.shape().first().copied().ok_or_else(|| {
+            CollectiveError::InvalidArgument(
+                "cannot take rows of a rank-0 tensor; a batch needs a leading dimension".into(),
+            )
+        })?;
+        if range.start > range.end || range.end > rows {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "rows {range:?} are out of range for a tensor with {rows} rows"
+            )));
+        }
+        let slice = Slice::from(range);
+        let host =
+            with_host!(&self.host, a => wrap_like(a.clone().slice_axis_move(Axis(0), slice)));
+        Ok(Tensor {
+            host,
+            device: self.device.clone(),
+        })
+    }
+
+    /// The tensors joined along the first axis, placed on `device`. They must share dtype and
+    /// every dimension but the first.
+    pub fn concat_rows(device: &str, tensors: &[Tensor]) -> Result<Tensor, CollectiveError> {
+        let first = tensors.first().ok_or_else(|| {
+            CollectiveError::InvalidArgument("cannot concatenate an empty list of tensors".into())
+        })?;
+        fn concat<T: Element>(
+            _first: &ArcArray<T, IxDyn>,
+            tensors: &[Tensor],
+        ) -> Result<HostArray, CollectiveError> {
+            let views = tensors
+                .iter()
+                .map(|t| t.array::<T>().map(|a| a.view()))
+                .collect::<Result<Vec<_>, _>>()?;
+            let joined = ndarray::concatenate(Axis(0), &views).map_err(|_| {
+                CollectiveError::InvalidArgument(format!(
+                    "cannot concatenate shapes {:?}: all but the first dimension must agree and \
+                     the rank must be at least 1",
+                    tensors.iter().map(Tensor::shape).collect::<Vec<_>>()
+                ))
+            })?;
+            Ok(T::wrap(joined.into_shared()))
+        }
+        let host = with_host!(&first.host, a => concat(a, tensors)?);
+        Ok(Tensor {
+            host,
+            device: device.into(),
+        })
+    }
+
+    pub(crate) fn host(&self) -> &HostArray {
+        &self.host
+    }
+
+    pub(crate) fn from_host(device: &str, host: HostArray) -> Tensor {
+        Tensor {
+            host,
+            device: device.into(),
+        }
+    }
+}
+
+fn wrap_like<T: Element>(array: ArcArray<T, IxDyn>) -> HostArray {
+    T::wrap(array)
+}
+
+/// Equal dtype, shape, device and elements (`NaN != NaN`, as for the numbers themselves).
+impl PartialEq for Tensor {
+    fn eq(&self, other: &Tensor) -> bool {
+        fn same<T: Element>(a: &ArcArray<T, IxDyn>, b: &HostArray) -> bool {
+            T::unwrap(b).is_some_and(|b| a == b)
+        }
+        self.device == other.device && with_host!(&self.host, a => same(a, &other.host))
+    }
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// `Tensor<float32 [2, 2] on /cpu:0>` followed by the elements, as ndarray prints them.
+impl fmt::Display for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Tensor<{} {:?} on {}> ",
+            self.dtype(),
+            self.shape(),
+            self.device
+        )?;
+        with_host!(&self.host, a => fmt::Display::fmt(a, f))
+    }
+}
