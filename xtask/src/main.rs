@@ -18,8 +18,9 @@ commands:
   test [CARGO-TEST-ARGS...]   run every test of the workspace (unit, integration, benches in
                               test mode, doc tests); extra args go to the test binaries
   ci                          cargo fmt --check, clippy --all-targets -D warnings, then test
-  bench [SUITE...]            run the criterion benchmarks of the named crates (e.g. `device-spec`),
-                              or of every crate when none is named
+  bench [SUITE...]            run the benchmarks of the named crates (e.g. `collectives`): the
+                              crate's table bench (benches/<crate>.rs, JSON lines) if it has one,
+                              else its criterion benches; every bench when none is named
   help                        print this message
 ";
 
@@ -85,17 +86,24 @@ fn ci(rest: &[String]) -> Result<()> {
     test(&[])
 }
 
+/// Runs benchmark suites. A suite is a crate; its table-printing bench is the bench target named
+/// after the crate folder (e.g. `crates/collectives/benches/collectives.rs`, which prints one JSON
+/// line per case), and when it has none, all its benches (criterion) run.
 fn bench(suites: &[String]) -> Result<()> {
-    let mut args = vec!["bench".to_owned()];
     if suites.is_empty() {
-        args.push("--workspace".to_owned());
+        return cargo("benchmarks", &["bench", "--workspace"]);
     }
     for suite in suites {
-        args.push("--package".to_owned());
-        args.push(package_for_suite(suite));
+        let package = package_for_suite(suite);
+        let folder = suite.strip_prefix("distribute-").unwrap_or(suite);
+        let table = workspace_root().join(format!("crates/{folder}/benches/{folder}.rs"));
+        let mut args = vec!["bench", "--package", package.as_str()];
+        if table.exists() {
+            args.extend(["--bench", folder]);
+        }
+        cargo(&format!("benchmarks of {package}"), &args)?;
     }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    cargo("benchmarks", &args)
+    Ok(())
 }
 
 /// `device-spec` → `distribute-device-spec`; a full package name passes through.
