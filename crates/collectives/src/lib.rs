@@ -5,10 +5,17 @@
 //! input pipelines or how replica threads are scheduled.
 
 mod error;
+mod group;
 mod kernel;
+mod ops;
 mod sparse;
 mod tensor;
 
 pub use error::CollectiveError;
+pub use group::{CollectiveGroup, GroupConfig, Member, ReducePlan};
+pub use ops::{
+    CrossDeviceOps, Destinations, ReductionToOneDevice, ReplicaCollectives, SharedMemoryAllReduce,
+    choose_the_best, reduce_non_distributed_value, simple_broadcast,
+};
 pub use sparse::{AnyTensor, IndexedSlices};
 pub use tensor::{DType, Element, Placement, Tensor};

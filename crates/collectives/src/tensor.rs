@@ -169,7 +169,6 @@ macro_rules! with_host {
         }
     };
 }
-pub(crate) use with_host;
 
 /// Runs `$body` with the type alias `$t` naming the Rust type of `$dtype`.
 macro_rules! with_dtype {
@@ -409,17 +408,6 @@ impl Tensor {
             host,
             device: device.into(),
         })
-    }
-
-    pub(crate) fn host(&self) -> &HostArray {
-        &self.host
-    }
-
-    pub(crate) fn from_host(device: &str, host: HostArray) -> Tensor {
-        Tensor {
-            host,
-            device: device.into(),
-        }
     }
 }
 
