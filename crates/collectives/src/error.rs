@@ -44,18 +44,27 @@ pub enum CollectiveError {
     },
     /// Some participants never arrived at a collective (TF's `DeadlineExceeded`).
     #[error(
-        "{op} #{call}: replicas {missing:?} did not arrive within {waited:?}; every replica must \
-         make the same collective calls (raise the deadline if a step is just slow)"
+        "{op}: replicas {missing:?} did not arrive within {waited:?}; every replica must make \
+         the same collective calls (raise the deadline if a step is just slow)"
     )]
     DeadlineExceeded {
         /// The collective the arrived replicas were in.
         op: String,
-        /// The call's sequence number in this group.
-        call: u64,
         /// The replicas that never arrived.
         missing: Vec<usize>,
         /// How long the caller waited.
         waited: Duration,
+    },
+    /// Replicas finished their step without making a call the others are waiting in.
+    #[error(
+        "{op}: replicas {finished:?} finished their step without making this call; every replica \
+         must make the same collective and merge_call calls in the same order"
+    )]
+    ReplicaFinished {
+        /// The call the others wait in.
+        op: String,
+        /// The replicas that finished.
+        finished: Vec<usize>,
     },
     /// The group was aborted (a replica failed or timed out); it needs a reset before reuse.
     #[error("collective group aborted: {reason}")]

@@ -9,21 +9,20 @@
 //! that every replica fills a slice of in parallel (large tensors: a second barrier before anyone
 //! reads it). Every replica gets the same result buffer, shared without copying.
 //!
-//! Waiting spins briefly, then yields, then sleeps on a condition variable, so two replicas on
-//! two cores meet in well under a microsecond while eight replicas on two cores do not starve
-//! each other. Every wait has a deadline; a replica that never arrives, a mismatched call, or a
-//! replica that panics (its `Member` is dropped while unwinding) fails the others with an error
-//! naming the replicas — never a hang.
+//! Replicas meet at a [`Rendezvous`], so every wait has a deadline; a replica that never arrives,
+//! a mismatched call, or a replica that panics (its `Member` is dropped while unwinding) fails
+//! the others with an error naming the replicas — never a hang.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use distribute_values::ReduceOp;
 use ndarray::{Array, IxDyn};
 
 use crate::kernel::{self, Arith};
+use crate::rendezvous::{Rendezvous, lock};
 use crate::tensor::with_dtype;
 use crate::{CollectiveError, DType, Tensor};
 
@@ -136,15 +135,7 @@ struct SlicedWork {
 struct Shared {
     num_replicas: usize,
     config: GroupConfig,
-    /// Replicas arrived at the current barrier.
-    arrived: AtomicUsize,
-    /// Completed barriers; a waiter leaves when it changes.
-    generation: AtomicU64,
-    /// For each replica, 1 + the generation of the barrier it last arrived at, so a deadline can
-    /// name the replicas that never came.
-    progress: Box<[AtomicU64]>,
-    aborted: AtomicBool,
-    abort_reason: Mutex<Option<String>>,
+    rendezvous: Rendezvous,
     /// What each replica published for the current call.
     slots: Box<[Mutex<Option<Request>>]>,
     /// The current call's outcome, set by its last arriver and cleared by the last replica to
@@ -157,12 +148,6 @@ struct Shared {
     /// The last large output, reused when no replica holds it any more (64 MiB of fresh pages
     /// per call would cost more than the reduction).
     spare: Mutex<Option<Tensor>>,
-    sleepers: AtomicUsize,
-    sleep_lock: Mutex<()>,
-    wake: Condvar,
-    /// Busy-wait only when every replica can have a core; otherwise spinning steals the core
-    /// from the replica everyone waits for.
-    spin_limit: u32,
 }
 
 /// The rendezvous of a fixed number of replica threads in one process. Cheap to clone; all
@@ -200,7 +185,7 @@ impl fmt::Debug for CollectiveGroup {
         f.debug_struct("CollectiveGroup")
             .field("num_replicas", &self.shared.num_replicas)
             .field("config", &self.shared.config)
-            .field("aborted", &self.shared.aborted.load(Ordering::Relaxed))
+            .field("aborted", &self.shared.rendezvous.is_aborted())
             .finish()
     }
 }
@@ -213,25 +198,16 @@ impl CollectiveGroup {
                 "a collective group needs at least one replica".into(),
             ));
         }
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Ok(CollectiveGroup {
             shared: Arc::new(Shared {
                 num_replicas,
                 config,
-                arrived: AtomicUsize::new(0),
-                generation: AtomicU64::new(0),
-                progress: (0..num_replicas).map(|_| AtomicU64::new(0)).collect(),
-                aborted: AtomicBool::new(false),
-                abort_reason: Mutex::new(None),
+                rendezvous: Rendezvous::new(num_replicas, config.deadline)?,
                 slots: (0..num_replicas).map(|_| Mutex::new(None)).collect(),
                 outcome: Mutex::new(None),
                 consumed: AtomicUsize::new(0),
                 calls: AtomicU64::new(0),
                 spare: Mutex::new(None),
-                sleepers: AtomicUsize::new(0),
-                sleep_lock: Mutex::new(()),
-                wake: Condvar::new(),
-                spin_limit: if num_replicas <= cores { 20_000 } else { 64 },
             }),
         })
     }
@@ -263,18 +239,17 @@ impl CollectiveGroup {
 
     /// Fails every current and future call with `reason` until [`CollectiveGroup::reset`].
     pub fn abort(&self, reason: impl Into<String>) {
-        let shared = &self.shared;
-        {
-            let mut current = lock(&shared.abort_reason);
-            current.get_or_insert_with(|| reason.into());
-        }
-        shared.aborted.store(true, Ordering::SeqCst);
-        shared.wake_all();
+        self.shared.rendezvous.abort(reason);
     }
 
     /// Why the group was aborted, if it was.
     pub fn abort_reason(&self) -> Option<String> {
-        lock(&self.shared.abort_reason).clone()
+        self.shared.rendezvous.abort_reason()
+    }
+
+    /// The barrier the replicas meet at, for marking the start and end of their steps.
+    pub fn rendezvous(&self) -> &Rendezvous {
+        &self.shared.rendezvous
     }
 
     /// Makes an aborted group usable again. Call it only when no replica is inside a call (a
@@ -286,142 +261,11 @@ impl CollectiveGroup {
         }
         lock(&shared.outcome).take();
         shared.consumed.store(0, Ordering::SeqCst);
-        shared.arrived.store(0, Ordering::SeqCst);
-        *lock(&shared.abort_reason) = None;
-        shared.aborted.store(false, Ordering::SeqCst);
+        shared.rendezvous.reset();
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these locks leaves plain data behind, still consistent;
-    // the abort flag, not lock poisoning, is what tells replicas a peer failed.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Shared {
-    fn wake_all(&self) {
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
-            let _guard = lock(&self.sleep_lock);
-            self.wake.notify_all();
-        }
-    }
-
-    fn aborted_error(&self) -> CollectiveError {
-        CollectiveError::Aborted {
-            reason: lock(&self.abort_reason)
-                .clone()
-                .unwrap_or_else(|| "aborted".to_owned()),
-        }
-    }
-
-    /// Arrives at the current barrier. The last to arrive runs `on_last` while every other replica
-    /// waits, then releases them. Everyone returns once all have arrived.
-    fn barrier(
-        &self,
-        replica: usize,
-        what: &dyn Fn() -> String,
-        on_last: impl FnOnce(),
-    ) -> Result<(), CollectiveError> {
-        if self.aborted.load(Ordering::SeqCst) {
-            return Err(self.aborted_error());
-        }
-        let generation = self.generation.load(Ordering::SeqCst);
-        self.progress[replica].store(generation + 1, Ordering::SeqCst);
-        if self.arrived.fetch_add(1, Ordering::SeqCst) + 1 == self.num_replicas {
-            on_last();
-            self.arrived.store(0, Ordering::SeqCst);
-            self.generation.store(generation + 1, Ordering::SeqCst);
-            self.wake_all();
-            return Ok(());
-        }
-        self.wait_for_release(generation, what)
-    }
-
-    fn wait_for_release(
-        &self,
-        generation: u64,
-        what: &dyn Fn() -> String,
-    ) -> Result<(), CollectiveError> {
-        let released = || self.generation.load(Ordering::SeqCst) != generation;
-        for _ in 0..self.spin_limit {
-            if released() {
-                return Ok(());
-            }
-            std::hint::spin_loop();
-        }
-        let start = Instant::now();
-        // Yield for a while: the peers are probably running, just not here yet.
-        while start.elapsed() < Duration::from_micros(200) {
-            if released() {
-                return Ok(());
-            }
-            if self.aborted.load(Ordering::SeqCst) {
-                return Err(self.aborted_error());
-            }
-            std::thread::yield_now();
-        }
-        loop {
-            if released() {
-                return Ok(());
-            }
-            if self.aborted.load(Ordering::SeqCst) {
-                // The group may have been aborted by a replica that then released this barrier
-                // anyway; a finished barrier wins.
-                return if released() {
-                    Ok(())
-                } else {
-                    Err(self.aborted_error())
-                };
-            }
-            let waited = start.elapsed();
-            if waited >= self.config.deadline {
-                return Err(self.deadline_exceeded(generation, what, waited));
-            }
-            let guard = lock(&self.sleep_lock);
-            self.sleepers.fetch_add(1, Ordering::SeqCst);
-            if !released() && !self.aborted.load(Ordering::SeqCst) {
-                let nap = (self.config.deadline - waited).min(Duration::from_millis(10));
-                let _ = self
-                    .wake
-                    .wait_timeout(guard, nap)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-            }
-            self.sleepers.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-
-    fn deadline_exceeded(
-        &self,
-        generation: u64,
-        what: &dyn Fn() -> String,
-        waited: Duration,
-    ) -> CollectiveError {
-        let missing: Vec<usize> = self
-            .progress
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.load(Ordering::SeqCst) != generation + 1)
-            .map(|(r, _)| r)
-            .collect();
-        let op = what();
-        let call = self.calls.load(Ordering::SeqCst);
-        let error = CollectiveError::DeadlineExceeded {
-            op,
-            call,
-            missing,
-            waited,
-        };
-        {
-            let mut reason = lock(&self.abort_reason);
-            reason.get_or_insert_with(|| error.to_string());
-        }
-        self.aborted.store(true, Ordering::SeqCst);
-        self.wake_all();
-        error
-    }
-
     /// Runs on the last arriver: checks that every replica made the same call, then plans it.
     fn plan(&self) -> Outcome {
         let requests: Vec<Request> = self
@@ -713,9 +557,10 @@ impl Member {
     fn call(&self, request: Request) -> Result<Vec<Tensor>, CollectiveError> {
         let shared = &*self.group.shared;
         let signature = request.signature();
-        let what = || signature.clone();
+        let call = shared.calls.load(Ordering::SeqCst);
+        let what = || format!("{signature} #{call}");
         *lock(&shared.slots[self.replica]) = Some(request);
-        shared.barrier(self.replica, &what, || {
+        shared.rendezvous.arrive(self.replica, &what, || {
             let outcome = shared.plan();
             *lock(&shared.outcome) = Some(Arc::new(outcome));
         })?;
@@ -755,7 +600,7 @@ impl Member {
             }
             Outcome::Sliced(work) => {
                 work.reduce_slice(self.replica, shared.num_replicas);
-                shared.barrier(self.replica, &what, || {})?;
+                shared.rendezvous.arrive(self.replica, &what, || {})?;
                 Ok(vec![work.output.clone()])
             }
         }

@@ -27,6 +27,7 @@ pub(crate) trait Arith: Element {
     fn load(self) -> Self::Acc;
     fn store(acc: Self::Acc) -> Self;
     fn add(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    fn sub(a: Self::Acc, b: Self::Acc) -> Self::Acc;
     fn min(a: Self::Acc, b: Self::Acc) -> Self::Acc;
     fn max(a: Self::Acc, b: Self::Acc) -> Self::Acc;
     /// `a / n`, or `None` where division has no exact meaning (integers).
@@ -48,6 +49,10 @@ macro_rules! float_arith {
             #[inline(always)]
             fn add(a: $acc, b: $acc) -> $acc {
                 a + b
+            }
+            #[inline(always)]
+            fn sub(a: $acc, b: $acc) -> $acc {
+                a - b
             }
             // NaN wins in both, as in tf.minimum / tf.maximum.
             #[inline(always)]
@@ -86,6 +91,10 @@ macro_rules! int_arith {
             #[inline(always)]
             fn add(a: $ty, b: $ty) -> $ty {
                 a.wrapping_add(b)
+            }
+            #[inline(always)]
+            fn sub(a: $ty, b: $ty) -> $ty {
+                a.wrapping_sub(b)
             }
             #[inline(always)]
             fn min(a: $ty, b: $ty) -> $ty {
@@ -216,6 +225,27 @@ pub(crate) fn reduce_tensors(
         Tensor::from_vec(device, &shape, out)
     }
     with_dtype!(first.dtype(), T => typed::<T>(op, inputs, device, divisor))
+}
+
+/// `a - b` element-wise; dtypes and shapes must match.
+pub(crate) fn subtract(a: &Tensor, b: &Tensor) -> Result<Tensor, CollectiveError> {
+    if a.dtype() != b.dtype() || a.shape() != b.shape() {
+        return Err(CollectiveError::InvalidArgument(format!(
+            "cannot subtract a {} {:?} tensor from a {} {:?} tensor",
+            b.dtype(),
+            b.shape(),
+            a.dtype(),
+            a.shape()
+        )));
+    }
+    fn typed<T: Arith>(a: &Tensor, b: &Tensor) -> Result<Tensor, CollectiveError> {
+        let mut out = a.array::<T>()?.to_owned();
+        out.zip_mut_with(b.array::<T>()?, |x, &y| {
+            *x = T::store(T::sub(x.load(), y.load()))
+        });
+        Ok(Tensor::from_shared(a.device(), out.into_shared()))
+    }
+    with_dtype!(a.dtype(), T => typed::<T>(a, b))
 }
 
 /// Divides every element by `n` (TF's `divide_by_n_tensors_or_indexed_slices` for dense values).

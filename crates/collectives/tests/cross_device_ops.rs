@@ -354,23 +354,23 @@ fn col29_values_without_devices_of_their_own_land_on_the_destinations() {
 fn col30_concurrent_batch_reduces_do_not_interfere() {
     for ops in backends(2) {
         let dest = Destinations::devices([CPU, GPU0]).unwrap();
-        let results: Vec<Vec<Vec<(String, Vec<f32>)>>> = std::thread::scope(|s| {
+        type Delivered = Vec<(String, Vec<f32>)>;
+        let results: Vec<Vec<Delivered>> = std::thread::scope(|s| {
             let handles: Vec<_> = [1.0f32, 2.0]
                 .into_iter()
                 .map(|x| {
                     let (ops, dest) = (&ops, &dest);
                     s.spawn(move || {
                         let v = [scalar_on(CPU, x), scalar_on(GPU0, x)];
-                        (0..50)
-                            .map(|_| {
-                                ops.batch_reduce(ReduceOp::Sum, &[(&v, dest), (&v, dest)])
-                                    .unwrap()
-                            })
-                            .last()
-                            .unwrap()
-                            .iter()
-                            .map(delivered)
-                            .collect()
+                        let mut last = Vec::new();
+                        for _ in 0..50 {
+                            let batch = ops
+                                .batch_reduce(ReduceOp::Sum, &[(&v, dest), (&v, dest)])
+                                .unwrap();
+                            last = batch.iter().map(delivered).collect();
+                            assert!(last.iter().flatten().all(|(_, v)| v == &[2.0 * x]));
+                        }
+                        last
                     })
                 })
                 .collect();

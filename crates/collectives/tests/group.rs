@@ -143,7 +143,7 @@ fn all_dtypes_reduce() {
     let n = 3;
     let out = run(n, config(ReducePlan::Sliced { min_bytes: 0 }), |m| {
         let r = m.replica();
-        let tensors = vec![
+        let tensors = [
             Tensor::from_vec(
                 &device(r),
                 &[2],
@@ -338,7 +338,7 @@ fn mismatched_operations_and_dtypes_are_reported() {
 }
 
 #[test]
-fn a_replica_that_never_arrives_is_named_after_the_deadline() {
+fn col28_a_replica_that_never_arrives_is_named_after_the_deadline() {
     let group = CollectiveGroup::new(
         3,
         GroupConfig {
@@ -365,7 +365,12 @@ fn a_replica_that_never_arrives_is_named_after_the_deadline() {
             _ => None,
         })
         .expect("a DeadlineExceeded error");
-    assert_eq!(deadline, (vec![2], "all_reduce(SUM)".to_owned()));
+    assert_eq!(deadline.0, vec![2]);
+    assert!(
+        deadline.1.starts_with("all_reduce(SUM) #"),
+        "{}",
+        deadline.1
+    );
     for e in &errors {
         assert!(e.to_string().contains("[2]"), "{e}");
     }
@@ -474,5 +479,34 @@ fn many_calls_back_to_back_with_more_replicas_than_cores() {
     assert_eq!(
         out[7].to_vec::<f32>().unwrap(),
         expected(ReduceOp::Sum, 8, 4096)
+    );
+}
+
+#[test]
+fn a_replica_that_finished_its_step_fails_the_waiters_at_once() {
+    // A long deadline: the waiter must be released by the finish mark, not by the clock.
+    let group = CollectiveGroup::new(2, config(ReducePlan::OneReducer)).unwrap();
+    group.rendezvous().begin_step();
+    let out = run_on(&group, |m| {
+        if m.replica() == 1 {
+            m.group().rendezvous().finish(1); // returns from its step without the collective
+            return None;
+        }
+        Some(m.all_reduce(ReduceOp::Sum, &input(0, 4)))
+    });
+    match out[0].as_ref().unwrap() {
+        Err(CollectiveError::ReplicaFinished { finished, op }) => {
+            assert_eq!(finished, &[1]);
+            assert!(op.starts_with("all_reduce(SUM)"), "{op}");
+        }
+        other => panic!("expected ReplicaFinished, got {other:?}"),
+    }
+    group.reset();
+    let ok = run_on(&group, |m| {
+        m.all_reduce(ReduceOp::Sum, &input(m.replica(), 4)).unwrap()
+    });
+    assert_eq!(
+        ok[0].to_vec::<f32>().unwrap(),
+        expected(ReduceOp::Sum, 2, 4)
     );
 }

@@ -1,0 +1,111 @@
+//! Tensors as distributed values: [`Regroup`] (a tensor is a leaf, collapsed only when every
+//! replica returned the very same tensor) and [`VariableValue`] (so mirrored and sync-on-read
+//! variables can hold tensors).
+
+use distribute_values::{
+    Leaf, Mirrored, Path, PerReplica, Regroup, RegroupContext, Selection, ValuesError,
+    VariableValue, Wrap,
+};
+use std::sync::Arc;
+
+use crate::{Tensor, kernel};
+
+/// Regrouping collapses tensors by identity (same buffer, same device), as TF does with `is`:
+/// comparing every element of large per-replica results would cost a pass over them, and two
+/// replicas that computed equal values on their own devices still hold two tensors.
+impl Regroup for Tensor {
+    type Regrouped = Leaf<Tensor>;
+
+    fn regroup_replicas(
+        replicas: Vec<Tensor>,
+        cx: &RegroupContext<'_>,
+        path: &Path<'_>,
+    ) -> Result<Leaf<Tensor>, ValuesError> {
+        let Some(first) = replicas.first() else {
+            return Err(path.mismatch("no replica returned a value"));
+        };
+        let identical = replicas[1..]
+            .iter()
+            .all(|t| t.device() == first.device() && t.shares_buffer_with(first));
+        if identical && !cx.options().always_wrap {
+            return Ok(Leaf::Same(
+                replicas.into_iter().next().expect("one replica"),
+            ));
+        }
+        let devices = Arc::clone(cx.devices());
+        Ok(match cx.options().wrap {
+            Wrap::PerReplica => Leaf::PerReplica(PerReplica::new(devices, replicas)?),
+            Wrap::Mirrored => Leaf::Mirrored(Mirrored::new(devices, replicas)?),
+        })
+    }
+
+    fn select(
+        regrouped: &Leaf<Tensor>,
+        selection: Selection<'_>,
+        path: &Path<'_>,
+    ) -> Result<Tensor, ValuesError> {
+        regrouped.select_leaf(selection, path)
+    }
+}
+
+fn arithmetic(error: crate::CollectiveError) -> ValuesError {
+    ValuesError::Arithmetic(error.to_string())
+}
+
+/// Element-wise arithmetic for variables; shapes and dtypes must match.
+impl VariableValue for Tensor {
+    fn is_floating(&self) -> bool {
+        self.dtype().is_floating()
+    }
+
+    fn is_zero(&self) -> bool {
+        *self == Tensor::zeros(self.device(), self.dtype(), self.shape())
+    }
+
+    fn try_add(&self, other: &Tensor) -> Result<Tensor, ValuesError> {
+        kernel::reduce_tensors(
+            distribute_values::ReduceOp::Sum,
+            &[self, other],
+            self.device(),
+            2,
+        )
+        .map_err(arithmetic)
+    }
+
+    fn try_sub(&self, other: &Tensor) -> Result<Tensor, ValuesError> {
+        kernel::subtract(self, other).map_err(arithmetic)
+    }
+
+    fn divide_by_count(&self, count: usize) -> Result<Tensor, ValuesError> {
+        if self.dtype().is_floating() {
+            return kernel::divide(self, count).map_err(arithmetic);
+        }
+        // Integers truncate toward zero, as the values crate's scalars (and TF's cast) do.
+        int_divide(self, count)
+    }
+}
+
+/// Integer division by `count`, truncating toward zero.
+fn int_divide(tensor: &Tensor, count: usize) -> Result<Tensor, ValuesError> {
+    let zero = || ValuesError::Arithmetic(format!("cannot divide a tensor by a count of {count}"));
+    let divided = match tensor.dtype() {
+        crate::DType::I32 => {
+            let d = i32::try_from(count)
+                .ok()
+                .filter(|d| *d != 0)
+                .ok_or_else(zero)?;
+            let a = tensor.array::<i32>().map_err(arithmetic)?.mapv(|x| x / d);
+            Tensor::from_shared(tensor.device(), a.into_shared())
+        }
+        crate::DType::I64 => {
+            let d = i64::try_from(count)
+                .ok()
+                .filter(|d| *d != 0)
+                .ok_or_else(zero)?;
+            let a = tensor.array::<i64>().map_err(arithmetic)?.mapv(|x| x / d);
+            Tensor::from_shared(tensor.device(), a.into_shared())
+        }
+        other => unreachable!("{other} is floating, handled by the caller"),
+    };
+    Ok(divided)
+}

@@ -1,0 +1,63 @@
+//! Tensors inside distributed values: regrouping by identity and tensor-valued variables.
+
+use std::sync::Arc;
+
+use distribute_collectives::Tensor;
+use distribute_values::{Leaf, ReplicaDeviceMap, VariableValue, regroup, select_replica};
+
+fn map() -> Arc<ReplicaDeviceMap> {
+    Arc::new(ReplicaDeviceMap::new(["/cpu:0", "/cpu:1"]).unwrap())
+}
+
+#[test]
+fn the_same_tensor_collapses_equal_values_do_not() {
+    let shared = Tensor::from_vec("/cpu:0", &[2], vec![1.0f32, 2.0]).unwrap();
+    let same: Leaf<Tensor> = regroup(&map(), vec![shared.clone(), shared.clone()]).unwrap();
+    assert!(matches!(&same, Leaf::Same(t) if t.shares_buffer_with(&shared)));
+
+    let copy = Tensor::from_vec("/cpu:0", &[2], vec![1.0f32, 2.0]).unwrap();
+    let per_replica: Leaf<Tensor> = regroup(&map(), vec![shared.clone(), copy.clone()]).unwrap();
+    assert!(
+        matches!(per_replica, Leaf::PerReplica(_)),
+        "equal values on two buffers stay per replica"
+    );
+    assert_eq!(select_replica::<Tensor>(1, &per_replica).unwrap(), copy);
+
+    // Nested: (loss, step) with a shared step.
+    let grouped = regroup(&map(), vec![(shared.clone(), 3), (copy, 3)]).unwrap();
+    assert_eq!(grouped.1, Leaf::Same(3));
+}
+
+#[test]
+fn tensors_do_variable_arithmetic() {
+    let a = Tensor::from_vec("/cpu:0", &[3], vec![1.0f32, 2.0, 3.0]).unwrap();
+    let b = Tensor::from_vec("/cpu:0", &[3], vec![0.5f32, 0.5, 0.5]).unwrap();
+    assert_eq!(
+        a.try_add(&b).unwrap().to_vec::<f32>().unwrap(),
+        [1.5, 2.5, 3.5]
+    );
+    assert_eq!(
+        a.try_sub(&b).unwrap().to_vec::<f32>().unwrap(),
+        [0.5, 1.5, 2.5]
+    );
+    assert_eq!(
+        a.divide_by_count(2).unwrap().to_vec::<f32>().unwrap(),
+        [0.5, 1.0, 1.5]
+    );
+    assert!(a.is_floating());
+    assert!(Tensor::zeros("/cpu:0", distribute_collectives::DType::F32, &[3]).is_zero());
+    let ints = Tensor::from_vec("/cpu:0", &[2], vec![7i64, -7]).unwrap();
+    assert_eq!(
+        ints.divide_by_count(2).unwrap().to_vec::<i64>().unwrap(),
+        [3, -3]
+    );
+    assert!(!ints.is_floating());
+    let wrong = Tensor::from_vec("/cpu:0", &[2], vec![1.0f32, 2.0]).unwrap();
+    assert!(
+        a.try_add(&wrong)
+            .unwrap_err()
+            .to_string()
+            .contains("shapes must match")
+    );
+    assert!(a.try_sub(&wrong).is_err());
+}
