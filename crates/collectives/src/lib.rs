@@ -4,7 +4,9 @@
 //! Knows device names (layer 1) and distributed values (layer 2); knows nothing about strategies,
 //! input pipelines or how replica threads are scheduled.
 
+pub mod algorithms;
 mod error;
+mod flat;
 mod kernel;
 mod sparse;
 mod tensor;
