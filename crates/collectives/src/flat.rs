@@ -21,10 +21,10 @@ pub(crate) fn reshape(tensor: &Tensor, shape: &[usize]) -> Result<Tensor, Collec
     }
     fn typed<T: Element>(tensor: &Tensor, shape: &[usize]) -> Result<Tensor, CollectiveError> {
         let array = tensor.array::<T>()?;
-        if array.is_standard_layout() {
-            if let Ok(shared) = array.clone().into_shape_with_order(IxDyn(shape)) {
-                return Ok(Tensor::from_shared(tensor.device(), shared));
-            }
+        if array.is_standard_layout()
+            && let Ok(shared) = array.clone().into_shape_with_order(IxDyn(shape))
+        {
+            return Ok(Tensor::from_shared(tensor.device(), shared));
         }
         Tensor::from_vec(tensor.device(), shape, array.iter().copied().collect())
     }

@@ -269,7 +269,7 @@ fn cut(joined: &Tensor, shapes: &[Vec<usize>]) -> Result<Vec<Tensor>, Collective
 /// size, so TF's "unknown shape → one pack" case cannot arise.
 pub fn group_by_size(values: &[Tensor], bytes_per_pack: usize) -> Vec<Range<usize>> {
     if bytes_per_pack == 0 {
-        return vec![0..values.len()];
+        return std::iter::once(0..values.len()).collect();
     }
     let mut packs: Vec<Range<usize>> = Vec::new();
     let mut last_pack_size = 0;

@@ -161,6 +161,9 @@ fn col45_ring_gather_structure() {
     }
 }
 
+/// An all-reduce under test: inputs and the unary op in, one output per input out.
+type AllReduceFn<'a> = dyn Fn(&[Tensor], UnaryOp<'_>) -> Result<Vec<Tensor>, CollectiveError> + 'a;
+
 /// COL-46's check: device d holds element i = i + 0.01·d, the unary op divides by N, and every
 /// output must be the element-wise mean, with the input shape, on its input's device.
 fn check_mean(
@@ -168,7 +171,7 @@ fn check_mean(
     workers: usize,
     gpus: usize,
     shape: &[usize],
-    all_reduce: &dyn Fn(&[Tensor], UnaryOp<'_>) -> Result<Vec<Tensor>, CollectiveError>,
+    all_reduce: &AllReduceFn<'_>,
 ) {
     let n = workers * gpus;
     let len: usize = shape.iter().product();
@@ -184,6 +187,10 @@ fn check_mean(
     for (d, (out, input)) in outputs.iter().zip(&inputs).enumerate() {
         assert_eq!(out.shape(), shape, "{case}: output {d} shape");
         assert_eq!(out.device(), input.device(), "{case}: output {d} device");
+        assert!(
+            out.bitwise_eq(&outputs[0]),
+            "{case}: output {d} differs from output 0; every device must end with the same bits"
+        );
         for (i, &x) in out.to_vec::<f32>().unwrap().iter().enumerate() {
             let mean = i as f64 + 0.01 * (n as f64 - 1.0) / 2.0;
             assert!(
@@ -480,8 +487,7 @@ fn col56_hybrids_flatten_and_restore_the_shape() {
         "/job:worker/replica:0/task:1/device:CPU:0",
     ];
     let four = ["/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3"];
-    type Hybrid<'a> =
-        Box<dyn Fn(&[Tensor], UnaryOp<'_>) -> Result<Vec<Tensor>, CollectiveError> + 'a>;
+    type Hybrid<'a> = Box<AllReduceFn<'a>>;
     let cases: Vec<(&str, usize, Hybrid<'_>)> = vec![
         (
             "nccl then ring",

@@ -27,9 +27,12 @@ fn col37_group_device_names() {
     }
 }
 
+/// Indices, range size limit, expected ranges, expected singles.
+type RangesCase = (&'static [usize], usize, Vec<[usize; 2]>, Vec<usize>);
+
 #[test]
 fn col38_extract_ranges() {
-    let table: [(&[usize], usize, Vec<[usize; 2]>, Vec<usize>); 5] = [
+    let table: [RangesCase; 5] = [
         (&[], DEFAULT_RANGE_SIZE_LIMIT, vec![], vec![]),
         (
             &[1, 2, 3, 5, 7, 8],

@@ -252,6 +252,8 @@ fn col34_divide_by_n_keeps_the_kind() {
 }
 
 #[test]
+// A single pack is a one-element list of index ranges, not a mistaken range of indices.
+#[allow(clippy::single_range_in_vec_init)]
 fn col36_group_by_size() {
     let values = [
         Tensor::zeros("/cpu:0", DType::F32, &[2, 4, 4]),

@@ -23,7 +23,7 @@ pub fn hierarchical_copy_all_reduce<S: AsRef<str>>(
     replica_grads: &[Vec<Tensor>],
 ) -> Result<Vec<Vec<Tensor>>, CollectiveError> {
     let n = devices.len();
-    if n < 2 || n % 2 != 0 {
+    if n < 2 || !n.is_multiple_of(2) {
         return Err(CollectiveError::InvalidArgument(format!(
             "hierarchical copy assumes two equal groups of devices (a DGX-1): needs an even \
              number of at least 2 devices, got {n}"
@@ -46,7 +46,11 @@ pub fn hierarchical_copy_all_reduce<S: AsRef<str>>(
     let device = |d: usize| devices[d].as_ref();
     let group_size = n / 2;
     let mut out: Vec<Vec<Tensor>> = vec![Vec::with_capacity(count); n];
-    for i in 0..count {
+    // Tensor i of every device, device-major as TF's `zip(*replica_grads)`.
+    let columns: Vec<Vec<&Tensor>> = (0..count)
+        .map(|i| replica_grads.iter().map(|g| &g[i]).collect())
+        .collect();
+    for (i, column) in columns.iter().enumerate() {
         let root0 = i % n;
         let root1 = (root0 + group_size) % n;
         let (begin0, begin1) = if root0 < group_size {
@@ -55,10 +59,11 @@ pub fn hierarchical_copy_all_reduce<S: AsRef<str>>(
             (group_size, 0)
         };
         let group_sum = |begin: usize, root: usize| {
-            let members: Vec<&Tensor> = (begin..begin + group_size)
-                .map(|d| &replica_grads[d][i])
-                .collect();
-            combine(ReduceOp::Sum, &members, device(root))
+            combine(
+                ReduceOp::Sum,
+                &column[begin..begin + group_size],
+                device(root),
+            )
         };
         let sum0 = group_sum(begin0, root0)?;
         let sum1 = group_sum(begin1, root1)?;

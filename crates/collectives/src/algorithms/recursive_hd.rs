@@ -43,7 +43,7 @@ pub fn recursive_hd_all_reduce(
             let right = left + span;
             let halves = |t: &Tensor| {
                 let len = t.num_elements();
-                if len % 2 != 0 {
+                if !len.is_multiple_of(2) {
                     return Err(CollectiveError::InvalidArgument(format!(
                         "recursive halving-doubling: a shard of {len} elements cannot be halved; \
                          the element count must be a multiple of the device count ({})",

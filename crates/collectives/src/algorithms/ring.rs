@@ -166,7 +166,7 @@ fn ring_scatter(
 ) -> Result<Vec<Tensor>, CollectiveError> {
     let devices = chunks_by_dev.len();
     let num_chunks = chunks_by_dev[0].len();
-    if num_chunks % devices != 0 {
+    if !num_chunks.is_multiple_of(devices) {
         return Err(CollectiveError::Invariant(format!(
             "ring scatter: {num_chunks} chunks do not divide among {devices} devices"
         )));
@@ -174,11 +174,11 @@ fn ring_scatter(
     let num_subchunks = num_chunks / devices;
     for tick in 0..devices - 1 {
         let mut passed = Vec::with_capacity(num_chunks);
-        for d in 0..devices {
+        for (d, device) in devices_of.iter().enumerate() {
             for s in 0..num_subchunks {
                 let c = chunk_index(perms, s, d, tick + 1, num_subchunks);
                 let pred = perms.pred[s][d];
-                passed.push((d, c, chunks_by_dev[pred][c].to_device(devices_of[d])));
+                passed.push((d, c, chunks_by_dev[pred][c].to_device(device)));
             }
         }
         for (d, c, chunk) in passed {
