@@ -125,3 +125,28 @@ pub fn aggregate_single_gradient_using_copy<V: Clone>(
         has_inf_or_nan,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inf_nan_check_covers_every_float_dtype_and_never_flags_integers() {
+        let f16s = Tensor::from_vec("/cpu:0", &[2], vec![f16::ONE, f16::INFINITY]).unwrap();
+        let bf16s = Tensor::from_vec("/cpu:0", &[1], vec![bf16::NAN]).unwrap();
+        let f64s = Tensor::from_vec("/cpu:0", &[2], vec![1.0f64, f64::MAX]).unwrap();
+        let ints = Tensor::from_vec("/cpu:0", &[1], vec![i64::MAX]).unwrap();
+        assert!(has_inf_or_nan(&f16s).unwrap());
+        assert!(has_inf_or_nan(&bf16s).unwrap());
+        assert!(!has_inf_or_nan(&f64s).unwrap());
+        assert!(!has_inf_or_nan(&ints).unwrap());
+    }
+
+    #[test]
+    fn empty_inputs_are_refused() {
+        assert!(aggregate_tensors_or_indexed_slices(&[]).is_err());
+        assert!(aggregate_single_gradient_using_copy::<()>(&[], true, true).is_err());
+        let t = Tensor::from_vec("/cpu:0", &[1], vec![1.0f32]).unwrap();
+        assert!(divide_by_n(&t.into(), 0).is_err());
+    }
+}

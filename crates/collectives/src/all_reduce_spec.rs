@@ -283,3 +283,49 @@ pub fn assign_grads_to_specs(
     }
     Ok(assigned)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parentheses_without_a_comma_only_group_as_in_python() {
+        let one = AllReduceSpec::parse("(\"nccl\")").unwrap();
+        assert_eq!(one, AllReduceSpec::parse("nccl").unwrap());
+        assert!(
+            AllReduceSpec::parse("[(\"nccl\")]").is_err(),
+            "a string, not a tuple"
+        );
+        assert!(
+            AllReduceSpec::parse("[[\"nccl\"]]").is_err(),
+            "a list, not a tuple"
+        );
+    }
+
+    #[test]
+    fn printed_specs_parse_back() {
+        let text = " [ ( 'pscpu/pscpu' , 2 , 100 ) , (\"nccl/xring\", 1, -1), ] ";
+        let specs = AllReduceSpec::parse(text).unwrap();
+        let printed = format!(
+            "[{}]",
+            specs
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        assert_eq!(AllReduceSpec::parse(&printed).unwrap(), specs);
+    }
+
+    #[test]
+    fn trailing_text_and_bad_integers_are_refused() {
+        for bad in [
+            "nccl nccl",
+            "(\"a\", 99999999999999999999)",
+            "(\"a\", 1,,)",
+            "\"open",
+        ] {
+            assert!(AllReduceSpec::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -543,3 +543,37 @@ pub fn unpack_small_tensors(
         None => Ok(replica_grads.to_vec()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bucket_of_one_tensor_shares_its_buffer() {
+        let big = Tensor::from_vec("/cpu:0", &[64], vec![1.0f32; 64]).unwrap();
+        let small = Tensor::from_vec("/cpu:0", &[2], vec![2.0f32; 2]).unwrap();
+        let tensors = [big.clone(), small];
+        let plan = FusionPlan::new(&tensors, 16);
+        assert_eq!(
+            plan.num_buckets(),
+            2,
+            "256 bytes exceed 16: the next tensor starts a bucket"
+        );
+        let buckets = plan.pack(&tensors).unwrap();
+        assert!(buckets[0].shares_buffer_with(&big));
+        assert!(
+            plan.unpack(&buckets[..1]).is_err(),
+            "every bucket must come back"
+        );
+    }
+
+    #[test]
+    fn stitching_nothing_gives_nothing() {
+        assert!(stitch_values::<u8>(vec![]).unwrap().is_empty());
+        assert!(
+            stitch_values::<u8>(vec![(vec![], vec![])])
+                .unwrap()
+                .is_empty()
+        );
+    }
+}

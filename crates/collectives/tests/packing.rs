@@ -266,6 +266,11 @@ fn col36_group_by_size() {
         [128, 32, 800, 4]
     );
     assert_eq!(group_by_size(&values, 200), [0..3, 3..4]);
+    assert_eq!(
+        group_by_size(&values, 160),
+        [0..3, 3..4],
+        "a pack exactly at the threshold stays open: TF closes a pack only once it exceeds it"
+    );
     assert_eq!(group_by_size(&values, 0), [0..4]);
     assert_eq!(group_by_size(&values, 100_000), [0..4]);
     assert_eq!(

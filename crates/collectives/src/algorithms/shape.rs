@@ -114,3 +114,28 @@ pub fn ragged_split(tensor: &Tensor, pieces: usize) -> Result<Vec<Tensor>, Colle
 pub(crate) fn join(device: &str, shards: &[Tensor]) -> Result<Tensor, CollectiveError> {
     concat(device, shards)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn iota(len: usize) -> Tensor {
+        Tensor::from_vec("/cpu:0", &[len], (0..len as i32).collect()).unwrap()
+    }
+
+    #[test]
+    fn empty_tensors_split_into_empty_pieces() {
+        let split = padded_split(&iota(0), 4).unwrap();
+        assert_eq!((split.pieces.len(), split.pad_len), (4, 0));
+        assert!(split.pieces.iter().all(|p| p.num_elements() == 0));
+        assert!(padded_split(&iota(3), 0).is_err());
+        assert!(ragged_split(&iota(3), 0).is_err());
+    }
+
+    #[test]
+    fn restore_shape_is_the_inverse_of_flatten() {
+        let t = Tensor::from_vec("/cpu:0", &[2, 1, 3], (0..6).collect::<Vec<i32>>()).unwrap();
+        let (flat, shape) = flatten_tensors(std::slice::from_ref(&t)).unwrap();
+        assert_eq!(restore_shape(flat, &shape).unwrap(), [t]);
+    }
+}
