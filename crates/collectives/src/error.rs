@@ -75,6 +75,9 @@ pub enum CollectiveError {
     /// `Mean` of an integer tensor, which has no exact result.
     #[error("MEAN of {0} tensors is not supported: cast to a floating type, or reduce with SUM")]
     IntegerMean(DType),
+    /// An internal invariant did not hold (TF's `assert`): the input is refused, never ignored.
+    #[error("invariant violated: {0}")]
+    Invariant(String),
     /// An operation this backend does not provide (TF's `NotImplementedError`).
     #[error("not implemented: {0}")]
     Unimplemented(String),
