@@ -24,7 +24,7 @@ use ndarray::{Array, IxDyn};
 use crate::kernel::{self, Arith};
 use crate::rendezvous::{Rendezvous, lock};
 use crate::tensor::with_dtype;
-use crate::{CollectiveError, DType, Tensor};
+use crate::{CollectiveError, DType, FusionPlan, Tensor};
 
 /// How a [`CollectiveGroup`] reduces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +49,9 @@ pub struct GroupConfig {
     pub deadline: Duration,
     /// Who reduces.
     pub plan: ReducePlan,
+    /// Batched reductions pack same-dtype tensors into buckets of about this many bytes (0: one
+    /// bucket per dtype run), so many small tensors cost one reduction, not one each.
+    pub bytes_per_pack: usize,
 }
 
 impl Default for GroupConfig {
@@ -58,6 +61,7 @@ impl Default for GroupConfig {
             plan: ReducePlan::Sliced {
                 min_bytes: 256 * 1024,
             },
+            bytes_per_pack: 4 << 20,
         }
     }
 }
@@ -66,10 +70,15 @@ impl Default for GroupConfig {
 #[derive(Clone)]
 enum Request {
     AllReduce(ReduceOp, Tensor),
-    BatchAllReduce(ReduceOp, Vec<Tensor>),
+    /// Packed buckets, plus the dtypes and shapes of the tensors they pack, which replicas must
+    /// agree on.
+    BatchAllReduce(ReduceOp, Vec<Tensor>, String),
     AllGather(Tensor),
     ReduceScatter(ReduceOp, Tensor),
-    Broadcast { root: usize, tensor: Option<Tensor> },
+    Broadcast {
+        root: usize,
+        tensor: Option<Tensor>,
+    },
 }
 
 impl Request {
@@ -77,8 +86,8 @@ impl Request {
     fn signature(&self) -> String {
         match self {
             Request::AllReduce(op, _) => format!("all_reduce({op})"),
-            Request::BatchAllReduce(op, ts) => {
-                format!("batch_all_reduce({op}, {} tensors)", ts.len())
+            Request::BatchAllReduce(op, _, originals) => {
+                format!("batch_all_reduce({op}, [{originals}])")
             }
             Request::AllGather(_) => "all_gather".to_owned(),
             Request::ReduceScatter(op, _) => format!("reduce_scatter({op})"),
@@ -91,7 +100,7 @@ impl Request {
             Request::AllReduce(_, t) | Request::AllGather(t) | Request::ReduceScatter(_, t) => {
                 std::slice::from_ref(t)
             }
-            Request::BatchAllReduce(_, ts) => ts,
+            Request::BatchAllReduce(_, buckets, _) => buckets,
             Request::Broadcast { tensor, .. } => tensor.as_slice(),
         }
     }
@@ -111,8 +120,8 @@ enum Outcome {
     Shared(Vec<Tensor>),
     /// Every replica returns this error.
     Failed(CollectiveError),
-    /// Each replica reduces its slice of the output, then all wait, then all share it.
-    Sliced(SlicedWork),
+    /// Each replica reduces its slice of every output, then all wait, then all share them.
+    Sliced(Vec<SlicedWork>),
     /// Each replica reduces its own rows of the inputs.
     Scatter {
         op: ReduceOp,
@@ -300,28 +309,20 @@ impl Shared {
                         _ => unreachable!("agreement checked"),
                     })
                     .collect();
-                let sliced = matches!(self.config.plan, ReducePlan::Sliced { min_bytes }
-                    if n > 1 && inputs[0].size_in_bytes() >= min_bytes);
-                let work = self.plan_sliced(op, inputs)?;
-                if sliced {
-                    return Ok(Outcome::Sliced(work));
-                }
-                // One reducer: the whole range, here, into the same reusable buffer.
-                work.reduce_range(0, work.output.num_elements(), n);
-                Ok(Outcome::Shared(vec![work.output]))
+                let works = vec![self.plan_sliced(op, inputs, true)?];
+                Ok(self.sliced_or_shared(works))
             }
-            Request::BatchAllReduce(op, first) => {
+            Request::BatchAllReduce(op, first, _) => {
                 for t in first {
                     kernel::check_op(*op, t.dtype())?;
                 }
-                let op = *op;
-                let count = first.len();
-                let mut results = Vec::with_capacity(count);
-                for i in 0..count {
-                    let refs: Vec<&Tensor> = requests.iter().map(|r| &r.tensors()[i]).collect();
-                    results.push(kernel::reduce_tensors(op, &refs, refs[0].device(), n)?);
-                }
-                Ok(Outcome::Shared(results))
+                let works = (0..first.len())
+                    .map(|b| {
+                        let bucket = requests.iter().map(|r| r.tensors()[b].clone()).collect();
+                        self.plan_sliced(*op, bucket, false)
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(self.sliced_or_shared(works))
             }
             Request::AllGather(first) => {
                 let inputs: Vec<Tensor> = requests.iter().map(|r| r.tensors()[0].clone()).collect();
@@ -357,16 +358,38 @@ impl Shared {
         }
     }
 
+    /// Splits the work among the replicas when it is big enough to pay for the second barrier;
+    /// otherwise the last arriver (this thread) does it all now.
+    fn sliced_or_shared(&self, works: Vec<SlicedWork>) -> Outcome {
+        let bytes: usize = works.iter().map(|w| w.output.size_in_bytes()).sum();
+        let sliced = matches!(self.config.plan, ReducePlan::Sliced { min_bytes }
+            if self.num_replicas > 1 && bytes >= min_bytes);
+        if sliced {
+            return Outcome::Sliced(works);
+        }
+        for work in &works {
+            work.reduce_range(0, work.output.num_elements(), self.num_replicas);
+        }
+        Outcome::Shared(works.into_iter().map(|w| w.output).collect())
+    }
+
+    /// Lays out the reduction of `inputs` (one per replica) into one output; `reuse` lets it
+    /// write into the last large output if no replica holds that any more.
     fn plan_sliced(
         &self,
         op: ReduceOp,
         inputs: Vec<Tensor>,
+        reuse: bool,
     ) -> Result<SlicedWork, CollectiveError> {
         let dtype = inputs[0].dtype();
         let shape = inputs[0].shape().to_vec();
         // Strided inputs (transposed views) are made contiguous once, here.
         let inputs: Vec<Tensor> = inputs.into_iter().map(contiguous).collect();
-        let (output, output_ptr) = self.output_buffer(dtype, &shape, inputs[0].device());
+        let (output, output_ptr) = if reuse {
+            self.output_buffer(dtype, &shape, inputs[0].device())
+        } else {
+            fresh_buffer(dtype, &shape, inputs[0].device())
+        };
         let len = output.num_elements();
         let line = (64 / dtype.size_in_bytes()).max(1);
         let chunk = len.div_ceil(self.num_replicas).div_ceil(line) * line;
@@ -381,28 +404,32 @@ impl Shared {
 
     /// A writable output of `shape`, reusing the last one when no replica still holds it.
     fn output_buffer(&self, dtype: DType, shape: &[usize], device: &str) -> (Tensor, usize) {
-        fn typed<T: Arith>(
-            spare: Option<Tensor>,
-            shape: &[usize],
-            device: &str,
-        ) -> (Tensor, usize) {
-            let reusable = spare
-                .filter(|t| t.shape() == shape)
-                .and_then(|t| t.array::<T>().ok().cloned())
-                .and_then(|a| a.try_into_owned_nocopy().ok());
-            let mut owned: Array<T, IxDyn> =
-                reusable.unwrap_or_else(|| Array::from_elem(IxDyn(shape), T::zero()));
-            let ptr = owned.as_mut_ptr() as usize;
-            // `into_shared` moves the buffer into an `Arc` without reallocating it, so `ptr`
-            // stays valid for as long as the tensor lives.
-            (Tensor::from_shared(device, owned.into_shared()), ptr)
-        }
         let mut spare = lock(&self.spare);
         // The spare must not count as a holder while testing uniqueness, so take it out.
-        let (tensor, ptr) = with_dtype!(dtype, T => typed::<T>(spare.take(), shape, device));
+        let (tensor, ptr) = with_dtype!(dtype, T => writable::<T>(spare.take(), shape, device));
         *spare = Some(tensor.clone());
         (tensor, ptr)
     }
+}
+
+/// A new writable output of `shape`.
+fn fresh_buffer(dtype: DType, shape: &[usize], device: &str) -> (Tensor, usize) {
+    with_dtype!(dtype, T => writable::<T>(None, shape, device))
+}
+
+/// A tensor of `shape` and the address of its elements: `spare`'s buffer when it fits and is
+/// held by nothing else, else a new one.
+fn writable<T: Arith>(spare: Option<Tensor>, shape: &[usize], device: &str) -> (Tensor, usize) {
+    let reusable = spare
+        .filter(|t| t.shape() == shape)
+        .and_then(|t| t.array::<T>().ok().cloned())
+        .and_then(|a| a.try_into_owned_nocopy().ok());
+    let mut owned: Array<T, IxDyn> =
+        reusable.unwrap_or_else(|| Array::from_elem(IxDyn(shape), T::zero()));
+    let ptr = owned.as_mut_ptr() as usize;
+    // `into_shared` moves the buffer into an `Arc` without reallocating it, so `ptr` stays valid
+    // for as long as the tensor lives.
+    (Tensor::from_shared(device, owned.into_shared()), ptr)
 }
 
 /// The tensor itself if its elements are contiguous, else a contiguous copy.
@@ -507,14 +534,22 @@ impl Member {
         Ok(out.swap_remove(0).to_device(tensor.device()))
     }
 
-    /// [`Member::all_reduce`] of several tensors in one rendezvous; results in input order.
+    /// [`Member::all_reduce`] of several tensors in one rendezvous; results in input order,
+    /// bitwise equal to reducing them one by one. Same-dtype tensors are packed into buckets of
+    /// [`GroupConfig::bytes_per_pack`] bytes, each replica packing its own in parallel.
     pub fn batch_all_reduce(
         &self,
         op: ReduceOp,
         tensors: &[Tensor],
     ) -> Result<Vec<Tensor>, CollectiveError> {
-        let out = self.call(Request::BatchAllReduce(op, tensors.to_vec()))?;
-        Ok(out
+        if tensors.is_empty() {
+            return Ok(Vec::new());
+        }
+        let plan = FusionPlan::new(tensors, self.group.config().bytes_per_pack);
+        let buckets = plan.pack(tensors)?;
+        let reduced = self.call(Request::BatchAllReduce(op, buckets, describe(tensors)))?;
+        Ok(plan
+            .unpack(&reduced)?
             .into_iter()
             .zip(tensors)
             .map(|(r, t)| r.to_device(t.device()))
@@ -598,10 +633,12 @@ impl Member {
                     n,
                 )?])
             }
-            Outcome::Sliced(work) => {
-                work.reduce_slice(self.replica, shared.num_replicas);
+            Outcome::Sliced(works) => {
+                for work in works {
+                    work.reduce_slice(self.replica, shared.num_replicas);
+                }
                 shared.rendezvous.arrive(self.replica, &what, || {})?;
-                Ok(vec![work.output.clone()])
+                Ok(works.iter().map(|w| w.output.clone()).collect())
             }
         }
     }

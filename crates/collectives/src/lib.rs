@@ -26,13 +26,13 @@ pub use aggregate::{
 pub use all_reduce_spec::{AllReduceSpec, SpecLimit, assign_grads_to_specs, split_grads_by_size};
 pub use error::CollectiveError;
 pub use group::{CollectiveGroup, GroupConfig, Member, ReducePlan};
-pub use ops::{
-    CrossDeviceOps, Destinations, ReductionToOneDevice, ReplicaCollectives, SharedMemoryAllReduce,
-    choose_the_best, reduce_non_distributed_value, simple_broadcast,
-};
 pub use keys::{
     CollectiveKeys, DEFAULT_RANGE_SIZE_LIMIT, INSTANCE_KEY_START, extract_ranges,
     group_device_names,
+};
+pub use ops::{
+    CrossDeviceOps, Destinations, ReductionToOneDevice, ReplicaCollectives, SharedMemoryAllReduce,
+    choose_the_best, reduce_non_distributed_value, simple_broadcast,
 };
 pub use packing::{
     ConcatAndSplitPacker, ConcatAndSplitPacking, FusionPlan, NumPacks, SmallTensorPacking,

@@ -456,3 +456,56 @@ fn cross_replica_reduce_and_replica_all_reduce_give_the_same_bits() {
         }
     }
 }
+
+#[test]
+fn fused_batch_reduce_equals_one_by_one_bitwise() {
+    let n = 3;
+    let devices = ["/cpu:0", "/cpu:1", "/cpu:2"];
+    let pair_values: Vec<Vec<AnyTensor>> = (0..12)
+        .map(|k| {
+            devices
+                .iter()
+                .enumerate()
+                .map(|(r, d)| {
+                    let len = 1 + k * 37;
+                    let v: Vec<f32> = (0..len)
+                        .map(|i| ((i + 3 * r + k) % 11) as f32 * 0.13 - 0.5)
+                        .collect();
+                    AnyTensor::Dense(Tensor::from_vec(d, &[len], v).unwrap())
+                })
+                .collect()
+        })
+        .collect();
+    let all = Destinations::devices(devices).unwrap();
+    let one = Destinations::device("/cpu:1").unwrap();
+    let pairs: Vec<(&[AnyTensor], &Destinations)> = pair_values
+        .iter()
+        .enumerate()
+        .map(|(k, v)| (v.as_slice(), if k % 3 == 0 { &one } else { &all }))
+        .collect();
+    for bytes_per_pack in [0, 64, 1 << 20] {
+        let cfg = GroupConfig {
+            bytes_per_pack,
+            ..GroupConfig::default()
+        };
+        let backends: Vec<Arc<dyn CrossDeviceOps>> = vec![
+            Arc::new(ReductionToOneDevice::new(n, cfg).unwrap()),
+            Arc::new(SharedMemoryAllReduce::new(n, cfg).unwrap()),
+        ];
+        for ops in backends {
+            let batched = ops.batch_reduce(ReduceOp::Mean, &pairs).unwrap();
+            for ((values, dest), result) in pairs.iter().zip(&batched) {
+                let single = ops.reduce(ReduceOp::Mean, values, dest).unwrap();
+                let (a, b) = (result.local_results(), single.local_results());
+                assert_eq!(a.len(), b.len());
+                for (x, y) in a.iter().zip(&b) {
+                    assert_eq!(x.device(), y.device());
+                    assert!(
+                        x.to_dense().unwrap().bitwise_eq(&y.to_dense().unwrap()),
+                        "{bytes_per_pack}"
+                    );
+                }
+            }
+        }
+    }
+}

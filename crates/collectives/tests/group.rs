@@ -18,6 +18,7 @@ fn config(plan: ReducePlan) -> GroupConfig {
     GroupConfig {
         deadline: Duration::from_secs(30),
         plan,
+        ..GroupConfig::default()
     }
 }
 
@@ -344,6 +345,7 @@ fn col28_a_replica_that_never_arrives_is_named_after_the_deadline() {
         GroupConfig {
             deadline: Duration::from_millis(300),
             plan: ReducePlan::OneReducer,
+            ..GroupConfig::default()
         },
     )
     .unwrap();
@@ -508,5 +510,66 @@ fn a_replica_that_finished_its_step_fails_the_waiters_at_once() {
     assert_eq!(
         ok[0].to_vec::<f32>().unwrap(),
         expected(ReduceOp::Sum, 2, 4)
+    );
+}
+
+#[test]
+fn batched_all_reduce_packs_buckets_and_matches_one_by_one_bitwise() {
+    // Mixed dtypes and sizes; tiny buckets force many packs, min_bytes 0 forces sliced buckets.
+    let tensors = |r: usize| -> Vec<Tensor> {
+        let f = |len: usize, k: usize| {
+            let v: Vec<f32> = (0..len)
+                .map(|i| ((i * 13 + r * 7 + k) % 17) as f32 * 0.1 - 0.7)
+                .collect();
+            Tensor::from_vec(&device(r), &[len], v).unwrap()
+        };
+        vec![
+            f(3, 0),
+            Tensor::from_vec(&device(r), &[2, 2], vec![r as i64, 1, 2, 3]).unwrap(),
+            f(1000, 1),
+            f(5, 2),
+            Tensor::scalar(&device(r), r as f64 * 0.3),
+            f(70_000, 3),
+        ]
+    };
+    for plan in PLANS {
+        for bytes_per_pack in [0, 16, 4096, 1 << 20] {
+            let cfg = GroupConfig {
+                bytes_per_pack,
+                ..config(plan)
+            };
+            let out = run(3, cfg, |m| {
+                let ts = tensors(m.replica());
+                let batched = m.batch_all_reduce(ReduceOp::Sum, &ts).unwrap();
+                let single: Vec<Tensor> = ts
+                    .iter()
+                    .map(|t| m.all_reduce(ReduceOp::Sum, t).unwrap())
+                    .collect();
+                (batched, single, ts)
+            });
+            for (batched, single, inputs) in &out {
+                assert_eq!(batched.len(), single.len());
+                for ((b, s), input) in batched.iter().zip(single).zip(inputs) {
+                    assert!(b.bitwise_eq(s), "{plan:?} {bytes_per_pack}: {b} vs {s}");
+                    assert_eq!((b.shape(), b.device()), (input.shape(), input.device()));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn batched_all_reduce_names_the_original_shapes_on_mismatch() {
+    let out = run(2, config(ReducePlan::OneReducer), |m| {
+        let second = if m.replica() == 0 { 4 } else { 5 };
+        m.batch_all_reduce(
+            ReduceOp::Sum,
+            &[input(m.replica(), 3), input(m.replica(), second)],
+        )
+    });
+    let err = out[0].as_ref().unwrap_err().to_string();
+    assert!(
+        err.contains("float32 [3], float32 [4]") && err.contains("float32 [3], float32 [5]"),
+        "{err}"
     );
 }
