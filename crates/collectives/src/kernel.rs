@@ -264,6 +264,63 @@ pub(crate) fn divide(tensor: &Tensor, n: usize) -> Result<Tensor, CollectiveErro
     with_dtype!(tensor.dtype(), T => typed::<T>(tensor, n))
 }
 
+impl Tensor {
+    /// The reduction along `axis` (removing it), in index order: `Sum`, `Mean` (over the axis
+    /// length), `Min` or `Max`. The result stays on this tensor's device.
+    ///
+    /// ```
+    /// use distribute_collectives::Tensor;
+    /// use distribute_values::ReduceOp;
+    ///
+    /// let t = Tensor::from_vec("/cpu:0", &[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])?;
+    /// assert_eq!(t.reduce_axis(ReduceOp::Sum, 0)?.to_vec::<f32>()?, [5.0, 7.0, 9.0]);
+    /// assert_eq!(t.reduce_axis(ReduceOp::Mean, 1)?.to_vec::<f32>()?, [2.0, 5.0]);
+    /// # Ok::<(), distribute_collectives::CollectiveError>(())
+    /// ```
+    pub fn reduce_axis(&self, op: ReduceOp, axis: usize) -> Result<Tensor, CollectiveError> {
+        check_op(op, self.dtype())?;
+        if axis >= self.rank() {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "axis {axis} is out of range for a tensor of rank {}",
+                self.rank()
+            )));
+        }
+        let length = self.shape()[axis];
+        if length == 0 && matches!(op, ReduceOp::Min | ReduceOp::Max | ReduceOp::Mean) {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "{op} over an empty axis {axis} has no value"
+            )));
+        }
+        fn typed<T: Arith>(
+            tensor: &Tensor,
+            op: ReduceOp,
+            axis: usize,
+            length: usize,
+        ) -> Result<Tensor, CollectiveError> {
+            let array = tensor.array::<T>()?;
+            let lanes: Vec<Vec<T>> = array
+                .axis_iter(ndarray::Axis(axis))
+                .map(|lane| lane.iter().copied().collect())
+                .collect();
+            let mut shape = tensor.shape().to_vec();
+            shape.remove(axis);
+            let len: usize = shape.iter().product();
+            let mut out = vec![T::zero(); len];
+            if length > 0 {
+                let slices: Vec<&[T]> = lanes.iter().map(Vec::as_slice).collect();
+                reduce_slices(op, &slices, &mut out, length);
+            }
+            Tensor::from_vec(tensor.device(), &shape, out)
+        }
+        with_dtype!(self.dtype(), T => typed::<T>(self, op, axis, length))
+    }
+
+    /// Every element divided by `n` (floating dtypes only).
+    pub fn divided_by(&self, n: usize) -> Result<Tensor, CollectiveError> {
+        divide(self, n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -214,6 +214,15 @@ pub trait CrossDeviceOps: Send + Sync + fmt::Debug {
 
     /// Makes the replica collectives usable again after an abort.
     fn reset(&self);
+
+    /// Called before the replicas start a step (a strategy's `run`).
+    fn begin_step(&self) {}
+
+    /// Called when `replica` has finished its step: collectives it will never join fail at once
+    /// instead of waiting for the deadline.
+    fn replica_finished(&self, replica: usize) {
+        let _ = replica;
+    }
 }
 
 /// One copy per destination device: the plain copy for one device, else a `Mirrored` in
@@ -459,6 +468,14 @@ impl CrossDeviceOps for ReductionToOneDevice {
     fn reset(&self) {
         self.group.reset();
     }
+
+    fn begin_step(&self) {
+        self.group.rendezvous().begin_step();
+    }
+
+    fn replica_finished(&self, replica: usize) {
+        self.group.rendezvous().finish(replica);
+    }
 }
 
 /// The in-process shared-memory all-reduce: for large tensors every replica thread reduces one
@@ -530,6 +547,14 @@ impl CrossDeviceOps for SharedMemoryAllReduce {
 
     fn reset(&self) {
         self.group.reset();
+    }
+
+    fn begin_step(&self) {
+        self.group.rendezvous().begin_step();
+    }
+
+    fn replica_finished(&self, replica: usize) {
+        self.group.rendezvous().finish(replica);
     }
 }
 
