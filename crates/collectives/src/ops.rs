@@ -118,7 +118,10 @@ fn canonical_device(device: &str) -> Result<String, CollectiveError> {
 
 /// Collective calls made from inside a replica's thread: every replica calls the same methods in
 /// the same order, and each call returns when all replicas have made it.
-pub trait ReplicaCollectives: Send + fmt::Debug {
+///
+/// Not `Send`: a handle may own per-thread resources (an NCCL communicator), so it is created on
+/// the replica's thread and stays there.
+pub trait ReplicaCollectives: fmt::Debug {
     /// This handle's replica id.
     fn replica(&self) -> usize;
     /// The element-wise reduction of every replica's tensor.

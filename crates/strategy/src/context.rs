@@ -1,0 +1,472 @@
+//! The typed contexts: [`ReplicaContext`], which a step function gets inside one replica, and
+//! [`CrossReplicaContext`], which merge functions and code outside `run` get. Cross-replica
+//! operations exist only on the second type, so calling one from a replica does not compile.
+//!
+//! ```compile_fail
+//! use distribute_strategy::{DefaultStrategy, Strategy};
+//! use distribute_values::ReduceOp;
+//!
+//! let strategy = DefaultStrategy::new().unwrap();
+//! strategy.run::<(), (), _>(|ctx, ()| {
+//!     // A replica context has no `reduce_to`: reduce with `all_reduce`, or in a `merge_call`.
+//!     ctx.reduce_to(ReduceOp::Sum, todo!(), todo!())?;
+//!     Ok(())
+//! }, &());
+//! ```
+
+use std::any::Any;
+use std::sync::Arc;
+
+use distribute_collectives::{
+    AnyTensor, CrossDeviceOps, Destinations, ReplicaCollectives, Tensor,
+    reduce_non_distributed_value,
+};
+use distribute_values::{
+    DistributedValues, DistributedVariable, Leaf, MirroredVariable, PerReplica, ReduceOp, Regroup,
+    ReplicaDeviceMap, UpdateOp, VariableAggregation, VariableValue, regroup, select_replica,
+};
+
+use crate::tree::TensorTree;
+use crate::variables::{VariableOptions, canonicalize_variable_name, create_distributed_variable};
+use crate::StrategyError;
+
+/// Arguments one replica passes to `merge_call`, type-erased for the rendezvous.
+pub type MergeArgs = Box<dyn Any + Send>;
+
+/// What replica 0's merge function returned, shared with every replica.
+pub type MergeResult = Arc<dyn Any + Send + Sync>;
+
+/// The object-safe core of a strategy, which its contexts call into (TF's `StrategyExtended`).
+pub trait StrategyExtended: Send + Sync {
+    /// The replicas' devices.
+    fn device_map(&self) -> &Arc<ReplicaDeviceMap>;
+
+    /// The number of replicas.
+    fn num_replicas(&self) -> usize {
+        self.device_map().num_replicas()
+    }
+
+    /// How values move between the devices.
+    fn cross_device_ops(&self) -> &dyn CrossDeviceOps;
+
+    /// The host CPU device, where `Strategy::reduce` delivers.
+    fn host_device(&self) -> &str;
+
+    /// The `merge_call` rendezvous: `replica` deposits `args` and waits for every replica; replica
+    /// 0 then calls its `merge` with every replica's arguments in replica order, and every replica
+    /// gets the result. Fails (never hangs) when replicas make different numbers of calls or one
+    /// of them fails.
+    fn merge(
+        &self,
+        replica: usize,
+        args: MergeArgs,
+        merge: &mut dyn FnMut(Vec<MergeArgs>) -> Result<MergeResult, StrategyError>,
+    ) -> Result<MergeResult, StrategyError>;
+}
+
+/// The context of a step function inside one replica: which replica this is, collectives with the
+/// other replicas, and `merge_call` into cross-replica context.
+pub struct ReplicaContext<'a> {
+    replica_id: usize,
+    extended: &'a dyn StrategyExtended,
+    collectives: &'a dyn ReplicaCollectives,
+}
+
+impl<'a> ReplicaContext<'a> {
+    /// The context of replica `replica_id`; strategies build it for each replica's step.
+    pub fn new(
+        replica_id: usize,
+        extended: &'a dyn StrategyExtended,
+        collectives: &'a dyn ReplicaCollectives,
+    ) -> Self {
+        ReplicaContext {
+            replica_id,
+            extended,
+            collectives,
+        }
+    }
+
+    /// This replica's id, in `0..num_replicas_in_sync`.
+    pub fn replica_id(&self) -> usize {
+        self.replica_id
+    }
+
+    /// The number of replicas running the step together.
+    pub fn num_replicas_in_sync(&self) -> usize {
+        self.extended.num_replicas()
+    }
+
+    /// This replica's devices (more than one for a replica over several logical devices).
+    pub fn devices(&self) -> &[String] {
+        self.extended
+            .device_map()
+            .devices_for_replica(self.replica_id)
+            .expect("the replica id is in range")
+    }
+
+    /// Collective calls with the other replicas (all-gather, reduce-scatter, broadcast, …).
+    pub fn collectives(&self) -> &dyn ReplicaCollectives {
+        self.collectives
+    }
+
+    /// The reduction of `value` (a tensor or a nested structure of tensors) across replicas; every
+    /// replica gets the result, on its own devices. All tensors travel in one fused rendezvous.
+    pub fn all_reduce<V: TensorTree>(&self, op: ReduceOp, value: &V) -> Result<V, StrategyError> {
+        let mut flat = Vec::new();
+        value.flatten_into(&mut flat);
+        let reduced = self.collectives.batch_all_reduce(op, &flat)?;
+        let mut reduced = reduced.into_iter();
+        let rebuilt = value.rebuild(&mut reduced)?;
+        Ok(rebuilt)
+    }
+
+    /// Pauses every replica, runs replica 0's `merge_fn` once in cross-replica context on all
+    /// replicas' `args` (regrouped: `PerReplica` where they differ), and gives each replica its
+    /// part of the result (`select_replica`). Every replica must make the same merge calls in the
+    /// same order.
+    pub fn merge_call<A, S, F>(&self, args: A, merge_fn: F) -> Result<S, StrategyError>
+    where
+        A: Regroup + Send + 'static,
+        S: Regroup,
+        S::Regrouped: Send + Sync + 'static,
+        F: FnOnce(&CrossReplicaContext<'_>, A::Regrouped) -> Result<S::Regrouped, StrategyError>,
+    {
+        let extended = self.extended;
+        let mut merge_fn = Some(merge_fn);
+        let mut run = |all: Vec<MergeArgs>| -> Result<MergeResult, StrategyError> {
+            let args = downcast_all::<A>(all, "merge_call arguments")?;
+            let grouped = regroup(extended.device_map(), args)?;
+            let merge_fn = merge_fn
+                .take()
+                .ok_or_else(|| StrategyError::Invariant("a merge function ran twice".into()))?;
+            let result = merge_fn(&CrossReplicaContext::new(extended), grouped)?;
+            Ok(Arc::new(result))
+        };
+        let shared = extended.merge(self.replica_id, Box::new(args), &mut run)?;
+        let result = shared.downcast_ref::<S::Regrouped>().ok_or_else(|| {
+            StrategyError::Runtime(
+                "replica 0's merge function returned another type than this replica's expects; \
+                 every replica must make the same merge_call"
+                    .into(),
+            )
+        })?;
+        Ok(select_replica::<S>(self.replica_id, result)?)
+    }
+
+    /// Creates a distributed variable from inside the step: replica 0 creates it with its name and
+    /// initial value, and every replica gets that same variable (TF's shared variable creator).
+    /// Replicas must create variables in the same order, with names that canonicalize alike
+    /// (`foo_1` and `foo` do; `foo` and `bar` do not).
+    pub fn create_variable<T>(
+        &self,
+        name: Option<&str>,
+        initial: T,
+        options: VariableOptions,
+    ) -> Result<DistributedVariable<T>, StrategyError>
+    where
+        T: VariableValue + Send + Sync + 'static,
+    {
+        let extended = self.extended;
+        let request = (name.map(str::to_owned), initial, options);
+        let mut create = |all: Vec<MergeArgs>| -> Result<MergeResult, StrategyError> {
+            let requests =
+                downcast_all::<(Option<String>, T, VariableOptions)>(all, "variable creation")?;
+            let canonical: Vec<String> = requests
+                .iter()
+                .map(|(name, _, _)| canonicalize_variable_name(name.as_deref()))
+                .collect();
+            if let Some(r) = canonical.iter().position(|c| *c != canonical[0]) {
+                return Err(StrategyError::Runtime(format!(
+                    "replicas created variables whose names do not match: replica 0 '{}', replica \
+                     {r} '{}'; every replica must create the same variables in the same order",
+                    canonical[0], canonical[r]
+                )));
+            }
+            let (name, initial, options) = requests.into_iter().next().expect("replica 0");
+            let name = name.unwrap_or_else(|| "Variable".to_owned());
+            let variable =
+                create_distributed_variable(&name, extended.device_map(), initial, options)?;
+            Ok(Arc::new(variable))
+        };
+        let shared = extended.merge(self.replica_id, Box::new(request), &mut create)?;
+        shared
+            .downcast_ref::<DistributedVariable<T>>()
+            .cloned()
+            .ok_or_else(|| {
+                StrategyError::Runtime(
+                    "replicas created variables of different types at the same point".into(),
+                )
+            })
+    }
+
+    /// This replica's value of `variable`.
+    pub fn read_variable<T: VariableValue>(
+        &self,
+        variable: &DistributedVariable<T>,
+    ) -> Result<T, StrategyError> {
+        Ok(variable.component(self.replica_id)?.read())
+    }
+
+    /// TF's `assign`, `assign_add` and `assign_sub` inside a replica; returns the new value this
+    /// replica sees.
+    ///
+    /// - A sync-on-read variable, or a mirrored one with aggregation `None`, updates only this
+    ///   replica's copy.
+    /// - A mirrored variable with an aggregation gathers every replica's `value` (a `merge_call`),
+    ///   aggregates it (`Sum`, `Mean` or replica 0's for `OnlyFirstReplica`) and applies the
+    ///   result to every copy. A value that is the same on every replica cannot be summed over
+    ///   several replicas (it would multiply it).
+    pub fn update_variable<T>(
+        &self,
+        variable: &DistributedVariable<T>,
+        op: UpdateOp,
+        value: T,
+    ) -> Result<T, StrategyError>
+    where
+        T: VariableValue + Regroup<Regrouped = Leaf<T>> + Send + Sync + 'static,
+    {
+        match variable {
+            DistributedVariable::SyncOnRead(v) => Ok(v.update_local(self.replica_id, op, &value)?),
+            DistributedVariable::Mirrored(v) if v.aggregation() == VariableAggregation::None => {
+                Ok(v.update_local(self.replica_id, op, &value)?)
+            }
+            DistributedVariable::Mirrored(v) => {
+                let v: MirroredVariable<T> = v.clone();
+                self.merge_call::<T, T, _>(value, move |_, gathered: Leaf<T>| {
+                    Ok(Leaf::Same(v.update_aggregated(op, &gathered)?))
+                })
+            }
+        }
+    }
+}
+
+/// Moves every replica's boxed arguments back to `A`, or explains which replica passed what.
+fn downcast_all<A: 'static>(all: Vec<MergeArgs>, what: &str) -> Result<Vec<A>, StrategyError> {
+    all.into_iter()
+        .enumerate()
+        .map(|(r, boxed)| {
+            boxed.downcast::<A>().map(|a| *a).map_err(|_| {
+                StrategyError::Runtime(format!(
+                    "replica {r} passed {what} of another type than replica 0; every replica must \
+                     make the same calls in the same order"
+                ))
+            })
+        })
+        .collect()
+}
+
+/// The context of code that sees every replica at once: a merge function, or code outside `run`.
+/// It reduces, broadcasts and updates distributed values.
+#[derive(Clone, Copy)]
+pub struct CrossReplicaContext<'a> {
+    extended: &'a dyn StrategyExtended,
+}
+
+impl<'a> CrossReplicaContext<'a> {
+    /// The cross-replica context of a strategy.
+    pub fn new(extended: &'a dyn StrategyExtended) -> Self {
+        CrossReplicaContext { extended }
+    }
+
+    /// The number of replicas.
+    pub fn num_replicas_in_sync(&self) -> usize {
+        self.extended.num_replicas()
+    }
+
+    /// The replicas' devices.
+    pub fn device_map(&self) -> &Arc<ReplicaDeviceMap> {
+        self.extended.device_map()
+    }
+
+    /// The strategy's cross-device operations.
+    pub fn cross_device_ops(&self) -> &dyn CrossDeviceOps {
+        self.extended.cross_device_ops()
+    }
+
+    /// The devices of every replica, as destinations.
+    pub fn all_devices(&self) -> Result<Destinations, StrategyError> {
+        Ok(Destinations::of_map(self.device_map())?)
+    }
+
+    /// Reduces `value` and delivers it to `destinations` (TF's `reduce_to`):
+    /// - per-replica values go through the cross-device ops;
+    /// - a mirrored value reduced with `Mean` is returned as it is, with no communication; with
+    ///   `Sum`, `Min` or `Max` it is refused (it is one value, not one per replica);
+    /// - a plain value follows `reduce_non_distributed_value` (`Mean` keeps it; `Sum` is only
+    ///   defined for one replica or zeros).
+    pub fn reduce_to(
+        &self,
+        op: ReduceOp,
+        value: &Leaf<Tensor>,
+        destinations: &Destinations,
+    ) -> Result<Leaf<Tensor>, StrategyError> {
+        match value {
+            Leaf::Mirrored(_) if op == ReduceOp::Mean => Ok(value.clone()),
+            Leaf::Mirrored(_) => Err(StrategyError::Invariant(format!(
+                "cannot reduce a Mirrored value with {op}: it holds one value, not one per \
+                 replica; reduce the per-replica values instead"
+            ))),
+            Leaf::Same(t) => Ok(reduce_non_distributed_value(
+                op,
+                t,
+                destinations,
+                self.num_replicas_in_sync(),
+            )?),
+            Leaf::PerReplica(p) => {
+                let values: Vec<AnyTensor> = p.values().iter().cloned().map(Into::into).collect();
+                let reduced = self.cross_device_ops().reduce(op, &values, destinations)?;
+                dense_leaf(reduced)
+            }
+        }
+    }
+
+    /// Several [`reduce_to`](Self::reduce_to)s in one call; per-replica values are fused into
+    /// buckets by the cross-device ops.
+    pub fn batch_reduce_to(
+        &self,
+        op: ReduceOp,
+        pairs: &[(&Leaf<Tensor>, &Destinations)],
+    ) -> Result<Vec<Leaf<Tensor>>, StrategyError> {
+        let per_replica: Vec<(usize, Vec<AnyTensor>)> = pairs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (value, _))| match value {
+                Leaf::PerReplica(p) => {
+                    Some((i, p.values().iter().cloned().map(Into::into).collect()))
+                }
+                _ => None,
+            })
+            .collect();
+        let batch: Vec<(&[AnyTensor], &Destinations)> = per_replica
+            .iter()
+            .map(|(i, values)| (values.as_slice(), pairs[*i].1))
+            .collect();
+        let mut reduced = self
+            .cross_device_ops()
+            .batch_reduce(op, &batch)?
+            .into_iter();
+        pairs
+            .iter()
+            .map(|(value, destinations)| match value {
+                Leaf::PerReplica(_) => dense_leaf(reduced.next().expect("one result per pair")),
+                other => self.reduce_to(op, other, destinations),
+            })
+            .collect()
+    }
+
+    /// A copy of `tensor` on every destination device.
+    pub fn broadcast_to(
+        &self,
+        tensor: &Tensor,
+        destinations: &Destinations,
+    ) -> Result<Leaf<Tensor>, StrategyError> {
+        Ok(self.cross_device_ops().broadcast(tensor, destinations)?)
+    }
+
+    /// TF's `extended.update` with an update op: a plain value is applied to every copy; a
+    /// per-replica or mirrored value gives copy `i` its value `i`.
+    pub fn update<T: VariableValue>(
+        &self,
+        variable: &DistributedVariable<T>,
+        op: UpdateOp,
+        value: &Leaf<T>,
+    ) -> Result<(), StrategyError> {
+        let per_replica = |values: &[T]| -> Result<PerReplica<T>, StrategyError> {
+            Ok(PerReplica::new(
+                Arc::clone(self.device_map()),
+                values.to_vec(),
+            )?)
+        };
+        match (variable, value) {
+            (DistributedVariable::Mirrored(v), Leaf::Same(x)) => {
+                Ok(v.assign_cross_replica(op, x)?)
+            }
+            (DistributedVariable::SyncOnRead(v), Leaf::Same(x)) => {
+                Ok(v.assign_cross_replica(op, x)?)
+            }
+            (DistributedVariable::Mirrored(v), Leaf::PerReplica(p)) => {
+                Ok(v.update_per_component(op, p)?)
+            }
+            (DistributedVariable::SyncOnRead(v), Leaf::PerReplica(p)) => {
+                Ok(v.update_per_component(op, p)?)
+            }
+            (DistributedVariable::Mirrored(v), Leaf::Mirrored(m)) => {
+                Ok(v.update_per_component(op, &per_replica(m.values())?)?)
+            }
+            (DistributedVariable::SyncOnRead(v), Leaf::Mirrored(m)) => {
+                Ok(v.update_per_component(op, &per_replica(m.values())?)?)
+            }
+        }
+    }
+
+    /// TF's `extended.update(var, fn)`: `f(replica, current)` computes each copy's new value
+    /// (an optimizer step applied on every device). All new values are computed before any is
+    /// written, so a failure leaves the variable unchanged.
+    pub fn update_with<T: VariableValue>(
+        &self,
+        variable: &DistributedVariable<T>,
+        mut f: impl FnMut(usize, &T) -> Result<T, StrategyError>,
+    ) -> Result<(), StrategyError> {
+        let current: Vec<T> = (0..self.num_replicas_in_sync())
+            .map(|r| Ok(variable.component(r)?.read()))
+            .collect::<Result<_, StrategyError>>()?;
+        let updated = current
+            .iter()
+            .enumerate()
+            .map(|(r, value)| f(r, value))
+            .collect::<Result<Vec<T>, StrategyError>>()?;
+        let values = Leaf::PerReplica(PerReplica::new(Arc::clone(self.device_map()), updated)?);
+        self.update(variable, UpdateOp::Assign, &values)
+    }
+
+    /// The value of `variable` seen across replicas (TF's `read_var`): a mirrored variable's
+    /// primary copy, a sync-on-read variable's aggregate.
+    pub fn read_var<T: VariableValue>(
+        &self,
+        variable: &DistributedVariable<T>,
+    ) -> Result<T, StrategyError> {
+        match variable {
+            DistributedVariable::Mirrored(v) => Ok(v.primary()),
+            DistributedVariable::SyncOnRead(v) => Ok(v.read_cross_replica()?),
+        }
+    }
+
+    /// The devices that state not tied to one variable (a step counter, an optimizer's iteration
+    /// count) is kept on: the primary devices of `colocate_with`'s replicas, or every replica's
+    /// when it is `None`.
+    pub fn non_slot_devices<T: VariableValue>(
+        &self,
+        colocate_with: Option<&DistributedVariable<T>>,
+    ) -> Vec<String> {
+        let map = match colocate_with {
+            Some(variable) => variable_device_map(variable),
+            None => self.device_map(),
+        };
+        map.primary_devices().map(str::to_owned).collect()
+    }
+}
+
+fn variable_device_map<T: VariableValue>(variable: &DistributedVariable<T>) -> &ReplicaDeviceMap {
+    match variable {
+        DistributedVariable::Mirrored(v) => v.device_map(),
+        DistributedVariable::SyncOnRead(v) => v.device_map(),
+    }
+}
+
+/// A dense reduction result as a `Leaf<Tensor>`.
+fn dense_leaf(leaf: Leaf<AnyTensor>) -> Result<Leaf<Tensor>, StrategyError> {
+    let dense = |t: AnyTensor| -> Result<Tensor, StrategyError> { Ok(t.to_dense()?) };
+    Ok(match leaf {
+        Leaf::Same(t) => Leaf::Same(dense(t)?),
+        Leaf::PerReplica(p) => {
+            let (values, map) = p.into_parts();
+            let values = values.into_iter().map(dense).collect::<Result<_, _>>()?;
+            Leaf::PerReplica(PerReplica::new(map, values)?)
+        }
+        Leaf::Mirrored(m) => {
+            let (values, map) = m.into_parts();
+            let values = values.into_iter().map(dense).collect::<Result<_, _>>()?;
+            Leaf::Mirrored(distribute_values::Mirrored::new(map, values)?)
+        }
+    })
+}

@@ -1,0 +1,89 @@
+//! [`DefaultStrategy`]: one replica on the host CPU, run on the caller's thread — TF's default
+//! strategy, with its identity semantics (`merge_call` runs at once, reductions of one replica
+//! are the value itself).
+
+use std::sync::Arc;
+
+use distribute_collectives::{CrossDeviceOps, GroupConfig, ReductionToOneDevice};
+use distribute_device_spec::DEFAULT_HOST;
+use distribute_values::{Regroup, ReplicaDeviceMap, regroup, select_replica};
+
+use crate::context::{MergeArgs, MergeResult, ReplicaContext, StrategyExtended};
+use crate::{Strategy, StrategyError};
+
+/// One replica on `/job:localhost/replica:0/task:0/device:CPU:0`, stepping on the caller's thread.
+///
+/// ```
+/// use distribute_strategy::{DefaultStrategy, Strategy};
+/// use distribute_values::Leaf;
+///
+/// let strategy = DefaultStrategy::new()?;
+/// let out: Leaf<String> = strategy.run::<(), String, _>(
+///     |ctx, ()| ctx.merge_call("bar".to_owned(), |_, s: Leaf<String>| {
+///         let Leaf::Same(s) = s else { unreachable!("one replica") };
+///         Ok(Leaf::Same(format!("foo_{s}")))
+///     }),
+///     &(),
+/// )?;
+/// assert_eq!(out, Leaf::Same("foo_bar".to_owned()));
+/// # Ok::<(), distribute_strategy::StrategyError>(())
+/// ```
+#[derive(Debug)]
+pub struct DefaultStrategy {
+    devices: Arc<ReplicaDeviceMap>,
+    ops: ReductionToOneDevice,
+}
+
+impl DefaultStrategy {
+    /// The default strategy.
+    pub fn new() -> Result<Self, StrategyError> {
+        Ok(DefaultStrategy {
+            devices: Arc::new(ReplicaDeviceMap::new([DEFAULT_HOST])?),
+            ops: ReductionToOneDevice::new(1, GroupConfig::default())?,
+        })
+    }
+}
+
+impl StrategyExtended for DefaultStrategy {
+    fn device_map(&self) -> &Arc<ReplicaDeviceMap> {
+        &self.devices
+    }
+
+    fn cross_device_ops(&self) -> &dyn CrossDeviceOps {
+        &self.ops
+    }
+
+    fn host_device(&self) -> &str {
+        DEFAULT_HOST
+    }
+
+    fn merge(
+        &self,
+        _replica: usize,
+        args: MergeArgs,
+        merge: &mut dyn FnMut(Vec<MergeArgs>) -> Result<MergeResult, StrategyError>,
+    ) -> Result<MergeResult, StrategyError> {
+        merge(vec![args])
+    }
+}
+
+impl Strategy for DefaultStrategy {
+    fn extended(&self) -> &dyn StrategyExtended {
+        self
+    }
+
+    fn run<I, O, F>(&self, step: F, inputs: &I::Regrouped) -> Result<O::Regrouped, StrategyError>
+    where
+        I: Regroup,
+        I::Regrouped: Sync,
+        O: Regroup + Send,
+        F: Fn(&ReplicaContext<'_>, I) -> Result<O, StrategyError> + Sync,
+    {
+        let input = select_replica::<I>(0, inputs)?;
+        // The step runs on the caller's thread, so its collectives handle is made here.
+        let collectives = self.ops.replica_collectives(0)?;
+        let ctx = ReplicaContext::new(0, self, collectives.as_ref());
+        let output = step(&ctx, input)?;
+        Ok(regroup(&self.devices, vec![output])?)
+    }
+}

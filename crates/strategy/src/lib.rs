@@ -1,0 +1,31 @@
+//! Layer 5 of `distribute`: the [`Strategy`] trait every strategy implements, and the typed
+//! contexts step functions see.
+//!
+//! - [`ReplicaContext`]: inside one replica — its id, collectives with the other replicas
+//!   ([`ReplicaContext::all_reduce`] on nested tensors), [`ReplicaContext::merge_call`] into
+//!   cross-replica context, and variable creation and updates.
+//! - [`CrossReplicaContext`]: outside the replicas — `reduce_to`, `batch_reduce_to`,
+//!   `broadcast_to`, `update`, `read_var`. Replica code cannot reach it except through
+//!   `merge_call`, so mixing the two up does not compile (a top complaint about tf.distribute's
+//!   thread-local modes).
+//! - [`DefaultStrategy`]: one replica on the host, TF's identity semantics.
+//!
+//! This crate knows devices, values and collectives (the layers below). It knows nothing about
+//! how a strategy runs its replicas: threads are `distribute-mirrored`'s business, compiled
+//! programs `distribute-tpu`'s.
+
+mod context;
+mod default;
+mod error;
+mod strategy;
+mod tree;
+mod variables;
+
+pub use context::{
+    CrossReplicaContext, MergeArgs, MergeResult, ReplicaContext, StrategyExtended,
+};
+pub use default::DefaultStrategy;
+pub use error::StrategyError;
+pub use strategy::Strategy;
+pub use tree::TensorTree;
+pub use variables::{VariableOptions, canonicalize_variable_name, create_distributed_variable};
