@@ -18,9 +18,8 @@ commands:
   test [CARGO-TEST-ARGS...]   run every test of the workspace (unit, integration, benches in
                               test mode, doc tests); extra args go to the test binaries
   ci                          cargo fmt --check, clippy --all-targets -D warnings, then test
-  bench [SUITE...]            run the benchmarks of the named crates (e.g. `collectives`): the
-                              crate's table bench (benches/<crate>.rs, JSON lines) if it has one,
-                              else its criterion benches; every bench when none is named
+  bench [SUITE...]            run benchmark suites: device-spec, collectives, input, strategy
+                              (one JSON line per case), or every bench when none is named
   help                        print this message
 ";
 
@@ -86,33 +85,35 @@ fn ci(rest: &[String]) -> Result<()> {
     test(&[])
 }
 
-/// Runs benchmark suites. A suite is a crate; its table-printing bench is the bench target named
-/// after the crate folder (e.g. `crates/collectives/benches/collectives.rs`, which prints one JSON
-/// line per case), and when it has none, all its benches (criterion) run.
+/// Benchmark suites: the name `cargo xtask bench` takes, the package, and its bench target that
+/// prints one JSON line per case (`None`: the package's criterion benches).
+const SUITES: &[(&str, &str, Option<&str>)] = &[
+    ("device-spec", "distribute-device-spec", None),
+    ("collectives", "distribute-collectives", Some("collectives")),
+    ("input", "distribute-input", Some("input")),
+    ("strategy", "distribute-mirrored", Some("strategy")),
+];
+
+/// Runs benchmark suites by name, or every bench of the workspace when none is named.
 fn bench(suites: &[String]) -> Result<()> {
     if suites.is_empty() {
         return cargo("benchmarks", &["bench", "--workspace"]);
     }
     for suite in suites {
-        let package = package_for_suite(suite);
-        let folder = suite.strip_prefix("distribute-").unwrap_or(suite);
-        let table = workspace_root().join(format!("crates/{folder}/benches/{folder}.rs"));
-        let mut args = vec!["bench", "--package", package.as_str()];
-        if table.exists() {
-            args.extend(["--bench", folder]);
+        let Some((name, package, target)) = SUITES.iter().find(|(name, ..)| name == suite) else {
+            let known: Vec<&str> = SUITES.iter().map(|(name, ..)| *name).collect();
+            bail!(
+                "unknown benchmark suite '{suite}'; known: {}",
+                known.join(", ")
+            );
+        };
+        let mut args = vec!["bench", "--package", package];
+        if let Some(target) = target {
+            args.extend(["--bench", target]);
         }
-        cargo(&format!("benchmarks of {package}"), &args)?;
+        cargo(&format!("benchmarks '{name}'"), &args)?;
     }
     Ok(())
-}
-
-/// `device-spec` → `distribute-device-spec`; a full package name passes through.
-fn package_for_suite(suite: &str) -> String {
-    if suite.starts_with("distribute") {
-        suite.to_owned()
-    } else {
-        format!("distribute-{suite}")
-    }
 }
 
 /// Runs `cargo ARGS` from the workspace root, echoing the command and its duration.
@@ -147,9 +148,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn suites_map_to_packages() {
-        assert_eq!(package_for_suite("device-spec"), "distribute-device-spec");
-        assert_eq!(package_for_suite("distribute-values"), "distribute-values");
+    fn unknown_suites_are_named() {
+        let err = bench(&["nonsense".to_owned()]).unwrap_err().to_string();
+        assert!(
+            err.contains("unknown benchmark suite 'nonsense'") && err.contains("collectives"),
+            "{err}"
+        );
     }
 
     #[test]

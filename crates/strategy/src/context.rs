@@ -26,9 +26,9 @@ use distribute_values::{
     ReplicaDeviceMap, UpdateOp, VariableAggregation, VariableValue, regroup, select_replica,
 };
 
+use crate::StrategyError;
 use crate::tree::TensorTree;
 use crate::variables::{VariableOptions, canonicalize_variable_name, create_distributed_variable};
-use crate::StrategyError;
 
 /// Arguments one replica passes to `merge_call`, type-erased for the rendezvous.
 pub type MergeArgs = Box<dyn Any + Send>;
@@ -226,7 +226,9 @@ impl<'a> ReplicaContext<'a> {
         T: VariableValue + Regroup<Regrouped = Leaf<T>> + Send + Sync + 'static,
     {
         match variable {
-            DistributedVariable::SyncOnRead(v) => Ok(v.update_local(self.replica_id, op, &value)?),
+            DistributedVariable::SyncOnRead(v) => {
+                Ok(v.update_local(self.replica_id, op, &value)?)
+            }
             DistributedVariable::Mirrored(v) if v.aggregation() == VariableAggregation::None => {
                 Ok(v.update_local(self.replica_id, op, &value)?)
             }
@@ -378,9 +380,7 @@ impl<'a> CrossReplicaContext<'a> {
             )?)
         };
         match (variable, value) {
-            (DistributedVariable::Mirrored(v), Leaf::Same(x)) => {
-                Ok(v.assign_cross_replica(op, x)?)
-            }
+            (DistributedVariable::Mirrored(v), Leaf::Same(x)) => Ok(v.assign_cross_replica(op, x)?),
             (DistributedVariable::SyncOnRead(v), Leaf::Same(x)) => {
                 Ok(v.assign_cross_replica(op, x)?)
             }

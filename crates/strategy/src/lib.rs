@@ -21,9 +21,7 @@ mod strategy;
 mod tree;
 mod variables;
 
-pub use context::{
-    CrossReplicaContext, MergeArgs, MergeResult, ReplicaContext, StrategyExtended,
-};
+pub use context::{CrossReplicaContext, MergeArgs, MergeResult, ReplicaContext, StrategyExtended};
 pub use default::DefaultStrategy;
 pub use error::StrategyError;
 pub use strategy::Strategy;

@@ -7,9 +7,9 @@ use distribute_values::{
     DistributedValues, DistributedVariable, Leaf, PerReplica, ReduceOp, Regroup, VariableValue,
 };
 
+use crate::StrategyError;
 use crate::context::{CrossReplicaContext, ReplicaContext, StrategyExtended};
 use crate::variables::{VariableOptions, create_distributed_variable};
-use crate::StrategyError;
 
 /// A way to run one step function on N replicas (TF's `tf.distribute.Strategy`).
 ///
@@ -73,10 +73,8 @@ pub trait Strategy: Send + Sync {
                         t.reduce_axis(inner, axis)
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                let parts = Leaf::PerReplica(PerReplica::new(
-                    Arc::clone(p.shared_device_map()),
-                    parts,
-                )?);
+                let parts =
+                    Leaf::PerReplica(PerReplica::new(Arc::clone(p.shared_device_map()), parts)?);
                 match (op, cross.reduce_to(inner, &parts, &host)?) {
                     (ReduceOp::Mean, Leaf::Same(total)) => Leaf::Same(total.divided_by(count)?),
                     (_, total) => total,
@@ -91,10 +89,8 @@ pub trait Strategy: Send + Sync {
                     .iter()
                     .map(|t| t.reduce_axis(op, axis))
                     .collect::<Result<Vec<_>, _>>()?;
-                let reduced = distribute_values::Mirrored::new(
-                    Arc::clone(m.shared_device_map()),
-                    copies,
-                )?;
+                let reduced =
+                    distribute_values::Mirrored::new(Arc::clone(m.shared_device_map()), copies)?;
                 cross.reduce_to(op, &Leaf::Mirrored(reduced), &host)?
             }
         };
@@ -137,6 +133,9 @@ pub trait Strategy: Send + Sync {
     {
         let n = self.num_replicas_in_sync();
         let values = (0..n).map(|r| value_fn(r, n)).collect();
-        Ok(PerReplica::new(Arc::clone(self.extended().device_map()), values)?)
+        Ok(PerReplica::new(
+            Arc::clone(self.extended().device_map()),
+            values,
+        )?)
     }
 }

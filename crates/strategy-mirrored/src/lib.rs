@@ -1,0 +1,16 @@
+//! Layer 6 of `distribute`: [`MirroredStrategy`], synchronous data parallelism over the devices of
+//! one machine.
+//!
+//! One persistent thread per replica, created with the strategy and reused by every `run`; the
+//! replicas rendezvous at `merge_call` and at collectives, and every rendezvous is checked: a
+//! replica that panics, fails, makes a different number of merge calls or never arrives turns
+//! into an error on the caller, never a hang.
+//!
+//! This crate knows the strategy layer and everything below it; it knows nothing about input
+//! pipelines' internals or compiled (XLA) programs.
+
+mod merge;
+mod mirrored;
+mod pool;
+
+pub use mirrored::{MirroredConfig, MirroredStrategy};

@@ -1,0 +1,148 @@
+//! The `merge_call` rendezvous of a [`crate::MirroredStrategy`].
+//!
+//! Every replica deposits its arguments and waits; once all have arrived, replica 0 runs its merge
+//! function on everyone's arguments while the others wait again; then every replica reads the
+//! shared result. A replica that finishes its step without the merge the others wait in, a replica
+//! that fails, or one that never comes (deadline) ends the wait with an error.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use distribute_collectives::{CollectiveError, Rendezvous};
+use distribute_strategy::{MergeArgs, MergeResult, StrategyError};
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Slots hold plain values that stay consistent even if a holder panicked.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Replica 0's merge outcome: its result, or the fact that it failed (replica 0 keeps the error).
+type Outcome = Result<MergeResult, ()>;
+
+pub(crate) struct MergeRendezvous {
+    rendezvous: Rendezvous,
+    slots: Box<[Mutex<Option<MergeArgs>>]>,
+    outcome: Mutex<Option<Outcome>>,
+    /// Replicas that have read the current outcome; the last one clears it.
+    consumed: AtomicUsize,
+    /// Merge calls each replica has made in the current step.
+    calls: Box<[AtomicU64]>,
+}
+
+impl MergeRendezvous {
+    pub(crate) fn new(num_replicas: usize, deadline: Duration) -> Result<Self, StrategyError> {
+        Ok(MergeRendezvous {
+            rendezvous: Rendezvous::new(num_replicas, deadline)?,
+            slots: (0..num_replicas).map(|_| Mutex::new(None)).collect(),
+            outcome: Mutex::new(None),
+            consumed: AtomicUsize::new(0),
+            calls: (0..num_replicas).map(|_| AtomicU64::new(0)).collect(),
+        })
+    }
+
+    /// Before the replicas start a step.
+    pub(crate) fn begin_step(&self) {
+        self.rendezvous.begin_step();
+        for calls in self.calls.iter() {
+            calls.store(0, Ordering::SeqCst);
+        }
+    }
+
+    /// `replica` has finished its step.
+    pub(crate) fn finish(&self, replica: usize) {
+        self.rendezvous.finish(replica);
+    }
+
+    /// Releases every waiting replica with an error.
+    pub(crate) fn abort(&self, reason: &str) {
+        self.rendezvous.abort(reason);
+    }
+
+    /// Ready for the next step after a failed one; only when no replica is inside a merge.
+    pub(crate) fn reset(&self) {
+        for slot in self.slots.iter() {
+            lock(slot).take();
+        }
+        lock(&self.outcome).take();
+        self.consumed.store(0, Ordering::SeqCst);
+        self.rendezvous.reset();
+    }
+
+    pub(crate) fn merge(
+        &self,
+        replica: usize,
+        args: MergeArgs,
+        merge: &mut dyn FnMut(Vec<MergeArgs>) -> Result<MergeResult, StrategyError>,
+    ) -> Result<MergeResult, StrategyError> {
+        let call = self.calls[replica].fetch_add(1, Ordering::SeqCst);
+        *lock(&self.slots[replica]) = Some(args);
+        let what = || format!("merge_call #{call}");
+        self.rendezvous
+            .arrive(replica, &what, || {})
+            .map_err(|e| self.explain(e, replica))?;
+        let mut own_error = None;
+        if replica == 0 {
+            let all: Vec<MergeArgs> = self
+                .slots
+                .iter()
+                .map(|slot| {
+                    lock(slot)
+                        .take()
+                        .expect("every replica deposited arguments")
+                })
+                .collect();
+            let outcome = match merge(all) {
+                Ok(result) => Ok(result),
+                Err(error) => {
+                    own_error = Some(error);
+                    Err(())
+                }
+            };
+            *lock(&self.outcome) = Some(outcome);
+        }
+        let waiting = || format!("merge_call #{call} (waiting for replica 0's merge function)");
+        self.rendezvous
+            .arrive(replica, &waiting, || {})
+            .map_err(|e| self.explain(e, replica))?;
+        let outcome = {
+            let mut slot = lock(&self.outcome);
+            let outcome = slot.clone().expect("replica 0 stored the merge outcome");
+            if self.consumed.fetch_add(1, Ordering::SeqCst) + 1 == self.slots.len() {
+                self.consumed.store(0, Ordering::SeqCst);
+                slot.take();
+            }
+            outcome
+        };
+        match (own_error, outcome) {
+            (Some(error), _) => Err(error),
+            (None, Ok(result)) => Ok(result),
+            (None, Err(())) => Err(StrategyError::PeerFailed { replica: 0 }),
+        }
+    }
+
+    /// A rendezvous failure in the words of `merge_call`.
+    fn explain(&self, error: CollectiveError, replica: usize) -> StrategyError {
+        match error {
+            CollectiveError::ReplicaFinished { op, finished } => {
+                let counts: Vec<String> = finished
+                    .iter()
+                    .map(|&r| {
+                        format!(
+                            "replica {r} finished after {} merge_call(s)",
+                            self.calls[r].load(Ordering::SeqCst)
+                        )
+                    })
+                    .collect();
+                StrategyError::Runtime(format!(
+                    "replicas made a different number of merge_call calls: {} while replica \
+                     {replica} waits in {op}; every replica must make the same merge_calls",
+                    counts.join(", ")
+                ))
+            }
+            other => StrategyError::Collective(other),
+        }
+    }
+}

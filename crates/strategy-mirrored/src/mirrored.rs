@@ -1,0 +1,297 @@
+//! [`MirroredStrategy`]: synchronous data parallelism over the devices of one machine, one
+//! persistent thread per replica.
+
+use std::fmt;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distribute_collectives::{CrossDeviceOps, GroupConfig, ReplicaCollectives, choose_the_best};
+use distribute_device_spec::{
+    DeviceSpec, all_local_devices, canonicalize, host_for_device, is_device_list_single_worker,
+    parse_device_list,
+};
+use distribute_strategy::{
+    MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
+};
+use distribute_values::{Regroup, ReplicaDeviceMap, regroup, select_replica};
+
+use crate::merge::MergeRendezvous;
+use crate::pool::ReplicaPool;
+
+/// Settings of a [`MirroredStrategy`].
+#[derive(Clone)]
+pub struct MirroredConfig {
+    /// How long a replica waits for the others at a collective or `merge_call` before the step
+    /// fails with a deadline error naming the missing replicas.
+    pub deadline: Duration,
+    /// How long idle replica threads (and the caller waiting for them) spin before sleeping:
+    /// longer makes back-to-back steps start faster, shorter frees the cores sooner.
+    pub idle_spin: Duration,
+    /// The cross-device operations; `None` picks them with `choose_the_best`.
+    pub cross_device_ops: Option<Arc<dyn CrossDeviceOps>>,
+    /// Settings of the collectives `choose_the_best` builds (its deadline is `deadline`).
+    pub collectives: GroupConfig,
+}
+
+impl Default for MirroredConfig {
+    fn default() -> Self {
+        MirroredConfig {
+            deadline: Duration::from_secs(300),
+            idle_spin: Duration::from_micros(50),
+            cross_device_ops: None,
+            collectives: GroupConfig::default(),
+        }
+    }
+}
+
+impl fmt::Debug for MirroredConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MirroredConfig")
+            .field("deadline", &self.deadline)
+            .field("idle_spin", &self.idle_spin)
+            .field(
+                "cross_device_ops",
+                &self.cross_device_ops.as_ref().map(|ops| ops.name()),
+            )
+            .field("collectives", &self.collectives)
+            .finish()
+    }
+}
+
+/// Runs one step function on every device of this machine at once, each replica on its own
+/// persistent thread, keeping variables mirrored (TF's `tf.distribute.MirroredStrategy`).
+///
+/// ```
+/// use distribute_collectives::Tensor;
+/// use distribute_mirrored::MirroredStrategy;
+/// use distribute_strategy::Strategy;
+/// use distribute_values::{Leaf, ReduceOp};
+///
+/// let strategy = MirroredStrategy::new(&["/cpu:0", "/cpu:1"])?;
+/// // Each replica contributes its id + 1; all_reduce sums them on every replica.
+/// let sums: Leaf<Tensor> = strategy.run::<(), Tensor, _>(
+///     |ctx, ()| {
+///         let mine = Tensor::scalar(&ctx.devices()[0], ctx.replica_id() as f32 + 1.0);
+///         ctx.all_reduce(ReduceOp::Sum, &mine)
+///     },
+///     &(),
+/// )?;
+/// for t in sums.local_results() {
+///     assert_eq!(t.to_vec::<f32>()?, [3.0]);
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct MirroredStrategy {
+    devices: Arc<ReplicaDeviceMap>,
+    host: String,
+    ops: Arc<dyn CrossDeviceOps>,
+    merge: MergeRendezvous,
+    pool: ReplicaPool,
+    /// Why `ops` were chosen, for `Debug` and logs.
+    ops_reason: String,
+    /// One `run` at a time, so a failed step's cleanup cannot race the next step.
+    running: Mutex<()>,
+}
+
+impl fmt::Debug for MirroredStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MirroredStrategy")
+            .field("devices", &self.devices)
+            .field("cross_device_ops", &self.ops.name())
+            .field("why", &self.ops_reason)
+            .finish()
+    }
+}
+
+impl MirroredStrategy {
+    /// A strategy over `devices` with the default settings.
+    pub fn new<S: AsRef<str>>(devices: &[S]) -> Result<Self, StrategyError> {
+        Self::with_config(devices, MirroredConfig::default())
+    }
+
+    /// A strategy over every local GPU, else the CPU. This build detects no GPUs (GPU support is
+    /// a cargo feature of a later release), so that is the CPU: one replica.
+    pub fn with_default_devices() -> Result<Self, StrategyError> {
+        Self::new(&all_local_devices(0, None))
+    }
+
+    /// A strategy over `devices` with `config`.
+    ///
+    /// Devices are canonicalized; an empty list, a device named twice (also through different
+    /// spellings such as `/gpu:0` and `/device:GPU:0`), local and remote devices mixed, or devices
+    /// of several workers are refused.
+    pub fn with_config<S: AsRef<str>>(
+        devices: &[S],
+        config: MirroredConfig,
+    ) -> Result<Self, StrategyError> {
+        let devices = validate_devices(devices)?;
+        let n = devices.len();
+        let host = canonicalize(&host_for_device(&devices[0])?, None)?;
+        let (ops, ops_reason) = match config.cross_device_ops {
+            Some(ops) => (ops, "given in the configuration".to_owned()),
+            None => {
+                let collectives = GroupConfig {
+                    deadline: config.deadline,
+                    ..config.collectives
+                };
+                choose_the_best(&devices, collectives)?
+            }
+        };
+        let pool = ReplicaPool::start(Arc::clone(&ops), n, config.idle_spin)?;
+        log::info!("MirroredStrategy over {devices:?}: {ops_reason}");
+        Ok(MirroredStrategy {
+            devices: Arc::new(ReplicaDeviceMap::new(devices)?),
+            host,
+            merge: MergeRendezvous::new(n, config.deadline)?,
+            ops,
+            pool,
+            ops_reason,
+            running: Mutex::new(()),
+        })
+    }
+
+    /// Why the cross-device operations were chosen.
+    pub fn cross_device_ops_reason(&self) -> &str {
+        &self.ops_reason
+    }
+}
+
+/// The canonical names of a valid device list (SM-10, SM-02, SM-03, SM-11).
+fn validate_devices<S: AsRef<str>>(devices: &[S]) -> Result<Vec<String>, StrategyError> {
+    if devices.is_empty() {
+        return Err(StrategyError::Invariant(
+            "MirroredStrategy needs at least one device".into(),
+        ));
+    }
+    let specs: Vec<DeviceSpec> = parse_device_list(devices.iter().map(AsRef::as_ref))?;
+    if !is_device_list_single_worker(&specs)? {
+        return Err(StrategyError::Runtime(format!(
+            "the devices {:?} belong to several workers; this MirroredStrategy runs on one \
+             machine (multi-worker training needs a cross-process backend)",
+            devices.iter().map(AsRef::as_ref).collect::<Vec<_>>()
+        )));
+    }
+    let canonical = devices
+        .iter()
+        .map(|d| canonicalize(d.as_ref(), None))
+        .collect::<Result<Vec<_>, _>>()?;
+    for (i, device) in canonical.iter().enumerate() {
+        if let Some(j) = canonical[..i].iter().position(|d| d == device) {
+            return Err(StrategyError::Invariant(format!(
+                "MirroredStrategy devices must have no duplicates: '{}' and '{}' are both {device}",
+                devices[j].as_ref(),
+                devices[i].as_ref()
+            )));
+        }
+    }
+    Ok(canonical)
+}
+
+impl StrategyExtended for MirroredStrategy {
+    fn device_map(&self) -> &Arc<ReplicaDeviceMap> {
+        &self.devices
+    }
+
+    fn cross_device_ops(&self) -> &dyn CrossDeviceOps {
+        self.ops.as_ref()
+    }
+
+    fn host_device(&self) -> &str {
+        &self.host
+    }
+
+    fn merge(
+        &self,
+        replica: usize,
+        args: MergeArgs,
+        merge: &mut dyn FnMut(Vec<MergeArgs>) -> Result<MergeResult, StrategyError>,
+    ) -> Result<MergeResult, StrategyError> {
+        self.merge.merge(replica, args, merge)
+    }
+}
+
+impl Strategy for MirroredStrategy {
+    fn extended(&self) -> &dyn StrategyExtended {
+        self
+    }
+
+    fn run<I, O, F>(&self, step: F, inputs: &I::Regrouped) -> Result<O::Regrouped, StrategyError>
+    where
+        I: Regroup,
+        I::Regrouped: Sync,
+        O: Regroup + Send,
+        F: Fn(&ReplicaContext<'_>, I) -> Result<O, StrategyError> + Sync,
+    {
+        if ReplicaPool::on_replica_thread() {
+            return Err(StrategyError::Runtime(
+                "run was called from inside a replica's step; use merge_call to reach \
+                 cross-replica context"
+                    .into(),
+            ));
+        }
+        let _one_at_a_time = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let n = self.devices.num_replicas();
+        let outputs: Vec<Mutex<Option<Result<O, StrategyError>>>> =
+            (0..n).map(|_| Mutex::new(None)).collect();
+        self.ops.begin_step();
+        self.merge.begin_step();
+        let job = |replica: usize, collectives: &dyn ReplicaCollectives| {
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let input = select_replica::<I>(replica, inputs)?;
+                let ctx = ReplicaContext::new(replica, self, collectives);
+                step(&ctx, input)
+            }))
+            .unwrap_or_else(|payload| {
+                Err(StrategyError::ReplicaPanicked {
+                    replica,
+                    message: panic_message(payload.as_ref()),
+                })
+            });
+            if result.is_err() {
+                // Release the other replicas from whatever they wait in.
+                let reason = format!("replica {replica} failed");
+                self.ops.abort(&reason);
+                self.merge.abort(&reason);
+            }
+            self.ops.replica_finished(replica);
+            self.merge.finish(replica);
+            *outputs[replica].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+        };
+        self.pool.execute(&job)?;
+        let mut outputs_ok = Vec::with_capacity(n);
+        let mut errors = Vec::new();
+        for slot in outputs {
+            match slot
+                .into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .expect("every replica stored a result")
+            {
+                Ok(output) => outputs_ok.push(output),
+                Err(error) => errors.push(error),
+            }
+        }
+        if !errors.is_empty() {
+            // Every replica has finished, so nothing waits in the rendezvous any more.
+            self.ops.reset();
+            self.merge.reset();
+            return Err(root_cause(errors));
+        }
+        Ok(regroup(&self.devices, outputs_ok)?)
+    }
+}
+
+/// The error to report for a failed step: the first replica's error that is not merely a
+/// consequence of another replica's failure.
+fn root_cause(mut errors: Vec<StrategyError>) -> StrategyError {
+    let first_cause = errors.iter().position(|e| !e.is_consequence()).unwrap_or(0);
+    errors.swap_remove(first_cause)
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-string payload".to_owned())
+}

@@ -1,0 +1,213 @@
+//! [`ReplicaPool`]: one persistent thread per replica, created once and reused by every `run`.
+//!
+//! TF starts a thread per replica on every `run`, which is most of its step overhead. Here each
+//! replica thread owns its collectives handle (an NCCL communicator must stay on one thread) and
+//! waits for jobs: it spins for a short while after each job, so back-to-back steps start in
+//! about a microsecond, then parks so an idle strategy costs no CPU.
+//!
+//! A job borrows from the caller's stack (the step function, the inputs, the output slots), so
+//! its lifetime is erased while the threads run it; that is sound because [`ReplicaPool::execute`]
+//! does not return until every thread has finished with it, and it cannot unwind in between.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::{JoinHandle, Thread};
+use std::time::{Duration, Instant};
+
+use distribute_collectives::{CrossDeviceOps, ReplicaCollectives};
+use distribute_strategy::StrategyError;
+
+/// Work for every replica: called once per replica thread with its id and collectives.
+pub(crate) type Job<'a> = dyn Fn(usize, &dyn ReplicaCollectives) + Sync + 'a;
+
+/// A job with its lifetime erased; only dereferenced while `execute` waits for it.
+#[derive(Clone, Copy)]
+struct JobRef(*const Job<'static>);
+
+// SAFETY: the pointee is `Sync`, and `execute` keeps it alive until every thread is done with it.
+unsafe impl Send for JobRef {}
+
+thread_local! {
+    /// Set on replica threads, so a step that calls `run` again fails instead of deadlocking.
+    static ON_REPLICA_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+struct Shared {
+    /// Jobs started; a thread runs a job when this moves past the last one it ran.
+    epoch: AtomicU64,
+    job: Mutex<Option<JobRef>>,
+    /// Replica threads still running the current job.
+    remaining: AtomicUsize,
+    /// The thread waiting in `execute`, woken by the last replica to finish.
+    caller: Mutex<Option<Thread>>,
+    shutdown: AtomicBool,
+    idle_spin: Duration,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The data under these locks is a plain handle that stays valid even if a holder panicked.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Persistent replica threads.
+pub(crate) struct ReplicaPool {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    /// One `run` at a time: the threads serve one job.
+    running: Mutex<()>,
+}
+
+impl ReplicaPool {
+    /// Starts one thread per replica; each makes its collectives handle from `ops` on itself.
+    pub(crate) fn start(
+        ops: Arc<dyn CrossDeviceOps>,
+        num_replicas: usize,
+        idle_spin: Duration,
+    ) -> Result<ReplicaPool, StrategyError> {
+        let shared = Arc::new(Shared {
+            epoch: AtomicU64::new(0),
+            job: Mutex::new(None),
+            remaining: AtomicUsize::new(0),
+            caller: Mutex::new(None),
+            shutdown: AtomicBool::new(false),
+            idle_spin,
+        });
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let mut threads = Vec::with_capacity(num_replicas);
+        for replica in 0..num_replicas {
+            let (shared, ops, ready) = (Arc::clone(&shared), Arc::clone(&ops), ready_tx.clone());
+            let thread = std::thread::Builder::new()
+                .name(format!("replica-{replica}"))
+                .spawn(move || replica_thread(replica, &shared, ops.as_ref(), ready))
+                .map_err(|e| {
+                    StrategyError::Runtime(format!("cannot start replica thread {replica}: {e}"))
+                })?;
+            threads.push(thread);
+        }
+        let pool = ReplicaPool {
+            shared,
+            threads,
+            running: Mutex::new(()),
+        };
+        // Every thread reports whether it could make its collectives handle.
+        for _ in 0..num_replicas {
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => return Err(error),
+                Err(_) => {
+                    return Err(StrategyError::Runtime(
+                        "a replica thread exited while starting".into(),
+                    ));
+                }
+            }
+        }
+        Ok(pool)
+    }
+
+    /// True on a replica thread of any pool.
+    pub(crate) fn on_replica_thread() -> bool {
+        ON_REPLICA_THREAD.with(Cell::get)
+    }
+
+    /// Runs `job` on every replica thread and returns when all have finished it.
+    ///
+    /// `job` must not unwind (callers catch panics inside it): a replica thread that unwinds would
+    /// never report back.
+    pub(crate) fn execute(&self, job: &Job<'_>) -> Result<(), StrategyError> {
+        if Self::on_replica_thread() {
+            return Err(StrategyError::Runtime(
+                "run was called from inside a replica's step; a step cannot start another step \
+                 (use merge_call to reach cross-replica context)"
+                    .into(),
+            ));
+        }
+        let _one_at_a_time = lock(&self.running);
+        let shared = &*self.shared;
+        // SAFETY: erasing the lifetime is sound because this function waits below until every
+        // replica thread has finished the job (`remaining` reaches 0) and clears it before
+        // returning, and nothing between here and there can unwind.
+        let erased: *const Job<'static> =
+            unsafe { std::mem::transmute::<*const Job<'_>, *const Job<'static>>(job) };
+        *lock(&shared.job) = Some(JobRef(erased));
+        *lock(&shared.caller) = Some(std::thread::current());
+        shared.remaining.store(self.threads.len(), Ordering::SeqCst);
+        shared.epoch.fetch_add(1, Ordering::SeqCst);
+        for thread in &self.threads {
+            thread.thread().unpark();
+        }
+        let start = Instant::now();
+        while shared.remaining.load(Ordering::SeqCst) != 0 {
+            if start.elapsed() < shared.idle_spin {
+                std::hint::spin_loop();
+            } else {
+                std::thread::park_timeout(Duration::from_millis(10));
+            }
+        }
+        *lock(&shared.job) = None;
+        Ok(())
+    }
+}
+
+impl Drop for ReplicaPool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        for thread in &self.threads {
+            thread.thread().unpark();
+        }
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn replica_thread(
+    replica: usize,
+    shared: &Shared,
+    ops: &dyn CrossDeviceOps,
+    ready: std::sync::mpsc::Sender<Result<(), StrategyError>>,
+) {
+    ON_REPLICA_THREAD.with(|flag| flag.set(true));
+    let collectives = match ops.replica_collectives(replica) {
+        Ok(collectives) => {
+            let _ = ready.send(Ok(()));
+            collectives
+        }
+        Err(error) => {
+            let _ = ready.send(Err(error.into()));
+            return;
+        }
+    };
+    drop(ready);
+    let mut seen = 0;
+    loop {
+        let idle_since = Instant::now();
+        loop {
+            if shared.shutdown.load(Ordering::SeqCst) {
+                return;
+            }
+            if shared.epoch.load(Ordering::SeqCst) != seen {
+                break;
+            }
+            if idle_since.elapsed() < shared.idle_spin {
+                std::hint::spin_loop();
+            } else {
+                std::thread::park();
+            }
+        }
+        seen = shared.epoch.load(Ordering::SeqCst);
+        let job = *lock(&shared.job);
+        if let Some(JobRef(job)) = job {
+            // SAFETY: `execute` keeps the job alive until `remaining` reaches 0, which cannot
+            // happen before this thread's decrement below.
+            unsafe { (*job)(replica, collectives.as_ref()) };
+        }
+        if shared.remaining.fetch_sub(1, Ordering::SeqCst) == 1
+            && let Some(caller) = lock(&shared.caller).as_ref()
+        {
+            caller.unpark();
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! Every way a step can go wrong ends in an error on the caller, promptly, and leaves the strategy
+//! usable (SM-15, SM-16 and the architecture's "every rendezvous is checked").
+//!
+//! The deadline is long (60 s) wherever the failure must be detected by other means, so a test
+//! that got a deadline error instead would fail on the error kind rather than pass slowly.
+
+use std::time::Duration;
+
+use distribute_collectives::{CollectiveError, Tensor};
+use distribute_mirrored::{MirroredConfig, MirroredStrategy};
+use distribute_strategy::{Strategy, StrategyError};
+use distribute_values::{Leaf, ReduceOp};
+
+fn strategy(n: usize, deadline: Duration) -> MirroredStrategy {
+    let devices: Vec<String> = (0..n).map(|i| format!("/cpu:{i}")).collect();
+    MirroredStrategy::with_config(
+        &devices,
+        MirroredConfig {
+            deadline,
+            ..MirroredConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+fn one(ctx: &distribute_strategy::ReplicaContext<'_>) -> Tensor {
+    Tensor::scalar(&ctx.devices()[0], 1.0f32)
+}
+
+/// The strategy still runs a normal step and all-reduces correctly.
+fn still_works(strategy: &MirroredStrategy) {
+    let n = strategy.num_replicas_in_sync() as f32;
+    let out: Leaf<Tensor> = strategy
+        .run::<(), Tensor, _>(|ctx, ()| ctx.all_reduce(ReduceOp::Sum, &one(ctx)), &())
+        .unwrap();
+    for t in out.local_results() {
+        assert_eq!(t.to_vec::<f32>().unwrap(), [n]);
+    }
+}
+
+#[test]
+fn sm15_different_numbers_of_merge_calls_fail_fast() {
+    let strategy = strategy(3, Duration::from_secs(60));
+    let err = strategy
+        .run::<(), (), _>(
+            |ctx, ()| {
+                if ctx.replica_id() != 2 {
+                    ctx.merge_call::<i32, (), _>(1, |_, _| Ok(()))?;
+                }
+                Ok(())
+            },
+            &(),
+        )
+        .unwrap_err();
+    match &err {
+        StrategyError::Runtime(message) => {
+            assert!(
+                message.contains("different number of merge_call calls"),
+                "{message}"
+            );
+            assert!(
+                message.contains("replica 2 finished after 0 merge_call(s)"),
+                "{message}"
+            );
+        }
+        other => panic!("expected Runtime, got {other:?}"),
+    }
+    still_works(&strategy);
+}
+
+#[test]
+fn sm16_a_step_error_reaches_the_caller_with_its_original_type() {
+    let strategy = strategy(2, Duration::from_secs(60));
+    let err = strategy
+        .run::<(), Tensor, _>(
+            |ctx, ()| {
+                if ctx.replica_id() == 1 {
+                    return Err(StrategyError::step(std::io::Error::other("disk on fire")));
+                }
+                // Replica 0 waits in a collective that replica 1 never joins.
+                ctx.all_reduce(ReduceOp::Sum, &one(ctx))
+            },
+            &(),
+        )
+        .unwrap_err();
+    let StrategyError::Step(source) = &err else {
+        panic!("expected the step's error, got {err:?}")
+    };
+    let io = source
+        .downcast_ref::<std::io::Error>()
+        .expect("an io::Error");
+    assert_eq!(io.to_string(), "disk on fire");
+    still_works(&strategy);
+}
+
+#[test]
+fn sm16_a_merge_function_error_reaches_the_caller() {
+    let strategy = strategy(2, Duration::from_secs(60));
+    let err = strategy
+        .run::<(), (), _>(
+            |ctx, ()| {
+                ctx.merge_call::<i32, (), _>(ctx.replica_id() as i32, |_, _| {
+                    Err(StrategyError::InvalidArgument("merge refused".into()))
+                })
+            },
+            &(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, StrategyError::InvalidArgument(m) if m == "merge refused"),
+        "{err:?}"
+    );
+    still_works(&strategy);
+}
+
+#[test]
+fn sm16_a_panicking_replica_releases_the_others() {
+    let strategy = strategy(3, Duration::from_secs(60));
+    let err = strategy
+        .run::<(), Tensor, _>(
+            |ctx, ()| {
+                if ctx.replica_id() == 1 {
+                    panic!("replica 1 divides by zero");
+                }
+                let t = ctx.all_reduce(ReduceOp::Sum, &one(ctx))?;
+                ctx.merge_call::<(), (), _>((), |_, _| Ok(()))?;
+                Ok(t)
+            },
+            &(),
+        )
+        .unwrap_err();
+    match err {
+        StrategyError::ReplicaPanicked { replica, message } => {
+            assert_eq!(
+                (replica, message.as_str()),
+                (1, "replica 1 divides by zero")
+            );
+        }
+        other => panic!("expected ReplicaPanicked, got {other:?}"),
+    }
+    still_works(&strategy);
+}
+
+#[test]
+fn a_panic_inside_a_merge_function_releases_the_others() {
+    let strategy = strategy(2, Duration::from_secs(60));
+    let err = strategy
+        .run::<(), (), _>(
+            |ctx, ()| ctx.merge_call::<(), (), _>((), |_, _| panic!("merge function bug")),
+            &(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, StrategyError::ReplicaPanicked { replica: 0, message } if message == "merge function bug"),
+        "{err:?}"
+    );
+    still_works(&strategy);
+}
+
+#[test]
+fn a_replica_that_skips_a_collective_fails_the_others_at_once() {
+    let strategy = strategy(2, Duration::from_secs(60));
+    let err = strategy
+        .run::<(), (), _>(
+            |ctx, ()| {
+                if ctx.replica_id() == 0 {
+                    ctx.all_reduce(ReduceOp::Sum, &one(ctx))?;
+                }
+                Ok(())
+            },
+            &(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, StrategyError::Collective(CollectiveError::ReplicaFinished { finished, .. }) if finished == &[1]),
+        "{err:?}"
+    );
+    still_works(&strategy);
+}
+
+#[test]
+fn a_slow_replica_is_named_when_the_deadline_passes() {
+    let strategy = strategy(2, Duration::from_millis(300));
+    let err = strategy
+        .run::<(), Tensor, _>(
+            |ctx, ()| {
+                if ctx.replica_id() == 1 {
+                    std::thread::sleep(Duration::from_millis(1500));
+                }
+                ctx.all_reduce(ReduceOp::Sum, &one(ctx))
+            },
+            &(),
+        )
+        .unwrap_err();
+    match &err {
+        StrategyError::Collective(CollectiveError::DeadlineExceeded { missing, .. }) => {
+            assert_eq!(missing, &[1]);
+        }
+        other => panic!("expected DeadlineExceeded, got {other:?}"),
+    }
+    still_works(&strategy);
+}
+
+#[test]
+fn run_inside_a_step_is_refused() {
+    let strategy = strategy(2, Duration::from_secs(60));
+    let err = strategy.run::<(), (), _>(
+        |_, ()| {
+            let inner = strategy.run::<(), (), _>(|_, ()| Ok(()), &());
+            match inner {
+                Err(StrategyError::Runtime(m)) if m.contains("inside a replica's step") => Ok(()),
+                other => Err(StrategyError::Runtime(format!("nested run gave {other:?}"))),
+            }
+        },
+        &(),
+    );
+    err.unwrap();
+}
+
+#[test]
+fn hundreds_of_steps_with_merges_and_collectives_back_to_back() {
+    let strategy = strategy(4, Duration::from_secs(60));
+    for step in 0..300 {
+        let out: Leaf<f32> = strategy
+            .run::<(), f32, _>(
+                |ctx, ()| {
+                    let sum = ctx.all_reduce(ReduceOp::Sum, &one(ctx))?;
+                    let mine = sum.to_vec::<f32>()?[0] + ctx.replica_id() as f32;
+                    let total: f32 = ctx.merge_call::<f32, f32, _>(mine, |_, v| {
+                        Ok(Leaf::Same(v.local_results().into_iter().sum()))
+                    })?;
+                    Ok(total + step as f32)
+                },
+                &(),
+            )
+            .unwrap();
+        // 4 from the all-reduce on every replica, plus the replica id: 4 + 5 + 6 + 7.
+        assert_eq!(out, Leaf::Same(22.0 + step as f32));
+    }
+}
