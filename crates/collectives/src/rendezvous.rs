@@ -58,8 +58,10 @@ pub struct Rendezvous {
     sleepers: AtomicUsize,
     sleep_lock: Mutex<()>,
     wake: Condvar,
-    /// Busy-wait only when every replica can have a core; otherwise spinning steals the core
-    /// from the replica everyone waits for.
+    /// Busy-wait iterations before yielding: a few microseconds when every replica can have a
+    /// core, almost none otherwise, since spinning would steal the core from the replica everyone
+    /// waits for. After that, waiters yield (which costs nothing when no one else wants the core)
+    /// and finally sleep.
     spin_limit: u32,
 }
 
@@ -92,7 +94,7 @@ impl Rendezvous {
             sleepers: AtomicUsize::new(0),
             sleep_lock: Mutex::new(()),
             wake: Condvar::new(),
-            spin_limit: if num_replicas <= cores { 20_000 } else { 64 },
+            spin_limit: if num_replicas <= cores { 1_000 } else { 64 },
         })
     }
 

@@ -1,0 +1,42 @@
+//! The facade of `distribute` (top of the crate map): every layer re-exported, plus a
+//! [`prelude`] for step functions.
+//!
+//! Write one step function and run it data-parallel on N replicas:
+//!
+//! ```
+//! use distribute::prelude::*;
+//!
+//! let strategy = MirroredStrategy::new(&["/cpu:0", "/cpu:1"])?;
+//! let sums: Leaf<Tensor> = strategy.run::<(), Tensor, _>(
+//!     |ctx, ()| {
+//!         let mine = Tensor::scalar(&ctx.devices()[0], ctx.replica_id() as f32);
+//!         ctx.all_reduce(ReduceOp::Sum, &mine)
+//!     },
+//!     &(),
+//! )?;
+//! assert!(sums.local_results().iter().all(|t| t.to_vec::<f32>().unwrap() == [1.0]));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Downstream projects that need one layer can depend on its crate alone. This crate adds no
+//! behaviour of its own.
+
+pub use distribute_collectives as collectives;
+pub use distribute_device_spec as device_spec;
+pub use distribute_mirrored as mirrored;
+pub use distribute_strategy as strategy;
+pub use distribute_values as values;
+
+/// The names a step function usually needs.
+pub mod prelude {
+    pub use distribute_collectives::{DType, Destinations, Tensor};
+    pub use distribute_mirrored::{MirroredConfig, MirroredStrategy};
+    pub use distribute_strategy::{
+        CrossReplicaContext, DefaultStrategy, ReplicaContext, Strategy, StrategyError,
+        VariableOptions,
+    };
+    pub use distribute_values::{
+        DistributedValues, DistributedVariable, Leaf, Mirrored, PerReplica, ReduceOp, UpdateOp,
+        VariableAggregation, VariableSynchronization,
+    };
+}
