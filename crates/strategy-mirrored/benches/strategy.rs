@@ -1,1 +1,3 @@
+//! Placeholder replaced by the strategy benchmark.
+
 fn main() {}
