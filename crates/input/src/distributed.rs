@@ -149,7 +149,7 @@ struct Plan<B: Batch> {
     dataset: Dataset<B>,
     /// Pieces each batch is cut into (1 for whole batches).
     pieces_per_batch: usize,
-    /// `(P, p)`: keep the pieces whose running index is `p` mod `P` (data sharding).
+    /// `(P, p)` under data sharding: this is pipeline `p` of `P`, all reading the same stream.
     keep: Option<(usize, usize)>,
     /// Rows of a full piece, the size padding pads to.
     full_piece: usize,
@@ -457,8 +457,8 @@ type LocalStep<B> = Vec<(B, usize)>;
 struct LocalSteps<B: Batch> {
     plan: Arc<Plan<B>>,
     batches: DatasetIter<B>,
+    /// Pieces cut from batches and not yet handed out.
     ready: VecDeque<B>,
-    pieces_seen: usize,
     /// A 0-row batch of the dataset's structure, for replicas without data.
     empty: Option<B>,
     ended: bool,
@@ -470,7 +470,6 @@ impl<B: Batch> LocalSteps<B> {
             batches: plan.dataset.iter(),
             plan,
             ready: VecDeque::new(),
-            pieces_seen: 0,
             empty: None,
             ended: false,
         }
@@ -486,35 +485,42 @@ impl<B: Batch> LocalSteps<B> {
         }
         let mut offset = 0;
         for size in split_sizes(rows, plan.pieces_per_batch) {
-            let index = self.pieces_seen;
-            self.pieces_seen += 1;
-            if plan.keep.is_none_or(|(num, mine)| index % num == mine) {
-                self.ready
-                    .push_back(batch.slice_rows(offset..offset + size)?);
-            }
+            self.ready
+                .push_back(batch.slice_rows(offset..offset + size)?);
             offset += size;
         }
         self.empty = Some(batch.slice_rows(0..0)?);
         Ok(())
     }
 
+    /// The next step. Under data sharding a step is a group of `P·R` consecutive pieces of
+    /// the stream every pipeline reads, piece `j` going to pipeline `j mod P`, replica
+    /// `j div P`; so all pipelines agree on the number of steps, and one whose share of the
+    /// last group is short gets empty batches (IN-27, IN-30).
     fn step(&mut self) -> Result<Option<LocalStep<B>>, InputError> {
         let replicas = self.plan.placement.len();
-        while self.ready.len() < replicas && !self.ended {
+        let group = self.plan.keep.map_or(replicas, |(num, _)| num * replicas);
+        while self.ready.len() < group && !self.ended {
             match self.batches.next() {
                 Some(batch) => self.cut(batch?)?,
                 None => self.ended = true,
             }
         }
         if self.ready.is_empty()
-            || (self.ready.len() < replicas && self.plan.partial == PartialBatch::DropRemainder)
+            || (self.ready.len() < group && self.plan.partial == PartialBatch::DropRemainder)
         {
             self.ready.clear();
             return Ok(None);
         }
+        let take = group.min(self.ready.len());
+        let mut pieces: Vec<Option<B>> = self.ready.drain(..take).map(Some).collect();
         let mut step = Vec::with_capacity(replicas);
-        for device in &self.plan.placement {
-            let piece = match self.ready.pop_front() {
+        for (replica, device) in self.plan.placement.iter().enumerate() {
+            let index = self
+                .plan
+                .keep
+                .map_or(replica, |(num, mine)| mine + replica * num);
+            let piece = match pieces.get_mut(index).and_then(Option::take) {
                 Some(piece) => piece,
                 None => self
                     .empty

@@ -1,0 +1,363 @@
+//! 6.4 and 6.5: several input workers, in-graph (one process feeds all) and between-graph (one
+//! process per worker), with and without auto-sharding.
+
+use distribute_collectives::Tensor;
+use distribute_input::{
+    AutoShardPolicy, Dataset, DistributedDataset, InputOptions, PartialBatch,
+    distribute_datasets_from_function,
+};
+use distribute_values::DistributedValues;
+
+use crate::common::{between, distribute, in_graph, ints, r, steps, whole};
+
+fn off(options: InputOptions) -> InputOptions {
+    InputOptions {
+        auto_shard: AutoShardPolicy::Off,
+        ..options
+    }
+}
+
+/// Each worker's steps in a between-graph cluster of `workers` × `per_worker`.
+fn per_worker(
+    workers: usize,
+    per_worker: usize,
+    n: usize,
+    b: usize,
+    drop: bool,
+    options: InputOptions,
+) -> Vec<Vec<Vec<Vec<i64>>>> {
+    (0..workers)
+        .map(|w| steps(&distribute(n, b, drop, &between(workers, w, per_worker), options).unwrap()))
+        .collect()
+}
+
+#[test]
+fn in_21_auto_shard_gives_each_worker_every_other_element() {
+    let got = steps(&distribute(8, 2, false, &in_graph(2, 1), InputOptions::default()).unwrap());
+    assert_eq!(got, [[[0], [1]], [[2], [3]], [[4], [5]], [[6], [7]]]);
+    let elementwise = steps(&distribute(8, 1, false, &in_graph(2, 1), whole()).unwrap());
+    assert_eq!(elementwise, got);
+}
+
+#[test]
+fn in_22_no_sharding_gives_every_worker_all_data() {
+    let expected: Vec<Vec<Vec<i64>>> = (0..4).map(|i| vec![vec![i], vec![i]]).collect();
+    assert_eq!(
+        steps(&distribute(4, 1, false, &in_graph(2, 1), off(whole())).unwrap()),
+        expected
+    );
+    let from_fn =
+        distribute_datasets_from_function(&in_graph(2, 1), InputOptions::default(), |_| {
+            Dataset::range(4).batch(1, false)
+        })
+        .unwrap();
+    assert_eq!(steps(&from_fn), expected);
+}
+
+#[test]
+fn in_23_two_workers_two_devices() {
+    let got = steps(&distribute(8, 1, false, &in_graph(2, 2), whole()).unwrap());
+    assert_eq!(got, [[[0], [2], [1], [3]], [[4], [6], [5], [7]]]);
+    let got = steps(&distribute(4, 1, false, &in_graph(2, 2), whole()).unwrap());
+    assert_eq!(got, [[[0], [2], [1], [3]]]);
+    // Global batches of 4 split over the 4 replicas give the same placement.
+    assert_eq!(
+        steps(&distribute(8, 4, false, &in_graph(2, 2), InputOptions::default()).unwrap()),
+        [[[0], [2], [1], [3]], [[4], [6], [5], [7]]]
+    );
+    let from_fn =
+        distribute_datasets_from_function(&in_graph(2, 2), InputOptions::default(), |_| {
+            Dataset::range(4).batch(1, false)
+        })
+        .unwrap();
+    assert_eq!(
+        steps(&from_fn),
+        [[[0], [1], [0], [1]], [[2], [3], [2], [3]]]
+    );
+}
+
+fn squares(n: i64) -> Dataset<(Tensor, Tensor)> {
+    let i: Vec<i64> = (0..n).collect();
+    let sq: Vec<i64> = i.iter().map(|x| x * x).collect();
+    Dataset::from_tensors((
+        Tensor::from_vec("/cpu:0", &[n as usize], i).unwrap(),
+        Tensor::from_vec("/cpu:0", &[n as usize], sq).unwrap(),
+    ))
+    .unwrap()
+}
+
+fn pairs(dist: &DistributedDataset<(Tensor, Tensor)>) -> Vec<Vec<(Vec<i64>, Vec<i64>)>> {
+    dist.iter()
+        .map(|s| {
+            s.unwrap()
+                .values()
+                .iter()
+                .map(|(a, b)| (ints(a), ints(b)))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn in_24_tuples_across_workers() {
+    let dist = DistributedDataset::new(
+        squares(4).batch(2, false).unwrap(),
+        &in_graph(2, 1),
+        InputOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        pairs(&dist),
+        [
+            vec![(vec![0], vec![0]), (vec![1], vec![1])],
+            vec![(vec![2], vec![4]), (vec![3], vec![9])]
+        ]
+    );
+    let from_fn =
+        distribute_datasets_from_function(&in_graph(2, 1), InputOptions::default(), |_| {
+            squares(3).batch(1, false)
+        })
+        .unwrap();
+    let expected: Vec<Vec<(Vec<i64>, Vec<i64>)>> =
+        (0..3).map(|i| vec![(vec![i], vec![i * i]); 2]).collect();
+    assert_eq!(pairs(&from_fn), expected);
+}
+
+#[test]
+fn in_25_uneven_batches_each_device_takes_whole_batches() {
+    let got = steps(&distribute(9, 2, false, &in_graph(2, 2), whole()).unwrap());
+    assert_eq!(
+        got,
+        [
+            vec![r(0..2), r(4..6), r(2..4), r(6..8)],
+            vec![vec![8], vec![], vec![], vec![]]
+        ]
+    );
+    let from_fn =
+        distribute_datasets_from_function(&in_graph(2, 2), InputOptions::default(), |_| {
+            Dataset::range(9).batch(2, false)
+        })
+        .unwrap();
+    assert_eq!(
+        steps(&from_fn),
+        [
+            vec![r(0..2), r(2..4), r(0..2), r(2..4)],
+            vec![r(4..6), r(6..8), r(4..6), r(6..8)],
+            vec![vec![8], vec![], vec![8], vec![]]
+        ]
+    );
+}
+
+#[test]
+fn in_26_a_worker_that_ran_out_contributes_empty_batches() {
+    let dist = distribute_datasets_from_function(&in_graph(2, 2), InputOptions::default(), |cx| {
+        Dataset::range(8 + cx.input_pipeline_id()).batch(2, false)
+    })
+    .unwrap();
+    assert_eq!(
+        steps(&dist),
+        [
+            vec![r(0..2), r(2..4), r(0..2), r(2..4)],
+            vec![r(4..6), r(6..8), r(4..6), r(6..8)],
+            vec![vec![], vec![], vec![8], vec![]]
+        ]
+    );
+}
+
+#[test]
+fn in_27_between_graph_uneven_batches() {
+    let sharded = per_worker(2, 1, 5, 2, false, whole());
+    assert_eq!(
+        sharded,
+        [
+            vec![vec![r(0..2)], vec![vec![4]]],
+            vec![vec![r(2..4)], vec![vec![]]]
+        ]
+    );
+    let unsharded = per_worker(2, 1, 5, 2, false, off(whole()));
+    let all = vec![vec![r(0..2)], vec![r(2..4)], vec![vec![4]]];
+    assert_eq!(unsharded, [all.clone(), all]);
+}
+
+#[test]
+fn in_30_multi_worker_split_of_uneven_batches() {
+    let got = per_worker(2, 1, 9, 2, false, InputOptions::default());
+    assert_eq!(got[0], [[[0]], [[2]], [[4]], [[6]], [[8]]]);
+    assert_eq!(got[1][..4], [[[1]], [[3]], [[5]], [[7]]]);
+    assert_eq!(
+        got[1][4],
+        [Vec::<i64>::new()],
+        "worker 1 gets an empty batch on the last step"
+    );
+    let dropped = per_worker(2, 1, 9, 2, true, InputOptions::default());
+    assert_eq!(
+        dropped,
+        [[[[0]], [[2]], [[4]], [[6]]], [[[1]], [[3]], [[5]], [[7]]]]
+    );
+}
+
+#[test]
+fn in_31_two_workers_four_replicas() {
+    let got = per_worker(2, 2, 15, 4, false, InputOptions::default());
+    assert_eq!(got[0], [[[0], [2]], [[4], [6]], [[8], [10]], [[12], [14]]]);
+    assert_eq!(
+        got[1],
+        [
+            vec![vec![1], vec![3]],
+            vec![vec![5], vec![7]],
+            vec![vec![9], vec![11]],
+            vec![vec![13], vec![]]
+        ]
+    );
+    let dropped = per_worker(2, 2, 15, 4, true, InputOptions::default());
+    assert_eq!(dropped[0].len(), 3);
+    assert_eq!(dropped[1].len(), 3);
+    assert_eq!(dropped[1][2], [[9], [11]]);
+}
+
+#[test]
+fn in_32_last_partial_batch_across_workers() {
+    let got = per_worker(2, 1, 14, 8, false, InputOptions::default());
+    assert_eq!(
+        (got[0][1].clone(), got[1][1].clone()),
+        (vec![r(8..11)], vec![r(11..14)])
+    );
+    let from_fn: Vec<Vec<Vec<Vec<i64>>>> = (0..2)
+        .map(|w| {
+            let dist = distribute_datasets_from_function(
+                &between(2, w, 1),
+                InputOptions::default(),
+                |cx| {
+                    Dataset::range(14)
+                        .batch(cx.per_replica_batch_size(8)?, false)?
+                        .shard(cx.num_input_pipelines(), cx.input_pipeline_id())
+                },
+            )
+            .unwrap();
+            steps(&dist)
+        })
+        .collect();
+    assert_eq!(
+        (from_fn[0][1].clone(), from_fn[1][1].clone()),
+        (vec![r(8..12)], vec![r(12..14)])
+    );
+}
+
+#[test]
+fn in_33_dataset_from_function_sums_per_worker() {
+    let sums: Vec<i64> = (0..2)
+        .map(|w| {
+            let dist = distribute_datasets_from_function(
+                &between(2, w, 1),
+                InputOptions::default(),
+                |cx| {
+                    let per_replica = cx.per_replica_batch_size(10)?;
+                    Dataset::range(100)
+                        .repeat(2)?
+                        .batch(per_replica, false)?
+                        .shard(cx.num_input_pipelines(), cx.input_pipeline_id())
+                },
+            )
+            .unwrap();
+            ints(&dist.iter().next().unwrap().unwrap().values()[0])
+                .iter()
+                .sum()
+        })
+        .collect();
+    assert_eq!(sums, [10, 35]);
+}
+
+#[test]
+fn in_34_unsharded_workers_split_each_global_batch_legacy_style() {
+    // Each worker reads range(12).batch(8) whole and takes every piece of its split.
+    let got = per_worker(2, 1, 12, 8, false, off(InputOptions::default()));
+    let expected = vec![
+        vec![r(0..4)],
+        vec![r(4..8)],
+        vec![r(8..10)],
+        vec![r(10..12)],
+    ];
+    assert_eq!(got, [expected.clone(), expected]);
+}
+
+#[test]
+fn in_35_data_sharding_with_an_indivisible_batch() {
+    let got = per_worker(
+        2,
+        1,
+        8,
+        3,
+        false,
+        InputOptions {
+            auto_shard: AutoShardPolicy::Data,
+            ..InputOptions::default()
+        },
+    );
+    assert_eq!(got[0], [vec![r(0..2)], vec![r(3..5)], vec![vec![6]]]);
+    assert_eq!(got[1], [[[2]], [[5]], [[7]]]);
+    for step in 0..3 {
+        let total = got[0][step][0].len() + got[1][step][0].len();
+        assert_eq!(total, if step < 2 { 3 } else { 2 });
+    }
+}
+
+#[test]
+fn in_36_auto_versus_off() {
+    let auto = per_worker(2, 1, 4, 2, false, InputOptions::default());
+    assert_eq!(auto, [[[[0]], [[2]]], [[[1]], [[3]]]]);
+    let off = per_worker(2, 1, 4, 2, false, off(InputOptions::default()));
+    let all: Vec<Vec<Vec<i64>>> = (0..4).map(|i| vec![vec![i]]).collect();
+    assert_eq!(off, [all.clone(), all]);
+}
+
+#[test]
+fn in_40_sum_of_squares_over_two_workers() {
+    let squares: Vec<i64> = (0..10).map(|i| i * i).collect();
+    let ds = Dataset::from_tensors(Tensor::from_vec("/cpu:0", &[10], squares).unwrap())
+        .unwrap()
+        .batch(4, false)
+        .unwrap();
+    let dist = DistributedDataset::new(ds, &in_graph(2, 1), InputOptions::default()).unwrap();
+    let total: i64 = steps(&dist).into_iter().flatten().flatten().sum();
+    assert_eq!(total, 285);
+}
+
+#[test]
+fn in_51_unsharded_input_functions_see_the_same_data() {
+    let two = distribute_datasets_from_function(
+        &crate::common::local(2),
+        InputOptions::default(),
+        |_| Dataset::range(10).batch(1, false),
+    )
+    .unwrap();
+    let expected: Vec<Vec<Vec<i64>>> = (0..5).map(|k| vec![vec![2 * k], vec![2 * k + 1]]).collect();
+    assert_eq!(steps(&two), expected);
+    for gpus in [1, 2, 3] {
+        let dist =
+            distribute_datasets_from_function(&in_graph(2, gpus), InputOptions::default(), |_| {
+                Dataset::range(100).batch(1, false)
+            })
+            .unwrap();
+        let got = steps(&dist);
+        let first: Vec<i64> = (0..gpus as i64).collect();
+        let step0: Vec<i64> = got[0].iter().flatten().copied().collect();
+        assert_eq!(
+            step0,
+            [first.clone(), first].concat(),
+            "both workers see the same data"
+        );
+    }
+}
+
+#[test]
+fn drop_remainder_stops_in_graph_at_the_first_incomplete_step() {
+    let options = InputOptions {
+        partial_batch: PartialBatch::DropRemainder,
+        ..InputOptions::default()
+    };
+    let dist = distribute_datasets_from_function(&in_graph(2, 1), options, |cx| {
+        Dataset::range(4 + 2 * cx.input_pipeline_id()).batch(2, false)
+    })
+    .unwrap();
+    assert_eq!(steps(&dist), [[r(0..2), r(0..2)], [r(2..4), r(2..4)]]);
+}
