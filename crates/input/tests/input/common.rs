@@ -2,24 +2,24 @@
 
 use distribute_collectives::Tensor;
 use distribute_input::{
-    Batch, BatchSplit, Dataset, DistributedDataset, InputError, InputOptions, InputWorkers,
+    BatchSplit, Dataset, DistributedDataset, InputError, InputOptions, InputWorkers,
 };
 use distribute_values::DistributedValues;
 
 /// The elements of an int64 tensor.
-pub fn ints(t: &Tensor) -> Vec<i64> {
+pub(crate) fn ints(t: &Tensor) -> Vec<i64> {
     t.to_vec::<i64>().expect("an int64 tensor")
 }
 
 /// Every step as one list of int64 values per replica.
-pub fn steps(dist: &DistributedDataset<Tensor>) -> Vec<Vec<Vec<i64>>> {
+pub(crate) fn steps(dist: &DistributedDataset<Tensor>) -> Vec<Vec<Vec<i64>>> {
     dist.iter()
         .map(|step| step.expect("a step").values().iter().map(ints).collect())
         .collect()
 }
 
 /// `n` local replicas on one worker.
-pub fn local(n: usize) -> InputWorkers {
+pub(crate) fn local(n: usize) -> InputWorkers {
     InputWorkers::local((0..n).map(|i| format!("/gpu:{i}"))).unwrap()
 }
 
@@ -30,7 +30,7 @@ fn worker_devices(task: usize, per_worker: usize) -> Vec<String> {
 }
 
 /// `workers` workers fed by this process (in-graph), each with `per_worker` replicas.
-pub fn in_graph(workers: usize, per_worker: usize) -> InputWorkers {
+pub(crate) fn in_graph(workers: usize, per_worker: usize) -> InputWorkers {
     InputWorkers::new((0..workers).map(|w| {
         (
             format!("/job:worker/task:{w}"),
@@ -41,7 +41,7 @@ pub fn in_graph(workers: usize, per_worker: usize) -> InputWorkers {
 }
 
 /// Worker `index` of `workers` in a between-graph cluster, with `per_worker` replicas.
-pub fn between(workers: usize, index: usize, per_worker: usize) -> InputWorkers {
+pub(crate) fn between(workers: usize, index: usize, per_worker: usize) -> InputWorkers {
     InputWorkers::worker_of_cluster(
         workers,
         index,
@@ -52,7 +52,7 @@ pub fn between(workers: usize, index: usize, per_worker: usize) -> InputWorkers 
 }
 
 /// Options with whole batches per replica (TF's raw, unsplit input).
-pub fn whole() -> InputOptions {
+pub(crate) fn whole() -> InputOptions {
     InputOptions {
         split: BatchSplit::WholeBatches,
         ..InputOptions::default()
@@ -60,7 +60,7 @@ pub fn whole() -> InputOptions {
 }
 
 /// `range(n).batch(b, drop)` distributed with `options` over `workers`.
-pub fn distribute(
+pub(crate) fn distribute(
     n: usize,
     b: usize,
     drop: bool,
@@ -71,13 +71,6 @@ pub fn distribute(
 }
 
 /// `0..n` as a list of lists, for expected values.
-pub fn r(range: std::ops::Range<i64>) -> Vec<i64> {
+pub(crate) fn r(range: std::ops::Range<i64>) -> Vec<i64> {
     range.collect()
-}
-
-/// Rows of every leaf of a batch, to check that empties keep their structure.
-pub fn leaf_shapes<B: Batch>(b: &B) -> Vec<Vec<usize>> {
-    let mut shapes = Vec::new();
-    b.for_each_leaf("", &mut |_, t| shapes.push(t.shape().to_vec()));
-    shapes
 }

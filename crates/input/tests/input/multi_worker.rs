@@ -295,8 +295,8 @@ fn in_35_data_sharding_with_an_indivisible_batch() {
     );
     assert_eq!(got[0], [vec![r(0..2)], vec![r(3..5)], vec![vec![6]]]);
     assert_eq!(got[1], [[[2]], [[5]], [[7]]]);
-    for step in 0..3 {
-        let total = got[0][step][0].len() + got[1][step][0].len();
+    for (step, (w0, w1)) in got[0].iter().zip(&got[1]).enumerate() {
+        let total = w0[0].len() + w1[0].len();
         assert_eq!(total, if step < 2 { 3 } else { 2 });
     }
 }

@@ -9,7 +9,9 @@ use crate::common::{distribute, local, r, steps};
 
 #[test]
 fn in_45_batch_sizes_for_worker() {
-    let cases: &[((usize, usize, usize, usize), &[usize])] = &[
+    // ((global batch, workers, replicas per worker, worker), sizes)
+    type Case = ((usize, usize, usize, usize), &'static [usize]);
+    let cases: &[Case] = &[
         ((8, 2, 2, 0), &[2, 2, 2, 2]),
         ((8, 2, 2, 1), &[2, 2, 2, 2]),
         ((4, 3, 1, 0), &[2, 1, 1]),
