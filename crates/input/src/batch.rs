@@ -203,6 +203,17 @@ fn pad_tensor(t: &Tensor, rows: usize) -> Result<Tensor, InputError> {
 }
 
 impl Batch for Tensor {
+    /// Without the structure walk: a tensor is its own only leaf.
+    fn rows(&self, origin: &str) -> Result<usize, InputError> {
+        self.shape()
+            .first()
+            .copied()
+            .ok_or_else(|| InputError::NoBatchDimension {
+                origin: origin.to_owned(),
+                path: display_path(""),
+            })
+    }
+
     fn for_each_leaf(&self, path: &str, f: &mut dyn FnMut(&str, &Tensor)) {
         f(path, self)
     }

@@ -84,7 +84,7 @@ pub enum BatchSplit {
 /// use distribute_input::{InputOptions, PartialBatch};
 ///
 /// let options = InputOptions { partial_batch: PartialBatch::DropRemainder, ..InputOptions::default() };
-/// assert_eq!(options.prefetch, 2);
+/// assert_eq!(options.prefetch, 16);
 /// assert!(options.fetch_to_device);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -95,8 +95,10 @@ pub struct InputOptions {
     pub partial_batch: PartialBatch,
     /// Whether batches are global batches to split, or whole per-replica batches.
     pub split: BatchSplit,
-    /// Steps prepared ahead on a background thread per pipeline; 0 reads on the caller's
-    /// thread.
+    /// Steps prepared ahead on a background thread per pipeline (default 16); 0 reads on the
+    /// caller's thread. Steps of in-memory and file data are mostly views of the source's
+    /// buffers, so depth costs little memory; it lets the consumer ride out a producer thread
+    /// that the scheduler is slow to wake (see `benches/input.rs`).
     pub prefetch: usize,
     /// Place each replica's batch on the replica's device (else on the worker's host CPU).
     pub fetch_to_device: bool,
@@ -112,7 +114,7 @@ impl Default for InputOptions {
             auto_shard: AutoShardPolicy::Auto,
             partial_batch: PartialBatch::KeepUneven,
             split: BatchSplit::SplitGlobalBatch,
-            prefetch: 2,
+            prefetch: 16,
             fetch_to_device: true,
             place_dataset_on_device: false,
             replication_mode: InputReplicationMode::PerWorker,
@@ -489,7 +491,9 @@ impl<B: Batch> LocalSteps<B> {
                 .push_back(batch.slice_rows(offset..offset + size)?);
             offset += size;
         }
-        self.empty = Some(batch.slice_rows(0..0)?);
+        if self.empty.is_none() {
+            self.empty = Some(batch.slice_rows(0..0)?);
+        }
         Ok(())
     }
 

@@ -113,9 +113,10 @@ pub enum InputError {
         #[source]
         source: Box<InputError>,
     },
-    /// A background prefetch thread panicked; the data it was preparing is lost.
-    #[error("the prefetch thread panicked: {0}")]
-    PrefetchPanicked(String),
+    /// The input pipeline panicked while making an item (in a user's source, for example);
+    /// the item is lost and the pipeline ends.
+    #[error("the input pipeline panicked: {0}")]
+    Panicked(String),
     /// A tensor operation failed.
     #[error(transparent)]
     Tensor(#[from] CollectiveError),
@@ -135,7 +136,7 @@ pub enum ErrorKind {
     InvalidArgument,
     /// Reading the underlying data failed (TF's `NotFoundError` / `DataLossError`).
     DataLoss,
-    /// Protocol or state misuse (TF's `RuntimeError`), e.g. a panicked background thread.
+    /// Protocol or state misuse (TF's `RuntimeError`), e.g. a panicking input pipeline.
     Runtime,
 }
 
@@ -146,7 +147,7 @@ impl InputError {
             InputError::Io { .. } | InputError::Npy { .. } | InputError::Csv { .. } => {
                 ErrorKind::DataLoss
             }
-            InputError::PrefetchPanicked(_) => ErrorKind::Runtime,
+            InputError::Panicked(_) => ErrorKind::Runtime,
             InputError::InputFunction { source, .. } => source.kind(),
             _ => ErrorKind::InvalidArgument,
         }

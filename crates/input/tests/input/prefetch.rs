@@ -51,14 +51,14 @@ fn probe(buffer: usize) -> (Probe, Flags) {
         too_far_ahead: Arc::default(),
         dropped: Arc::default(),
     };
-    // `buffer` in the channel, one blocked in `send`, one being made after the consumer's
-    // receive but before it counts the item.
+    // At most `buffer` queued when the producer starts an item, one of which the consumer may
+    // have taken but not counted yet.
     let probe = Probe {
         produced: flags.produced.clone(),
         consumed: flags.consumed.clone(),
         too_far_ahead: flags.too_far_ahead.clone(),
         dropped: flags.dropped.clone(),
-        limit: buffer + 2,
+        limit: buffer + 1,
     };
     (probe, flags)
 }
@@ -77,7 +77,7 @@ fn prefetch_keeps_order_and_applies_back_pressure() {
             !flags.too_far_ahead.load(Ordering::SeqCst),
             "buffer {buffer}: ran ahead of the bound"
         );
-        assert!(flags.produced.load(Ordering::SeqCst) <= 500 + buffer + 2);
+        assert!(flags.produced.load(Ordering::SeqCst) <= 500 + buffer + 1);
     }
 }
 
