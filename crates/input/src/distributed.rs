@@ -517,21 +517,33 @@ impl<B: Batch> LocalSteps<B> {
             return Ok(None);
         }
         let take = group.min(self.ready.len());
-        let mut pieces: Vec<Option<B>> = self.ready.drain(..take).map(Some).collect();
         let mut step = Vec::with_capacity(replicas);
-        for (replica, device) in self.plan.placement.iter().enumerate() {
-            let index = self
-                .plan
-                .keep
-                .map_or(replica, |(num, mine)| mine + replica * num);
-            let piece = match pieces.get_mut(index).and_then(Option::take) {
-                Some(piece) => piece,
-                None => self
-                    .empty
-                    .clone()
-                    .expect("set by the batch that made a piece"),
-            };
-            step.push(finish(piece, &self.plan, device)?);
+        match self.plan.keep {
+            None => {
+                for device in &self.plan.placement {
+                    let piece = match self.ready.pop_front() {
+                        Some(piece) => piece,
+                        None => self
+                            .empty
+                            .clone()
+                            .expect("set by the batch that made a piece"),
+                    };
+                    step.push(finish(piece, &self.plan, device)?);
+                }
+            }
+            Some((num, mine)) => {
+                let mut group: Vec<Option<B>> = self.ready.drain(..take).map(Some).collect();
+                for (replica, device) in self.plan.placement.iter().enumerate() {
+                    let piece = match group.get_mut(mine + replica * num).and_then(Option::take) {
+                        Some(piece) => piece,
+                        None => self
+                            .empty
+                            .clone()
+                            .expect("set by the batch that made a piece"),
+                    };
+                    step.push(finish(piece, &self.plan, device)?);
+                }
+            }
         }
         Ok(Some(step))
     }
