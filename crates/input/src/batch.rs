@@ -130,6 +130,11 @@ pub trait Batch: Clone + Send + Sync + 'static {
         self.try_map_leaves(&mut |t| stride_tensor(t, start, step))
     }
 
+    /// Rows `indices` of every leaf, in that order (a copy).
+    fn select_rows(&self, indices: &[usize]) -> Result<Self, InputError> {
+        self.try_map_leaves(&mut |t| select_tensor(t, indices))
+    }
+
     /// The parts joined along the rows, on the first part's devices.
     fn concat_rows(parts: &[&Self]) -> Result<Self, InputError> {
         if parts.len() == 1 {
@@ -176,6 +181,26 @@ fn stride_tensor(t: &Tensor, start: usize, step: usize) -> Result<Tensor, InputE
     typed!(t.dtype(), T => {
         let array = t.array::<T>()?.clone().slice_axis_move(Axis(0), slice);
         Ok(Tensor::from_shared(t.device(), array))
+    })
+}
+
+fn select_tensor(t: &Tensor, indices: &[usize]) -> Result<Tensor, InputError> {
+    let rows = *t
+        .shape()
+        .first()
+        .ok_or_else(|| InputError::NoBatchDimension {
+            origin: "selecting rows".into(),
+            path: "the top level".into(),
+        })?;
+    if let Some(bad) = indices.iter().find(|&&i| i >= rows) {
+        return Err(InputError::Mismatch {
+            origin: "selecting rows".into(),
+            detail: format!("row {bad} is out of range for a batch of {rows} rows"),
+        });
+    }
+    typed!(t.dtype(), T => {
+        let array = t.array::<T>()?.select(Axis(0), indices);
+        Ok(Tensor::from_array(t.device(), array))
     })
 }
 

@@ -8,6 +8,7 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use distribute_collectives::Tensor;
 
@@ -100,7 +101,16 @@ pub struct BatchSpec {
     pub drop_remainder: bool,
 }
 
-/// A re-iterable pipeline: source → repeat → shard rows → batch → shard batches.
+/// How a dataset shuffles its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShuffleSpec {
+    /// The seed: the same seed gives the same orders.
+    pub seed: u64,
+    /// Whether every iteration (epoch) gets a new order, or all repeat the first.
+    pub reshuffle_each_iteration: bool,
+}
+
+/// A re-iterable pipeline: source → repeat → shuffle → shard rows → batch → shard batches.
 ///
 /// `shard` applies to rows before [`batch`](Self::batch) and to whole batches after it, as
 /// TF's `shard` applies to whatever the elements are at that point. Without a batching step the
@@ -125,6 +135,10 @@ pub struct Dataset<B: Batch> {
     row_shard: Option<(usize, usize)>,
     batch: Option<BatchSpec>,
     batch_shard: Option<(usize, usize)>,
+    shuffle: Option<ShuffleSpec>,
+    /// Iterations started so far, for reshuffling. A clone starts from the same count, so the
+    /// clones that input pipelines read shuffle alike and shard consistently.
+    epochs: AtomicU64,
 }
 
 impl<B: Batch> Clone for Dataset<B> {
@@ -135,6 +149,8 @@ impl<B: Batch> Clone for Dataset<B> {
             row_shard: self.row_shard,
             batch: self.batch,
             batch_shard: self.batch_shard,
+            shuffle: self.shuffle,
+            epochs: AtomicU64::new(self.epochs.load(Ordering::Relaxed)),
         }
     }
 }
@@ -147,6 +163,7 @@ impl<B: Batch> fmt::Debug for Dataset<B> {
             .field("row_shard", &self.row_shard)
             .field("batch", &self.batch)
             .field("batch_shard", &self.batch_shard)
+            .field("shuffle", &self.shuffle)
             .finish()
     }
 }
@@ -180,6 +197,8 @@ impl<B: Batch> Dataset<B> {
             row_shard: None,
             batch: None,
             batch_shard: None,
+            shuffle: None,
+            epochs: AtomicU64::new(0),
         }
     }
 
@@ -201,12 +220,32 @@ impl<B: Batch> Dataset<B> {
                 "repeat(0) would make an empty dataset; repeat at least once".into(),
             ));
         }
-        if self.row_shard.is_some() || self.batch.is_some() {
+        if self.row_shard.is_some() || self.batch.is_some() || self.shuffle.is_some() {
             return Err(InputError::Pipeline(
-                "repeat must come before shard and batch".into(),
+                "repeat must come before shuffle, shard and batch".into(),
             ));
         }
         self.repeat *= times;
+        Ok(self)
+    }
+
+    /// Shuffles the rows of each source block (all rows of in-memory data, each file's rows of
+    /// a file source) with a seeded generator: the same seed gives the same order. With
+    /// `reshuffle_each_iteration`, each call to [`iter`](Self::iter) gets a new order (IN-38).
+    pub fn shuffle(
+        mut self,
+        seed: u64,
+        reshuffle_each_iteration: bool,
+    ) -> Result<Self, InputError> {
+        if self.row_shard.is_some() || self.batch.is_some() {
+            return Err(InputError::Pipeline(
+                "shuffle must come before shard and batch".into(),
+            ));
+        }
+        self.shuffle = Some(ShuffleSpec {
+            seed,
+            reshuffle_each_iteration,
+        });
         Ok(self)
     }
 
@@ -265,7 +304,14 @@ impl<B: Batch> Dataset<B> {
         let source = Arc::clone(&self.source);
         let repeat = self.repeat;
         let blocks: BoxIter<B> = Box::new((0..repeat).flat_map(move |_| source.blocks()));
+        let epoch = self.epochs.fetch_add(1, Ordering::Relaxed);
+        let shuffle = self.shuffle.map(|s| {
+            let epoch = if s.reshuffle_each_iteration { epoch } else { 0 };
+            (s.seed, epoch)
+        });
         DatasetIter {
+            shuffle,
+            blocks_seen: 0,
             blocks,
             origin,
             row_shard: self.row_shard,
@@ -296,6 +342,9 @@ impl<B: Batch> IntoIterator for &Dataset<B> {
 pub struct DatasetIter<B: Batch> {
     blocks: BoxIter<B>,
     origin: String,
+    /// `(seed, epoch)` when rows are shuffled.
+    shuffle: Option<(u64, u64)>,
+    blocks_seen: u64,
     row_shard: Option<(usize, usize)>,
     spec: BatchSpec,
     batch_shard: Option<(usize, usize)>,
@@ -321,6 +370,17 @@ impl<B: Batch> DatasetIter<B> {
             Ok(rows) => rows,
             Err(e) => return Some(Err(e)),
         };
+        let block = match self.shuffle {
+            Some((seed, epoch)) => {
+                let order = permutation(rows, seed, epoch, self.blocks_seen);
+                match block.select_rows(&order) {
+                    Ok(b) => b,
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+            None => block,
+        };
+        self.blocks_seen += 1;
         let first = self.rows_seen;
         self.rows_seen += rows;
         let Some((num, index)) = self.row_shard else {
@@ -411,6 +471,28 @@ impl<B: Batch> Iterator for DatasetIter<B> {
             }
         }
     }
+}
+
+/// A Fisher–Yates permutation of `0..n` from SplitMix64 seeded by `(seed, epoch, block)`:
+/// small, fast and the same on every platform, which is all a shuffle needs.
+fn permutation(n: usize, seed: u64, epoch: u64, block: u64) -> Vec<usize> {
+    let mut state = seed
+        ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ block.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    let mut next = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        // The modulo bias is below 2^-40 for any realistic n.
+        let j = (next() % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order
 }
 
 #[cfg(test)]

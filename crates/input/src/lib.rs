@@ -3,7 +3,7 @@
 //! Owns [`InputContext`], [`InputReplicationMode`] and [`InputWorkers`]; the [`Batch`] trait
 //! for tensors and nested structures of them; [`Dataset`]s read from a [`Source`] (in memory,
 //! [`NpySource`] for `.npy` files, [`CsvSource`] for CSV files, or a user's own) with repeat,
-//! shard and batch; and [`DistributedDataset`], which turns a global-batch dataset (or one
+//! shuffle, shard and batch; and [`DistributedDataset`], which turns a global-batch dataset (or one
 //! dataset per pipeline, with [`distribute_datasets_from_function`]) into one [`PerReplica`]
 //! batch per step, with the auto-shard ([`AutoShardPolicy`]) and partial-batch
 //! ([`PartialBatch`]) policies and [`Prefetch`] on background threads.
@@ -45,7 +45,7 @@ mod split;
 pub use batch::{Batch, Masked};
 pub use context::{InputContext, InputReplicationMode, InputWorkers};
 pub use csv_source::{CsvOptions, CsvSource};
-pub use dataset::{BatchSpec, BoxIter, Dataset, DatasetIter, MemorySource, Source};
+pub use dataset::{BatchSpec, BoxIter, Dataset, DatasetIter, MemorySource, ShuffleSpec, Source};
 pub use distributed::{
     AutoShardPolicy, BatchSplit, DistributedDataset, DistributedIterator, InputOptions,
     MaskedDistributedIterator, PartialBatch, distribute_datasets_from_function,

@@ -361,3 +361,58 @@ fn drop_remainder_stops_in_graph_at_the_first_incomplete_step() {
     .unwrap();
     assert_eq!(steps(&dist), [[r(0..2), r(0..2)], [r(2..4), r(2..4)]]);
 }
+
+#[test]
+fn in_38_reshuffle_each_iteration_or_not() {
+    let epoch =
+        |ds: &Dataset<Tensor>| -> Vec<i64> { ds.iter().flat_map(|b| ints(&b.unwrap())).collect() };
+    let reshuffled = Dataset::range(50)
+        .shuffle(7, true)
+        .unwrap()
+        .batch(8, false)
+        .unwrap();
+    let (a, b) = (epoch(&reshuffled), epoch(&reshuffled));
+    assert_ne!(a, b, "reshuffled epochs differ");
+    for e in [&a, &b] {
+        let mut sorted = e.clone();
+        sorted.sort();
+        assert_eq!(sorted, r(0..50), "an epoch is a permutation");
+        assert_ne!(*e, r(0..50));
+    }
+    let fixed = Dataset::range(50)
+        .shuffle(7, false)
+        .unwrap()
+        .batch(8, false)
+        .unwrap();
+    assert_eq!(
+        epoch(&fixed),
+        epoch(&fixed),
+        "without reshuffling epochs are equal"
+    );
+    assert_eq!(epoch(&fixed), a, "the same seed gives the same first order");
+    assert!(
+        Dataset::range(4)
+            .batch(2, false)
+            .unwrap()
+            .shuffle(1, true)
+            .is_err()
+    );
+}
+
+#[test]
+fn in_38_shuffled_data_shards_consistently_across_pipelines() {
+    let ds = Dataset::range(40)
+        .shuffle(3, true)
+        .unwrap()
+        .batch(4, false)
+        .unwrap();
+    let dist = DistributedDataset::new(ds, &in_graph(2, 2), InputOptions::default()).unwrap();
+    let mut epochs = Vec::new();
+    for _ in 0..2 {
+        let mut seen: Vec<i64> = steps(&dist).into_iter().flatten().flatten().collect();
+        epochs.push(seen.clone());
+        seen.sort();
+        assert_eq!(seen, r(0..40), "every element once per epoch, none twice");
+    }
+    assert_ne!(epochs[0], epochs[1]);
+}
