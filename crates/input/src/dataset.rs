@@ -92,13 +92,33 @@ impl<B: Batch> Source for MemorySource<B> {
     }
 }
 
-/// How a dataset groups rows into batches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a dataset groups rows into batches: batches of `sizes[0]`, `sizes[1]`, … rows in turn.
+///
+/// ```
+/// use distribute_input::BatchSpec;
+///
+/// let spec = BatchSpec { sizes: vec![3, 2], drop_remainder: false };
+/// assert_eq!((spec.uniform_size(), spec.max_size()), (None, 3));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchSpec {
-    /// Rows per batch.
-    pub size: usize,
+    /// Rows of each batch, used in turn; a single entry for ordinary batching.
+    pub sizes: Vec<usize>,
     /// Whether a short last batch is dropped.
     pub drop_remainder: bool,
+}
+
+impl BatchSpec {
+    /// The batch size when every batch has the same size.
+    pub fn uniform_size(&self) -> Option<usize> {
+        let first = *self.sizes.first()?;
+        self.sizes.iter().all(|s| *s == first).then_some(first)
+    }
+
+    /// The largest batch size.
+    pub fn max_size(&self) -> usize {
+        self.sizes.iter().copied().max().unwrap_or(0)
+    }
 }
 
 /// How a dataset shuffles its rows.
@@ -147,7 +167,7 @@ impl<B: Batch> Clone for Dataset<B> {
             source: Arc::clone(&self.source),
             repeat: self.repeat,
             row_shard: self.row_shard,
-            batch: self.batch,
+            batch: self.batch.clone(),
             batch_shard: self.batch_shard,
             shuffle: self.shuffle,
             epochs: AtomicU64::new(self.epochs.load(Ordering::Relaxed)),
@@ -208,8 +228,8 @@ impl<B: Batch> Dataset<B> {
     }
 
     /// The batching step, if any.
-    pub fn batch_spec(&self) -> Option<BatchSpec> {
-        self.batch
+    pub fn batch_spec(&self) -> Option<&BatchSpec> {
+        self.batch.as_ref()
     }
 
     /// The source's rows `times` times over (before sharding and batching, so a batch may span
@@ -284,7 +304,48 @@ impl<B: Batch> Dataset<B> {
             ));
         }
         self.batch = Some(BatchSpec {
-            size,
+            sizes: vec![size],
+            drop_remainder,
+        });
+        Ok(self)
+    }
+
+    /// Cuts the rows into batches of `sizes[0]`, `sizes[1]`, … rows in turn, across the
+    /// boundaries of any earlier batches (TF's `rebatch` with explicit sizes, IN-46). A size of
+    /// 0 gives an empty batch. On a dataset batched without `drop_remainder`, this replaces the
+    /// batching; the rows are the same.
+    ///
+    /// ```
+    /// use distribute_input::{batch_sizes_for_worker, Dataset};
+    ///
+    /// // Worker 1 of 2, 2 replicas each, global batch 7: its replicas' sizes in turn.
+    /// let sizes = batch_sizes_for_worker(7, 2, 2, 1)?;
+    /// let ds = Dataset::range(7).rebatch(sizes, false)?;
+    /// let rows: Vec<usize> = ds.iter().map(|b| Ok(b?.shape()[0])).collect::<Result<_, distribute_input::InputError>>()?;
+    /// assert_eq!(rows, [2, 1, 2, 2]);
+    /// # Ok::<(), distribute_input::InputError>(())
+    /// ```
+    pub fn rebatch(
+        mut self,
+        sizes: impl Into<Vec<usize>>,
+        drop_remainder: bool,
+    ) -> Result<Self, InputError> {
+        let sizes = sizes.into();
+        if sizes.iter().all(|s| *s == 0) {
+            return Err(InputError::Pipeline(format!(
+                "rebatch sizes {sizes:?} take no rows, so the dataset would never end; give at \
+                 least one size above 0"
+            )));
+        }
+        if self.batch_shard.is_some() || self.batch.as_ref().is_some_and(|b| b.drop_remainder) {
+            return Err(InputError::Pipeline(
+                "rebatch cuts the rows again, so it needs a dataset batched without \
+                 drop_remainder and not sharded by batch"
+                    .into(),
+            ));
+        }
+        self.batch = Some(BatchSpec {
+            sizes,
             drop_remainder,
         });
         Ok(self)
@@ -315,10 +376,13 @@ impl<B: Batch> Dataset<B> {
             blocks,
             origin,
             row_shard: self.row_shard,
-            spec: self.batch.unwrap_or(BatchSpec {
-                size: 1,
+            spec: self.batch.clone().unwrap_or(BatchSpec {
+                sizes: vec![1],
                 drop_remainder: false,
             }),
+            slot: 0,
+            empty: None,
+            exhausted: false,
             batch_shard: self.batch_shard,
             rows_seen: 0,
             batches_seen: 0,
@@ -347,6 +411,12 @@ pub struct DatasetIter<B: Batch> {
     blocks_seen: u64,
     row_shard: Option<(usize, usize)>,
     spec: BatchSpec,
+    /// How many batches were cut, for the size of the next one.
+    slot: usize,
+    /// A 0-row batch, for sizes of 0.
+    empty: Option<B>,
+    /// Whether the source has ended.
+    exhausted: bool,
     batch_shard: Option<(usize, usize)>,
     /// Rows of the source read so far, for the row shard's phase.
     rows_seen: usize,
@@ -408,13 +478,43 @@ impl<B: Batch> DatasetIter<B> {
 
     /// The next batch before batch sharding.
     fn next_batch(&mut self) -> Option<Result<B, InputError>> {
-        let size = self.spec.size;
+        let size = self.spec.sizes[self.slot % self.spec.sizes.len()];
+        let batch = self.cut(size);
+        if matches!(batch, Some(Ok(_))) {
+            self.slot += 1;
+        }
+        batch
+    }
+
+    /// The next `size` rows, or fewer at the end.
+    fn cut(&mut self, size: usize) -> Option<Result<B, InputError>> {
+        if size == 0 && !self.exhausted {
+            // As TF's rebatch: an empty batch without reading on, so long as the end has not
+            // been seen.
+            if let Some(empty) = &self.empty {
+                return Some(Ok(empty.clone()));
+            }
+        }
         loop {
             if self.current.is_none() {
-                match self.next_block() {
-                    Some(Ok((block, rows))) => self.current = Some((block, 0, rows)),
+                let next = if self.exhausted {
+                    None
+                } else {
+                    self.next_block()
+                };
+                match next {
+                    Some(Ok((block, rows))) => {
+                        if self.empty.is_none() {
+                            match block.slice_rows(0..0) {
+                                Ok(empty) => self.empty = Some(empty),
+                                Err(e) => return Some(Err(e)),
+                            }
+                        }
+                        self.current = Some((block, 0, rows))
+                    }
                     Some(Err(e)) => return Some(Err(e)),
                     None => {
+                        self.exhausted = true;
                         if self.pending_rows == 0 || self.spec.drop_remainder {
                             return None;
                         }

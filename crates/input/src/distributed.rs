@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use distribute_values::{PerReplica, ReplicaDeviceMap};
 
-use crate::dataset::BoxIter;
+use crate::dataset::{BatchSpec, BoxIter};
 use crate::{
     Batch, Dataset, DatasetIter, InputContext, InputError, InputReplicationMode, InputWorkers,
     Masked, Prefetch, split_sizes,
@@ -155,7 +155,8 @@ struct Plan<B: Batch> {
     keep: Option<(usize, usize)>,
     /// Rows of a full piece, the size padding pads to.
     full_piece: usize,
-    /// Rows of a full batch, below which `DropRemainder` drops a batch.
+    /// Rows of a full batch, below which `DropRemainder` drops a batch (0 for rebatched data,
+    /// whose sizes vary by design).
     full_batch: usize,
     partial: PartialBatch,
     /// Where each replica's batch is placed.
@@ -209,9 +210,20 @@ impl<B: Batch> DistributedDataset<B> {
             ));
         }
         let spec = dataset.batch_spec().ok_or(InputError::NotBatched)?;
+        let split = options.split == BatchSplit::SplitGlobalBatch;
+        let size = match spec.uniform_size() {
+            Some(size) => size,
+            None if !split => spec.max_size(),
+            None => {
+                return Err(InputError::InvalidOption(format!(
+                    "a dataset rebatched into sizes {:?} has no global batch to split: use \
+                     BatchSplit::WholeBatches or distribute_datasets_from_function",
+                    spec.sizes
+                )));
+            }
+        };
         let num_pipelines = workers.num_input_pipelines();
         let replicas = workers.devices(0).len();
-        let split = options.split == BatchSplit::SplitGlobalBatch;
         if (0..workers.num_workers()).any(|w| workers.devices(w).len() != replicas)
             || workers.num_replicas_in_sync() != num_pipelines * replicas
         {
@@ -223,10 +235,10 @@ impl<B: Batch> DistributedDataset<B> {
         }
         let pieces_per_batch = if split { num_pipelines * replicas } else { 1 };
         if options.partial_batch == PartialBatch::DropRemainder
-            && !spec.size.is_multiple_of(pieces_per_batch)
+            && !size.is_multiple_of(pieces_per_batch)
         {
             return Err(InputError::IndivisibleBatch {
-                global_batch: spec.size,
+                global_batch: size,
                 replicas: pieces_per_batch,
             });
         }
@@ -257,8 +269,8 @@ impl<B: Batch> DistributedDataset<B> {
                 dataset: sharded,
                 pieces_per_batch,
                 keep,
-                full_piece: spec.size.div_ceil(pieces_per_batch),
-                full_batch: spec.size,
+                full_piece: size.div_ceil(pieces_per_batch),
+                full_batch: spec.uniform_size().unwrap_or(0),
                 partial: options.partial_batch,
                 placement: placement(workers, w, &options),
             }));
@@ -369,7 +381,10 @@ where
         })
     };
     let plan = |dataset: Dataset<B>, placement: Vec<String>| {
-        let full = dataset.batch_spec().map_or(1, |s| s.size);
+        let full = dataset.batch_spec().map_or(1, BatchSpec::max_size);
+        let uniform = dataset
+            .batch_spec()
+            .map_or(Some(1), BatchSpec::uniform_size);
         if options.partial_batch == PartialBatch::PadWithMask && dataset.batch_spec().is_none() {
             return Err(InputError::NotBatched);
         }
@@ -378,7 +393,7 @@ where
             pieces_per_batch: 1,
             keep: None,
             full_piece: full,
-            full_batch: full,
+            full_batch: uniform.unwrap_or(0),
             partial: options.partial_batch,
             placement,
         }))
