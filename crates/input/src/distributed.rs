@@ -305,7 +305,8 @@ impl<B: Batch> DistributedDataset<B> {
         &self.device_map
     }
 
-    /// The policy each local pipeline ended up with: `Auto` resolved to `File` or `Data`.
+    /// The policy each local pipeline ended up with: `Auto` resolved to `File` or `Data`, or
+    /// `Off` when there is a single input pipeline and so nothing to shard.
     pub fn applied_auto_shard(&self) -> &[AutoShardPolicy] {
         &self.applied
     }
@@ -436,9 +437,8 @@ fn resolve_policy<B: Batch>(
 ) -> Result<AutoShardPolicy, InputError> {
     let files = dataset.source().files().len();
     match policy {
-        AutoShardPolicy::Auto if files >= num_pipelines && num_pipelines > 1 => {
-            Ok(AutoShardPolicy::File)
-        }
+        AutoShardPolicy::Auto if num_pipelines == 1 => Ok(AutoShardPolicy::Off),
+        AutoShardPolicy::Auto if files >= num_pipelines => Ok(AutoShardPolicy::File),
         AutoShardPolicy::Auto => Ok(AutoShardPolicy::Data),
         AutoShardPolicy::File if files == 0 => Err(InputError::Shard {
             policy: "File",

@@ -189,3 +189,9 @@ fn every_step_has_a_value_for_every_replica_and_all_end_together() {
         }
     }
 }
+
+#[test]
+fn auto_policy_is_off_for_a_single_pipeline() {
+    let dist = distribute(4, 2, false, &local(2), InputOptions::default()).unwrap();
+    assert_eq!(dist.applied_auto_shard(), [AutoShardPolicy::Off]);
+}
