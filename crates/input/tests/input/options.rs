@@ -126,3 +126,49 @@ fn in_44_placement_follows_fetch_to_device() {
     );
     assert!(ints(&step.values()[1]).is_empty());
 }
+
+#[test]
+fn a_replica_whose_dataset_is_empty_still_gets_a_value_every_step() {
+    let options = InputOptions {
+        replication_mode: InputReplicationMode::PerReplica,
+        ..InputOptions::default()
+    };
+    let dist = distribute_datasets_from_function(&local(3), options, |cx| {
+        let rows = [3, 0, 1][cx.input_pipeline_id()];
+        Dataset::range(rows).batch(1, false)
+    })
+    .unwrap();
+    assert_eq!(
+        steps(&dist),
+        [
+            vec![vec![0], vec![], vec![0]],
+            vec![vec![1], vec![], vec![]],
+            vec![vec![2], vec![], vec![]]
+        ]
+    );
+}
+
+#[test]
+fn input_function_errors_name_the_pipeline() {
+    let err = distribute_datasets_from_function(
+        &crate::common::in_graph(2, 1),
+        InputOptions::default(),
+        |cx| {
+            if cx.input_pipeline_id() == 1 {
+                Dataset::range(4).batch(0, false)
+            } else {
+                Dataset::range(4).batch(1, false)
+            }
+        },
+    )
+    .err()
+    .unwrap();
+    assert!(
+        matches!(err, InputError::InputFunction { pipeline: 1, .. }),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "input function for pipeline 1: invalid dataset pipeline: batch size must be at least 1"
+    );
+}
