@@ -416,3 +416,36 @@ fn in_38_shuffled_data_shards_consistently_across_pipelines() {
     }
     assert_ne!(epochs[0], epochs[1]);
 }
+
+#[test]
+fn in_50_workers_with_different_replica_counts_cannot_share_a_dataset() {
+    let uneven = distribute_input::InputWorkers::new([
+        (
+            "/job:worker/task:0",
+            vec!["/job:worker/task:0/gpu:0", "/job:worker/task:0/gpu:1"],
+        ),
+        ("/job:worker/task:1", vec!["/job:worker/task:1/gpu:0"]),
+    ])
+    .unwrap();
+    let err = distribute(8, 3, false, &uneven, InputOptions::default())
+        .err()
+        .unwrap();
+    assert!(
+        matches!(err, distribute_input::InputError::InvalidOption(_)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("same number of replicas"), "{err}");
+    // Each worker's own input function is fine with any replica count.
+    let dist = distribute_datasets_from_function(&uneven, InputOptions::default(), |_| {
+        Dataset::range(3).batch(1, false)
+    })
+    .unwrap();
+    assert_eq!(
+        steps(&dist),
+        [
+            vec![vec![0], vec![1], vec![0]],
+            vec![vec![2], vec![], vec![1]],
+            vec![vec![], vec![], vec![2]]
+        ]
+    );
+}

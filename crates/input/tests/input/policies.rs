@@ -165,7 +165,7 @@ fn masks_are_all_ones_when_nothing_is_padded() {
 }
 
 #[test]
-fn every_step_has_a_value_for_every_replica_and_all_end_together() {
+fn in_29_every_replica_gets_a_value_and_all_see_the_end_together() {
     for policy in [
         PartialBatch::KeepUneven,
         PartialBatch::DropRemainder,
