@@ -699,3 +699,34 @@ impl<B: Batch> Iterator for MaskedDistributedIterator<B> {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use distribute_collectives::Tensor;
+
+    use super::*;
+
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+
+    #[test]
+    fn datasets_cross_threads_and_iterators_move_between_them() {
+        // A strategy builds the dataset on one thread and may iterate it on another.
+        send_sync::<DistributedDataset<Tensor>>();
+        send_sync::<Dataset<(Tensor, Tensor)>>();
+        send::<DistributedIterator<Tensor>>();
+        send::<MaskedDistributedIterator<Tensor>>();
+    }
+
+    #[test]
+    fn validate_accepts_the_allowed_combinations() {
+        let per_replica = InputOptions {
+            replication_mode: InputReplicationMode::PerReplica,
+            place_dataset_on_device: true,
+            fetch_to_device: false,
+            ..InputOptions::default()
+        };
+        assert!(per_replica.validate().is_ok());
+        assert!(InputOptions::default().validate().is_ok());
+    }
+}
