@@ -6,7 +6,8 @@
 //! "ratio": …}`. Both loops consume every value (a checksum), so the ratio measures what the
 //! split and the hand-over between threads cost a consumer; the checksums must agree. Rates are
 //! medians of alternating repetitions, and the ratio is the median of each back-to-back pair's
-//! ratio (the machine is shared and noisy), with `PREFETCH` steps prefetched. Without `--bench` in the arguments (as under
+//! ratio (the machine is shared and noisy). Prefetch depth is `InputOptions`' default unless
+//! `INPUT_BENCH_PREFETCH` sets it. Without `--bench` in the arguments (as under
 //! `cargo test --all-targets`) it runs tiny sizes once, checking results only.
 
 use std::path::PathBuf;
@@ -20,10 +21,6 @@ use distribute_values::DistributedValues;
 
 const FEATURES: usize = 32;
 const BATCH: usize = 256;
-/// Steps prefetched (`INPUT_BENCH_PREFETCH` overrides it). Deep, because a thread hand-over
-/// waits on the scheduler: on 2 busy cores a buffer of 16 steps measured ratios of 0.7–0.8 on
-/// in-memory data, 64 steps about 0.9. Steps of in-memory data are views, so depth is cheap.
-const PREFETCH: usize = 64;
 
 struct Sizes {
     rows: usize,
@@ -152,10 +149,11 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 fn run_case(source: &str, ds: &Dataset<Tensor>, replicas: usize, sizes: &Sizes) {
     let workers = InputWorkers::local((0..replicas).map(|i| format!("/cpu:{i}"))).unwrap();
-    let prefetch: usize = std::env::var("INPUT_BENCH_PREFETCH").map_or(PREFETCH, |v| {
-        v.parse()
-            .expect("INPUT_BENCH_PREFETCH must be a number of steps")
-    });
+    let prefetch: usize =
+        std::env::var("INPUT_BENCH_PREFETCH").map_or(InputOptions::default().prefetch, |v| {
+            v.parse()
+                .expect("INPUT_BENCH_PREFETCH must be a number of steps")
+        });
     let dist = DistributedDataset::new(
         ds.clone(),
         &workers,
