@@ -92,6 +92,51 @@ impl<B: Batch> Source for MemorySource<B> {
     }
 }
 
+/// A source whose blocks come from a closure that makes a fresh iterator for every pass (TF's
+/// `from_generator`): for data computed on the fly or read from a place this crate does not
+/// know.
+///
+/// ```
+/// use distribute_collectives::Tensor;
+/// use distribute_input::{Dataset, GeneratorSource};
+///
+/// // Each block is one row of two features.
+/// let source = GeneratorSource::new(|| {
+///     (0..3i64).map(|i| Ok(Tensor::from_vec("/cpu:0", &[1, 2], vec![i, -i])?))
+/// });
+/// let ds = Dataset::from_source(source).batch(3, false)?;
+/// let first = ds.iter().next().unwrap()?;
+/// assert_eq!((first.shape(), first.to_vec::<i64>()?), (&[3, 2][..], vec![0, 0, 1, -1, 2, -2]));
+/// # Ok::<(), distribute_input::InputError>(())
+/// ```
+pub struct GeneratorSource<F> {
+    make: F,
+}
+
+impl<F> GeneratorSource<F> {
+    /// A source calling `make` at the start of every pass for that pass's blocks.
+    pub fn new(make: F) -> Self {
+        GeneratorSource { make }
+    }
+}
+
+impl<F, I, B> Source for GeneratorSource<F>
+where
+    F: Fn() -> I + Send + Sync + 'static,
+    I: Iterator<Item = Result<B, InputError>> + Send + 'static,
+    B: Batch,
+{
+    type Item = B;
+
+    fn blocks(&self) -> BoxIter<B> {
+        Box::new((self.make)())
+    }
+
+    fn describe(&self) -> String {
+        "generated data".into()
+    }
+}
+
 /// How a dataset groups rows into batches: batches of `sizes[0]`, `sizes[1]`, … rows in turn.
 ///
 /// ```

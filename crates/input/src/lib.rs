@@ -2,11 +2,12 @@
 //!
 //! Owns [`InputContext`], [`InputReplicationMode`] and [`InputWorkers`]; the [`Batch`] trait
 //! for tensors and nested structures of them; [`Dataset`]s read from a [`Source`] (in memory,
-//! [`NpySource`] for `.npy` files, [`CsvSource`] for CSV files, or a user's own) with repeat,
-//! shuffle, shard and batch; and [`DistributedDataset`], which turns a global-batch dataset (or one
-//! dataset per pipeline, with [`distribute_datasets_from_function`]) into one [`PerReplica`]
-//! batch per step, with the auto-shard ([`AutoShardPolicy`]) and partial-batch
-//! ([`PartialBatch`]) policies and [`Prefetch`] on background threads.
+//! [`NpySource`] for `.npy` files, [`CsvSource`] for CSV files, [`GeneratorSource`] for
+//! computed data, or a user's own) with repeat, shuffle, shard, batch and rebatch; and
+//! [`DistributedDataset`], which turns a global-batch dataset (or one dataset per pipeline,
+//! with [`distribute_datasets_from_function`]) into one [`PerReplica`] batch per step, with the
+//! auto-shard ([`AutoShardPolicy`]) and partial-batch ([`PartialBatch`]) policies and
+//! [`Prefetch`] on background threads.
 //!
 //! It builds on device names (layer 1), distributed values (layer 2) and tensors (layer 3). It
 //! knows nothing about strategies, replica threads or collectives' algorithms: it hands out one
@@ -45,7 +46,9 @@ mod split;
 pub use batch::{Batch, Masked};
 pub use context::{InputContext, InputReplicationMode, InputWorkers};
 pub use csv_source::{CsvOptions, CsvSource};
-pub use dataset::{BatchSpec, BoxIter, Dataset, DatasetIter, MemorySource, ShuffleSpec, Source};
+pub use dataset::{
+    BatchSpec, BoxIter, Dataset, DatasetIter, GeneratorSource, MemorySource, ShuffleSpec, Source,
+};
 pub use distributed::{
     AutoShardPolicy, BatchSplit, DistributedDataset, DistributedIterator, InputOptions,
     MaskedDistributedIterator, PartialBatch, distribute_datasets_from_function,

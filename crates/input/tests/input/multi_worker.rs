@@ -449,3 +449,25 @@ fn in_50_workers_with_different_replica_counts_cannot_share_a_dataset() {
         ]
     );
 }
+
+#[test]
+fn in_52_input_function_over_a_generated_interleave() {
+    // interleave(range(2) -> range(10)): 0, 0, 1, 1, …, 9, 9, made on the fly.
+    let workers = crate::common::local(2);
+    let dist = distribute_datasets_from_function(&workers, InputOptions::default(), |_| {
+        let source = distribute_input::GeneratorSource::new(|| {
+            (0..10i64)
+                .flat_map(|i| [i, i])
+                .map(|i| Ok(Tensor::from_vec("/cpu:0", &[1], vec![i])?))
+        });
+        Dataset::from_source(source).batch(1, false)
+    })
+    .unwrap();
+    let expected: Vec<Vec<Vec<i64>>> = (0..10).map(|i| vec![vec![i], vec![i]]).collect();
+    assert_eq!(steps(&dist), expected);
+    assert_eq!(
+        steps(&dist),
+        expected,
+        "each pass calls the generator again"
+    );
+}
