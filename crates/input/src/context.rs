@@ -246,6 +246,12 @@ impl InputWorkers {
         self.num_input_pipelines
     }
 
+    /// How many processes feed input, this one included: 1 in-graph, the number of workers
+    /// between-graph.
+    pub fn num_processes(&self) -> usize {
+        self.num_input_pipelines / self.workers.len()
+    }
+
     /// How many replicas take part in a step across the cluster.
     pub fn num_replicas_in_sync(&self) -> usize {
         self.num_replicas_in_sync

@@ -184,6 +184,8 @@ struct Plan<B: Batch> {
 /// ```
 pub struct DistributedDataset<B: Batch> {
     plans: Vec<Arc<Plan<B>>>,
+    /// Processes that feed replicas of each step: all input pipelines over the local ones.
+    num_processes: usize,
     device_map: Arc<ReplicaDeviceMap>,
     prefetch: usize,
     partial: PartialBatch,
@@ -280,6 +282,7 @@ impl<B: Batch> DistributedDataset<B> {
         }
         Ok(DistributedDataset {
             plans,
+            num_processes: workers.num_processes(),
             device_map: Arc::clone(workers.device_map()),
             prefetch: options.prefetch,
             partial: options.partial_batch,
@@ -292,6 +295,7 @@ impl<B: Batch> DistributedDataset<B> {
     pub fn iter(&self) -> DistributedIterator<B> {
         DistributedIterator {
             steps: self.steps(),
+            num_processes: self.num_processes,
         }
     }
 
@@ -334,6 +338,7 @@ impl<B: Batch> DistributedDataset<B> {
             plans: self.plans.clone(),
             partial: self.partial,
             device_map: Arc::clone(&self.device_map),
+            template: None,
             done: false,
         }
     }
@@ -427,6 +432,7 @@ where
     Ok(DistributedDataset {
         applied: vec![AutoShardPolicy::Off; plans.len()],
         plans,
+        num_processes: workers.num_processes(),
         device_map: Arc::clone(workers.device_map()),
         prefetch: options.prefetch,
         partial: options.partial_batch,
@@ -603,6 +609,8 @@ struct Steps<B: Batch> {
     ended: Vec<bool>,
     partial: PartialBatch,
     device_map: Arc<ReplicaDeviceMap>,
+    /// A 0-row batch of the data's structure, once any pipeline has produced a batch.
+    template: Option<B>,
     done: bool,
 }
 
@@ -638,6 +646,9 @@ impl<B: Batch> Steps<B> {
             Ok(t) => t,
             Err(e) => return Some(Err(e)),
         };
+        if self.template.is_none() {
+            self.template = Some(template.clone());
+        }
         if parts.iter().any(Option::is_none) && self.partial == PartialBatch::DropRemainder {
             return None;
         }
@@ -658,6 +669,31 @@ impl<B: Batch> Steps<B> {
         }
         Some(Ok(step))
     }
+
+    /// Empty batches for every local replica, for a step that only other processes have data
+    /// for.
+    fn empty_step(&self) -> Result<LocalStep<B>, InputError> {
+        let template = self.template.as_ref().ok_or_else(|| {
+            InputError::InvalidOption(
+                "this process's input pipelines produced no data while other processes still \
+                 have some, so the structure of an empty batch is unknown; give every process \
+                 at least one batch"
+                    .into(),
+            )
+        })?;
+        let mut step = Vec::new();
+        for plan in &self.plans {
+            for device in &plan.placement {
+                step.push(finish(template.clone(), plan, device)?);
+            }
+        }
+        Ok(step)
+    }
+
+    fn per_replica(&self, step: LocalStep<B>) -> Result<PerReplica<B>, InputError> {
+        let values = step.into_iter().map(|(b, _)| b).collect();
+        Ok(PerReplica::new(Arc::clone(&self.device_map), values)?)
+    }
 }
 
 /// The steps of a [`DistributedDataset`]: one [`PerReplica`] batch per step, `None` at the end
@@ -665,6 +701,8 @@ impl<B: Batch> Steps<B> {
 /// stops and joins its prefetch threads.
 pub struct DistributedIterator<B: Batch> {
     steps: Steps<B>,
+    /// Processes feeding replicas of each step, this one included.
+    num_processes: usize,
 }
 
 impl<B: Batch> Iterator for DistributedIterator<B> {
@@ -672,10 +710,52 @@ impl<B: Batch> Iterator for DistributedIterator<B> {
 
     fn next(&mut self) -> Option<Self::Item> {
         let step = self.steps.next_step()?;
-        Some(step.and_then(|step| {
-            let values = step.into_iter().map(|(b, _)| b).collect();
-            Ok(PerReplica::new(Arc::clone(&self.steps.device_map), values)?)
-        }))
+        Some(step.and_then(|step| self.steps.per_replica(step)))
+    }
+}
+
+impl<B: Batch> DistributedIterator<B> {
+    /// The next step when other processes feed other replicas of the same steps (one process
+    /// per worker), so that all of them see the end of data on the same step (TF's
+    /// `get_next_as_optional`, IN-29).
+    ///
+    /// `processes_with_data` is called on every step by every process with whether this one
+    /// has data, and must return how many processes have (a sum all-reduce across them). None:
+    /// the end, `Ok(None)`. Some: a process that has run out gives its replicas empty batches.
+    /// Under [`PartialBatch::DropRemainder`] a step that not every process has data for ends
+    /// the iteration everywhere.
+    ///
+    /// ```
+    /// use distribute_input::{Dataset, DistributedDataset, InputError, InputOptions, InputWorkers};
+    ///
+    /// // Worker 1 of 2, sharded by data: `range(3).batch(2)` gives it [1], then nothing.
+    /// let workers = InputWorkers::worker_of_cluster(2, 1, "/job:worker/task:1", ["/job:worker/task:1/cpu:0"])?;
+    /// let dist = DistributedDataset::new(Dataset::range(3).batch(2, false)?, &workers, InputOptions::default())?;
+    /// let mut it = dist.iter();
+    /// // Worker 0 has data on both steps (it gets [0], then [2]): the all-reduce says so.
+    /// let first = it.next_across_processes(|mine| Ok::<_, InputError>(usize::from(mine) + 1))?.unwrap();
+    /// let second = it.next_across_processes(|mine| Ok::<_, InputError>(usize::from(mine) + 1))?.unwrap();
+    /// assert_eq!(first.into_iter().next().unwrap().to_vec::<i64>()?, [1]);
+    /// assert_eq!(second.into_iter().next().unwrap().shape(), [0]);
+    /// assert!(it.next_across_processes(|_| Ok::<_, InputError>(0))?.is_none());
+    /// # Ok::<(), InputError>(())
+    /// ```
+    pub fn next_across_processes<E: From<InputError>>(
+        &mut self,
+        processes_with_data: impl FnOnce(bool) -> Result<usize, E>,
+    ) -> Result<Option<PerReplica<B>>, E> {
+        let step = self.steps.next_step().transpose()?;
+        let with_data = processes_with_data(step.is_some())?;
+        if with_data == 0
+            || (self.steps.partial == PartialBatch::DropRemainder && with_data < self.num_processes)
+        {
+            return Ok(None);
+        }
+        let step = match step {
+            Some(step) => step,
+            None => self.steps.empty_step()?,
+        };
+        Ok(Some(self.steps.per_replica(step)?))
     }
 }
 

@@ -471,3 +471,148 @@ fn in_52_input_function_over_a_generated_interleave() {
         "each pass calls the generator again"
     );
 }
+
+/// A sum all-reduce between threads standing in for worker processes.
+struct SumAcrossWorkers {
+    values: std::sync::Mutex<Vec<usize>>,
+    barrier: std::sync::Barrier,
+}
+
+impl SumAcrossWorkers {
+    fn new(workers: usize) -> Self {
+        SumAcrossWorkers {
+            values: std::sync::Mutex::new(vec![0; workers]),
+            barrier: std::sync::Barrier::new(workers),
+        }
+    }
+
+    fn sum(&self, worker: usize, value: usize) -> usize {
+        self.values.lock().unwrap()[worker] = value;
+        self.barrier.wait();
+        let sum = self.values.lock().unwrap().iter().sum();
+        // Nobody writes the next round's value before everyone has read this one.
+        self.barrier.wait();
+        sum
+    }
+}
+
+/// Each worker's steps when its process runs `make(worker)` and agrees on the end with the
+/// others through `next_across_processes`.
+fn run_processes(
+    workers: usize,
+    make: impl Fn(usize) -> DistributedDataset<Tensor> + Sync,
+) -> Vec<Vec<Vec<Vec<i64>>>> {
+    let reduce = SumAcrossWorkers::new(workers);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let (reduce, make) = (&reduce, &make);
+                s.spawn(move || {
+                    let dist = make(w);
+                    let mut it = dist.iter();
+                    let mut steps = Vec::new();
+                    while let Some(step) = it
+                        .next_across_processes(|mine| {
+                            Ok::<_, distribute_input::InputError>(reduce.sum(w, usize::from(mine)))
+                        })
+                        .unwrap()
+                    {
+                        steps.push(step.values().iter().map(ints).collect::<Vec<_>>());
+                    }
+                    steps
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn in_30_input_function_workers_agree_on_the_last_step() {
+    for drop in [false, true] {
+        let options = InputOptions {
+            partial_batch: if drop {
+                PartialBatch::DropRemainder
+            } else {
+                PartialBatch::KeepUneven
+            },
+            ..InputOptions::default()
+        };
+        let got = run_processes(2, |w| {
+            distribute_datasets_from_function(&between(2, w, 1), options, |cx| {
+                Dataset::range(9)
+                    .shard(cx.num_input_pipelines(), cx.input_pipeline_id())?
+                    .batch(1, false)
+            })
+            .unwrap()
+        });
+        if drop {
+            assert_eq!(got[0], [[[0]], [[2]], [[4]], [[6]]]);
+            assert_eq!(got[1], [[[1]], [[3]], [[5]], [[7]]]);
+        } else {
+            assert_eq!(got[0], [[[0]], [[2]], [[4]], [[6]], [[8]]]);
+            assert_eq!(got[1][..4], [[[1]], [[3]], [[5]], [[7]]]);
+            assert_eq!(
+                got[1][4],
+                [Vec::<i64>::new()],
+                "worker 1 gets an empty batch on worker 0's last step"
+            );
+        }
+    }
+}
+
+#[test]
+fn in_27_file_sharded_workers_with_unequal_files_agree_on_the_end() {
+    // Worker 0's file has 5 rows, worker 1's has 2: batches of 2 give 3 and 1 steps on their own.
+    let dir = tempfile::tempdir().unwrap();
+    let files: Vec<_> = [5usize, 2]
+        .iter()
+        .enumerate()
+        .map(|(f, &rows)| {
+            let path = dir.path().join(format!("{f}.npy"));
+            let data: Vec<i64> = (0..rows as i64).map(|i| 10 * f as i64 + i).collect();
+            distribute_input::npy::write(
+                &path,
+                &Tensor::from_vec("/cpu:0", &[rows], data).unwrap(),
+            )
+            .unwrap();
+            path
+        })
+        .collect();
+    let got = run_processes(2, |w| {
+        let ds = Dataset::from_source(distribute_input::NpySource::new(&files).unwrap())
+            .batch(2, false)
+            .unwrap();
+        DistributedDataset::new(
+            ds,
+            &between(2, w, 1),
+            InputOptions {
+                auto_shard: AutoShardPolicy::File,
+                ..whole()
+            },
+        )
+        .unwrap()
+    });
+    assert_eq!(got[0], [vec![r(0..2)], vec![r(2..4)], vec![vec![4]]]);
+    assert_eq!(got[1], [vec![r(10..12)], vec![vec![]], vec![vec![]]]);
+}
+
+#[test]
+fn a_process_that_never_had_data_cannot_invent_the_structure() {
+    let dist =
+        distribute_datasets_from_function(&between(2, 1, 1), InputOptions::default(), |_| {
+            Dataset::range(0).batch(1, false)
+        })
+        .unwrap();
+    let mut it = dist.iter();
+    // Another process reports data, so this one would have to make empty batches of a
+    // structure it has never seen.
+    let err = it
+        .next_across_processes(|_| Ok::<_, distribute_input::InputError>(1))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("produced no data while other processes still have some"),
+        "{err}"
+    );
+}
