@@ -673,14 +673,7 @@ impl<B: Batch> Steps<B> {
     /// Empty batches for every local replica, for a step that only other processes have data
     /// for.
     fn empty_step(&self) -> Result<LocalStep<B>, InputError> {
-        let template = self.template.as_ref().ok_or_else(|| {
-            InputError::InvalidOption(
-                "this process's input pipelines produced no data while other processes still \
-                 have some, so the structure of an empty batch is unknown; give every process \
-                 at least one batch"
-                    .into(),
-            )
-        })?;
+        let template = self.template.as_ref().ok_or(InputError::NoBatchToImitate)?;
         let mut step = Vec::new();
         for plan in &self.plans {
             for device in &plan.placement {

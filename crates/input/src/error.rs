@@ -113,6 +113,14 @@ pub enum InputError {
         #[source]
         source: Box<InputError>,
     },
+    /// Other processes still have data for a step, but this one never produced a batch, so
+    /// it cannot make empty batches of the right structure for its replicas.
+    #[error(
+        "this process's input pipelines produced no data while other processes still have \
+         some, so the structure of an empty batch is unknown; give every process at least one \
+         batch"
+    )]
+    NoBatchToImitate,
     /// The input pipeline panicked while making an item (in a user's source, for example);
     /// the item is lost and the pipeline ends.
     #[error("the input pipeline panicked: {0}")]
@@ -147,7 +155,7 @@ impl InputError {
             InputError::Io { .. } | InputError::Npy { .. } | InputError::Csv { .. } => {
                 ErrorKind::DataLoss
             }
-            InputError::Panicked(_) => ErrorKind::Runtime,
+            InputError::Panicked(_) | InputError::NoBatchToImitate => ErrorKind::Runtime,
             InputError::InputFunction { source, .. } => source.kind(),
             _ => ErrorKind::InvalidArgument,
         }
