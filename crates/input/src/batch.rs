@@ -120,6 +120,12 @@ pub trait Batch: Clone + Send + Sync + 'static {
         self.try_map_leaves(&mut |t| Ok(t.slice_rows(range.clone())?))
     }
 
+    /// Rows `range` of every leaf placed on `device`, sharing the buffers: `slice_rows` then
+    /// `to_device` without the intermediate batch.
+    fn slice_rows_onto(&self, range: Range<usize>, device: &str) -> Result<Self, InputError> {
+        self.try_map_leaves(&mut |t| slice_onto(t, range.clone(), device))
+    }
+
     /// Rows `start`, `start + step`, `start + 2·step`, … of every leaf, sharing the buffers.
     fn stride_rows(&self, start: usize, step: usize) -> Result<Self, InputError> {
         if step == 0 {
@@ -166,6 +172,26 @@ fn display_path(path: &str) -> String {
     } else {
         path.to_owned()
     }
+}
+
+fn slice_onto(t: &Tensor, range: Range<usize>, device: &str) -> Result<Tensor, InputError> {
+    let rows = *t
+        .shape()
+        .first()
+        .ok_or_else(|| InputError::NoBatchDimension {
+            origin: "slicing rows".into(),
+            path: "the top level".into(),
+        })?;
+    if range.start > range.end || range.end > rows {
+        return Err(InputError::Mismatch {
+            origin: "slicing rows".into(),
+            detail: format!("rows {range:?} are out of range for a batch of {rows} rows"),
+        });
+    }
+    typed!(t.dtype(), T => {
+        let array = t.array::<T>()?.clone().slice_axis_move(Axis(0), Slice::from(range));
+        Ok(Tensor::from_shared(device, array))
+    })
 }
 
 fn stride_tensor(t: &Tensor, start: usize, step: usize) -> Result<Tensor, InputError> {
