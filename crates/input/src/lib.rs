@@ -1,0 +1,59 @@
+//! Layer 4 of `distribute`: input pipelines that feed replicas.
+//!
+//! Owns [`InputContext`], [`InputReplicationMode`] and [`InputWorkers`]; the [`Batch`] trait
+//! for tensors and nested structures of them; [`Dataset`]s read from a [`Source`] (in memory,
+//! [`NpySource`] for `.npy` files, [`CsvSource`] for CSV files, [`GeneratorSource`] for
+//! computed data, or a user's own) with repeat, shuffle, shard, batch and rebatch; and
+//! [`DistributedDataset`], which turns a global-batch dataset (or one dataset per pipeline,
+//! with [`distribute_datasets_from_function`]) into one [`PerReplica`] batch per step, with the
+//! auto-shard ([`AutoShardPolicy`]) and partial-batch ([`PartialBatch`]) policies and
+//! [`Prefetch`] on background threads.
+//!
+//! It builds on device names (layer 1), distributed values (layer 2) and tensors (layer 3). It
+//! knows nothing about strategies, replica threads or collectives' algorithms: it hands out one
+//! value per replica per step, possibly empty, so that whatever runs the replicas never waits
+//! on a replica without data.
+//!
+//! [`PerReplica`]: distribute_values::PerReplica
+//!
+//! ```
+//! use distribute_input::{Dataset, DistributedDataset, InputOptions, InputWorkers};
+//! use distribute_values::DistributedValues;
+//!
+//! let workers = InputWorkers::local(["/gpu:0", "/gpu:1"])?;
+//! let dist = DistributedDataset::new(Dataset::range(100).batch(10, false)?, &workers, InputOptions::default())?;
+//! let mut steps = 0;
+//! for step in &dist {
+//!     let step = step?;
+//!     assert_eq!(step.values()[1].shape(), [5]);
+//!     assert_eq!(step.values()[1].device(), "/job:localhost/replica:0/task:0/device:GPU:1");
+//!     steps += 1;
+//! }
+//! assert_eq!(steps, 10);
+//! # Ok::<(), distribute_input::InputError>(())
+//! ```
+
+mod batch;
+mod context;
+mod csv_source;
+mod dataset;
+mod distributed;
+mod error;
+pub mod npy;
+mod prefetch;
+mod split;
+
+pub use batch::{Batch, Masked};
+pub use context::{InputContext, InputReplicationMode, InputWorkers};
+pub use csv_source::{CsvOptions, CsvSource};
+pub use dataset::{
+    BatchSpec, BoxIter, Dataset, DatasetIter, GeneratorSource, MemorySource, ShuffleSpec, Source,
+};
+pub use distributed::{
+    AutoShardPolicy, BatchSplit, DistributedDataset, DistributedIterator, InputOptions,
+    MaskedDistributedIterator, PartialBatch, distribute_datasets_from_function,
+};
+pub use error::{ErrorKind, InputError};
+pub use npy::NpySource;
+pub use prefetch::Prefetch;
+pub use split::{batch_sizes_for_worker, split_sizes};

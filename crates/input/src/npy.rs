@@ -1,0 +1,332 @@
+//! `.npy` files: a strict reader and writer of NumPy's format versions 1 and 2 for
+//! little-endian `float32`, `float64`, `int32` and `int64` arrays in C order, and
+//! [`NpySource`], which reads one block per file.
+//!
+//! Anything else (big-endian data, Fortran order, other dtypes, pickled objects, version 3's
+//! UTF-8 headers) is refused with a message saying what was found and what is supported.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use distribute_collectives::{DType, Tensor};
+use distribute_device_spec::DEFAULT_HOST;
+
+use crate::InputError;
+use crate::dataset::{BoxIter, Source};
+
+const MAGIC: &[u8] = b"\x93NUMPY";
+
+/// Reads a `.npy` file into a host tensor.
+///
+/// ```
+/// use distribute_collectives::Tensor;
+/// use distribute_input::npy;
+///
+/// let path = std::env::temp_dir().join(format!("npy-doc-{}.npy", std::process::id()));
+/// let t = Tensor::from_vec("/cpu:0", &[2, 3], vec![1.5f64, 2.0, 3.0, 4.0, 5.0, 6.0])?;
+/// npy::write(&path, &t)?;
+/// let back = npy::read(&path)?;
+/// assert_eq!((back.shape(), back.to_vec::<f64>()?), (&[2, 3][..], t.to_vec::<f64>()?));
+/// # std::fs::remove_file(&path).ok();
+/// # Ok::<(), distribute_input::InputError>(())
+/// ```
+pub fn read(path: &Path) -> Result<Tensor, InputError> {
+    let bytes = std::fs::read(path).map_err(|source| InputError::Io {
+        file: path.to_owned(),
+        source,
+    })?;
+    parse(&bytes).map_err(|reason| InputError::Npy {
+        file: path.to_owned(),
+        reason,
+    })
+}
+
+/// Writes `tensor` as a version 1 `.npy` file (little-endian, C order). Only `float32`,
+/// `float64`, `int32` and `int64` tensors can be written.
+pub fn write(path: &Path, tensor: &Tensor) -> Result<(), InputError> {
+    let descr = match tensor.dtype() {
+        DType::F32 => "<f4",
+        DType::F64 => "<f8",
+        DType::I32 => "<i4",
+        DType::I64 => "<i8",
+        other => {
+            return Err(InputError::Npy {
+                file: path.to_owned(),
+                reason: format!("cannot write {other} tensors; supported: {SUPPORTED}"),
+            });
+        }
+    };
+    let shape = match tensor.shape() {
+        [] => "()".to_owned(),
+        [n] => format!("({n},)"),
+        dims => format!(
+            "({})",
+            dims.iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    // Magic, version and length take 10 bytes; data starts 64-byte aligned after the newline.
+    let total = (10 + header.len() + 1).div_ceil(64) * 64;
+    header.push_str(&" ".repeat(total - 10 - header.len() - 1));
+    header.push('\n');
+    let mut bytes = Vec::with_capacity(total + tensor.size_in_bytes());
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&[1, 0]);
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    match tensor.dtype() {
+        DType::F32 => extend(&mut bytes, tensor.to_vec::<f32>()?, f32::to_le_bytes),
+        DType::F64 => extend(&mut bytes, tensor.to_vec::<f64>()?, f64::to_le_bytes),
+        DType::I32 => extend(&mut bytes, tensor.to_vec::<i32>()?, i32::to_le_bytes),
+        _ => extend(&mut bytes, tensor.to_vec::<i64>()?, i64::to_le_bytes),
+    }
+    std::fs::write(path, bytes).map_err(|source| InputError::Io {
+        file: path.to_owned(),
+        source,
+    })
+}
+
+fn extend<T, const N: usize>(out: &mut Vec<u8>, values: Vec<T>, to: fn(T) -> [u8; N]) {
+    for v in values {
+        out.extend_from_slice(&to(v));
+    }
+}
+
+const SUPPORTED: &str = "little-endian float32 (<f4), float64 (<f8), int32 (<i4), int64 (<i8) \
+                         in C order, format version 1 or 2";
+
+fn parse(bytes: &[u8]) -> Result<Tensor, String> {
+    if bytes.len() < 10 || &bytes[..6] != MAGIC {
+        return Err("the file does not start with the .npy magic string \\x93NUMPY".into());
+    }
+    let (header_len, start) = match (bytes[6], bytes[7]) {
+        (1, 0) => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        (2, 0) => {
+            if bytes.len() < 12 {
+                return Err("truncated version 2 header".into());
+            }
+            let len = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+            (len as usize, 12)
+        }
+        (major, minor) => {
+            return Err(format!(
+                "format version {major}.{minor}; supported: {SUPPORTED}"
+            ));
+        }
+    };
+    let header = bytes
+        .get(start..start + header_len)
+        .ok_or("truncated header")?;
+    let header = std::str::from_utf8(header).map_err(|_| "the header is not ASCII")?;
+    let descr = header_value(header, "descr")?;
+    let fortran = header_value(header, "fortran_order")?;
+    let shape = header_value(header, "shape")?;
+    if fortran != "False" {
+        return Err(format!(
+            "fortran_order is {fortran}; save a C-order array (np.ascontiguousarray)"
+        ));
+    }
+    let dtype = match descr.trim_matches('\'') {
+        "<f4" => DType::F32,
+        "<f8" => DType::F64,
+        "<i4" => DType::I32,
+        "<i8" => DType::I64,
+        other => return Err(format!("dtype '{other}'; supported: {SUPPORTED}")),
+    };
+    let shape = parse_shape(shape)?;
+    let data = &bytes[start + header_len..];
+    let count: usize = shape.iter().product();
+    let expected = count * dtype.size_in_bytes();
+    if data.len() != expected {
+        return Err(format!(
+            "shape {shape:?} of {dtype} needs {expected} bytes of data, the file has {}",
+            data.len()
+        ));
+    }
+    let tensor = match dtype {
+        DType::F32 => decode(&shape, data, f32::from_le_bytes),
+        DType::F64 => decode(&shape, data, f64::from_le_bytes),
+        DType::I32 => decode(&shape, data, i32::from_le_bytes),
+        _ => decode(&shape, data, i64::from_le_bytes),
+    };
+    tensor.map_err(|e| e.to_string())
+}
+
+fn decode<T: distribute_collectives::Element, const N: usize>(
+    shape: &[usize],
+    data: &[u8],
+    from: fn([u8; N]) -> T,
+) -> Result<Tensor, distribute_collectives::CollectiveError> {
+    let values = data
+        .chunks_exact(N)
+        .map(|c| from(c.try_into().expect("chunks_exact gives N bytes")))
+        .collect();
+    Tensor::from_vec(DEFAULT_HOST, shape, values)
+}
+
+/// The text of `key`'s value in the header dict: up to the next top-level `,` or `}`.
+fn header_value<'h>(header: &'h str, key: &str) -> Result<&'h str, String> {
+    let needle = format!("'{key}':");
+    let at = header
+        .find(&needle)
+        .ok_or_else(|| format!("the header has no '{key}' entry"))?;
+    let rest = header[at + needle.len()..].trim_start();
+    let end = if rest.starts_with('(') {
+        rest.find(')').map(|i| i + 1)
+    } else {
+        rest.find([',', '}'])
+    }
+    .ok_or_else(|| format!("the header's '{key}' entry is not terminated"))?;
+    Ok(rest[..end].trim())
+}
+
+fn parse_shape(text: &str) -> Result<Vec<usize>, String> {
+    let inner = text
+        .strip_prefix('(')
+        .and_then(|t| t.strip_suffix(')'))
+        .ok_or_else(|| format!("shape {text} is not a tuple"))?;
+    inner
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| {
+            d.parse::<usize>()
+                .map_err(|_| format!("shape {text}: '{d}' is not a dimension"))
+        })
+        .collect()
+}
+
+/// `.npy` files read in order, one block per file: the rows are the first axis of each file's
+/// array, so all files need the same dtype and trailing dimensions.
+///
+/// ```
+/// use distribute_input::{Dataset, NpySource, Source};
+///
+/// let source = NpySource::new(["a.npy", "b.npy"])?;
+/// assert_eq!(source.files().len(), 2);
+/// let dataset = Dataset::from_source(source).batch(32, false)?;
+/// assert!(dataset.iter().next().unwrap().is_err(), "the files do not exist");
+/// # Ok::<(), distribute_input::InputError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct NpySource {
+    files: Vec<PathBuf>,
+}
+
+impl NpySource {
+    /// A source reading `files` in order; the list must not be empty. Files are opened when
+    /// iterated, so errors about their contents come from the iterator.
+    pub fn new<I, P>(files: I) -> Result<Self, InputError>
+    where
+        I: IntoIterator<Item = P>,
+        P: AsRef<Path>,
+    {
+        let files: Vec<PathBuf> = files.into_iter().map(|p| p.as_ref().to_owned()).collect();
+        if files.is_empty() {
+            return Err(InputError::InvalidOption(
+                "an .npy source needs at least one file".into(),
+            ));
+        }
+        Ok(NpySource { files })
+    }
+}
+
+impl Source for NpySource {
+    type Item = Tensor;
+
+    fn blocks(&self) -> BoxIter<Tensor> {
+        let files = self.files.clone();
+        Box::new(files.into_iter().map(|file| {
+            let tensor = read(&file)?;
+            if tensor.rank() == 0 {
+                return Err(InputError::NoBatchDimension {
+                    origin: format!("'{}'", file.display()),
+                    path: "the top level".into(),
+                });
+            }
+            Ok(tensor)
+        }))
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} .npy file(s) starting with '{}'",
+            self.files.len(),
+            self.files[0].display()
+        )
+    }
+
+    fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+
+    fn with_files(
+        &self,
+        files: Vec<PathBuf>,
+    ) -> Result<Arc<dyn Source<Item = Tensor>>, InputError> {
+        Ok(Arc::new(NpySource::new(files)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(dict: &str) -> Vec<u8> {
+        let mut b = MAGIC.to_vec();
+        b.extend_from_slice(&[1, 0]);
+        b.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+        b.extend_from_slice(dict.as_bytes());
+        b
+    }
+
+    #[test]
+    fn refusals_say_what_was_found() {
+        let cases = [
+            (b"PK\x03\x04 zip".to_vec(), "magic"),
+            (
+                header("{'descr': '>f4', 'fortran_order': False, 'shape': (1,), }"),
+                "dtype '>f4'",
+            ),
+            (
+                header("{'descr': '|O', 'fortran_order': False, 'shape': (1,), }"),
+                "dtype '|O'",
+            ),
+            (
+                header("{'descr': '<f4', 'fortran_order': True, 'shape': (1,), }"),
+                "fortran_order is True",
+            ),
+            (
+                header("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }"),
+                "needs 8 bytes",
+            ),
+            (
+                header("{'descr': '<f4', 'fortran_order': False, }"),
+                "no 'shape'",
+            ),
+            (
+                header("{'descr': '<f4', 'fortran_order': False, 'shape': (x,), }"),
+                "'x' is not a dimension",
+            ),
+        ];
+        for (bytes, expected) in cases {
+            let err = parse(&bytes).unwrap_err();
+            assert!(err.contains(expected), "{expected:?} not in {err:?}");
+        }
+    }
+
+    #[test]
+    fn version_2_headers_and_scalars_parse() {
+        let dict = "{'descr': '<i4', 'fortran_order': False, 'shape': (), }";
+        let mut b = MAGIC.to_vec();
+        b.extend_from_slice(&[2, 0]);
+        b.extend_from_slice(&(dict.len() as u32).to_le_bytes());
+        b.extend_from_slice(dict.as_bytes());
+        b.extend_from_slice(&7i32.to_le_bytes());
+        let t = parse(&b).unwrap();
+        assert_eq!((t.rank(), t.to_vec::<i32>().unwrap()), (0, vec![7]));
+    }
+}

@@ -1,0 +1,54 @@
+//! Property tests: splitting then joining gives back every global batch, for any batch size,
+//! dataset size and replica count.
+
+use distribute_collectives::Tensor;
+use distribute_input::{
+    Batch, Dataset, DistributedDataset, InputOptions, PartialBatch, split_sizes,
+};
+use distribute_values::DistributedValues;
+use proptest::prelude::*;
+
+use crate::common::local;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn split_then_concat_is_the_global_batch(rows in 0usize..60, batch in 1usize..17, replicas in 1usize..9, prefetch in 0usize..3) {
+        let data: Vec<i64> = (0..rows as i64).collect();
+        let features = Tensor::from_vec("/cpu:0", &[rows, 2], data.iter().flat_map(|x| [*x, -x]).collect()).unwrap();
+        let labels = Tensor::from_vec("/cpu:0", &[rows], data.clone()).unwrap();
+        let ds = Dataset::from_tensors((features, labels)).unwrap().batch(batch, false).unwrap();
+        let dist = DistributedDataset::new(ds.clone(), &local(replicas), InputOptions { prefetch, ..InputOptions::default() }).unwrap();
+        let mut steps = 0;
+        for (step, global) in dist.iter().zip(ds.iter()) {
+            let step = step.unwrap();
+            let global = global.unwrap();
+            prop_assert_eq!(step.num_replicas(), replicas);
+            let parts: Vec<&(Tensor, Tensor)> = step.values().iter().collect();
+            let joined = Batch::concat_rows(&parts).unwrap();
+            prop_assert!(joined.0.bitwise_eq(&global.0) && joined.1.bitwise_eq(&global.1));
+            let sizes: Vec<usize> = step.values().iter().map(|b| b.rows("step").unwrap()).collect();
+            prop_assert_eq!(sizes, split_sizes(global.1.shape()[0], replicas));
+            steps += 1;
+        }
+        prop_assert_eq!(steps, rows.div_ceil(batch));
+    }
+
+    #[test]
+    fn padding_keeps_the_real_rows_and_masks_the_rest(rows in 0usize..40, batch in 1usize..9, replicas in 1usize..5) {
+        let options = InputOptions { partial_batch: PartialBatch::PadWithMask, ..InputOptions::default() };
+        let ds = Dataset::range(rows).batch(batch, false).unwrap();
+        let dist = DistributedDataset::new(ds, &local(replicas), options).unwrap();
+        let mut real = Vec::new();
+        for step in dist.iter_masked() {
+            for m in step.unwrap().values() {
+                prop_assert_eq!(m.batch.shape()[0], batch.div_ceil(replicas));
+                let values = m.batch.to_vec::<i64>().unwrap();
+                let mask = m.mask.to_vec::<f32>().unwrap();
+                real.extend(values.iter().zip(&mask).filter(|(_, m)| **m == 1.0).map(|(v, _)| *v));
+            }
+        }
+        prop_assert_eq!(real, (0..rows as i64).collect::<Vec<_>>());
+    }
+}
