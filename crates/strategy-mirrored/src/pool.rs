@@ -2,8 +2,9 @@
 //!
 //! TF starts a thread per replica on every `run`, which is most of its step overhead. Here each
 //! replica thread owns its collectives handle (an NCCL communicator must stay on one thread) and
-//! waits for jobs: it spins for a short while after each job, so back-to-back steps start in
-//! about a microsecond, then parks so an idle strategy costs no CPU.
+//! waits for jobs: it spins (or, with fewer cores than threads, yields) for a short while after
+//! each job, so back-to-back steps start in about a microsecond, then parks so an idle strategy
+//! costs no CPU.
 //!
 //! A job borrows from the caller's stack (the step function, the inputs, the output slots), so
 //! its lifetime is erased while the threads run it; that is sound because [`ReplicaPool::execute`]
@@ -43,6 +44,21 @@ struct Shared {
     caller: Mutex<Option<Thread>>,
     shutdown: AtomicBool,
     idle_spin: Duration,
+    /// Busy-wait only when the replicas and the caller can each have a core. Otherwise the
+    /// waiting threads yield instead: a spinning thread would keep the replica everyone waits
+    /// for off the core until the scheduler's next tick (tens to hundreds of µs per step).
+    busy_wait: bool,
+}
+
+impl Shared {
+    /// One pause of a short wait.
+    fn pause(&self) {
+        if self.busy_wait {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -74,6 +90,7 @@ impl ReplicaPool {
             caller: Mutex::new(None),
             shutdown: AtomicBool::new(false),
             idle_spin,
+            busy_wait: num_replicas < std::thread::available_parallelism().map_or(1, |n| n.get()),
         });
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let mut threads = Vec::with_capacity(num_replicas);
@@ -141,7 +158,7 @@ impl ReplicaPool {
         let start = Instant::now();
         while shared.remaining.load(Ordering::SeqCst) != 0 {
             if start.elapsed() < shared.idle_spin {
-                std::hint::spin_loop();
+                shared.pause();
             } else {
                 std::thread::park_timeout(Duration::from_millis(10));
             }
@@ -192,7 +209,7 @@ fn replica_thread(
                 break;
             }
             if idle_since.elapsed() < shared.idle_spin {
-                std::hint::spin_loop();
+                shared.pause();
             } else {
                 std::thread::park();
             }
