@@ -2,7 +2,7 @@
 //!
 //! TF starts a thread per replica on every `run`, which is most of its step overhead. Here each
 //! replica thread owns its collectives handle (an NCCL communicator must stay on one thread) and
-//! waits for jobs: it spins (or, with fewer cores than threads, yields) for a short while after
+//! waits for jobs: it polls (yielding its core) for a short while after
 //! each job, so back-to-back steps start in about a microsecond, then parks so an idle strategy
 //! costs no CPU.
 //!
@@ -44,21 +44,14 @@ struct Shared {
     caller: Mutex<Option<Thread>>,
     shutdown: AtomicBool,
     idle_spin: Duration,
-    /// Busy-wait only when the replicas and the caller can each have a core. Otherwise the
-    /// waiting threads yield instead: a spinning thread would keep the replica everyone waits
-    /// for off the core until the scheduler's next tick (tens to hundreds of µs per step).
-    busy_wait: bool,
 }
 
-impl Shared {
-    /// One pause of a short wait.
-    fn pause(&self) {
-        if self.busy_wait {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
-    }
+/// One pause of a short wait. Yielding rather than spinning: on a machine whose cores are
+/// shared (with other replicas, the caller, or other processes) a spinning thread keeps the
+/// replica everyone waits for off its core until the scheduler's next tick, tens to hundreds of
+/// µs per step; a yield with nothing else runnable costs a fraction of a µs.
+fn pause() {
+    std::thread::yield_now();
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -90,7 +83,6 @@ impl ReplicaPool {
             caller: Mutex::new(None),
             shutdown: AtomicBool::new(false),
             idle_spin,
-            busy_wait: num_replicas < std::thread::available_parallelism().map_or(1, |n| n.get()),
         });
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let mut threads = Vec::with_capacity(num_replicas);
@@ -158,7 +150,7 @@ impl ReplicaPool {
         let start = Instant::now();
         while shared.remaining.load(Ordering::SeqCst) != 0 {
             if start.elapsed() < shared.idle_spin {
-                shared.pause();
+                pause();
             } else {
                 std::thread::park_timeout(Duration::from_millis(10));
             }
@@ -209,7 +201,7 @@ fn replica_thread(
                 break;
             }
             if idle_since.elapsed() < shared.idle_spin {
-                shared.pause();
+                pause();
             } else {
                 std::thread::park();
             }

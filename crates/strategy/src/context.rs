@@ -13,6 +13,28 @@
 //!     Ok(())
 //! }, &());
 //! ```
+//!
+//! Nor can cross-replica code call `merge_call` (it is already in cross-replica context):
+//!
+//! ```compile_fail,E0599
+//! use distribute_strategy::{DefaultStrategy, Strategy};
+//!
+//! let strategy = DefaultStrategy::new().unwrap();
+//! strategy.cross_replica().merge_call((), |_, _| Ok(()));
+//! ```
+//!
+//! Reduce ops and variable aggregations are different types, so passing an aggregation where a
+//! reduce op is expected (TF's SM-49 `Invariant` error) does not compile:
+//!
+//! ```compile_fail,E0308
+//! use distribute_collectives::Tensor;
+//! use distribute_strategy::{DefaultStrategy, Strategy};
+//! use distribute_values::{Leaf, VariableAggregation};
+//!
+//! let strategy = DefaultStrategy::new().unwrap();
+//! let value = Leaf::Same(Tensor::scalar("/cpu:0", 1.0f32));
+//! strategy.reduce(VariableAggregation::Sum, &value, None);
+//! ```
 
 use std::any::Any;
 use std::sync::Arc;

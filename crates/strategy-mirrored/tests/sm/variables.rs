@@ -524,3 +524,20 @@ fn sm43_update_each_component_of_a_sync_on_read_variable() {
         ]
     );
 }
+
+#[test]
+fn sm33_both_kinds_live_on_the_creating_strategys_devices() {
+    // A variable does not point back at its strategy here; what TF's `distribute_strategy`
+    // is used for (placing and aggregating the copies) is carried by its device map.
+    let strategy = gpu_and_cpu();
+    let expected = strategy.extended().device_map().as_ref();
+    for opts in [
+        on_write(VariableAggregation::Mean),
+        on_read(VariableAggregation::Sum),
+    ] {
+        match strategy.create_variable("v", 1.0f32, opts).unwrap() {
+            DistributedVariable::Mirrored(v) => assert_eq!(v.device_map(), expected),
+            DistributedVariable::SyncOnRead(v) => assert_eq!(v.device_map(), expected),
+        }
+    }
+}
