@@ -93,9 +93,9 @@ impl MultiStepContext {
     /// The outputs, for the strategy to replace each with its reduction.
     pub(crate) fn outputs_mut(
         &mut self,
-    ) -> impl Iterator<Item = (&str, &mut Leaf<Tensor>, Option<ReduceOp>)> {
+    ) -> impl Iterator<Item = (&mut Leaf<Tensor>, Option<ReduceOp>)> {
         self.outputs
-            .iter_mut()
-            .map(|(name, out)| (name.as_str(), &mut out.value, out.reduce_op))
+            .values_mut()
+            .map(|out| (&mut out.value, out.reduce_op))
     }
 }

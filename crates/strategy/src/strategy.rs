@@ -187,14 +187,10 @@ pub trait Strategy: Send + Sync {
                 "run_steps_on_iterator: the input iterator is exhausted".into(),
             ));
         }
-        for (name, value, reduce_op) in ctx.outputs_mut() {
+        // Reduction errors keep their own kind (e.g. `Invariant` for a mirrored sum).
+        for (value, reduce_op) in ctx.outputs_mut() {
             if let Some(op) = reduce_op {
-                let reduced = self.reduce(op, value, None).map_err(|e| {
-                    StrategyError::InvalidArgument(format!(
-                        "cannot reduce last-step output '{name}' with {op}: {e}"
-                    ))
-                })?;
-                *value = Leaf::Same(reduced);
+                *value = Leaf::Same(self.reduce(op, value, None)?);
             }
         }
         Ok(ctx)

@@ -207,3 +207,27 @@ fn single_worker_mirrored_properties_are_tfs() {
     assert!(extended.should_save_summary());
     assert!(!extended.between_graph());
 }
+
+#[test]
+fn run_steps_on_iterator_reports_a_bad_reduction_with_its_own_kind() {
+    let strategy = cpus(2);
+    let map = Arc::clone(strategy.extended().device_map());
+    let err = strategy
+        .run_steps_on_iterator(
+            |ctx, _: i32| {
+                let copies = map
+                    .primary_devices()
+                    .map(|d| Tensor::scalar(d, 1.0f32))
+                    .collect();
+                let mirrored =
+                    Leaf::Mirrored(distribute_values::Mirrored::new(Arc::clone(&map), copies)?);
+                // A mirrored value holds one value, not one per replica: it has no sum.
+                ctx.set_last_step_output("m", mirrored, Some(ReduceOp::Sum));
+                Ok(())
+            },
+            0..1,
+            1,
+        )
+        .unwrap_err();
+    assert!(matches!(err, StrategyError::Invariant(_)), "{err:?}");
+}
