@@ -7,7 +7,7 @@
 //! such a backend will execute, and what a launcher checks a cluster against.
 
 use distribute_device_spec::{
-    ClusterSpec, TaskId, TaskType, TfConfig, cluster_spec_to_device_list,
+    ClusterSpec, DeviceSpec, TaskId, TaskType, TfConfig, cluster_spec_to_device_list,
 };
 use distribute_strategy::StrategyError;
 
@@ -132,5 +132,23 @@ impl MultiWorkerDevices {
     /// multi-worker mirrored strategy).
     pub fn default_device(&self) -> &str {
         &self.workers[0]
+    }
+
+    /// Where an op placed on `device` goes inside the strategy's scope: `device`'s fields over
+    /// the [`default_device`](Self::default_device)'s, so `""` stays on the first task and
+    /// `/cpu:0` becomes its CPU (SM-12).
+    ///
+    /// ```
+    /// use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
+    /// use distribute_mirrored::MultiWorkerDevices;
+    ///
+    /// let cluster = ClusterSpec::from_json(r#"{"worker": ["w0:2222", "w1:2222"]}"#)?;
+    /// let plan = MultiWorkerDevices::from_cluster(&cluster, TaskId::new(TaskType::Worker, 0), 1)?;
+    /// assert_eq!(plan.device_in_scope("/cpu:0")?, "/job:worker/task:0/device:CPU:0");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn device_in_scope(&self, device: &str) -> Result<String, StrategyError> {
+        let scope: DeviceSpec = self.default_device().parse()?;
+        Ok(scope.merged_with(&device.parse()?).to_string())
     }
 }

@@ -75,8 +75,14 @@ fn sm12_two_workers_with_n_gpus() {
         );
         assert_eq!(plan.local_devices.len(), gpus.max(1));
     }
+    // Ops with no device go to the first worker; under /cpu:0, to its CPU.
     let plan =
         MultiWorkerDevices::from_cluster(&cluster, TaskId::new(TaskType::Worker, 1), 2).unwrap();
+    assert_eq!(plan.device_in_scope("").unwrap(), "/job:worker/task:0");
+    assert_eq!(
+        plan.device_in_scope("/cpu:0").unwrap(),
+        "/job:worker/task:0/device:CPU:0"
+    );
     insta::assert_debug_snapshot!("sm12_worker_1_of_2_with_2_gpus", plan);
 }
 
