@@ -4,7 +4,8 @@
 //! - `run_trivial`: one `run` of a step that only returns its replica id, 1/2/4/8 replicas;
 //! - `merge_call`: one `merge_call` round trip inside a run, 2 replicas;
 //! - `all_reduce_in_run`: one `run` whose step all-reduces (SUM) an f32 tensor of 4 KiB or 1 MiB
-//!   made beforehand, 2 replicas.
+//!   made beforehand, 2 replicas;
+//! - `linear_regression_step`: targets.md's SGD step (64 features, global batch 256), 2 replicas.
 //!
 //! Without `--bench` (as `cargo test --all-targets` runs it) it does a quick smoke run that still
 //! checks the results.
@@ -73,6 +74,32 @@ fn main() {
                "run_with_merges_s": with, "run_without_s": without})
     );
 
+    // targets.md's linear-regression step on 2 replicas (TF: 530-740 steps/s).
+    let w = strategy
+        .create_variable(
+            "w",
+            Tensor::zeros("/cpu:0", distribute_collectives::DType::F32, &[LR_FEATURES]),
+            distribute_strategy::VariableOptions::default(),
+        )
+        .unwrap();
+    let inputs = regression_inputs(&strategy);
+    let loss = |w: &Tensor| -> f32 {
+        let w = w.to_vec::<f32>().unwrap();
+        w.iter().map(|x| (x - 1.0) * (x - 1.0)).sum()
+    };
+    let before = loss(&w.component(0).unwrap().read());
+    for _ in 0..20 {
+        regression_step(&strategy, &w, &inputs);
+    }
+    // The targets are the row sums, so the weights move toward all ones.
+    assert!(loss(&w.component(0).unwrap().read()) < before);
+    let t = median_s(&budget, || regression_step(&strategy, &w, &inputs));
+    println!(
+        "{}",
+        json!({"bench": "linear_regression_step", "replicas": 2, "features": LR_FEATURES,
+               "global_batch": LR_BATCH, "median_s": t, "steps_per_s": 1.0 / t})
+    );
+
     for bytes in [4 * KIB, MIB] {
         let inputs = all_reduce_inputs(&strategy, bytes);
         check_all_reduce(&strategy, &inputs, bytes);
@@ -85,6 +112,65 @@ fn main() {
                    "algbw_gbps": bytes as f64 / t / 1e9})
         );
     }
+}
+
+/// targets.md's linear regression: 64 features, global batch 256, SGD with lr 0.1.
+const LR_FEATURES: usize = 64;
+const LR_BATCH: usize = 256;
+
+/// Each replica's contiguous chunk of a fixed synthetic batch: (features, targets).
+fn regression_inputs(strategy: &MirroredStrategy) -> (Leaf<Tensor>, Leaf<Tensor>) {
+    let x: Vec<f32> = (0..LR_BATCH * LR_FEATURES)
+        .map(|k| ((k * 7919 + 13) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    let y: Vec<f32> = (0..LR_BATCH)
+        .map(|i| x[i * LR_FEATURES..(i + 1) * LR_FEATURES].iter().sum())
+        .collect();
+    let x = Tensor::from_vec("/cpu:0", &[LR_BATCH, LR_FEATURES], x).unwrap();
+    let y = Tensor::from_vec("/cpu:0", &[LR_BATCH], y).unwrap();
+    let map = std::sync::Arc::clone(strategy.extended().device_map());
+    let per = LR_BATCH / map.num_replicas();
+    let chunk = |t: &Tensor| {
+        let parts = map
+            .primary_devices()
+            .enumerate()
+            .map(|(r, d)| t.slice_rows(r * per..(r + 1) * per).unwrap().to_device(d))
+            .collect();
+        Leaf::PerReplica(
+            distribute_values::PerReplica::new(std::sync::Arc::clone(&map), parts).unwrap(),
+        )
+    };
+    (chunk(&x), chunk(&y))
+}
+
+/// One SGD step: each replica's gradient sum, all-reduced, applied to its copy of `w`.
+fn regression_step(
+    strategy: &MirroredStrategy,
+    w: &distribute_values::DistributedVariable<Tensor>,
+    inputs: &(Leaf<Tensor>, Leaf<Tensor>),
+) {
+    strategy
+        .run::<(Tensor, Tensor), Tensor, _>(
+            |ctx, (x, y)| {
+                let weights = ctx.read_variable(w)?.to_vec::<f32>()?;
+                let (xs, ys) = (x.array::<f32>()?, y.array::<f32>()?);
+                let mut grad = vec![0.0f32; LR_FEATURES];
+                for (row, target) in xs.as_slice().unwrap().chunks(LR_FEATURES).zip(ys.iter()) {
+                    let residual =
+                        row.iter().zip(&weights).map(|(a, b)| a * b).sum::<f32>() - target;
+                    for (g, a) in grad.iter_mut().zip(row) {
+                        *g += a * residual;
+                    }
+                }
+                let grad = Tensor::from_vec(x.device(), &[LR_FEATURES], grad)?;
+                let total = ctx.all_reduce(ReduceOp::Sum, &grad)?;
+                // lr / global batch = 0.1 / 256 = 1 / 2560.
+                let delta = total.divided_by(2560)?;
+                ctx.update_variable(w, distribute_values::UpdateOp::AssignSub, delta)
+            },
+            inputs,
+        )
+        .unwrap();
 }
 
 fn cpus(n: usize) -> MirroredStrategy {
