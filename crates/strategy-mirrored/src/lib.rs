@@ -9,8 +9,10 @@
 //! This crate knows the strategy layer and everything below it; it knows nothing about input
 //! pipelines' internals or compiled (XLA) programs.
 
+mod cluster;
 mod merge;
 mod mirrored;
 mod pool;
 
+pub use cluster::{InferredCrossDeviceOps, MultiWorkerDevices};
 pub use mirrored::{MirroredConfig, MirroredStrategy};

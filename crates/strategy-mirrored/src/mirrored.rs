@@ -25,7 +25,8 @@ pub struct MirroredConfig {
     /// How long a replica waits for the others at a collective or `merge_call` before the step
     /// fails with a deadline error naming the missing replicas.
     pub deadline: Duration,
-    /// How long idle replica threads (and the caller waiting for them) spin before sleeping:
+    /// How long idle replica threads (and the caller waiting for them) poll, yielding their core,
+    /// before sleeping:
     /// longer makes back-to-back steps start faster, shorter frees the cores sooner.
     pub idle_spin: Duration,
     /// The cross-device operations; `None` picks them with `choose_the_best`.

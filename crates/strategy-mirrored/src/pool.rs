@@ -2,8 +2,9 @@
 //!
 //! TF starts a thread per replica on every `run`, which is most of its step overhead. Here each
 //! replica thread owns its collectives handle (an NCCL communicator must stay on one thread) and
-//! waits for jobs: it yields for a short while after each job, so back-to-back steps start in
-//! microseconds without a wake-up, then parks so an idle strategy costs no CPU.
+//! waits for jobs: it polls (yielding its core) for a short while after
+//! each job, so back-to-back steps start in about a microsecond, then parks so an idle strategy
+//! costs no CPU.
 //!
 //! A job borrows from the caller's stack (the step function, the inputs, the output slots), so
 //! its lifetime is erased while the threads run it; that is sound because [`ReplicaPool::execute`]
@@ -43,6 +44,14 @@ struct Shared {
     caller: Mutex<Option<Thread>>,
     shutdown: AtomicBool,
     idle_spin: Duration,
+}
+
+/// One pause of a short wait. Yielding rather than spinning: on a machine whose cores are
+/// shared (with other replicas, the caller, or other processes) a spinning thread keeps the
+/// replica everyone waits for off its core until the scheduler's next tick, tens to hundreds of
+/// µs per step; a yield with nothing else runnable costs a fraction of a µs.
+fn pause() {
+    std::thread::yield_now();
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -141,8 +150,7 @@ impl ReplicaPool {
         let start = Instant::now();
         while shared.remaining.load(Ordering::SeqCst) != 0 {
             if start.elapsed() < shared.idle_spin {
-                // Yield rather than spin: the replicas need the cores more than this thread does.
-                std::thread::yield_now();
+                pause();
             } else {
                 std::thread::park_timeout(Duration::from_millis(10));
             }
@@ -193,9 +201,7 @@ fn replica_thread(
                 break;
             }
             if idle_since.elapsed() < shared.idle_spin {
-                // Yielding keeps the next step's start fast without taking the core from a
-                // thread that has work.
-                std::thread::yield_now();
+                pause();
             } else {
                 std::thread::park();
             }

@@ -13,6 +13,28 @@
 //!     Ok(())
 //! }, &());
 //! ```
+//!
+//! Nor can cross-replica code call `merge_call` (it is already in cross-replica context):
+//!
+//! ```compile_fail,E0599
+//! use distribute_strategy::{DefaultStrategy, Strategy};
+//!
+//! let strategy = DefaultStrategy::new().unwrap();
+//! strategy.cross_replica().merge_call((), |_, _| Ok(()));
+//! ```
+//!
+//! Reduce ops and variable aggregations are different types, so passing an aggregation where a
+//! reduce op is expected (TF's SM-49 `Invariant` error) does not compile:
+//!
+//! ```compile_fail,E0308
+//! use distribute_collectives::Tensor;
+//! use distribute_strategy::{DefaultStrategy, Strategy};
+//! use distribute_values::{Leaf, VariableAggregation};
+//!
+//! let strategy = DefaultStrategy::new().unwrap();
+//! let value = Leaf::Same(Tensor::scalar("/cpu:0", 1.0f32));
+//! strategy.reduce(VariableAggregation::Sum, &value, None);
+//! ```
 
 use std::any::Any;
 use std::sync::Arc;
@@ -28,7 +50,9 @@ use distribute_values::{
 
 use crate::StrategyError;
 use crate::tree::TensorTree;
-use crate::variables::{VariableOptions, canonicalize_variable_name, create_distributed_variable};
+use crate::variables::{
+    VariableCreator, VariableOptions, canonicalize_variable_name, create_distributed_variable,
+};
 
 /// Arguments one replica passes to `merge_call`, type-erased for the rendezvous.
 pub type MergeArgs = Box<dyn Any + Send>;
@@ -51,6 +75,31 @@ pub trait StrategyExtended: Send + Sync {
 
     /// The host CPU device, where `Strategy::reduce` delivers.
     fn host_device(&self) -> &str;
+
+    /// Whether this process initializes variables (TF's `experimental_should_init`). Every
+    /// in-process strategy does; a multi-worker strategy answers for its task.
+    fn should_init(&self) -> bool {
+        true
+    }
+
+    /// Whether this process writes checkpoints (TF's `should_checkpoint`): true for the default
+    /// and single-worker mirrored strategies; only the chief in a multi-worker cluster.
+    fn should_checkpoint(&self) -> bool {
+        true
+    }
+
+    /// Whether this process writes summaries (TF's `should_save_summary`): as
+    /// [`should_checkpoint`](Self::should_checkpoint).
+    fn should_save_summary(&self) -> bool {
+        true
+    }
+
+    /// Whether each worker runs its own copy of the program (TF's
+    /// `experimental_between_graph`): false for the default and single-worker mirrored strategies,
+    /// whose one process drives every replica.
+    fn between_graph(&self) -> bool {
+        false
+    }
 
     /// The `merge_call` rendezvous: `replica` deposits `args` and waits for every replica; replica
     /// 0 then calls its `merge` with every replica's arguments in replica order, and every replica
@@ -399,21 +448,40 @@ impl<'a> CrossReplicaContext<'a> {
         }
     }
 
-    /// TF's `extended.update(var, fn)`: `f(replica, current)` computes each copy's new value
-    /// (an optimizer step applied on every device). All new values are computed before any is
-    /// written, so a failure leaves the variable unchanged.
+    /// TF's `extended.update(var, fn)`: `f(update, current)` computes each copy's new value
+    /// (an optimizer step applied on every device); [`UpdateContext`] says which copy and device.
+    /// All new values are computed before any is written, so a failure leaves the variable
+    /// unchanged.
+    ///
+    /// ```
+    /// use distribute_strategy::{DefaultStrategy, Strategy, VariableOptions};
+    ///
+    /// let strategy = DefaultStrategy::new()?;
+    /// let w = strategy.create_variable("w", 1.0f32, VariableOptions::default())?;
+    /// strategy.cross_replica().update_with(&w, |update, w| {
+    ///     assert_eq!(update.device(), "/job:localhost/replica:0/task:0/device:CPU:0");
+    ///     Ok(w - 0.5)
+    /// })?;
+    /// assert_eq!(strategy.cross_replica().read_var(&w)?, 0.5);
+    /// # Ok::<(), distribute_strategy::StrategyError>(())
+    /// ```
     pub fn update_with<T: VariableValue>(
         &self,
         variable: &DistributedVariable<T>,
-        mut f: impl FnMut(usize, &T) -> Result<T, StrategyError>,
+        mut f: impl FnMut(&UpdateContext<'_>, &T) -> Result<T, StrategyError>,
     ) -> Result<(), StrategyError> {
-        let current: Vec<T> = (0..self.num_replicas_in_sync())
-            .map(|r| Ok(variable.component(r)?.read()))
-            .collect::<Result<_, StrategyError>>()?;
-        let updated = current
+        let components = (0..self.num_replicas_in_sync())
+            .map(|r| variable.component(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        let updated = components
             .iter()
-            .enumerate()
-            .map(|(r, value)| f(r, value))
+            .map(|component| {
+                let update = UpdateContext {
+                    replica: component.replica(),
+                    device: component.device(),
+                };
+                f(&update, &component.read())
+            })
             .collect::<Result<Vec<T>, StrategyError>>()?;
         let values = Leaf::PerReplica(PerReplica::new(Arc::clone(self.device_map()), updated)?);
         self.update(variable, UpdateOp::Assign, &values)
@@ -443,6 +511,78 @@ impl<'a> CrossReplicaContext<'a> {
             None => self.device_map(),
         };
         map.primary_devices().map(str::to_owned).collect()
+    }
+
+    /// Runs `f` once on each [`non_slot_devices`](Self::non_slot_devices) device, with an
+    /// [`UpdateContext`] naming it, and returns the results in device order (TF's
+    /// `update_non_slot`: e.g. an optimizer's step counter kept beside a variable).
+    ///
+    /// ```
+    /// use distribute_strategy::{DefaultStrategy, Strategy};
+    ///
+    /// let strategy = DefaultStrategy::new()?;
+    /// let cross = strategy.cross_replica();
+    /// let devices = cross.update_non_slot::<f32, _>(None, |update| Ok(update.device().to_owned()))?;
+    /// assert_eq!(devices, cross.non_slot_devices::<f32>(None));
+    /// # Ok::<(), distribute_strategy::StrategyError>(())
+    /// ```
+    pub fn update_non_slot<T: VariableValue, R>(
+        &self,
+        colocate_with: Option<&DistributedVariable<T>>,
+        mut f: impl FnMut(&UpdateContext<'_>) -> Result<R, StrategyError>,
+    ) -> Result<Vec<R>, StrategyError> {
+        let map = match colocate_with {
+            Some(variable) => variable_device_map(variable),
+            None => self.device_map(),
+        };
+        map.primary_devices()
+            .enumerate()
+            .map(|(replica, device)| f(&UpdateContext { replica, device }))
+            .collect()
+    }
+
+    /// A creator of variables placed like `variable`, on its devices rather than the strategy's
+    /// (TF's `colocate_vars_with`): an optimizer's slots live beside the variable they belong to.
+    ///
+    /// ```
+    /// use distribute_strategy::{DefaultStrategy, Strategy, VariableOptions};
+    ///
+    /// let strategy = DefaultStrategy::new()?;
+    /// let w = strategy.create_variable("w", 1.0f32, VariableOptions::default())?;
+    /// let slot = strategy
+    ///     .cross_replica()
+    ///     .colocate_vars_with(&w)
+    ///     .create_variable("w/momentum", 0.0f32, VariableOptions::default())?;
+    /// assert_eq!(slot.component(0)?.device(), w.component(0)?.device());
+    /// # Ok::<(), distribute_strategy::StrategyError>(())
+    /// ```
+    pub fn colocate_vars_with<T: VariableValue>(
+        &self,
+        variable: &DistributedVariable<T>,
+    ) -> VariableCreator {
+        VariableCreator::new(Arc::new(variable_device_map(variable).clone()))
+    }
+}
+
+/// Where one update runs (TF's `UpdateContext`, read there with `get_update_device`): the
+/// replica whose copy of a variable is being updated, and its device. The functions that
+/// [`CrossReplicaContext::update_with`] and [`CrossReplicaContext::update_non_slot`] run get one,
+/// so an optimizer can place its work on the copy's device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpdateContext<'a> {
+    replica: usize,
+    device: &'a str,
+}
+
+impl<'a> UpdateContext<'a> {
+    /// The replica whose copy is updated.
+    pub fn replica(&self) -> usize {
+        self.replica
+    }
+
+    /// The device the update runs on.
+    pub fn device(&self) -> &'a str {
+        self.device
     }
 }
 

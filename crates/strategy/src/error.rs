@@ -19,6 +19,9 @@ pub enum StrategyError {
     /// An internal consistency check failed (TF's `assert`); the input is rejected.
     #[error("{0}")]
     Invariant(String),
+    /// The input ran out (TF's `OutOfRangeError`): no step could start.
+    #[error("out of range: {0}")]
+    OutOfRange(String),
     /// Not supported by this strategy (TF's `NotImplementedError`).
     #[error("not implemented: {0}")]
     Unimplemented(String),

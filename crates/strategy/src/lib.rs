@@ -17,13 +17,20 @@
 mod context;
 mod default;
 mod error;
+mod steps;
 mod strategy;
 mod tree;
 mod variables;
 
-pub use context::{CrossReplicaContext, MergeArgs, MergeResult, ReplicaContext, StrategyExtended};
+pub use context::{
+    CrossReplicaContext, MergeArgs, MergeResult, ReplicaContext, StrategyExtended, UpdateContext,
+};
 pub use default::DefaultStrategy;
 pub use error::StrategyError;
+pub use steps::{LastStepOutput, MultiStepContext};
 pub use strategy::Strategy;
 pub use tree::TensorTree;
-pub use variables::{VariableOptions, canonicalize_variable_name, create_distributed_variable};
+pub use variables::{
+    VariableCreator, VariableOptions, canonicalize_variable_name, create_distributed_variable,
+    replica_variable_name,
+};

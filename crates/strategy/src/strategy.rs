@@ -9,6 +9,7 @@ use distribute_values::{
 
 use crate::StrategyError;
 use crate::context::{CrossReplicaContext, ReplicaContext, StrategyExtended};
+use crate::steps::MultiStepContext;
 use crate::variables::{VariableOptions, create_distributed_variable};
 
 /// A way to run one step function on N replicas (TF's `tf.distribute.Strategy`).
@@ -120,6 +121,110 @@ pub trait Strategy: Send + Sync {
         Self: Sized,
     {
         create_distributed_variable(name, self.extended().device_map(), initial, options)
+    }
+
+    /// Runs up to `iterations` steps, one per item of `inputs` (TF 2018's
+    /// `run_steps_on_iterator`), and returns the [`MultiStepContext`] they shared.
+    ///
+    /// `step(ctx, input)` runs in cross-replica context: it usually calls [`run`](Self::run)
+    /// with its input and records outputs with
+    /// [`MultiStepContext::set_last_step_output`]. When the loop ends, every output that has a
+    /// reduce op is replaced by its reduction to the host ([`reduce`](Self::reduce)); the
+    /// others are kept as the last step set them. The loop stops early when `inputs` runs out;
+    /// [`MultiStepContext::steps_run`] says how many steps ran. Pass `iter.by_ref()` to go on
+    /// with the same iterator in the next call.
+    ///
+    /// Errors: `iterations == 0` (`InvalidArgument`); `inputs` empty before the first step
+    /// (`OutOfRange`); the first error of a step, which ends the loop.
+    ///
+    /// ```
+    /// use distribute_collectives::Tensor;
+    /// use distribute_strategy::{DefaultStrategy, Strategy};
+    /// use distribute_values::ReduceOp;
+    ///
+    /// let strategy = DefaultStrategy::new()?;
+    /// let mut batches = [1.0f32, 2.0, 3.0].into_iter();
+    /// let ctx = strategy.run_steps_on_iterator(
+    ///     |ctx, x: f32| {
+    ///         let loss = strategy.run::<f32, Tensor, _>(
+    ///             |replica, x| Ok(Tensor::scalar(&replica.devices()[0], x * x)),
+    ///             &distribute_values::Leaf::Same(x),
+    ///         )?;
+    ///         ctx.set_last_step_output("loss", loss, Some(ReduceOp::Sum));
+    ///         Ok(())
+    ///     },
+    ///     batches.by_ref(),
+    ///     2,
+    /// )?;
+    /// assert_eq!(ctx.steps_run(), 2);
+    /// let loss = ctx.last_step_output("loss").unwrap().value().local_results()[0].to_vec::<f32>()?;
+    /// assert_eq!(loss, [4.0]); // the second step's, reduced
+    /// assert_eq!(batches.next(), Some(3.0)); // left for the next call
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn run_steps_on_iterator<X, F>(
+        &self,
+        mut step: F,
+        inputs: impl IntoIterator<Item = X>,
+        iterations: usize,
+    ) -> Result<MultiStepContext, StrategyError>
+    where
+        Self: Sized,
+        F: FnMut(&mut MultiStepContext, X) -> Result<(), StrategyError>,
+    {
+        if iterations == 0 {
+            return Err(StrategyError::InvalidArgument(
+                "run_steps_on_iterator needs at least one iteration".into(),
+            ));
+        }
+        let mut ctx = MultiStepContext::new();
+        for input in inputs.into_iter().take(iterations) {
+            step(&mut ctx, input)?;
+            ctx.step_done();
+        }
+        if ctx.steps_run() == 0 {
+            return Err(StrategyError::OutOfRange(
+                "run_steps_on_iterator: the input iterator is exhausted".into(),
+            ));
+        }
+        // Reduction errors keep their own kind (e.g. `Invariant` for a mirrored sum).
+        for (value, reduce_op) in ctx.outputs_mut() {
+            if let Some(op) = reduce_op {
+                *value = Leaf::Same(self.reduce(op, value, None)?);
+            }
+        }
+        Ok(ctx)
+    }
+
+    /// Applies `f` to every item, round-robin over the replicas' devices (TF 2018's `map`): item
+    /// `i` goes to replica `i % num_replicas_in_sync`, and `f` gets that replica's device. The
+    /// results come back per replica, in item order on each.
+    ///
+    /// ```
+    /// use distribute_strategy::{DefaultStrategy, Strategy};
+    /// use distribute_values::DistributedValues;
+    ///
+    /// let strategy = DefaultStrategy::new()?;
+    /// let squares = strategy.map(1..=3, |_device, x: i32| Ok(x * x))?;
+    /// assert_eq!(squares.values(), [vec![1, 4, 9]]);
+    /// # Ok::<(), distribute_strategy::StrategyError>(())
+    /// ```
+    fn map<T, U>(
+        &self,
+        items: impl IntoIterator<Item = T>,
+        mut f: impl FnMut(&str, T) -> Result<U, StrategyError>,
+    ) -> Result<PerReplica<Vec<U>>, StrategyError>
+    where
+        Self: Sized,
+    {
+        let map = self.extended().device_map();
+        let devices: Vec<&str> = map.primary_devices().collect();
+        let mut outputs: Vec<Vec<U>> = devices.iter().map(|_| Vec::new()).collect();
+        for (i, item) in items.into_iter().enumerate() {
+            let replica = i % devices.len();
+            outputs[replica].push(f(devices[replica], item)?);
+        }
+        Ok(PerReplica::new(Arc::clone(map), outputs)?)
     }
 
     /// One value per replica from `value_fn(replica_id, num_replicas)` (TF's

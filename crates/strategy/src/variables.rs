@@ -55,6 +55,53 @@ pub fn create_distributed_variable<T: VariableValue>(
     })
 }
 
+/// Creates distributed variables on a fixed set of devices: the strategy's, or another
+/// variable's (see `CrossReplicaContext::colocate_vars_with`).
+#[derive(Debug, Clone)]
+pub struct VariableCreator {
+    devices: Arc<ReplicaDeviceMap>,
+}
+
+impl VariableCreator {
+    /// A creator of variables with one component per replica of `devices`.
+    pub fn new(devices: Arc<ReplicaDeviceMap>) -> Self {
+        VariableCreator { devices }
+    }
+
+    /// The devices the variables are created on.
+    pub fn devices(&self) -> &Arc<ReplicaDeviceMap> {
+        &self.devices
+    }
+
+    /// A variable named `name` on these devices, as [`create_distributed_variable`] builds it.
+    pub fn create_variable<T: VariableValue>(
+        &self,
+        name: &str,
+        initial: T,
+        options: VariableOptions,
+    ) -> Result<DistributedVariable<T>, StrategyError> {
+        create_distributed_variable(name, &self.devices, initial, options)
+    }
+}
+
+/// The name TF gives replica `replica`'s copy of a distributed variable named `name`: `name`
+/// itself for replica 0, `name/replica_<i>` for the others (so the copies' names stay unique in
+/// one checkpoint namespace).
+///
+/// ```
+/// use distribute_strategy::replica_variable_name;
+///
+/// assert_eq!(replica_variable_name("foo", 0), "foo");
+/// assert_eq!(replica_variable_name("foo", 1), "foo/replica_1");
+/// ```
+pub fn replica_variable_name(name: &str, replica: usize) -> String {
+    if replica == 0 {
+        name.to_owned()
+    } else {
+        format!("{name}/replica_{replica}")
+    }
+}
+
 /// The name replicas' variables are matched by (TF's shared variable creator): `None` is
 /// `Variable`, and a `_<one digit>` suffix of a path component is dropped, so replica 1's
 /// `foo_1/bar_1/baz` matches replica 0's `foo/bar/baz`.

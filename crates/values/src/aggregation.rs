@@ -187,8 +187,8 @@ impl VariableSynchronization {
     /// which kind of variable to build and whether it is trainable.
     ///
     /// `trainable = None` defaults to `true`, except for `OnRead` variables (metrics, batch-norm
-    /// statistics) which default to `false`. `None` synchronization and trainable `OnRead`
-    /// variables are errors.
+    /// statistics) which default to `false`; an explicit value is kept. `None` synchronization is
+    /// an error.
     pub fn resolve(
         self,
         name: &str,
@@ -201,12 +201,9 @@ impl VariableSynchronization {
             VariableSynchronization::Auto | VariableSynchronization::OnWrite => {
                 Ok((SyncKind::OnWrite, trainable.unwrap_or(true)))
             }
-            VariableSynchronization::OnRead => match trainable {
-                Some(true) => Err(ValuesError::TrainableOnRead {
-                    name: name.to_owned(),
-                }),
-                _ => Ok((SyncKind::OnRead, false)),
-            },
+            // Current TF lets an explicitly trainable on-read variable be (SM-32); only the
+            // 2019 releases refused it.
+            VariableSynchronization::OnRead => Ok((SyncKind::OnRead, trainable.unwrap_or(false))),
         }
     }
 

@@ -193,15 +193,6 @@ pub enum ValuesError {
         /// The variable's name.
         name: String,
     },
-    /// An `OnRead` variable was declared trainable.
-    #[error(
-        "variable '{name}': synchronization OnRead is only allowed for non-trainable variables; \
-         pass trainable = false (or leave it unset)"
-    )]
-    TrainableOnRead {
-        /// The variable's name.
-        name: String,
-    },
     /// Mean aggregation on a variable whose element type is not floating point.
     #[error(
         "variable '{name}': aggregation Mean needs a floating-point value (integer division \
@@ -267,7 +258,6 @@ impl ValuesError {
             | UnknownName { .. }
             | NotReducible { .. }
             | SynchronizationNone { .. }
-            | TrainableOnRead { .. }
             | MeanOnNonFloat { .. }
             | CrossReplicaUpdateUnsupported { .. }
             | SumOfNonDistributed { .. }

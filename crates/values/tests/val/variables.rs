@@ -72,7 +72,7 @@ fn val_37_synchronization_resolution() {
         (S::OnWrite, Some(false), Ok((SyncKind::OnWrite, false))),
         (S::OnRead, None, Ok((SyncKind::OnRead, false))),
         (S::OnRead, Some(false), Ok((SyncKind::OnRead, false))),
-        (S::OnRead, Some(true), Err(ErrorKind::InvalidArgument)),
+        (S::OnRead, Some(true), Ok((SyncKind::OnRead, true))),
         (S::None, None, Err(ErrorKind::InvalidArgument)),
         (S::None, Some(false), Err(ErrorKind::InvalidArgument)),
     ];

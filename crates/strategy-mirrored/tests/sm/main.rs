@@ -1,0 +1,23 @@
+//! Behaviour tests of `MirroredStrategy`, named after the SM ids of
+//! shared/reference/tf_behaviors.md section 4 (SM-01..SM-09 live in device-spec, the fault cases
+//! of SM-15/SM-16 in tests/faults.rs).
+
+mod construction;
+mod equivalence;
+mod reductions;
+mod replicas;
+mod seeds;
+mod variables;
+
+use distribute_mirrored::MirroredStrategy;
+
+/// A strategy over `n` CPUs of this process.
+pub(crate) fn cpus(n: usize) -> MirroredStrategy {
+    let devices: Vec<String> = (0..n).map(|i| format!("/cpu:{i}")).collect();
+    MirroredStrategy::new(&devices).unwrap()
+}
+
+/// TF's two-replica test setup for variable updates: a GPU and the CPU.
+pub(crate) fn gpu_and_cpu() -> MirroredStrategy {
+    MirroredStrategy::new(&["/gpu:0", "/cpu:0"]).unwrap()
+}
