@@ -44,8 +44,8 @@ use distribute_collectives::{
     reduce_non_distributed_value,
 };
 use distribute_values::{
-    DistributedValues, DistributedVariable, Leaf, MirroredVariable, PerReplica, ReduceOp, Regroup,
-    ReplicaDeviceMap, UpdateOp, VariableAggregation, VariableValue, regroup, select_replica,
+    DistributedValues, DistributedVariable, Leaf, PerReplica, ReduceOp, Regroup, ReplicaDeviceMap,
+    UpdateOp, VariableAggregation, VariableValue, regroup, select_replica,
 };
 
 use crate::StrategyError;
@@ -256,15 +256,18 @@ impl<'a> ReplicaContext<'a> {
         Ok(variable.component(self.replica_id)?.read())
     }
 
-    /// TF's `assign`, `assign_add` and `assign_sub` inside a replica; returns the new value this
-    /// replica sees.
+    /// TF's `assign`, `assign_add` and `assign_sub` inside a replica, where `value` is this
+    /// replica's own contribution (a per-replica value); returns the new value this replica sees.
     ///
     /// - A sync-on-read variable, or a mirrored one with aggregation `None`, updates only this
     ///   replica's copy.
     /// - A mirrored variable with an aggregation gathers every replica's `value` (a `merge_call`),
     ///   aggregates it (`Sum`, `Mean` or replica 0's for `OnlyFirstReplica`) and applies the
-    ///   result to every copy. A value that is the same on every replica cannot be summed over
-    ///   several replicas (it would multiply it).
+    ///   result to every copy. Contributions are never merged because they happen to be equal:
+    ///   two replicas adding `1.0` to a `Sum` variable add `2.0`.
+    ///
+    /// For a value that is the same on every replica by construction (TF's Python constant), use
+    /// [`update_variable_with_constant`](Self::update_variable_with_constant).
     pub fn update_variable<T>(
         &self,
         variable: &DistributedVariable<T>,
@@ -272,23 +275,86 @@ impl<'a> ReplicaContext<'a> {
         value: T,
     ) -> Result<T, StrategyError>
     where
-        T: VariableValue + Regroup<Regrouped = Leaf<T>> + Send + Sync + 'static,
+        T: VariableValue + PartialEq + Send + Sync + 'static,
     {
-        match variable {
+        self.update_gathered(variable, op, value, Contribution::PerReplica)
+    }
+
+    /// Like [`update_variable`](Self::update_variable) for a value that is the same on every
+    /// replica, not one per replica (TF's non-distributed value): `Mean` and `OnlyFirstReplica`
+    /// use it as it is, and `Sum` over several replicas is refused, since it would multiply the
+    /// value by the replica count. Replicas passing different values is an error.
+    pub fn update_variable_with_constant<T>(
+        &self,
+        variable: &DistributedVariable<T>,
+        op: UpdateOp,
+        value: T,
+    ) -> Result<T, StrategyError>
+    where
+        T: VariableValue + PartialEq + Send + Sync + 'static,
+    {
+        self.update_gathered(variable, op, value, Contribution::Constant)
+    }
+
+    fn update_gathered<T>(
+        &self,
+        variable: &DistributedVariable<T>,
+        op: UpdateOp,
+        value: T,
+        contribution: Contribution,
+    ) -> Result<T, StrategyError>
+    where
+        T: VariableValue + PartialEq + Send + Sync + 'static,
+    {
+        let mirrored = match variable {
             DistributedVariable::SyncOnRead(v) => {
-                Ok(v.update_local(self.replica_id, op, &value)?)
+                return Ok(v.update_local(self.replica_id, op, &value)?);
             }
             DistributedVariable::Mirrored(v) if v.aggregation() == VariableAggregation::None => {
-                Ok(v.update_local(self.replica_id, op, &value)?)
+                return Ok(v.update_local(self.replica_id, op, &value)?);
             }
-            DistributedVariable::Mirrored(v) => {
-                let v: MirroredVariable<T> = v.clone();
-                self.merge_call::<T, T, _>(value, move |_, gathered: Leaf<T>| {
-                    Ok(Leaf::Same(v.update_aggregated(op, &gathered)?))
-                })
-            }
-        }
+            DistributedVariable::Mirrored(v) => v.clone(),
+        };
+        let devices = Arc::clone(self.extended.device_map());
+        let mut apply = |all: Vec<MergeArgs>| -> Result<MergeResult, StrategyError> {
+            let values = downcast_all::<T>(all, "variable update values")?;
+            let gathered = match contribution {
+                Contribution::PerReplica => {
+                    Leaf::PerReplica(PerReplica::new(Arc::clone(&devices), values)?)
+                }
+                Contribution::Constant => {
+                    if let Some(r) = values.iter().position(|v| *v != values[0]) {
+                        return Err(StrategyError::InvalidArgument(format!(
+                            "update of '{}' with a constant: replica 0 passed {:?} but replica {r} passed \
+                             {:?}; pass per-replica values with update_variable",
+                            mirrored.name(),
+                            values[0],
+                            values[r]
+                        )));
+                    }
+                    Leaf::Same(values.into_iter().next().expect("one value per replica"))
+                }
+            };
+            Ok(Arc::new(mirrored.update_aggregated(op, &gathered)?))
+        };
+        let result = self
+            .extended
+            .merge(self.replica_id, Box::new(value), &mut apply)?;
+        result.downcast_ref::<T>().cloned().ok_or_else(|| {
+            StrategyError::Runtime(
+                "replicas updated variables of different types at the same point".into(),
+            )
+        })
     }
+}
+
+/// How the values replicas pass to a variable update combine.
+#[derive(Debug, Clone, Copy)]
+enum Contribution {
+    /// Each replica's value is its own share.
+    PerReplica,
+    /// Every replica passes the same value.
+    Constant,
 }
 
 /// Moves every replica's boxed arguments back to `A`, or explains which replica passed what.

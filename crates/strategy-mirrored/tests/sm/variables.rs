@@ -305,8 +305,9 @@ fn sm36_aggregation_sum_of_a_plain_value_is_refused() {
     let v = strategy
         .create_variable("v", 1.0f32, on_write(VariableAggregation::Sum))
         .unwrap();
+    // TF's Python constant: the same value on every replica, stated as such.
     let err = in_replicas(&strategy, &v, |ctx, v| {
-        ctx.update_variable(v, UpdateOp::Assign, 5.0)
+        ctx.update_variable_with_constant(v, UpdateOp::Assign, 5.0)
     })
     .unwrap_err();
     assert_eq!(values_kind(&err), ErrorKind::InvalidArgument);
@@ -319,6 +320,47 @@ fn sm36_aggregation_sum_of_a_plain_value_is_refused() {
         [1.0, 1.0],
         "a refused update changes nothing"
     );
+}
+
+#[test]
+fn equal_per_replica_contributions_are_not_mistaken_for_a_constant() {
+    // Each replica adds its own 1.0 to a Sum variable: both count, whatever their values.
+    let strategy = gpu_and_cpu();
+    let v = strategy
+        .create_variable("v", 1.0f32, on_write(VariableAggregation::Sum))
+        .unwrap();
+    in_replicas(&strategy, &v, |ctx, v| {
+        ctx.update_variable(v, UpdateOp::AssignAdd, 1.0)
+    })
+    .unwrap();
+    assert_eq!(components(&v), [3.0, 3.0]);
+}
+
+#[test]
+fn a_constant_must_be_the_same_on_every_replica() {
+    let strategy = gpu_and_cpu();
+    let v = strategy
+        .create_variable("v", 1.0f32, on_write(VariableAggregation::Mean))
+        .unwrap();
+    let err = in_replicas(&strategy, &v, |ctx, v| {
+        ctx.update_variable_with_constant(v, UpdateOp::Assign, ctx.replica_id() as f32)
+    })
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("replica 0 passed 0.0 but replica 1 passed 1.0"),
+        "{err}"
+    );
+    assert_eq!(
+        components(&v),
+        [1.0, 1.0],
+        "a refused update changes nothing"
+    );
+    in_replicas(&strategy, &v, |ctx, v| {
+        ctx.update_variable_with_constant(v, UpdateOp::Assign, 6.0)
+    })
+    .unwrap();
+    assert_eq!(components(&v), [6.0, 6.0]);
 }
 
 #[test]
