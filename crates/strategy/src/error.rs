@@ -48,6 +48,9 @@ pub enum StrategyError {
     /// A distributed value or variable operation failed.
     #[error(transparent)]
     Values(#[from] ValuesError),
+    /// An input pipeline failed: a malformed dataset, an unreadable file, a bad option.
+    #[error(transparent)]
+    Input(#[from] distribute_input::InputError),
     /// A device name is malformed.
     #[error(transparent)]
     Device(#[from] DeviceSpecError),

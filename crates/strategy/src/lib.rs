@@ -10,7 +10,10 @@
 //!   thread-local modes).
 //! - [`DefaultStrategy`]: one replica on the host, TF's identity semantics.
 //!
-//! This crate knows devices, values and collectives (the layers below). It knows nothing about
+//! Datasets reach the replicas through [`Strategy::distribute_dataset`] (the input crate's
+//! `DistributedDataset` over the strategy's devices) and [`per_replica_inputs`].
+//!
+//! This crate knows devices, values, collectives and input pipelines (the layers below). It knows nothing about
 //! how a strategy runs its replicas: threads are `distribute-mirrored`'s business, compiled
 //! programs `distribute-tpu`'s.
 
@@ -28,7 +31,7 @@ pub use context::{
 pub use default::DefaultStrategy;
 pub use error::StrategyError;
 pub use steps::{LastStepOutput, MultiStepContext};
-pub use strategy::Strategy;
+pub use strategy::{Strategy, per_replica_inputs};
 pub use tree::TensorTree;
 pub use variables::{
     VariableCreator, VariableOptions, canonicalize_variable_name, create_distributed_variable,

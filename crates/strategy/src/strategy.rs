@@ -3,8 +3,13 @@
 use std::sync::Arc;
 
 use distribute_collectives::{Destinations, Tensor};
+use distribute_input::{
+    Batch, Dataset, DistributedDataset, InputContext, InputError, InputOptions, InputWorkers,
+    distribute_datasets_from_function,
+};
 use distribute_values::{
-    DistributedValues, DistributedVariable, Leaf, PerReplica, ReduceOp, Regroup, VariableValue,
+    DistributedValues, DistributedVariable, Leaf, PerReplica, ReduceOp, Regroup, RegroupOptions,
+    VariableValue, regroup_with,
 };
 
 use crate::StrategyError;
@@ -227,6 +232,38 @@ pub trait Strategy: Send + Sync {
         Ok(PerReplica::new(Arc::clone(map), outputs)?)
     }
 
+    /// A global-batch dataset fed to this strategy's replicas (TF's
+    /// `experimental_distribute_dataset`): each step is one `PerReplica` batch, every global
+    /// batch split into contiguous per-replica chunks, placed on the replicas' devices. Turn a
+    /// step into `run`'s inputs with [`per_replica_inputs`].
+    fn distribute_dataset<B: Batch>(
+        &self,
+        dataset: Dataset<B>,
+        options: InputOptions,
+    ) -> Result<DistributedDataset<B>, StrategyError>
+    where
+        Self: Sized,
+    {
+        let workers = InputWorkers::local(self.extended().device_map().primary_devices())?;
+        Ok(DistributedDataset::new(dataset, &workers, options)?)
+    }
+
+    /// One dataset per input pipeline, each made by `dataset_fn` from its [`InputContext`] (TF's
+    /// `distribute_datasets_from_function`); `dataset_fn` batches per replica.
+    fn distribute_datasets_from_function<B: Batch>(
+        &self,
+        options: InputOptions,
+        dataset_fn: impl Fn(&InputContext) -> Result<Dataset<B>, InputError>,
+    ) -> Result<DistributedDataset<B>, StrategyError>
+    where
+        Self: Sized,
+    {
+        let workers = InputWorkers::local(self.extended().device_map().primary_devices())?;
+        Ok(distribute_datasets_from_function(
+            &workers, options, dataset_fn,
+        )?)
+    }
+
     /// One value per replica from `value_fn(replica_id, num_replicas)` (TF's
     /// `distribute_values_from_function`); always a `PerReplica`, even when the values are equal.
     fn distribute_values_from_function<T>(
@@ -243,4 +280,37 @@ pub trait Strategy: Send + Sync {
             values,
         )?)
     }
+}
+
+/// A step of a distributed dataset as `run`'s inputs: every leaf stays per replica (replica `r`
+/// gets its own chunk), even where chunks happen to be equal.
+///
+/// ```
+/// use distribute_collectives::Tensor;
+/// use distribute_input::{Dataset, InputOptions};
+/// use distribute_strategy::{per_replica_inputs, DefaultStrategy, Strategy};
+/// use distribute_values::Leaf;
+///
+/// let strategy = DefaultStrategy::new()?;
+/// let dataset = Dataset::range(8).batch(4, false)?;
+/// let dataset = strategy.distribute_dataset(dataset, InputOptions::default())?;
+/// let mut sums = Vec::new();
+/// for step in &dataset {
+///     let inputs = per_replica_inputs(step?)?;
+///     let sum: Leaf<i64> = strategy.run::<Tensor, i64, _>(
+///         |_, batch| Ok(batch.to_vec::<i64>()?.iter().sum()),
+///         &inputs,
+///     )?;
+///     sums.push(sum.local_results().into_iter().copied().sum::<i64>());
+/// }
+/// assert_eq!(sums, [6, 22]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn per_replica_inputs<B: Regroup>(step: PerReplica<B>) -> Result<B::Regrouped, StrategyError> {
+    let (values, devices) = step.into_parts();
+    let options = RegroupOptions {
+        always_wrap: true,
+        ..RegroupOptions::default()
+    };
+    Ok(regroup_with(&devices, values, options)?)
 }
