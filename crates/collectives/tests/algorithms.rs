@@ -164,8 +164,7 @@ fn col45_ring_gather_structure() {
 /// An all-reduce under test: inputs and the unary op in, one output per input out.
 type AllReduceFn<'a> = dyn Fn(&[Tensor], UnaryOp<'_>) -> Result<Vec<Tensor>, CollectiveError> + 'a;
 
-/// COL-46's check: device d holds element i = i + 0.01·d, the unary op divides by N, and every
-/// output must be the element-wise mean, with the input shape, on its input's device.
+/// COL-46's check over `workers × gpus` devices listed worker-major.
 fn check_mean(
     case: &str,
     workers: usize,
@@ -173,12 +172,24 @@ fn check_mean(
     shape: &[usize],
     all_reduce: &AllReduceFn<'_>,
 ) {
-    let n = workers * gpus;
+    let devices: Vec<String> = (0..workers * gpus)
+        .map(|d| device(d / gpus, d % gpus))
+        .collect();
+    check_mean_on(case, &devices, shape, all_reduce);
+}
+
+/// COL-46's check: input d, on `devices[d]`, holds element i = i + 0.01·d, the unary op divides
+/// by N, and every output must be the element-wise mean, with the input shape, on its input's
+/// device: one output per input, in input order.
+fn check_mean_on(case: &str, devices: &[String], shape: &[usize], all_reduce: &AllReduceFn<'_>) {
+    let n = devices.len();
     let len: usize = shape.iter().product();
-    let inputs: Vec<Tensor> = (0..n)
-        .map(|d| {
+    let inputs: Vec<Tensor> = devices
+        .iter()
+        .enumerate()
+        .map(|(d, device)| {
             let data = (0..len).map(|i| i as f32 + 0.01 * d as f32).collect();
-            f32s(&device(d / gpus, d % gpus), shape, data)
+            f32s(device, shape, data)
         })
         .collect();
     let divide = |t: &Tensor| divide_tensor_by_n(t, n);
@@ -523,6 +534,46 @@ fn col56_hybrids_flatten_and_restore_the_shape() {
     for (name, workers, hybrid) in &cases {
         check_mean(name, *workers, 4, &[4, 5], hybrid.as_ref());
     }
+}
+
+#[test]
+fn col56_hybrids_answer_in_input_order_for_devices_interleaved_by_task() {
+    // [t0/g0, t1/g0, t0/g1, t1/g1]: task order would put both task-0 results first.
+    let interleaved: Vec<String> = (0..4).map(|d| device(d % 2, d / 2)).collect();
+    let gathers = [
+        "/job:worker/replica:0/task:0/device:CPU:0",
+        "/job:worker/replica:0/task:1/device:CPU:0",
+    ];
+    let four = ["/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3"];
+    type Hybrid<'a> = Box<AllReduceFn<'a>>;
+    let cases: Vec<(&str, Hybrid<'_>)> = vec![
+        (
+            "nccl then ring",
+            Box::new(|x, u| nccl_then_ring(x, 1, ReduceOp::Sum, Some(u))),
+        ),
+        (
+            "nccl then recursive hd",
+            Box::new(|x, u| nccl_then_recursive_hd(x, ReduceOp::Sum, Some(u))),
+        ),
+        (
+            "nccl then shuffle",
+            Box::new(|x, u| nccl_then_shuffle(x, &four, ReduceOp::Sum, Some(u))),
+        ),
+        (
+            "shuffle then ring",
+            Box::new(|x, u| shuffle_then_ring(x, &gathers, 1, ReduceOp::Sum, Some(u))),
+        ),
+        (
+            "shuffle then shuffle",
+            Box::new(|x, u| shuffle_then_shuffle(x, &gathers, &four, ReduceOp::Sum, Some(u))),
+        ),
+    ];
+    for (name, hybrid) in &cases {
+        check_mean_on(name, &interleaved, &[4, 5], hybrid.as_ref());
+    }
+    let groups = split_by_task(&interleaved, &[10, 11, 12, 13]).unwrap();
+    assert_eq!(groups.values, [[10, 12], [11, 13]]);
+    assert_eq!(groups.indices, [[0, 2], [1, 3]]);
 }
 
 #[test]
