@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 
 use distribute_collectives::algorithms::{
-    RingPermutations, UnaryOp, flatten_tensors, hierarchical_copy_all_reduce, nccl_all_reduce,
+    UnaryOp, flatten_tensors, hierarchical_copy_all_reduce, nccl_all_reduce,
     nccl_then_recursive_hd, nccl_then_ring, nccl_then_shuffle, padded_split, ragged_split,
     recursive_hd_all_reduce, reduce_non_singleton, ring_all_reduce, ring_gather, ring_permutations,
     shuffle_all_reduce, shuffle_then_ring, shuffle_then_shuffle, split_by_task, strip_padding,
@@ -98,11 +98,10 @@ fn col43_ring_permutations() {
         ),
     ];
     for (workers, subchunks, perm, pred, rank) in table {
-        assert_eq!(
-            ring_permutations(workers, subchunks, &perm).unwrap(),
-            RingPermutations { pred, rank },
-            "workers {workers}, subchunks {subchunks}, gpu_perm {perm:?}"
-        );
+        let perms = ring_permutations(workers, subchunks, &perm).unwrap();
+        let case = format!("workers {workers}, subchunks {subchunks}, gpu_perm {perm:?}");
+        assert_eq!(perms.pred(), pred, "{case}");
+        assert_eq!(perms.rank(), rank, "{case}");
     }
 }
 
@@ -150,7 +149,7 @@ fn col45_ring_gather_structure() {
         assert!(chunks.iter().all(|c| c.shape() == [2]));
         // After the gather pass, device d holds the full sum of chunk (rank · subchunks + s).
         for s in 0..2 {
-            let c = perms.rank[s][d] * 2 + s;
+            let c = perms.rank()[s][d] * 2 + s;
             let full: Vec<f32> = (2 * c..2 * c + 2).map(|i| (i * 40 + 6) as f32).collect();
             assert_eq!(
                 chunks[c].to_vec::<f32>().unwrap(),
@@ -158,6 +157,28 @@ fn col45_ring_gather_structure() {
                 "device {d}, chunk {c}"
             );
         }
+    }
+}
+
+#[test]
+fn col45_ring_gather_refuses_permutations_that_do_not_fit() {
+    let inputs: Vec<Tensor> = (0..4).map(|d| iota(&format!("/gpu:{d}"), 8)).collect();
+    let cases = [
+        (
+            "3 devices for 4 inputs",
+            ring_permutations(1, 1, &[0, 1, 2]),
+            1,
+        ),
+        (
+            "1 subchunk, 2 asked",
+            ring_permutations(1, 1, &[0, 1, 2, 3]),
+            2,
+        ),
+        ("no rings", ring_permutations(0, 1, &[0, 1, 2, 3]), 1),
+    ];
+    for (case, perms, subchunks) in cases {
+        let result = ring_gather(&inputs, subchunks, &perms.unwrap(), ReduceOp::Sum);
+        assert!(is_invalid(result), "{case}");
     }
 }
 
