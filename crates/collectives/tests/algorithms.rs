@@ -9,7 +9,7 @@ use distribute_collectives::algorithms::{
     recursive_hd_all_reduce, reduce_non_singleton, ring_all_reduce, ring_gather, ring_permutations,
     shuffle_all_reduce, shuffle_then_ring, shuffle_then_shuffle, split_by_task, strip_padding,
 };
-use distribute_collectives::{CollectiveError, Tensor, divide_tensor_by_n};
+use distribute_collectives::{CollectiveError, Tensor};
 use distribute_values::ReduceOp;
 
 fn f32s(device: &str, shape: &[usize], data: Vec<f32>) -> Tensor {
@@ -213,7 +213,7 @@ fn check_mean_on(case: &str, devices: &[String], shape: &[usize], all_reduce: &A
             f32s(device, shape, data)
         })
         .collect();
-    let divide = |t: &Tensor| divide_tensor_by_n(t, n);
+    let divide = |t: &Tensor| t.divided_by(n);
     let outputs = all_reduce(&inputs, &divide).unwrap_or_else(|e| panic!("{case}: {e}"));
     assert_eq!(outputs.len(), n, "{case}");
     for (d, (out, input)) in outputs.iter().zip(&inputs).enumerate() {
@@ -503,7 +503,7 @@ fn col55_reduce_non_singleton() {
         same[0].shares_buffer_with(&one[0]),
         "1 input, no op: unchanged"
     );
-    let halve = |t: &Tensor| divide_tensor_by_n(t, 2);
+    let halve = |t: &Tensor| t.divided_by(2);
     let halved = reduce_non_singleton(&one, unused, Some(&halve)).unwrap();
     assert_eq!(halved[0].to_vec::<f32>().unwrap(), [0.0, 0.5, 1.0]);
     let two = [iota("/gpu:0", 3), iota("/gpu:1", 3)];

@@ -42,8 +42,8 @@ use crate::kernel::reduce_tensors;
 use crate::{CollectiveError, Tensor};
 
 /// An element-wise operation applied to each fully reduced shard before it is sent back to
-/// the devices (TF's `un_op`), e.g. a division by the participant count to turn a sum into a
-/// mean.
+/// the devices (TF's `un_op`), e.g. `&|t: &Tensor| t.divided_by(n)`, dividing by the
+/// participant count to turn a sum into a mean.
 pub type UnaryOp<'a> = &'a dyn Fn(&Tensor) -> Result<Tensor, CollectiveError>;
 
 /// Refuses `Mean` as a combining step: averaging pairwise partial results is not a mean of the
