@@ -213,6 +213,18 @@ fn col25_split_grads_by_size_and_spec_dispatch() {
         assign_grads_to_specs(&limited_only, &grads),
         Err(CollectiveError::Invariant(_))
     ));
+    // Devices whose gradients differ in size would each send a different gradient to the same
+    // algorithm: refused up front rather than misaligned.
+    for misaligned in [
+        vec![vec![g2.clone(), g8.clone()], vec![g8.clone(), g2.clone()]],
+        vec![vec![g2.clone(), g8.clone()], vec![g2.clone()]],
+    ] {
+        let err = assign_grads_to_specs(&specs, &misaligned).unwrap_err();
+        assert!(
+            matches!(&err, CollectiveError::InvalidArgument(m) if m.contains("device 1")),
+            "{err}"
+        );
+    }
 }
 
 #[test]
