@@ -115,22 +115,23 @@ impl<T: VariableValue> VarCore<T> {
         Ok(new)
     }
 
-    /// Applies `op` with `values[i]` to component `i`; all new values are computed before any is
-    /// stored, so a failing update changes nothing.
-    fn update_each(&self, op: UpdateOp, values: &[&T]) -> Result<(), ValuesError> {
+    /// Applies `op` with `values[i]` to component `i` and returns the new values, as stored
+    /// while every lock was held; all new values are computed before any is stored, so a
+    /// failing update changes nothing.
+    fn update_each(&self, op: UpdateOp, values: &[&T]) -> Result<Vec<T>, ValuesError> {
         let mut guards: Vec<_> = self.components.iter().map(|c| c.lock()).collect();
         let new: Vec<T> = guards
             .iter()
             .zip(values)
             .map(|(current, value)| op.apply(&**current, *value))
             .collect::<Result<_, _>>()?;
-        for (guard, value) in guards.iter_mut().zip(new) {
-            **guard = value;
+        for (guard, value) in guards.iter_mut().zip(&new) {
+            **guard = value.clone();
         }
-        Ok(())
+        Ok(new)
     }
 
-    fn update_all(&self, op: UpdateOp, value: &T) -> Result<(), ValuesError> {
+    fn update_all(&self, op: UpdateOp, value: &T) -> Result<Vec<T>, ValuesError> {
         self.update_each(op, &vec![value; self.components.len()])
     }
 
@@ -142,6 +143,7 @@ impl<T: VariableValue> VarCore<T> {
         self.devices
             .check_count("update with PerReplica", values.num_replicas())?;
         self.update_each(op, &values.values().iter().collect::<Vec<_>>())
+            .map(drop)
     }
 
     fn sum(&self) -> Result<T, ValuesError> {
@@ -405,13 +407,14 @@ impl<T: VariableValue> MirroredVariable<T> {
     /// Cross-replica context `assign`, `assign_add`, `assign_sub`: every component gets the
     /// update, so the copies stay equal.
     pub fn assign_cross_replica(&self, op: UpdateOp, value: &T) -> Result<(), ValuesError> {
-        self.0.update_all(op, value)
+        self.0.update_all(op, value).map(drop)
     }
 
     /// The replica-context update of a variable with an aggregation, once the strategy has
     /// gathered every replica's value (TF's `merge_call` in `_on_write_update_replica`).
     /// `value` is the regrouped value: [`Leaf::Same`] when every replica passed the same value,
-    /// else one per replica. The aggregate goes to every component; returns the new value.
+    /// else one per replica. The aggregate goes to every component; returns the new value of
+    /// the primary component as this update stored it, whatever other threads do afterwards.
     ///
     /// - `Sum`: the per-replica values are added. A non-distributed value may only be summed
     ///   with one replica or when it is zero (COL-03).
@@ -432,8 +435,9 @@ impl<T: VariableValue> MirroredVariable<T> {
     /// ```
     pub fn update_aggregated(&self, op: UpdateOp, value: &Leaf<T>) -> Result<T, ValuesError> {
         let aggregated = self.aggregate(value)?;
-        self.0.update_all(op, &aggregated)?;
-        Ok(self.primary())
+        let mut new = self.0.update_all(op, &aggregated)?;
+        // One component per replica and never none, by construction.
+        Ok(new.swap_remove(0))
     }
 
     fn aggregate(&self, value: &Leaf<T>) -> Result<T, ValuesError> {
@@ -526,7 +530,7 @@ impl<T: VariableValue> SyncOnReadVariable<T> {
     pub fn assign_cross_replica(&self, op: UpdateOp, value: &T) -> Result<(), ValuesError> {
         let core = &self.0;
         if core.aggregation != VariableAggregation::Sum {
-            return core.update_all(op, value);
+            return core.update_all(op, value).map(drop);
         }
         if op != UpdateOp::Assign {
             return Err(ValuesError::CrossReplicaUpdateUnsupported {
@@ -536,6 +540,7 @@ impl<T: VariableValue> SyncOnReadVariable<T> {
             });
         }
         core.update_all(op, &value.divide_by_count(self.num_replicas())?)
+            .map(drop)
     }
 
     /// The components' current values as a [`PerReplica`] value.

@@ -377,3 +377,30 @@ fn failed_arithmetic_leaves_every_component_unchanged() {
     assert_eq!(v.values(), [0, 250]);
     assert_eq!(v.to_mirrored().values(), [0, 250]);
 }
+
+#[test]
+fn val_46_aggregated_update_returns_what_it_stored_despite_concurrent_assigns() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let v = MirroredVariable::new("w", cpus(2), 0.0, Mean).unwrap();
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                v.assign_cross_replica(UpdateOp::Assign, &2.0).unwrap();
+            }
+        });
+        let mine = Leaf::Same(1.0);
+        // The race window is short: many rounds, and no panic before the writer is stopped.
+        let returned: Result<Vec<f64>, _> = (0..100_000)
+            .map(|_| v.update_aggregated(UpdateOp::Assign, &mine))
+            .collect();
+        done.store(true, Ordering::Relaxed);
+        let returned = returned.unwrap();
+        assert!(
+            returned.iter().all(|&x| x == 1.0),
+            "update_aggregated returned another thread's value {} times",
+            returned.iter().filter(|&&x| x != 1.0).count()
+        );
+    });
+}
