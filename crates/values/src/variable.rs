@@ -142,6 +142,21 @@ impl<T: VariableValue> VarCore<T> {
     ) -> Result<(), ValuesError> {
         self.devices
             .check_count("update with PerReplica", values.num_replicas())?;
+        let pairs = values.devices().zip(self.devices.primary_devices());
+        for (replica, (theirs, ours)) in pairs.enumerate() {
+            if theirs != ours {
+                // The value for component `replica` would come from another device's replica:
+                // name the device, and its replica when the map knows it elsewhere.
+                let device = match self.devices.replica_for_device(theirs) {
+                    Some(_) => format!("{theirs}' as replica {replica} of variable '{}", self.name),
+                    None => theirs.to_owned(),
+                };
+                return Err(ValuesError::UnknownDevice {
+                    device,
+                    devices: self.devices.to_string(),
+                });
+            }
+        }
         self.update_each(op, &values.values().iter().collect::<Vec<_>>())
             .map(drop)
     }
@@ -372,6 +387,10 @@ macro_rules! shared_variable_api {
 
             /// Applies `op` to component `i` with `values[i]`: the strategy's
             /// `extended.update(var, fn, PerReplica)` in cross-replica context (VAL-45).
+            ///
+            /// `values` must be laid out like the variable: one value per replica, replica
+            /// `i`'s on the variable's replica-`i` device (`InvalidArgument` otherwise, naming
+            /// the device), so no component takes another device's value.
             pub fn update_per_component(
                 &self,
                 op: UpdateOp,

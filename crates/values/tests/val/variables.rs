@@ -3,8 +3,8 @@
 
 use distribute_values::{
     DistributedValues, DistributedVariable, ErrorKind, Leaf, Mirrored, MirroredVariable,
-    PerReplica, ReduceOp, SyncKind, SyncOnReadVariable, UpdateOp, ValuesError, VariableAggregation,
-    VariableSynchronization,
+    PerReplica, ReduceOp, ReplicaDeviceMap, SyncKind, SyncOnReadVariable, UpdateOp, ValuesError,
+    VariableAggregation, VariableSynchronization,
 };
 
 use crate::cpus;
@@ -353,6 +353,18 @@ fn val_45_update_per_component() {
             update(UpdateOp::Assign, &short).unwrap_err().kind(),
             ErrorKind::InvalidArgument
         );
+        // Laid out like the variable: replica i's value on the variable's replica-i device.
+        let mut swapped: Vec<&str> = map.primary_devices().collect();
+        swapped.reverse();
+        let elsewhere = ["/device:GPU:0", "/device:GPU:1"];
+        for (devices, named) in [(swapped, "as replica 0"), (elsewhere.to_vec(), "GPU:0")] {
+            let misplaced =
+                PerReplica::new(ReplicaDeviceMap::new(devices).unwrap(), vec![7.0, 8.0]).unwrap();
+            let err = update(UpdateOp::Assign, &misplaced).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+            assert!(err.to_string().contains(named), "{err}");
+            assert_eq!(read(), [3.0, 6.0], "nothing changes: {var:?}");
+        }
     }
 }
 
