@@ -437,7 +437,9 @@ impl<T: VariableValue> MirroredVariable<T> {
     ///
     /// - `Sum`: the per-replica values are added. A non-distributed value may only be summed
     ///   with one replica or when it is zero (COL-03).
-    /// - `Mean`: their mean; a non-distributed value is used as it is.
+    /// - `Mean`: their mean; a non-distributed value is used as it is. Per-replica values that
+    ///   are not floating point (possible for value types whose dtype is per value, such as
+    ///   tensors) are `MeanOnNonFloat` (VAL-43).
     /// - `OnlyFirstReplica`: replica 0's value.
     /// - `None` needs no gathering: use [`update_local`](Self::update_local).
     ///
@@ -477,18 +479,19 @@ impl<T: VariableValue> MirroredVariable<T> {
                     _ => Ok(v.clone()),
                 };
             }
-            Leaf::PerReplica(v) => {
-                if core.aggregation == VariableAggregation::Mean && !v.primary().is_floating() {
-                    return Err(ValuesError::MeanOnNonFloat {
-                        name: core.name.clone(),
-                    });
-                }
-                v.values()
-            }
+            Leaf::PerReplica(v) => v.values(),
             Leaf::Mirrored(v) => v.values(),
         };
         core.devices
             .check_count("aggregated update", values.len())?;
+        // The variable was built floating (VAL-36), but a value type whose dtype is per value (a
+        // tensor) can still bring integers here, and their mean would divide as integers.
+        if core.aggregation == VariableAggregation::Mean && values.iter().any(|v| !v.is_floating())
+        {
+            return Err(ValuesError::MeanOnNonFloat {
+                name: core.name.clone(),
+            });
+        }
         match core.aggregation {
             VariableAggregation::None => Err(ValuesError::NotReducible {
                 aggregation: VariableAggregation::None,

@@ -4,7 +4,7 @@
 use distribute_values::{
     DistributedValues, DistributedVariable, ErrorKind, Leaf, Mirrored, MirroredVariable,
     PerReplica, ReduceOp, ReplicaDeviceMap, SyncKind, SyncOnReadVariable, UpdateOp, ValuesError,
-    VariableAggregation, VariableSynchronization,
+    VariableAggregation, VariableSynchronization, VariableValue,
 };
 
 use crate::cpus;
@@ -415,4 +415,76 @@ fn val_46_aggregated_update_returns_what_it_stored_despite_concurrent_assigns() 
             returned.iter().filter(|&&x| x != 1.0).count()
         );
     });
+}
+
+/// A value whose dtype is per value, as the collectives layer's tensors are.
+#[derive(Debug, Clone, PartialEq)]
+enum Scalar {
+    F(f64),
+    I(i64),
+}
+
+impl VariableValue for Scalar {
+    fn is_floating(&self) -> bool {
+        matches!(self, Scalar::F(_))
+    }
+
+    fn try_add(&self, other: &Self) -> Result<Self, ValuesError> {
+        match (self, other) {
+            (Scalar::F(a), Scalar::F(b)) => Ok(Scalar::F(a + b)),
+            (Scalar::I(a), Scalar::I(b)) => Ok(Scalar::I(a + b)),
+            _ => Err(ValuesError::Arithmetic("mixed dtypes".into())),
+        }
+    }
+
+    fn try_sub(&self, other: &Self) -> Result<Self, ValuesError> {
+        self.try_add(&match other {
+            Scalar::F(b) => Scalar::F(-b),
+            Scalar::I(b) => Scalar::I(-b),
+        })
+    }
+
+    fn divide_by_count(&self, count: usize) -> Result<Self, ValuesError> {
+        Ok(match self {
+            Scalar::F(a) => Scalar::F(a / count as f64),
+            Scalar::I(a) => Scalar::I(a / count as i64),
+        })
+    }
+}
+
+#[test]
+fn val_43_mean_of_non_float_per_replica_values_is_refused() {
+    let map = cpus(2);
+    let v = MirroredVariable::new("m", map.clone(), Scalar::F(0.0), Mean).unwrap();
+    let ints = vec![Scalar::I(1), Scalar::I(2)];
+    let mixed = vec![Scalar::F(1.0), Scalar::I(2)];
+    let cases = [
+        (
+            "per-replica ints",
+            Leaf::PerReplica(PerReplica::new(map.clone(), ints.clone()).unwrap()),
+        ),
+        (
+            "mirrored ints",
+            Leaf::Mirrored(Mirrored::new(map.clone(), ints).unwrap()),
+        ),
+        (
+            "an int after a float",
+            Leaf::PerReplica(PerReplica::new(map.clone(), mixed).unwrap()),
+        ),
+    ];
+    for (case, value) in cases {
+        let err = v.update_aggregated(UpdateOp::Assign, &value).unwrap_err();
+        assert!(
+            matches!(err, ValuesError::MeanOnNonFloat { .. }),
+            "{case}: {err}"
+        );
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+        assert_eq!(v.values(), [Scalar::F(0.0), Scalar::F(0.0)], "{case}");
+    }
+    let floats =
+        Leaf::PerReplica(PerReplica::new(map, vec![Scalar::F(1.0), Scalar::F(2.0)]).unwrap());
+    assert_eq!(
+        v.update_aggregated(UpdateOp::Assign, &floats).unwrap(),
+        Scalar::F(1.5)
+    );
 }
