@@ -160,12 +160,6 @@ impl<T: VariableValue> VarCore<T> {
         self.update_each(op, &values.values().iter().collect::<Vec<_>>())
             .map(drop)
     }
-
-    fn sum(&self) -> Result<T, ValuesError> {
-        let values = self.values();
-        let (first, rest) = values.split_first().ok_or(ValuesError::EmptyDeviceMap)?;
-        rest.iter().try_fold(first.clone(), |acc, v| acc.try_add(v))
-    }
 }
 
 struct ComponentLabel<'a>(usize, &'a str);
@@ -372,19 +366,6 @@ macro_rules! shared_variable_api {
                 self.0.components[0].lock().clone()
             }
 
-            /// Updates only replica `replica`'s component and returns its new value. For a
-            /// mirrored variable this is TF's replica-context update with aggregation `None`;
-            /// for a sync-on-read variable, any replica-context update.
-            pub fn update_local(
-                &self,
-                replica: usize,
-                op: UpdateOp,
-                value: &T,
-            ) -> Result<T, ValuesError> {
-                self.check_local_update()?;
-                self.0.update_one(replica, op, value)
-            }
-
             /// Applies `op` to component `i` with `values[i]`: the strategy's
             /// `extended.update(var, fn, PerReplica)` in cross-replica context (VAL-45).
             ///
@@ -413,14 +394,18 @@ shared_variable_api!(MirroredVariable, SyncKind::OnWrite);
 shared_variable_api!(SyncOnReadVariable, SyncKind::OnRead);
 
 impl<T: VariableValue> MirroredVariable<T> {
-    fn check_local_update(&self) -> Result<(), ValuesError> {
-        match self.0.aggregation {
-            VariableAggregation::None => Ok(()),
-            aggregation => Err(ValuesError::NeedsAllReplicas {
+    /// Updates only replica `replica`'s component and returns its new value: TF's
+    /// replica-context update with aggregation `None`. With any other aggregation the update
+    /// needs every replica's value (`NeedsAllReplicas`): use
+    /// [`update_aggregated`](Self::update_aggregated) after gathering them.
+    pub fn update_local(&self, replica: usize, op: UpdateOp, value: &T) -> Result<T, ValuesError> {
+        if self.0.aggregation != VariableAggregation::None {
+            return Err(ValuesError::NeedsAllReplicas {
                 name: self.0.name.clone(),
-                aggregation,
-            }),
+                aggregation: self.0.aggregation,
+            });
         }
+        self.0.update_one(replica, op, value)
     }
 
     /// Cross-replica context `assign`, `assign_add`, `assign_sub`: every component gets the
@@ -524,10 +509,11 @@ fn sum<T: VariableValue>(values: &[T]) -> Result<T, ValuesError> {
 }
 
 impl<T: VariableValue> SyncOnReadVariable<T> {
-    /// Replica-context updates of a sync-on-read variable are local whatever its aggregation:
-    /// the aggregation applies when it is read across replicas.
-    fn check_local_update(&self) -> Result<(), ValuesError> {
-        Ok(())
+    /// Updates only replica `replica`'s component and returns its new value: any
+    /// replica-context update, whatever the aggregation, which applies when the variable is read
+    /// across replicas.
+    pub fn update_local(&self, replica: usize, op: UpdateOp, value: &T) -> Result<T, ValuesError> {
+        self.0.update_one(replica, op, value)
     }
 
     /// The aggregated value, as read outside the replicas: the sum, the mean, or replica 0's
@@ -538,8 +524,10 @@ impl<T: VariableValue> SyncOnReadVariable<T> {
                 aggregation: VariableAggregation::None,
             }),
             VariableAggregation::OnlyFirstReplica => self.0.read(0),
-            VariableAggregation::Sum => self.0.sum(),
-            VariableAggregation::Mean => self.0.sum()?.divide_by_count(self.num_replicas()),
+            VariableAggregation::Sum => sum(&self.0.values()),
+            VariableAggregation::Mean => {
+                sum(&self.0.values())?.divide_by_count(self.num_replicas())
+            }
         }
     }
 
