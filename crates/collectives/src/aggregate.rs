@@ -1,6 +1,7 @@
 //! Aggregating gradients on one device (TF's `cross_device_utils` helpers, COL-33, COL-34,
-//! COL-40): add dense tensors, concatenate sparse ones, divide either kind by a count, and
-//! aggregate one gradient by copying its replicas to one place.
+//! COL-40): add dense tensors, concatenate sparse ones, divide either kind by a count (a dense
+//! tensor alone: [`Tensor::divided_by`]), and aggregate one gradient by copying its replicas to
+//! one place.
 
 use distribute_values::ReduceOp;
 use half::{bf16, f16};
@@ -60,12 +61,6 @@ pub fn divide_by_n(value: &AnyTensor, n: usize) -> Result<AnyTensor, CollectiveE
         )?
         .into(),
     })
-}
-
-/// A dense tensor divided element-wise by `n`: the unary op that turns an all-reduce sum into a
-/// mean. Fails for `n == 0` and integer dtypes.
-pub fn divide_tensor_by_n(tensor: &Tensor, n: usize) -> Result<Tensor, CollectiveError> {
-    divide(tensor, n)
 }
 
 /// True when any element of `tensor` is infinite or NaN (never for integers).

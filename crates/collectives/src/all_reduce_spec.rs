@@ -54,7 +54,8 @@ impl AllReduceSpec {
     /// as given, each completed the same way. Quotes may be left out of a plain name.
     ///
     /// Fails on an empty or 4-element tuple, a list element that is not a tuple, an empty list,
-    /// shards < 1, a limit below −1, or text that is not such a literal.
+    /// shards < 1, a limit below −1, brackets nested deeper than a list of tuples, or text that
+    /// is not such a literal.
     ///
     /// ```
     /// use distribute_collectives::{AllReduceSpec, SpecLimit};
@@ -65,7 +66,11 @@ impl AllReduceSpec {
     /// # Ok::<(), distribute_collectives::CollectiveError>(())
     /// ```
     pub fn parse(text: &str) -> Result<Vec<AllReduceSpec>, CollectiveError> {
-        let mut parser = Parser { text, pos: 0 };
+        let mut parser = Parser {
+            text,
+            pos: 0,
+            depth: 0,
+        };
         let literal = parser.value()?;
         parser.skip_ws();
         if parser.pos != text.len() {
@@ -133,11 +138,17 @@ impl AllReduceSpec {
     }
 }
 
+/// How deeply brackets may nest: a list of tuples is the deepest valid spec, and the cap keeps
+/// the recursive reader from overflowing the stack on hostile input.
+const MAX_NESTING: usize = 2;
+
 /// A recursive-descent reader of the literal syntax: strings (quoted, or bare names), integers,
 /// `(…)` tuples (a single element needs a trailing comma, as in Python) and `[…]` lists.
 struct Parser<'a> {
     text: &'a str,
     pos: usize,
+    /// How many brackets are open.
+    depth: usize,
 }
 
 impl Parser<'_> {
@@ -159,10 +170,22 @@ impl Parser<'_> {
         self.text[self.pos..].chars().next()
     }
 
+    /// Enters a bracket, refusing to nest deeper than [`MAX_NESTING`].
+    fn open(&mut self) -> Result<(), CollectiveError> {
+        if self.depth == MAX_NESTING {
+            return Err(self.error(&format!(
+                "brackets nest deeper than {MAX_NESTING} levels (a list of tuples)"
+            )));
+        }
+        self.depth += 1;
+        self.pos += 1;
+        Ok(())
+    }
+
     fn value(&mut self) -> Result<Literal, CollectiveError> {
         match self.peek() {
             Some('(') => {
-                self.pos += 1;
+                self.open()?;
                 let (items, trailing_comma) = self.sequence(')')?;
                 // `(x)` is just `x` in Python; only `(x,)` is a one-element tuple.
                 if items.len() == 1 && !trailing_comma {
@@ -172,7 +195,7 @@ impl Parser<'_> {
                 }
             }
             Some('[') => {
-                self.pos += 1;
+                self.open()?;
                 Ok(Literal::List(self.sequence(']')?.0))
             }
             Some(quote @ ('"' | '\'')) => {
@@ -210,6 +233,7 @@ impl Parser<'_> {
         loop {
             if self.peek() == Some(close) {
                 self.pos += 1;
+                self.depth -= 1;
                 return Ok((items, trailing_comma));
             }
             items.push(self.value()?);
@@ -228,6 +252,9 @@ impl Parser<'_> {
 
 /// Splits each device's gradients into those of at most `threshold` elements and the rest
 /// (TF's `split_grads_by_size`); a device with none of a kind is left out of that list.
+///
+/// The devices are split independently: for the lists to stay aligned, every device must hold
+/// gradients of the same element counts in the same order ([`assign_grads_to_specs`] checks).
 pub fn split_grads_by_size(
     threshold: usize,
     device_grads: &[Vec<Tensor>],
@@ -253,11 +280,27 @@ pub fn split_grads_by_size(
 /// `MultiWorkerAllReduce`): an entry with a limit takes the remaining gradients of at most that
 /// many elements, `All` takes everything left. An entry may get nothing (an empty list).
 ///
-/// Fails with `Invariant` when gradients remain after the last entry (no entry takes them).
+/// Fails with `InvalidArgument` when the devices' gradients differ in count or element counts
+/// (each device would send a different gradient to the same algorithm), and with `Invariant`
+/// when gradients remain after the last entry (no entry takes them).
 pub fn assign_grads_to_specs(
     specs: &[AllReduceSpec],
     device_grads: &[Vec<Tensor>],
 ) -> Result<Vec<Vec<Vec<Tensor>>>, CollectiveError> {
+    let sizes = |grads: &[Tensor]| grads.iter().map(Tensor::num_elements).collect::<Vec<_>>();
+    if let Some((first, rest)) = device_grads.split_first() {
+        let expected = sizes(first);
+        for (d, grads) in rest.iter().enumerate() {
+            let found = sizes(grads);
+            if found != expected {
+                return Err(CollectiveError::InvalidArgument(format!(
+                    "device {}'s gradients have element counts {found:?} but device 0's have \
+                     {expected:?}; every device must pass the same gradients in the same order",
+                    d + 1
+                )));
+            }
+        }
+    }
     let mut remaining = device_grads.to_vec();
     let mut assigned = Vec::with_capacity(specs.len());
     for spec in specs {
@@ -315,6 +358,19 @@ mod tests {
                 .join(", ")
         );
         assert_eq!(AllReduceSpec::parse(&printed).unwrap(), specs);
+    }
+
+    #[test]
+    fn nesting_deeper_than_a_list_of_tuples_is_refused_without_overflowing() {
+        let deep = format!("{}nccl{}", "[".repeat(100_000), "]".repeat(100_000));
+        let err = AllReduceSpec::parse(&deep).unwrap_err();
+        assert!(err.to_string().contains("nest deeper than 2"), "{err}");
+        assert!(AllReduceSpec::parse("[((\"nccl\", 1))]").is_err());
+        assert_eq!(
+            AllReduceSpec::parse("[(\"nccl\", 1)]").unwrap(),
+            AllReduceSpec::parse("nccl").unwrap(),
+            "two levels still parse"
+        );
     }
 
     #[test]

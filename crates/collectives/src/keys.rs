@@ -34,9 +34,9 @@ pub struct CollectiveKeys {
 #[derive(Debug)]
 struct KeyState {
     next_group_key: u64,
-    /// Group key of each device list, keyed by the devices joined with `,` as TF does: the
-    /// order of the list matters.
-    known_groups: HashMap<String, u64>,
+    /// Group key of each device list; the order of the list matters. Keyed by the list itself
+    /// rather than TF's `,`-joined string, so `["a,b"]` and `["a", "b"]` stay apart.
+    known_groups: HashMap<Vec<String>, u64>,
     /// The next instance key of each device of each group.
     instance_keys: HashMap<u64, HashMap<String, u64>>,
 }
@@ -73,11 +73,7 @@ impl CollectiveKeys {
     /// The group key of `devices`: the same list always gets the same key, a new list the next
     /// unused one.
     pub fn group_key<S: AsRef<str>>(&self, devices: &[S]) -> u64 {
-        let name = devices
-            .iter()
-            .map(AsRef::as_ref)
-            .collect::<Vec<_>>()
-            .join(",");
+        let name: Vec<String> = devices.iter().map(|d| d.as_ref().to_owned()).collect();
         let mut state = self.lock();
         if let Some(&key) = state.known_groups.get(&name) {
             return key;

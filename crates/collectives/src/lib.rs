@@ -21,7 +21,7 @@ mod tensor;
 
 pub use aggregate::{
     AggregatedGradient, aggregate_single_gradient_using_copy, aggregate_tensors_or_indexed_slices,
-    divide_by_n, divide_tensor_by_n, has_inf_or_nan,
+    divide_by_n, has_inf_or_nan,
 };
 pub use all_reduce_spec::{AllReduceSpec, SpecLimit, assign_grads_to_specs, split_grads_by_size};
 pub use error::CollectiveError;

@@ -353,9 +353,9 @@ impl FusionPlan {
         self.buckets.len()
     }
 
-    /// The positions of the tensors in bucket `bucket`.
-    pub fn members(&self, bucket: usize) -> Range<usize> {
-        self.buckets[bucket].members.clone()
+    /// The positions of the tensors in bucket `bucket`, or `None` past the last bucket.
+    pub fn members(&self, bucket: usize) -> Option<Range<usize>> {
+        self.buckets.get(bucket).map(|b| b.members.clone())
     }
 
     /// One replica's tensors, which must match the plan's dtypes and shapes, joined into
@@ -432,11 +432,15 @@ pub struct SmallTensorPacking {
 /// Packs runs of consecutive small float32 tensors into one tensor per run (TF's 2019
 /// `pack_small_tensors`).
 ///
-/// A tensor is a candidate when it is float32 and `4 · elements ≤ max_bytes` (judged on device
-/// 0's list); runs are found by [`extract_ranges`] with limit `max_group`. On every device the
-/// packed runs come first, then the other tensors in order; lone candidates are left as they
-/// are. With nothing to pack, the tensors come back unchanged with no record. Fails when the
-/// devices hold different numbers of tensors.
+/// A tensor is a candidate when it is float32 and `4 · elements ≤ max_bytes`; runs are found by
+/// [`extract_ranges`] with limit `max_group`. On every device the packed runs come first, then
+/// the other tensors in order; lone candidates are left as they are. With nothing to pack, the
+/// tensors come back unchanged with no record.
+///
+/// Every device must hold tensors of the same dtypes and shapes, position by position, as for
+/// [`FusionPlan::pack`]: the candidates are chosen once for all devices. Fails with `Invariant`
+/// when the devices hold different numbers of tensors and with `InvalidArgument` when a
+/// tensor's dtype or shape differs from device 0's.
 pub fn pack_small_tensors(
     replica_grads: &[Vec<Tensor>],
     max_bytes: usize,
@@ -445,6 +449,27 @@ pub fn pack_small_tensors(
     let Some(first) = replica_grads.first() else {
         return Ok((Vec::new(), None));
     };
+    for (d, grads) in replica_grads.iter().enumerate().skip(1) {
+        if grads.len() != first.len() {
+            return Err(CollectiveError::Invariant(format!(
+                "device {d} has {} tensors but device 0 has {}",
+                grads.len(),
+                first.len()
+            )));
+        }
+        for (i, (t, t0)) in grads.iter().zip(first).enumerate() {
+            if t.dtype() != t0.dtype() || t.shape() != t0.shape() {
+                return Err(CollectiveError::InvalidArgument(format!(
+                    "device {d}'s tensor {i} is a {} {:?} tensor but device 0's is {} {:?}; \
+                     every device must pass the same dtypes and shapes",
+                    t.dtype(),
+                    t.shape(),
+                    t0.dtype(),
+                    t0.shape()
+                )));
+            }
+        }
+    }
     let (small, mut others): (Vec<usize>, Vec<usize>) = (0..first.len())
         .partition(|&i| first[i].dtype() == DType::F32 && 4 * first[i].num_elements() <= max_bytes);
     let (ranges, singles) = extract_ranges(&small, max_group);
@@ -455,14 +480,7 @@ pub fn pack_small_tensors(
     others.sort_unstable();
     let mut packed = Vec::with_capacity(replica_grads.len());
     let mut shapes = Vec::with_capacity(replica_grads.len());
-    for (d, grads) in replica_grads.iter().enumerate() {
-        if grads.len() != first.len() {
-            return Err(CollectiveError::Invariant(format!(
-                "device {d} has {} tensors but device 0 has {}",
-                grads.len(),
-                first.len()
-            )));
-        }
+    for grads in replica_grads {
         let mut list = Vec::with_capacity(ranges.len() + others.len());
         let mut device_shapes = Vec::with_capacity(ranges.len());
         for &[lo, hi] in &ranges {

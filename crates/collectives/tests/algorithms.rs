@@ -4,12 +4,12 @@
 use std::sync::Mutex;
 
 use distribute_collectives::algorithms::{
-    RingPermutations, UnaryOp, flatten_tensors, hierarchical_copy_all_reduce, nccl_all_reduce,
+    UnaryOp, flatten_tensors, hierarchical_copy_all_reduce, nccl_all_reduce,
     nccl_then_recursive_hd, nccl_then_ring, nccl_then_shuffle, padded_split, ragged_split,
     recursive_hd_all_reduce, reduce_non_singleton, ring_all_reduce, ring_gather, ring_permutations,
     shuffle_all_reduce, shuffle_then_ring, shuffle_then_shuffle, split_by_task, strip_padding,
 };
-use distribute_collectives::{CollectiveError, Tensor, divide_tensor_by_n};
+use distribute_collectives::{CollectiveError, Tensor};
 use distribute_values::ReduceOp;
 
 fn f32s(device: &str, shape: &[usize], data: Vec<f32>) -> Tensor {
@@ -98,11 +98,10 @@ fn col43_ring_permutations() {
         ),
     ];
     for (workers, subchunks, perm, pred, rank) in table {
-        assert_eq!(
-            ring_permutations(workers, subchunks, &perm).unwrap(),
-            RingPermutations { pred, rank },
-            "workers {workers}, subchunks {subchunks}, gpu_perm {perm:?}"
-        );
+        let perms = ring_permutations(workers, subchunks, &perm).unwrap();
+        let case = format!("workers {workers}, subchunks {subchunks}, gpu_perm {perm:?}");
+        assert_eq!(perms.pred(), pred, "{case}");
+        assert_eq!(perms.rank(), rank, "{case}");
     }
 }
 
@@ -150,7 +149,7 @@ fn col45_ring_gather_structure() {
         assert!(chunks.iter().all(|c| c.shape() == [2]));
         // After the gather pass, device d holds the full sum of chunk (rank · subchunks + s).
         for s in 0..2 {
-            let c = perms.rank[s][d] * 2 + s;
+            let c = perms.rank()[s][d] * 2 + s;
             let full: Vec<f32> = (2 * c..2 * c + 2).map(|i| (i * 40 + 6) as f32).collect();
             assert_eq!(
                 chunks[c].to_vec::<f32>().unwrap(),
@@ -161,11 +160,32 @@ fn col45_ring_gather_structure() {
     }
 }
 
+#[test]
+fn col45_ring_gather_refuses_permutations_that_do_not_fit() {
+    let inputs: Vec<Tensor> = (0..4).map(|d| iota(&format!("/gpu:{d}"), 8)).collect();
+    let cases = [
+        (
+            "3 devices for 4 inputs",
+            ring_permutations(1, 1, &[0, 1, 2]),
+            1,
+        ),
+        (
+            "1 subchunk, 2 asked",
+            ring_permutations(1, 1, &[0, 1, 2, 3]),
+            2,
+        ),
+        ("no rings", ring_permutations(0, 1, &[0, 1, 2, 3]), 1),
+    ];
+    for (case, perms, subchunks) in cases {
+        let result = ring_gather(&inputs, subchunks, &perms.unwrap(), ReduceOp::Sum);
+        assert!(is_invalid(result), "{case}");
+    }
+}
+
 /// An all-reduce under test: inputs and the unary op in, one output per input out.
 type AllReduceFn<'a> = dyn Fn(&[Tensor], UnaryOp<'_>) -> Result<Vec<Tensor>, CollectiveError> + 'a;
 
-/// COL-46's check: device d holds element i = i + 0.01·d, the unary op divides by N, and every
-/// output must be the element-wise mean, with the input shape, on its input's device.
+/// COL-46's check over `workers × gpus` devices listed worker-major.
 fn check_mean(
     case: &str,
     workers: usize,
@@ -173,15 +193,27 @@ fn check_mean(
     shape: &[usize],
     all_reduce: &AllReduceFn<'_>,
 ) {
-    let n = workers * gpus;
+    let devices: Vec<String> = (0..workers * gpus)
+        .map(|d| device(d / gpus, d % gpus))
+        .collect();
+    check_mean_on(case, &devices, shape, all_reduce);
+}
+
+/// COL-46's check: input d, on `devices[d]`, holds element i = i + 0.01·d, the unary op divides
+/// by N, and every output must be the element-wise mean, with the input shape, on its input's
+/// device: one output per input, in input order.
+fn check_mean_on(case: &str, devices: &[String], shape: &[usize], all_reduce: &AllReduceFn<'_>) {
+    let n = devices.len();
     let len: usize = shape.iter().product();
-    let inputs: Vec<Tensor> = (0..n)
-        .map(|d| {
+    let inputs: Vec<Tensor> = devices
+        .iter()
+        .enumerate()
+        .map(|(d, device)| {
             let data = (0..len).map(|i| i as f32 + 0.01 * d as f32).collect();
-            f32s(&device(d / gpus, d % gpus), shape, data)
+            f32s(device, shape, data)
         })
         .collect();
-    let divide = |t: &Tensor| divide_tensor_by_n(t, n);
+    let divide = |t: &Tensor| t.divided_by(n);
     let outputs = all_reduce(&inputs, &divide).unwrap_or_else(|e| panic!("{case}: {e}"));
     assert_eq!(outputs.len(), n, "{case}");
     for (d, (out, input)) in outputs.iter().zip(&inputs).enumerate() {
@@ -471,7 +503,7 @@ fn col55_reduce_non_singleton() {
         same[0].shares_buffer_with(&one[0]),
         "1 input, no op: unchanged"
     );
-    let halve = |t: &Tensor| divide_tensor_by_n(t, 2);
+    let halve = |t: &Tensor| t.divided_by(2);
     let halved = reduce_non_singleton(&one, unused, Some(&halve)).unwrap();
     assert_eq!(halved[0].to_vec::<f32>().unwrap(), [0.0, 0.5, 1.0]);
     let two = [iota("/gpu:0", 3), iota("/gpu:1", 3)];
@@ -523,6 +555,46 @@ fn col56_hybrids_flatten_and_restore_the_shape() {
     for (name, workers, hybrid) in &cases {
         check_mean(name, *workers, 4, &[4, 5], hybrid.as_ref());
     }
+}
+
+#[test]
+fn col56_hybrids_answer_in_input_order_for_devices_interleaved_by_task() {
+    // [t0/g0, t1/g0, t0/g1, t1/g1]: task order would put both task-0 results first.
+    let interleaved: Vec<String> = (0..4).map(|d| device(d % 2, d / 2)).collect();
+    let gathers = [
+        "/job:worker/replica:0/task:0/device:CPU:0",
+        "/job:worker/replica:0/task:1/device:CPU:0",
+    ];
+    let four = ["/cpu:0", "/cpu:1", "/cpu:2", "/cpu:3"];
+    type Hybrid<'a> = Box<AllReduceFn<'a>>;
+    let cases: Vec<(&str, Hybrid<'_>)> = vec![
+        (
+            "nccl then ring",
+            Box::new(|x, u| nccl_then_ring(x, 1, ReduceOp::Sum, Some(u))),
+        ),
+        (
+            "nccl then recursive hd",
+            Box::new(|x, u| nccl_then_recursive_hd(x, ReduceOp::Sum, Some(u))),
+        ),
+        (
+            "nccl then shuffle",
+            Box::new(|x, u| nccl_then_shuffle(x, &four, ReduceOp::Sum, Some(u))),
+        ),
+        (
+            "shuffle then ring",
+            Box::new(|x, u| shuffle_then_ring(x, &gathers, 1, ReduceOp::Sum, Some(u))),
+        ),
+        (
+            "shuffle then shuffle",
+            Box::new(|x, u| shuffle_then_shuffle(x, &gathers, &four, ReduceOp::Sum, Some(u))),
+        ),
+    ];
+    for (name, hybrid) in &cases {
+        check_mean_on(name, &interleaved, &[4, 5], hybrid.as_ref());
+    }
+    let groups = split_by_task(&interleaved, &[10, 11, 12, 13]).unwrap();
+    assert_eq!(groups.values, [[10, 12], [11, 13]]);
+    assert_eq!(groups.indices, [[0, 2], [1, 3]]);
 }
 
 #[test]

@@ -73,6 +73,13 @@ fn col41_collective_keys() {
         CollectiveKeys::with_group_key_start(10).group_key(&["x"]),
         10
     );
+    // A device name holding a comma is not two devices: the lists get different keys.
+    let joined = keys.group_key(&["/gpu:0,/gpu:1"]);
+    assert_ne!(
+        joined, a,
+        "[\"a,b\"] and [\"a\", \"b\"] are different groups"
+    );
+    assert_eq!(keys.instance_key(joined, "/gpu:0,/gpu:1").unwrap(), 100);
 
     assert_eq!(keys.instance_key(a, "/gpu:0").unwrap(), 100);
     assert_eq!(keys.instance_key(a, "/gpu:0").unwrap(), 101);

@@ -213,6 +213,18 @@ fn col25_split_grads_by_size_and_spec_dispatch() {
         assign_grads_to_specs(&limited_only, &grads),
         Err(CollectiveError::Invariant(_))
     ));
+    // Devices whose gradients differ in size would each send a different gradient to the same
+    // algorithm: refused up front rather than misaligned.
+    for misaligned in [
+        vec![vec![g2.clone(), g8.clone()], vec![g8.clone(), g2.clone()]],
+        vec![vec![g2.clone(), g8.clone()], vec![g2.clone()]],
+    ] {
+        let err = assign_grads_to_specs(&specs, &misaligned).unwrap_err();
+        assert!(
+            matches!(&err, CollectiveError::InvalidArgument(m) if m.contains("device 1")),
+            "{err}"
+        );
+    }
 }
 
 #[test]
@@ -339,9 +351,14 @@ fn col36_fusion_buckets_reduce_like_one_by_one() {
             );
         }
         let covered: Vec<usize> = (0..plan.num_buckets())
-            .flat_map(|b| plan.members(b))
+            .flat_map(|b| plan.members(b).unwrap())
             .collect();
         assert_eq!(covered, (0..one_by_one.len()).collect::<Vec<_>>());
+        assert_eq!(
+            plan.members(plan.num_buckets()),
+            None,
+            "past the last bucket"
+        );
     }
     // Dtype runs split buckets even when the size would allow one.
     assert_eq!(FusionPlan::new(&per_replica[0], 0).num_buckets(), 5);
@@ -381,6 +398,31 @@ fn col39_pack_small_tensors() {
         );
     }
     assert_eq!(record.unpack(&packed).unwrap(), device_grads);
+
+    // Candidates are chosen once, so every device must match device 0 tensor by tensor.
+    let mut other_shape = device_grads.clone();
+    other_shape[1][1] = ramp("/gpu:1", &[3], 2.0);
+    let mut other_dtype = device_grads.clone();
+    other_dtype[1][0] = Tensor::from_vec("/gpu:1", &[1], vec![1.0f64]).unwrap();
+    let mut too_big = device_grads.clone();
+    too_big[1][3] = ramp("/gpu:1", &[10, 10], 0.0);
+    for (case, grads) in [
+        ("shape", other_shape),
+        ("dtype", other_dtype),
+        ("a candidate only on device 0", too_big),
+    ] {
+        let err = pack_small_tensors(&grads, 8, 0).unwrap_err();
+        assert!(
+            matches!(&err, CollectiveError::InvalidArgument(m) if m.contains("device 1's tensor")),
+            "{case}: {err}"
+        );
+    }
+    let mut short = device_grads.clone();
+    short[1].pop();
+    assert!(matches!(
+        pack_small_tensors(&short, 8, 0),
+        Err(CollectiveError::Invariant(_))
+    ));
 
     // Only float32 counts, and nothing to pack gives no record and an identity unpack.
     let ints = vec![vec![

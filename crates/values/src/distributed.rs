@@ -52,6 +52,12 @@ pub trait DistributedValues {
     }
 
     /// Replica 0's value.
+    ///
+    /// # Panics
+    ///
+    /// When [`values`](Self::values) is empty. [`PerReplica`] and [`Mirrored`] always hold one
+    /// value per replica of a non-empty device map, so this only concerns other implementations:
+    /// they must never return an empty slice, or must override this method.
     fn primary(&self) -> &Self::Value {
         &self.values()[0]
     }

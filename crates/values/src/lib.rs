@@ -24,6 +24,28 @@
 //! assert_eq!(select_replica::<(f64, i32)>(1, &grouped)?, (0.25, 10));
 //! # Ok::<(), distribute_values::ValuesError>(())
 //! ```
+//!
+//! # Deliberate departures from TF
+//!
+//! Some reference behaviours (tf_behaviors.md, section 2) have no test because the port drops
+//! them on purpose:
+//!
+//! - **VAL-21** (`is_tensor_like` false when one component is a Python float): every component
+//!   of a `PerReplica<T>` has the one type `T`, so a mixed value cannot be built.
+//! - **VAL-24, VAL-25** (attribute and operator forwarding to the local component, copies of
+//!   the delegate): Python delegation through `__getattr__` and operator overloads. Here the
+//!   component is read explicitly ([`DistributedValues::get`],
+//!   [`DistributedValues::read_cross_replica`]) and operated on as a plain `T`.
+//! - **VAL-27**, except "inside replica i → component i" (tested as [`DistributedValues::get`]):
+//!   there is no implicit conversion of a `PerReplica` to a tensor, so using one where a tensor
+//!   is expected, outside a replica or with the wrong dtype, is a compile error rather than a
+//!   runtime `InvalidArgument`; references do not exist.
+//! - **VAL-28**, the tracing cases (components handed to a traced function without retracing,
+//!   flattening inside a replica context): there is no graph mode or `tf.function`.
+//! - **VAL-29** (`tf.cond` between two PerReplica values; no type spec for Python sets): there
+//!   is no graph-mode conditional; a Rust `if` picks either value, and every `T` is
+//!   representable.
+//! - The graph-mode half of **VAL-19**: there is no graph mode; the eager behaviour is tested.
 
 // The derive macro names `::distribute_values`, which must resolve inside this crate too.
 extern crate self as distribute_values;

@@ -474,12 +474,14 @@ pub enum UpdateGrouping {
 
 /// Regroups the per-replica results of an update (TF's `update_regroup`, VAL-18).
 ///
-/// Components of a distributed variable become the variable. With
-/// [`UpdateGrouping::Grouped`], every other leaf is a [`Mirrored`] of the replicas' results
-/// (the update ran on every replica) even where they are equal, except with a single replica,
-/// where the result itself is returned. With [`UpdateGrouping::PerReplica`] equal results
-/// collapse and the rest are `Mirrored`; [`Leaf::local_results`] gives the per-replica tuple.
-/// TF's grouped ops and control dependencies have no counterpart here: the results are values.
+/// Components of a distributed variable become the variable. Every other leaf is a
+/// [`Mirrored`] of the replicas' results (the update ran on every replica) even where they are
+/// equal, except with a single replica, where the result itself is returned.
+///
+/// Both groupings therefore give the same values: TF's `group=True` differs only by grouped ops
+/// and control dependencies, which have no counterpart here, and its `group=False` returns every
+/// replica's result, which [`Leaf::local_results`] reads off the `Mirrored` (one entry per
+/// replica, never collapsed).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -495,7 +497,11 @@ pub fn update_regroup<S: Regroup>(
     updates: Vec<S>,
     grouping: UpdateGrouping,
 ) -> Result<S::Regrouped, ValuesError> {
-    let always_wrap = grouping == UpdateGrouping::Grouped && devices.num_replicas() > 1;
+    let always_wrap = match grouping {
+        // TF regroups both ways with Mirrored, and per-replica results are distinct objects
+        // even when equal, so they are never collapsed; only a single replica unwraps.
+        UpdateGrouping::Grouped | UpdateGrouping::PerReplica => devices.num_replicas() > 1,
+    };
     let options = RegroupOptions {
         wrap: Wrap::Mirrored,
         always_wrap,

@@ -115,22 +115,23 @@ impl<T: VariableValue> VarCore<T> {
         Ok(new)
     }
 
-    /// Applies `op` with `values[i]` to component `i`; all new values are computed before any is
-    /// stored, so a failing update changes nothing.
-    fn update_each(&self, op: UpdateOp, values: &[&T]) -> Result<(), ValuesError> {
+    /// Applies `op` with `values[i]` to component `i` and returns the new values, as stored
+    /// while every lock was held; all new values are computed before any is stored, so a
+    /// failing update changes nothing.
+    fn update_each(&self, op: UpdateOp, values: &[&T]) -> Result<Vec<T>, ValuesError> {
         let mut guards: Vec<_> = self.components.iter().map(|c| c.lock()).collect();
         let new: Vec<T> = guards
             .iter()
             .zip(values)
             .map(|(current, value)| op.apply(&**current, *value))
             .collect::<Result<_, _>>()?;
-        for (guard, value) in guards.iter_mut().zip(new) {
-            **guard = value;
+        for (guard, value) in guards.iter_mut().zip(&new) {
+            **guard = value.clone();
         }
-        Ok(())
+        Ok(new)
     }
 
-    fn update_all(&self, op: UpdateOp, value: &T) -> Result<(), ValuesError> {
+    fn update_all(&self, op: UpdateOp, value: &T) -> Result<Vec<T>, ValuesError> {
         self.update_each(op, &vec![value; self.components.len()])
     }
 
@@ -141,13 +142,23 @@ impl<T: VariableValue> VarCore<T> {
     ) -> Result<(), ValuesError> {
         self.devices
             .check_count("update with PerReplica", values.num_replicas())?;
+        let pairs = values.devices().zip(self.devices.primary_devices());
+        for (replica, (theirs, ours)) in pairs.enumerate() {
+            if theirs != ours {
+                // The value for component `replica` would come from another device's replica:
+                // name the device, and its replica when the map knows it elsewhere.
+                let device = match self.devices.replica_for_device(theirs) {
+                    Some(_) => format!("{theirs}' as replica {replica} of variable '{}", self.name),
+                    None => theirs.to_owned(),
+                };
+                return Err(ValuesError::UnknownDevice {
+                    device,
+                    devices: self.devices.to_string(),
+                });
+            }
+        }
         self.update_each(op, &values.values().iter().collect::<Vec<_>>())
-    }
-
-    fn sum(&self) -> Result<T, ValuesError> {
-        let values = self.values();
-        let (first, rest) = values.split_first().ok_or(ValuesError::EmptyDeviceMap)?;
-        rest.iter().try_fold(first.clone(), |acc, v| acc.try_add(v))
+            .map(drop)
     }
 }
 
@@ -355,21 +366,12 @@ macro_rules! shared_variable_api {
                 self.0.components[0].lock().clone()
             }
 
-            /// Updates only replica `replica`'s component and returns its new value. For a
-            /// mirrored variable this is TF's replica-context update with aggregation `None`;
-            /// for a sync-on-read variable, any replica-context update.
-            pub fn update_local(
-                &self,
-                replica: usize,
-                op: UpdateOp,
-                value: &T,
-            ) -> Result<T, ValuesError> {
-                self.check_local_update()?;
-                self.0.update_one(replica, op, value)
-            }
-
             /// Applies `op` to component `i` with `values[i]`: the strategy's
             /// `extended.update(var, fn, PerReplica)` in cross-replica context (VAL-45).
+            ///
+            /// `values` must be laid out like the variable: one value per replica, replica
+            /// `i`'s on the variable's replica-`i` device (`InvalidArgument` otherwise, naming
+            /// the device), so no component takes another device's value.
             pub fn update_per_component(
                 &self,
                 op: UpdateOp,
@@ -392,30 +394,37 @@ shared_variable_api!(MirroredVariable, SyncKind::OnWrite);
 shared_variable_api!(SyncOnReadVariable, SyncKind::OnRead);
 
 impl<T: VariableValue> MirroredVariable<T> {
-    fn check_local_update(&self) -> Result<(), ValuesError> {
-        match self.0.aggregation {
-            VariableAggregation::None => Ok(()),
-            aggregation => Err(ValuesError::NeedsAllReplicas {
+    /// Updates only replica `replica`'s component and returns its new value: TF's
+    /// replica-context update with aggregation `None`. With any other aggregation the update
+    /// needs every replica's value (`NeedsAllReplicas`): use
+    /// [`update_aggregated`](Self::update_aggregated) after gathering them.
+    pub fn update_local(&self, replica: usize, op: UpdateOp, value: &T) -> Result<T, ValuesError> {
+        if self.0.aggregation != VariableAggregation::None {
+            return Err(ValuesError::NeedsAllReplicas {
                 name: self.0.name.clone(),
-                aggregation,
-            }),
+                aggregation: self.0.aggregation,
+            });
         }
+        self.0.update_one(replica, op, value)
     }
 
     /// Cross-replica context `assign`, `assign_add`, `assign_sub`: every component gets the
     /// update, so the copies stay equal.
     pub fn assign_cross_replica(&self, op: UpdateOp, value: &T) -> Result<(), ValuesError> {
-        self.0.update_all(op, value)
+        self.0.update_all(op, value).map(drop)
     }
 
     /// The replica-context update of a variable with an aggregation, once the strategy has
     /// gathered every replica's value (TF's `merge_call` in `_on_write_update_replica`).
     /// `value` is the regrouped value: [`Leaf::Same`] when every replica passed the same value,
-    /// else one per replica. The aggregate goes to every component; returns the new value.
+    /// else one per replica. The aggregate goes to every component; returns the new value of
+    /// the primary component as this update stored it, whatever other threads do afterwards.
     ///
     /// - `Sum`: the per-replica values are added. A non-distributed value may only be summed
     ///   with one replica or when it is zero (COL-03).
-    /// - `Mean`: their mean; a non-distributed value is used as it is.
+    /// - `Mean`: their mean; a non-distributed value is used as it is. Per-replica values that
+    ///   are not floating point (possible for value types whose dtype is per value, such as
+    ///   tensors) are `MeanOnNonFloat` (VAL-43).
     /// - `OnlyFirstReplica`: replica 0's value.
     /// - `None` needs no gathering: use [`update_local`](Self::update_local).
     ///
@@ -432,8 +441,9 @@ impl<T: VariableValue> MirroredVariable<T> {
     /// ```
     pub fn update_aggregated(&self, op: UpdateOp, value: &Leaf<T>) -> Result<T, ValuesError> {
         let aggregated = self.aggregate(value)?;
-        self.0.update_all(op, &aggregated)?;
-        Ok(self.primary())
+        let mut new = self.0.update_all(op, &aggregated)?;
+        // One component per replica and never none, by construction.
+        Ok(new.swap_remove(0))
     }
 
     fn aggregate(&self, value: &Leaf<T>) -> Result<T, ValuesError> {
@@ -454,18 +464,19 @@ impl<T: VariableValue> MirroredVariable<T> {
                     _ => Ok(v.clone()),
                 };
             }
-            Leaf::PerReplica(v) => {
-                if core.aggregation == VariableAggregation::Mean && !v.primary().is_floating() {
-                    return Err(ValuesError::MeanOnNonFloat {
-                        name: core.name.clone(),
-                    });
-                }
-                v.values()
-            }
+            Leaf::PerReplica(v) => v.values(),
             Leaf::Mirrored(v) => v.values(),
         };
         core.devices
             .check_count("aggregated update", values.len())?;
+        // The variable was built floating (VAL-36), but a value type whose dtype is per value (a
+        // tensor) can still bring integers here, and their mean would divide as integers.
+        if core.aggregation == VariableAggregation::Mean && values.iter().any(|v| !v.is_floating())
+        {
+            return Err(ValuesError::MeanOnNonFloat {
+                name: core.name.clone(),
+            });
+        }
         match core.aggregation {
             VariableAggregation::None => Err(ValuesError::NotReducible {
                 aggregation: VariableAggregation::None,
@@ -498,10 +509,11 @@ fn sum<T: VariableValue>(values: &[T]) -> Result<T, ValuesError> {
 }
 
 impl<T: VariableValue> SyncOnReadVariable<T> {
-    /// Replica-context updates of a sync-on-read variable are local whatever its aggregation:
-    /// the aggregation applies when it is read across replicas.
-    fn check_local_update(&self) -> Result<(), ValuesError> {
-        Ok(())
+    /// Updates only replica `replica`'s component and returns its new value: any
+    /// replica-context update, whatever the aggregation, which applies when the variable is read
+    /// across replicas.
+    pub fn update_local(&self, replica: usize, op: UpdateOp, value: &T) -> Result<T, ValuesError> {
+        self.0.update_one(replica, op, value)
     }
 
     /// The aggregated value, as read outside the replicas: the sum, the mean, or replica 0's
@@ -512,8 +524,10 @@ impl<T: VariableValue> SyncOnReadVariable<T> {
                 aggregation: VariableAggregation::None,
             }),
             VariableAggregation::OnlyFirstReplica => self.0.read(0),
-            VariableAggregation::Sum => self.0.sum(),
-            VariableAggregation::Mean => self.0.sum()?.divide_by_count(self.num_replicas()),
+            VariableAggregation::Sum => sum(&self.0.values()),
+            VariableAggregation::Mean => {
+                sum(&self.0.values())?.divide_by_count(self.num_replicas())
+            }
         }
     }
 
@@ -526,7 +540,7 @@ impl<T: VariableValue> SyncOnReadVariable<T> {
     pub fn assign_cross_replica(&self, op: UpdateOp, value: &T) -> Result<(), ValuesError> {
         let core = &self.0;
         if core.aggregation != VariableAggregation::Sum {
-            return core.update_all(op, value);
+            return core.update_all(op, value).map(drop);
         }
         if op != UpdateOp::Assign {
             return Err(ValuesError::CrossReplicaUpdateUnsupported {
@@ -536,6 +550,7 @@ impl<T: VariableValue> SyncOnReadVariable<T> {
             });
         }
         core.update_all(op, &value.divide_by_count(self.num_replicas())?)
+            .map(drop)
     }
 
     /// The components' current values as a [`PerReplica`] value.

@@ -23,6 +23,9 @@ pub struct TaskGroups<T> {
     pub devices: Vec<Vec<String>>,
     /// The values of each task, parallel to `devices`.
     pub values: Vec<Vec<T>>,
+    /// The position of each value in the input list, parallel to `values`: where a result
+    /// computed for that value goes back to.
+    pub indices: Vec<Vec<usize>>,
 }
 
 /// Groups `values` (one per device) by the task of their device (TF's `_split_by_task`).
@@ -45,8 +48,9 @@ pub fn split_by_task<S: AsRef<str>, T: Clone>(
     let mut groups = TaskGroups {
         devices: Vec::new(),
         values: Vec::new(),
+        indices: Vec::new(),
     };
-    for (device, value) in devices.iter().zip(values) {
+    for (position, (device, value)) in devices.iter().zip(values).enumerate() {
         let device = device.as_ref();
         let spec: DeviceSpec = device.parse().map_err(|e| {
             CollectiveError::Invariant(format!("failed to parse device '{device}': {e}"))
@@ -67,13 +71,43 @@ pub fn split_by_task<S: AsRef<str>, T: Clone>(
                 keys.push(key);
                 groups.devices.push(Vec::new());
                 groups.values.push(Vec::new());
+                groups.indices.push(Vec::new());
                 keys.len() - 1
             }
         };
         groups.devices[index].push(device.to_owned());
         groups.values[index].push(value.clone());
+        groups.indices[index].push(position);
     }
     Ok(groups)
+}
+
+impl<T> TaskGroups<T> {
+    /// Puts per-task results (parallel to `values`) back into input order.
+    fn scatter<U>(&self, per_task: Vec<Vec<U>>) -> Result<Vec<U>, CollectiveError> {
+        let count = self.indices.iter().map(Vec::len).sum();
+        let mut slots: Vec<Option<U>> = (0..count).map(|_| None).collect();
+        for (results, indices) in per_task.into_iter().zip(&self.indices) {
+            if results.len() != indices.len() {
+                return Err(CollectiveError::Invariant(format!(
+                    "a task of {} devices got {} results back",
+                    indices.len(),
+                    results.len()
+                )));
+            }
+            for (result, &i) in results.into_iter().zip(indices) {
+                slots[i] = Some(result);
+            }
+        }
+        slots
+            .into_iter()
+            .map(|slot| {
+                slot.ok_or_else(|| {
+                    CollectiveError::Invariant("a device got no result from its task".into())
+                })
+            })
+            .collect()
+    }
 }
 
 /// Runs `red_f` on more than one input; a single input is returned as it is, or with `un_op`
@@ -94,7 +128,8 @@ pub fn reduce_non_singleton(
 }
 
 /// NCCL within each task, `upper` across the first device of each task, then a copy of each
-/// task's result to its devices (TF's `_build_nccl_hybrid`).
+/// task's result to its devices (TF's `_build_nccl_hybrid`). Outputs come back in input order,
+/// where TF concatenates them task by task; the two agree for worker-major device lists.
 fn nccl_hybrid(
     inputs: &[Tensor],
     upper: impl FnOnce(&[Tensor]) -> Result<Vec<Tensor>, CollectiveError>,
@@ -108,17 +143,17 @@ fn nccl_hybrid(
         .map(|values| Ok(nccl_all_reduce(values, ReduceOp::Sum, None)?.swap_remove(0)))
         .collect::<Result<Vec<_>, CollectiveError>>()?;
     let level2 = upper(&up)?;
-    let outputs = tasks
+    let per_task = tasks
         .devices
         .iter()
         .zip(&level2)
-        .flat_map(|(devices, result)| devices.iter().map(|d| result.to_device(d)))
+        .map(|(devices, result)| devices.iter().map(|d| result.to_device(d)).collect())
         .collect();
-    restore_shape(outputs, &shape)
+    restore_shape(tasks.scatter(per_task)?, &shape)
 }
 
 /// A shuffle gather onto `gather_devices[w]` within each task `w`, `upper` across those, then a
-/// shuffle scatter back to each task's devices (TF's `_build_shuffle_hybrid`).
+/// shuffle scatter back to each task's devices (TF's `_build_shuffle_hybrid`), in input order.
 fn shuffle_hybrid(
     inputs: &[Tensor],
     gather_devices: &[&str],
@@ -143,12 +178,12 @@ fn shuffle_hybrid(
         .map(|(values, g)| Ok(shuffle_gather(values, &[g], red_op, None)?.swap_remove(0)))
         .collect::<Result<Vec<_>, CollectiveError>>()?;
     let level2 = upper(&up)?;
-    let mut outputs = Vec::with_capacity(flat.len());
+    let mut per_task = Vec::with_capacity(tasks.devices.len());
     for (devices, result) in tasks.devices.iter().zip(&level2) {
         let dst: Vec<&str> = devices.iter().map(String::as_str).collect();
-        outputs.extend(shuffle_scatter(std::slice::from_ref(result), &dst)?);
+        per_task.push(shuffle_scatter(std::slice::from_ref(result), &dst)?);
     }
-    restore_shape(outputs, &shape)
+    restore_shape(tasks.scatter(per_task)?, &shape)
 }
 
 /// NCCL all-sum within each task, then a ring (with `subdiv` subchunks) across tasks.

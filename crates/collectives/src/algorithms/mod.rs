@@ -5,9 +5,13 @@
 //! Every function takes one tensor per participating device (each tensor carries its device)
 //! and returns one fully reduced tensor per device, in input order, after running the
 //! algorithm's real data movement on host tensors: the same chunks travel the same paths and are
-//! combined in the same order as TF's graph would, so these serve both as alternative all-reduce
-//! strategies and as executable references for device backends. Element-wise combining goes
-//! through the crate's fixed-order kernel.
+//! combined in the same order as TF's graph would. Element-wise combining goes through the
+//! crate's fixed-order kernel.
+//!
+//! What they are today: host implementations of the algorithms in TF's `all_reduce.py`, tested
+//! against the element-wise mean (COL-42..COL-56), usable as executable references for device
+//! backends. No [`CrossDeviceOps`](crate::CrossDeviceOps) backend selects them yet, so a strategy
+//! cannot choose one of them as its all-reduce.
 //!
 //! `red_op` is the pairwise or n-ary combination (`Sum`, `Min`, `Max`); a mean is a `Sum`
 //! followed by a [`UnaryOp`] dividing by the participant count, applied once per reduced shard
@@ -38,8 +42,8 @@ use crate::kernel::reduce_tensors;
 use crate::{CollectiveError, Tensor};
 
 /// An element-wise operation applied to each fully reduced shard before it is sent back to
-/// the devices (TF's `un_op`), e.g. a division by the participant count to turn a sum into a
-/// mean.
+/// the devices (TF's `un_op`), e.g. `&|t: &Tensor| t.divided_by(n)`, dividing by the
+/// participant count to turn a sum into a mean.
 pub type UnaryOp<'a> = &'a dyn Fn(&Tensor) -> Result<Tensor, CollectiveError>;
 
 /// Refuses `Mean` as a combining step: averaging pairwise partial results is not a mean of the

@@ -15,12 +15,35 @@ use crate::{CollectiveError, Tensor};
 
 /// For each subchunk `s`, `pred[s][d]` is the device that sends to device `d` on ring `s`, and
 /// `rank[s][d]` is `d`'s position on that ring.
+///
+/// Only [`ring_permutations`] builds one, so every ring is a permutation of the same devices
+/// and [`ring_gather`] only has to check that it fits its inputs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RingPermutations {
-    /// Predecessor of each device, per subchunk.
-    pub pred: Vec<Vec<usize>>,
-    /// Position of each device on the ring, per subchunk.
-    pub rank: Vec<Vec<usize>>,
+    pred: Vec<Vec<usize>>,
+    rank: Vec<Vec<usize>>,
+}
+
+impl RingPermutations {
+    /// Predecessor of each device, per subchunk: `pred()[s][d]` sends to `d` on ring `s`.
+    pub fn pred(&self) -> &[Vec<usize>] {
+        &self.pred
+    }
+
+    /// Position of each device on the ring, per subchunk: `rank()[s][d]`.
+    pub fn rank(&self) -> &[Vec<usize>] {
+        &self.rank
+    }
+
+    /// How many rings (subchunks) there are.
+    pub fn num_subchunks(&self) -> usize {
+        self.pred.len()
+    }
+
+    /// How many devices each ring passes through; 0 when there are no rings.
+    pub fn num_devices(&self) -> usize {
+        self.pred.first().map_or(0, Vec::len)
+    }
 }
 
 /// The rings of `num_workers` workers with `gpu_perm.len()` GPUs each, one per subchunk (TF's
@@ -116,12 +139,12 @@ pub fn ring_gather(
             pad_len: 0,
         });
     }
-    if perms.pred.len() != num_subchunks || perms.pred.iter().any(|p| p.len() != devices) {
+    if perms.num_subchunks() != num_subchunks || perms.num_devices() != devices {
         return Err(CollectiveError::InvalidArgument(format!(
             "ring permutations for {} subchunks of {} devices do not fit {devices} inputs in \
-             {num_subchunks} subchunks",
-            perms.pred.len(),
-            perms.pred.first().map_or(0, Vec::len)
+             {num_subchunks} subchunks; build them with ring_permutations for these inputs",
+            perms.num_subchunks(),
+            perms.num_devices()
         )));
     }
     let num_chunks = devices * num_subchunks;

@@ -1,4 +1,9 @@
-//! VAL-19..VAL-29: DistributedValues, PerReplica, Mirrored.
+//! DistributedValues, PerReplica, Mirrored: VAL-19, VAL-20, VAL-22, VAL-23, VAL-26, VAL-27 (the
+//! read inside replica i) and VAL-28 (components and back, mapping over leaves).
+//!
+//! Left out on purpose, as the crate docs' "Deliberate departures from TF" explain: VAL-21,
+//! VAL-24, VAL-25, VAL-29, the implicit-conversion cases of VAL-27 and the tracing cases of
+//! VAL-28.
 
 use std::sync::Arc;
 
@@ -78,6 +83,12 @@ fn val_26_display_shows_replicas_and_devices() {
 #[test]
 fn val_27_inside_replica_i_the_value_is_component_i() {
     let v = PerReplica::new(cpu_gpu(), vec![10, 20]).unwrap();
+    for (replica, expected) in [(0, 10), (1, 20)] {
+        assert_eq!(v.get(replica).unwrap(), &expected, "replica {replica}");
+    }
+    assert_eq!(v.get(2).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    let m = Mirrored::new(cpu_gpu(), vec![1.0, 1.0]).unwrap();
+    assert_eq!(m.get(1).unwrap(), &m.values()[1]);
     let by_iteration: Vec<(usize, &str, &i32)> = v.iter().collect();
     assert_eq!(by_iteration, [(0, CPU, &10), (1, GPU0, &20)]);
     assert_eq!((&v).into_iter().collect::<Vec<_>>(), [&10, &20]);

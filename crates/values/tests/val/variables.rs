@@ -3,8 +3,8 @@
 
 use distribute_values::{
     DistributedValues, DistributedVariable, ErrorKind, Leaf, Mirrored, MirroredVariable,
-    PerReplica, ReduceOp, SyncKind, SyncOnReadVariable, UpdateOp, ValuesError, VariableAggregation,
-    VariableSynchronization,
+    PerReplica, ReduceOp, ReplicaDeviceMap, SyncKind, SyncOnReadVariable, UpdateOp, ValuesError,
+    VariableAggregation, VariableSynchronization, VariableValue,
 };
 
 use crate::cpus;
@@ -353,6 +353,18 @@ fn val_45_update_per_component() {
             update(UpdateOp::Assign, &short).unwrap_err().kind(),
             ErrorKind::InvalidArgument
         );
+        // Laid out like the variable: replica i's value on the variable's replica-i device.
+        let mut swapped: Vec<&str> = map.primary_devices().collect();
+        swapped.reverse();
+        let elsewhere = ["/device:GPU:0", "/device:GPU:1"];
+        for (devices, named) in [(swapped, "as replica 0"), (elsewhere.to_vec(), "GPU:0")] {
+            let misplaced =
+                PerReplica::new(ReplicaDeviceMap::new(devices).unwrap(), vec![7.0, 8.0]).unwrap();
+            let err = update(UpdateOp::Assign, &misplaced).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+            assert!(err.to_string().contains(named), "{err}");
+            assert_eq!(read(), [3.0, 6.0], "nothing changes: {var:?}");
+        }
     }
 }
 
@@ -376,4 +388,103 @@ fn failed_arithmetic_leaves_every_component_unchanged() {
     assert_eq!(err.kind(), ErrorKind::InvalidArgument);
     assert_eq!(v.values(), [0, 250]);
     assert_eq!(v.to_mirrored().values(), [0, 250]);
+}
+
+#[test]
+fn val_46_aggregated_update_returns_what_it_stored_despite_concurrent_assigns() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let v = MirroredVariable::new("w", cpus(2), 0.0, Mean).unwrap();
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !done.load(Ordering::Relaxed) {
+                v.assign_cross_replica(UpdateOp::Assign, &2.0).unwrap();
+            }
+        });
+        let mine = Leaf::Same(1.0);
+        // The race window is short: many rounds, and no panic before the writer is stopped.
+        let returned: Result<Vec<f64>, _> = (0..100_000)
+            .map(|_| v.update_aggregated(UpdateOp::Assign, &mine))
+            .collect();
+        done.store(true, Ordering::Relaxed);
+        let returned = returned.unwrap();
+        assert!(
+            returned.iter().all(|&x| x == 1.0),
+            "update_aggregated returned another thread's value {} times",
+            returned.iter().filter(|&&x| x != 1.0).count()
+        );
+    });
+}
+
+/// A value whose dtype is per value, as the collectives layer's tensors are.
+#[derive(Debug, Clone, PartialEq)]
+enum Scalar {
+    F(f64),
+    I(i64),
+}
+
+impl VariableValue for Scalar {
+    fn is_floating(&self) -> bool {
+        matches!(self, Scalar::F(_))
+    }
+
+    fn try_add(&self, other: &Self) -> Result<Self, ValuesError> {
+        match (self, other) {
+            (Scalar::F(a), Scalar::F(b)) => Ok(Scalar::F(a + b)),
+            (Scalar::I(a), Scalar::I(b)) => Ok(Scalar::I(a + b)),
+            _ => Err(ValuesError::Arithmetic("mixed dtypes".into())),
+        }
+    }
+
+    fn try_sub(&self, other: &Self) -> Result<Self, ValuesError> {
+        self.try_add(&match other {
+            Scalar::F(b) => Scalar::F(-b),
+            Scalar::I(b) => Scalar::I(-b),
+        })
+    }
+
+    fn divide_by_count(&self, count: usize) -> Result<Self, ValuesError> {
+        Ok(match self {
+            Scalar::F(a) => Scalar::F(a / count as f64),
+            Scalar::I(a) => Scalar::I(a / count as i64),
+        })
+    }
+}
+
+#[test]
+fn val_43_mean_of_non_float_per_replica_values_is_refused() {
+    let map = cpus(2);
+    let v = MirroredVariable::new("m", map.clone(), Scalar::F(0.0), Mean).unwrap();
+    let ints = vec![Scalar::I(1), Scalar::I(2)];
+    let mixed = vec![Scalar::F(1.0), Scalar::I(2)];
+    let cases = [
+        (
+            "per-replica ints",
+            Leaf::PerReplica(PerReplica::new(map.clone(), ints.clone()).unwrap()),
+        ),
+        (
+            "mirrored ints",
+            Leaf::Mirrored(Mirrored::new(map.clone(), ints).unwrap()),
+        ),
+        (
+            "an int after a float",
+            Leaf::PerReplica(PerReplica::new(map.clone(), mixed).unwrap()),
+        ),
+    ];
+    for (case, value) in cases {
+        let err = v.update_aggregated(UpdateOp::Assign, &value).unwrap_err();
+        assert!(
+            matches!(err, ValuesError::MeanOnNonFloat { .. }),
+            "{case}: {err}"
+        );
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+        assert_eq!(v.values(), [Scalar::F(0.0), Scalar::F(0.0)], "{case}");
+    }
+    let floats =
+        Leaf::PerReplica(PerReplica::new(map, vec![Scalar::F(1.0), Scalar::F(2.0)]).unwrap());
+    assert_eq!(
+        v.update_aggregated(UpdateOp::Assign, &floats).unwrap(),
+        Scalar::F(1.5)
+    );
 }
