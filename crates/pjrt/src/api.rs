@@ -441,6 +441,31 @@ impl Api {
         Ok((replicas.count, outputs.count))
     }
 
+    /// The devices a loaded executable runs on, replica by replica (owned by the client).
+    pub(crate) unsafe fn loaded_executable_devices(
+        &self,
+        loaded: *mut sys::LoadedExecutable,
+    ) -> Result<Vec<*mut sys::Device>> {
+        let mut args = sys::LoadedExecutableAddressableDevicesArgs::new();
+        args.executable = loaded;
+        // SAFETY: caller passes a live loaded executable.
+        unsafe {
+            self.call(
+                index::LOADED_EXECUTABLE_ADDRESSABLE_DEVICES,
+                "PJRT_LoadedExecutable_AddressableDevices",
+                &mut args,
+            )
+        }?;
+        if args.num_addressable_devices == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: the plugin returned that many device pointers, owned by the client.
+        let devices = unsafe {
+            std::slice::from_raw_parts(args.addressable_devices, args.num_addressable_devices)
+        };
+        Ok(devices.to_vec())
+    }
+
     pub(crate) unsafe fn loaded_executable_destroy(
         &self,
         loaded: *mut sys::LoadedExecutable,
@@ -502,6 +527,18 @@ impl Api {
         args.buffer = buffer;
         // SAFETY: caller passes a live buffer that nothing uses any more.
         unsafe { self.call(index::BUFFER_DESTROY, "PJRT_Buffer_Destroy", &mut args) }
+    }
+
+    /// The device a buffer lives on (owned by the client).
+    pub(crate) unsafe fn buffer_device(
+        &self,
+        buffer: *mut sys::Buffer,
+    ) -> Result<*mut sys::Device> {
+        let mut args = sys::BufferDeviceArgs::new();
+        args.buffer = buffer;
+        // SAFETY: caller passes a live buffer.
+        unsafe { self.call(index::BUFFER_DEVICE, "PJRT_Buffer_Device", &mut args) }?;
+        Ok(args.device)
     }
 
     pub(crate) unsafe fn buffer_element_type(&self, buffer: *mut sys::Buffer) -> Result<c_int> {

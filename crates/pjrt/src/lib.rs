@@ -13,7 +13,7 @@
 //! N replicas. [`Plugin::discover`] finds a plugin: `PJRT_PLUGIN`, else the pinned CPU plugin that
 //! `cargo xtask fetch-pjrt` installs; a missing plugin is an error that says how to get one.
 //!
-//! ```no_run
+//! ```
 //! use distribute_pjrt::stablehlo::{AllReduceOp, Builder, ReplicaGroups, TensorType};
 //! use distribute_pjrt::{Client, ClientOptions, ElementType, Plugin};
 //!

@@ -198,12 +198,15 @@ impl Client {
             raw,
             num_replicas: 0,
             num_outputs: 0,
+            devices: Vec::new(),
         };
         // SAFETY: the executable is live (and freed by `executable`'s Drop on error).
         let (num_replicas, num_outputs) =
             unsafe { self.inner.plugin.api.loaded_executable_counts(raw) }?;
         executable.num_replicas = num_replicas;
         executable.num_outputs = num_outputs;
+        // SAFETY: as above.
+        executable.devices = unsafe { self.inner.plugin.api.loaded_executable_devices(raw) }?;
         Ok(executable)
     }
 }
@@ -320,6 +323,8 @@ pub struct LoadedExecutable {
     raw: *mut sys::LoadedExecutable,
     num_replicas: usize,
     num_outputs: usize,
+    /// The device of each replica, to check arguments before a launch.
+    devices: Vec<*mut sys::Device>,
 }
 
 // SAFETY: PJRT executables may be executed from several threads at once; the handle is freed
@@ -339,6 +344,7 @@ impl fmt::Debug for LoadedExecutable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LoadedExecutable")
             .field("num_replicas", &self.num_replicas)
+            .field("devices", &self.devices.len())
             .field("num_outputs", &self.num_outputs)
             .finish()
     }
@@ -375,20 +381,31 @@ impl LoadedExecutable {
                 list.len()
             )));
         }
+        let api = &self.client.plugin.api;
         let mut raw_arguments = Vec::with_capacity(arguments.len());
-        for list in arguments {
+        for (replica, list) in arguments.iter().enumerate() {
             let mut raw = Vec::with_capacity(list.len());
-            for buffer in list {
+            for (i, buffer) in list.iter().enumerate() {
                 if !Arc::ptr_eq(&buffer.client, &self.client) {
                     return Err(PjrtError::InvalidArgument(
                         "an argument buffer belongs to another client".to_owned(),
                     ));
                 }
+                // A misplaced argument fails that replica's launch while the others start and
+                // then wait forever at their first collective (XLA aborts the process), so every
+                // placement is checked before anything starts.
+                // SAFETY: the buffer is live and of this client.
+                let device = unsafe { api.buffer_device(buffer.raw) }?;
+                if self.devices.get(replica).is_some_and(|&d| d != device) {
+                    return Err(PjrtError::InvalidArgument(format!(
+                        "argument {i} of replica {replica} is on another device than the one the \
+                         program assigns to replica {replica}; copy it there first"
+                    )));
+                }
                 raw.push(buffer.raw);
             }
             raw_arguments.push(raw);
         }
-        let api = &self.client.plugin.api;
         // Hold the queue while launching, so that concurrent launches respect the bound too.
         let mut in_flight = self
             .client
@@ -485,6 +502,12 @@ impl Execution {
     /// Each replica's outputs, before the computation has finished.
     pub fn outputs(&self) -> &[Vec<Buffer>] {
         &self.outputs
+    }
+
+    /// The outputs without waiting: reading one waits for it, and a failed execution reports
+    /// its error there.
+    pub fn into_outputs(self) -> Vec<Vec<Buffer>> {
+        self.outputs
     }
 
     /// Waits for every replica to finish and returns their outputs; the first failure is the

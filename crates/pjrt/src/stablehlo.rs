@@ -617,6 +617,38 @@ impl Builder {
         self.dot_general(lhs, rhs, &dims)
     }
 
+    /// The block of `x` of shape `sizes` starting at `start` (one integer scalar per dimension,
+    /// clamped by the op so that the block stays inside `x`).
+    pub fn dynamic_slice(&mut self, x: &Value, start: &[&Value], sizes: &[i64]) -> Result<Value> {
+        let rank = x.ty.dims.len();
+        let valid = start.len() == rank
+            && sizes.len() == rank
+            && sizes
+                .iter()
+                .zip(&x.ty.dims)
+                .all(|(s, d)| (0..=*d).contains(s))
+            && start.iter().all(|v| {
+                v.ty.dims.is_empty() && matches!(v.ty.element, ElementType::S32 | ElementType::S64)
+            });
+        if !valid {
+            return Err(PjrtError::InvalidArgument(format!(
+                "stablehlo.dynamic_slice of {}: give one integer scalar start and one size (at \
+                 most the dimension) per dimension, got {} starts and sizes {sizes:?}",
+                x.ty,
+                start.len()
+            )));
+        }
+        let mut operands = vec![x];
+        operands.extend_from_slice(start);
+        let attributes = format!(" {{slice_sizes = {}}}", i64_array(sizes));
+        Ok(self.op(
+            "stablehlo.dynamic_slice",
+            &operands,
+            &attributes,
+            TensorType::new(x.ty.element, sizes),
+        ))
+    }
+
     /// A region `^bb0(args): body; return results` at the current depth, as text.
     fn region(
         &mut self,
@@ -1059,6 +1091,20 @@ module @m attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 2 : i32
         let p = b.compare(Comparison::Lt, &x, &x).unwrap();
         assert_eq!(p.ty().element, ElementType::Pred);
         assert_eq!(b.select(&p, &x, &x).unwrap().ty(), &f32s(&[2, 3]));
+    }
+
+    #[test]
+    fn dynamic_slice_takes_one_start_per_dimension() {
+        let mut b = Builder::new();
+        let x = b.parameter(f32s(&[5, 3]));
+        let i = b.scalar(2i32);
+        let zero = b.scalar(0i32);
+        assert_eq!(
+            b.dynamic_slice(&x, &[&i, &zero], &[1, 3]).unwrap().ty(),
+            &f32s(&[1, 3])
+        );
+        assert!(b.dynamic_slice(&x, &[&i], &[1, 3]).is_err());
+        assert!(b.dynamic_slice(&x, &[&i, &zero], &[1, 4]).is_err());
     }
 
     #[test]

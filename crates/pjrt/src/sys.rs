@@ -94,10 +94,12 @@ pub(crate) mod index {
     pub(crate) const EXECUTABLE_NUM_OUTPUTS: usize = 44;
     pub(crate) const LOADED_EXECUTABLE_DESTROY: usize = 50;
     pub(crate) const LOADED_EXECUTABLE_GET_EXECUTABLE: usize = 51;
+    pub(crate) const LOADED_EXECUTABLE_ADDRESSABLE_DEVICES: usize = 52;
     pub(crate) const LOADED_EXECUTABLE_EXECUTE: usize = 55;
     pub(crate) const BUFFER_DESTROY: usize = 58;
     pub(crate) const BUFFER_ELEMENT_TYPE: usize = 59;
     pub(crate) const BUFFER_DIMENSIONS: usize = 60;
+    pub(crate) const BUFFER_DEVICE: usize = 65;
     pub(crate) const BUFFER_TO_HOST_BUFFER: usize = 70;
     /// The highest index above: a plugin's table must reach it.
     pub(crate) const HIGHEST_USED: usize = BUFFER_TO_HOST_BUFFER;
@@ -357,6 +359,23 @@ pub(crate) struct BufferDimensionsArgs {
 }
 
 #[repr(C)]
+pub(crate) struct LoadedExecutableAddressableDevicesArgs {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub executable: *mut LoadedExecutable,
+    pub addressable_devices: *const *mut Device,
+    pub num_addressable_devices: usize,
+}
+
+#[repr(C)]
+pub(crate) struct BufferDeviceArgs {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub buffer: *mut Buffer,
+    pub device: *mut Device,
+}
+
+#[repr(C)]
 pub(crate) struct BufferToHostBufferArgs {
     pub struct_size: usize,
     pub extension_start: *mut c_void,
@@ -397,6 +416,8 @@ const _: () = {
     assert!(size_of::<BufferElementTypeArgs>() == 32); // 28 + tail padding
     assert!(size_of::<BufferDimensionsArgs>() == 40);
     assert!(size_of::<BufferToHostBufferArgs>() == 56);
+    assert!(size_of::<LoadedExecutableAddressableDevicesArgs>() == 40);
+    assert!(size_of::<BufferDeviceArgs>() == 32);
 };
 
 /// Argument structs: plain C data whose first field is `struct_size`.
@@ -450,4 +471,6 @@ args_structs!(
     BufferElementTypeArgs,
     BufferDimensionsArgs,
     BufferToHostBufferArgs,
+    LoadedExecutableAddressableDevicesArgs,
+    BufferDeviceArgs,
 );

@@ -229,6 +229,33 @@ fn dense_ops_compute_what_the_host_computes() {
 }
 
 #[test]
+fn dynamic_slice_reads_the_row_a_loop_counter_selects() {
+    let client = client(1);
+    let mut b = Builder::new();
+    let x = b.parameter(f32s(&[3, 2]));
+    let i = b.parameter(TensorType::scalar(ElementType::S32));
+    let zero = b.scalar(0i32);
+    let row = b.dynamic_slice(&x, &[&i, &zero], &[1, 2]).unwrap();
+    let module = b.build("slice", &[row], 1).unwrap();
+    let exe = client
+        .compile(module.text(), &module.compile_options())
+        .unwrap_or_else(|err| panic!("{err}\n{}", module.text()));
+    let device = &client.devices().unwrap()[0];
+    let xb = client
+        .buffer_from_host(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2], device)
+        .unwrap();
+    for (index, expected) in [(0i32, [1.0f32, 2.0]), (2, [5.0, 6.0]), (7, [5.0, 6.0])] {
+        let ib = client.buffer_from_host(&[index], &[], device).unwrap();
+        let out = exe.execute(&[vec![&xb, &ib]]).unwrap().wait().unwrap();
+        assert_eq!(
+            out[0][0].to_vec::<f32>().unwrap(),
+            expected,
+            "row {index} (clamped)"
+        );
+    }
+}
+
+#[test]
 fn a_while_loop_with_a_cross_replica_sum_in_its_body() {
     // TPU-27's shape: 10 iterations adding 1 per replica, then a sum over replicas.
     let client = client(4);
@@ -359,4 +386,45 @@ fn two_hundred_executions_in_flight_complete() {
             [per_step, 1.0 + per_step]
         );
     }
+}
+
+#[test]
+fn a_device_assignment_places_replicas_on_chosen_devices() {
+    let client = client(4);
+    let mut b = Builder::new();
+    let x = b.parameter(f32s(&[1]));
+    let id = b.replica_id();
+    let id = b.convert(&id, ElementType::F32);
+    let id = b.reshape(&id, &[1]).unwrap();
+    let y = b.add(&x, &id).unwrap();
+    let sum = b
+        .all_reduce(&y, AllReduceOp::Sum, &ReplicaGroups::all(2))
+        .unwrap();
+    let module = b.build("placed", &[y, sum], 2).unwrap();
+    let options = CompileOptions {
+        device_assignment: Some(vec![3, 1]),
+        ..CompileOptions::replicated(2)
+    };
+    let exe = client.compile(module.text(), &options).unwrap();
+    let devices = client.devices().unwrap();
+    let on = |device: usize, v: f32| {
+        client
+            .buffer_from_host(&[v], &[1], &devices[device])
+            .unwrap()
+    };
+    let (a, c) = (on(3, 10.0), on(1, 20.0));
+    let out = exe.execute(&[vec![&a], vec![&c]]).unwrap().wait().unwrap();
+    assert_eq!(out[0][0].to_vec::<f32>().unwrap(), [10.0]);
+    assert_eq!(out[1][0].to_vec::<f32>().unwrap(), [21.0]);
+    assert_eq!(out[0][1].to_vec::<f32>().unwrap(), [31.0]);
+    // Inputs on the default devices (0, 1) do not match the assignment.
+    let (d0, d1) = (on(0, 1.0), on(1, 2.0));
+    let err = exe
+        .execute(&[vec![&d0], vec![&d1]])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("argument 0 of replica 0 is on another device"),
+        "refused before any replica starts (a partial launch would hang): {err}"
+    );
 }
