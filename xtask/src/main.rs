@@ -21,8 +21,8 @@ commands:
   ci                          cargo fmt --check, clippy --all-targets -D warnings, then test
   fetch-pjrt                  install the pinned PJRT CPU plugin under target/pjrt/ (pip, sha256
                               checked; a no-op when installed); `test` runs it first
-  bench [SUITE...]            run benchmark suites: device-spec, collectives, input, strategy
-                              (one JSON line per case), or every bench when none is named
+  bench [SUITE...]            run benchmark suites: device-spec, collectives, input, strategy,
+                              tpu (one JSON line per case), or every bench when none is named
   help                        print this message
 ";
 
@@ -97,6 +97,7 @@ const SUITES: &[(&str, &str, Option<&str>)] = &[
     ("collectives", "distribute-collectives", Some("collectives")),
     ("input", "distribute-input", Some("input")),
     ("strategy", "distribute-mirrored", Some("strategy")),
+    ("tpu", "distribute-tpu", Some("tpu")),
 ];
 
 /// Runs benchmark suites by name, or every bench of the workspace when none is named.
