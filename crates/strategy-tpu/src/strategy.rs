@@ -4,13 +4,13 @@
 use std::fmt;
 use std::sync::Arc;
 
-use distribute_collectives::CrossDeviceOps;
+use distribute_collectives::{CrossDeviceOps, Tensor};
 use distribute_mirrored::MirroredStrategy;
 use distribute_pjrt::{Client, ClientOptions, Device, Plugin};
 use distribute_strategy::{
     MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
 };
-use distribute_values::{Regroup, ReplicaDeviceMap};
+use distribute_values::{DistributedValues, PerReplica, Regroup, ReplicaDeviceMap};
 
 use crate::TpuError;
 use crate::function::{DeviceValue, StepBuilder, StepInput, TpuFunction};
@@ -208,6 +208,44 @@ impl TpuStrategy {
     /// prefetch to device). A [`StepInput::Device`] value is already there and is refused.
     pub fn to_device(&self, input: StepInput<'_>) -> Result<DeviceValue, TpuError> {
         crate::function::to_device(self, input)
+    }
+
+    /// Pads every replica's batch (leading dimension) with zero rows to `rows`, so that a short
+    /// last batch runs the program compiled for full ones (TF's dynamic padder) instead of
+    /// compiling another. Returns the padded batch and a per-replica `f32` mask of shape
+    /// `[rows]`: 1 for real rows, 0 for padding; the step multiplies per-example terms by it.
+    pub fn pad_batch(
+        &self,
+        batch: &PerReplica<Tensor>,
+        rows: usize,
+    ) -> Result<(PerReplica<Tensor>, PerReplica<Tensor>), TpuError> {
+        let mut padded = Vec::new();
+        let mut masks = Vec::new();
+        for (r, t) in batch.values().iter().enumerate() {
+            let have = *t.shape().first().ok_or_else(|| {
+                TpuError::InvalidArgument(format!(
+                    "replica {r}'s batch is a scalar; padding needs a leading batch dimension"
+                ))
+            })?;
+            if have > rows {
+                return Err(TpuError::InvalidArgument(format!(
+                    "replica {r}'s batch has {have} rows, more than the {rows} to pad to"
+                )));
+            }
+            let mut shape = t.shape().to_vec();
+            shape[0] = rows - have;
+            let zeros = Tensor::zeros(t.device(), t.dtype(), &shape);
+            padded.push(Tensor::concat_rows(t.device(), &[t.clone(), zeros])?);
+            let mask: Vec<f32> = (0..rows)
+                .map(|i| if i < have { 1.0 } else { 0.0 })
+                .collect();
+            masks.push(Tensor::from_vec(t.device(), &[rows], mask)?);
+        }
+        let map = Arc::clone(batch.shared_device_map());
+        Ok((
+            PerReplica::new(Arc::clone(&map), padded)?,
+            PerReplica::new(map, masks)?,
+        ))
     }
 
     /// A compiled step function: `step` is traced once per input signature into a replicated

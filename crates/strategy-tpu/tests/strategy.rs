@@ -463,3 +463,81 @@ fn run_steps_trains_the_same_weights_in_one_device_loop() {
         "{err}"
     );
 }
+
+#[test]
+fn a_short_last_batch_is_padded_with_a_mask_instead_of_recompiled() {
+    let (x, y) = data();
+    let s = strategy(2);
+    // Σ_replicas xᵀ((x w − y) · mask) with w = 0.5: the masked gradient sum.
+    let step = s.function(|b, args| {
+        let (x, y, mask) = (&args[0], &args[1], &args[2]);
+        let w = b.splat(0.5f32, &[FEATURES as i64]);
+        let predicted = b.matmul(x, &w)?;
+        let error = b.subtract(&predicted, y)?;
+        let error = b.multiply(&error, mask)?;
+        let gradient = b.dot_general(
+            x,
+            &error,
+            &DotDims {
+                lhs_contracting: vec![0],
+                rhs_contracting: vec![0],
+                ..DotDims::default()
+            },
+        )?;
+        Ok(vec![b.all_reduce(ReduceOp::Sum, &gradient)?])
+    });
+    let devices = s.worker_devices();
+    let host_gradient = |rows: std::ops::Range<usize>| {
+        let xs = x.slice(ndarray::s![rows.clone(), ..]);
+        let error = xs.dot(&Array1::from_elem(FEATURES, 0.5f32)) - y.slice(ndarray::s![rows]);
+        xs.t().dot(&error)
+    };
+    // A full batch of 128 rows per replica, then a short one of 100 + 60 rows.
+    for (sizes, compilations) in [([128usize, 128], 1), ([100, 60], 1)] {
+        let mut start = 0;
+        let mut xs = Vec::new();
+        let mut ys = Vec::new();
+        let mut expected = Array1::<f32>::zeros(FEATURES);
+        for (r, &n) in sizes.iter().enumerate() {
+            let rows = start..start + n;
+            xs.push(Tensor::from_array(
+                &devices[r],
+                x.slice(ndarray::s![rows.clone(), ..]).to_owned(),
+            ));
+            ys.push(Tensor::from_array(
+                &devices[r],
+                y.slice(ndarray::s![rows.clone()]).to_owned(),
+            ));
+            expected = expected + host_gradient(rows);
+            start += n;
+        }
+        let (px, mask) = s.pad_batch(&per_replica(&s, xs), 128).unwrap();
+        let (py, _) = s.pad_batch(&per_replica(&s, ys), 128).unwrap();
+        let out = step
+            .run(&[
+                StepInput::PerReplica(&px),
+                StepInput::PerReplica(&py),
+                StepInput::PerReplica(&mask),
+            ])
+            .unwrap();
+        assert_eq!(
+            step.compilations(),
+            compilations,
+            "padding keeps the compiled shape"
+        );
+        let got = out[0].replica(0).unwrap().to_vec::<f32>().unwrap();
+        assert_close_relative(&got, expected.as_slice().unwrap());
+    }
+    let (too_long, _) = shards(&s, &x, &y);
+    let err = s.pad_batch(&too_long, 100).unwrap_err();
+    assert!(
+        matches!(err, TpuError::InvalidArgument(ref m) if m.contains("more than the 100")),
+        "{err}"
+    );
+}
+
+fn assert_close_relative(got: &[f32], expected: &[f32]) {
+    for (g, e) in got.iter().zip(expected) {
+        assert!((g - e).abs() <= 1e-4 * e.abs().max(1.0), "{g} vs {e}");
+    }
+}
