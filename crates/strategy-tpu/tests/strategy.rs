@@ -541,3 +541,36 @@ fn assert_close_relative(got: &[f32], expected: &[f32]) {
         assert!((g - e).abs() <= 1e-4 * e.abs().max(1.0), "{g} vs {e}");
     }
 }
+
+#[test]
+fn tpu_26_steps_on_single_core_sub_strategies() {
+    let topology = TpuStrategy::topology_for(2).unwrap();
+    let on_core = |core: i32| {
+        let assignment =
+            DeviceAssignment::new(topology.clone(), &[vec![vec![0, 0, 0, core]]]).unwrap();
+        TpuStrategy::new(TpuConfig {
+            device_assignment: Some(assignment),
+            ..TpuConfig::cpu(2)
+        })
+        .unwrap()
+    };
+    let v = Tensor::from_vec("/cpu:0", &[1], vec![0.0f32]).unwrap();
+    let mut total = 0.0;
+    for core in [0, 1] {
+        let s = on_core(core);
+        let plus_one = s.function(|b, v| {
+            let one = b.splat(1.0f32, &[1]);
+            Ok(vec![b.add(&v[0], &one)?])
+        });
+        let out = plus_one.run(&[StepInput::Same(&v)]).unwrap();
+        assert!(
+            out[0]
+                .replica(0)
+                .unwrap()
+                .device()
+                .ends_with(&format!("device:TPU:{core}"))
+        );
+        total += out[0].replica(0).unwrap().to_vec::<f32>().unwrap()[0];
+    }
+    assert_eq!(total, 2.0);
+}
