@@ -340,8 +340,13 @@ fn wrong_argument_lists_are_refused_before_the_plugin_sees_them() {
 /// issued without waiting, each consuming the previous one's output, and all must complete.
 #[test]
 fn two_hundred_executions_in_flight_complete() {
+    for replicas in [4, 8] {
+        two_hundred_executions_on(replicas);
+    }
+}
+
+fn two_hundred_executions_on(replicas: usize) {
     const STEPS: usize = 200;
-    let replicas = 4;
     let client = client(replicas);
     let mut b = Builder::new();
     let x = b.parameter(f32s(&[2]));
@@ -351,7 +356,11 @@ fn two_hundred_executions_in_flight_complete() {
     let one = b.splat(1.0f32, &[2]);
     let contribution = b.add(&id, &one).unwrap(); // replica r adds r + 1
     let total = b
-        .all_reduce(&contribution, AllReduceOp::Sum, &ReplicaGroups::all(4))
+        .all_reduce(
+            &contribution,
+            AllReduceOp::Sum,
+            &ReplicaGroups::all(replicas as u32),
+        )
         .unwrap();
     let next = b.add(&x, &total).unwrap();
     let module = b.build("step", &[next], replicas as u32).unwrap();
@@ -378,8 +387,8 @@ fn two_hundred_executions_in_flight_complete() {
     for execution in in_flight {
         execution.wait().unwrap();
     }
-    // Each step adds 1 + 2 + 3 + 4 = 10.
-    let per_step = 10.0 * STEPS as f32;
+    // Each step adds 1 + 2 + … + replicas.
+    let per_step = (replicas * (replicas + 1) / 2 * STEPS) as f32;
     for replica in &last {
         assert_eq!(
             replica[0].to_vec::<f32>().unwrap(),
