@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
+mod pjrt;
 #[cfg(test)]
 mod tidy;
 
@@ -18,8 +19,10 @@ commands:
   test [CARGO-TEST-ARGS...]   run every test of the workspace (unit, integration, benches in
                               test mode, doc tests); extra args go to the test binaries
   ci                          cargo fmt --check, clippy --all-targets -D warnings, then test
-  bench [SUITE...]            run benchmark suites: device-spec, collectives, input, strategy
-                              (one JSON line per case), or every bench when none is named
+  fetch-pjrt                  install the pinned PJRT CPU plugin under target/pjrt/ (pip, sha256
+                              checked; a no-op when installed); `test` runs it first
+  bench [SUITE...]            run benchmark suites: device-spec, collectives, input, strategy,
+                              tpu (one JSON line per case), or every bench when none is named
   help                        print this message
 ";
 
@@ -43,6 +46,7 @@ fn run(args: &[String]) -> Result<()> {
         "test" => test(rest),
         "ci" => ci(rest),
         "bench" => bench(rest),
+        "fetch-pjrt" => pjrt::fetch(&workspace_root(), rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
@@ -54,6 +58,7 @@ fn run(args: &[String]) -> Result<()> {
 /// Runs every test of the workspace. Doc tests need their own invocation because
 /// `--all-targets` leaves them out.
 fn test(extra: &[String]) -> Result<()> {
+    pjrt::fetch(&workspace_root(), &[])?;
     let mut all_targets = vec!["test", "--workspace", "--all-targets"];
     let mut doc = vec!["test", "--workspace", "--doc"];
     if !extra.is_empty() {
@@ -92,6 +97,7 @@ const SUITES: &[(&str, &str, Option<&str>)] = &[
     ("collectives", "distribute-collectives", Some("collectives")),
     ("input", "distribute-input", Some("input")),
     ("strategy", "distribute-mirrored", Some("strategy")),
+    ("tpu", "distribute-tpu", Some("tpu")),
 ];
 
 /// Runs benchmark suites by name, or every bench of the workspace when none is named.

@@ -1,0 +1,634 @@
+//! Checked layer: one `unsafe fn` per PJRT function this crate uses, each returning a
+//! [`Result`] whose error carries the plugin's message (read with `PJRT_Error_Message`, then
+//! freed with `PJRT_Error_Destroy`). Pointers in and out stay raw; ownership is
+//! [`crate::runtime`]'s business.
+//!
+//! Every function here is `unsafe` for the same reason: the handles passed in must be live
+//! handles of this plugin, and pointer arguments must be valid for the call.
+
+use std::ffi::{c_char, c_int, c_void};
+use std::path::{Path, PathBuf};
+
+use crate::error::{ErrorCode, PjrtError, Result};
+use crate::sys::{self, Args, index};
+
+/// A loaded plugin's function table. The library stays loaded for as long as this lives.
+pub(crate) struct Api {
+    // Never read: holding it keeps the plugin mapped while `table` points into it.
+    _library: libloading::Library,
+    table: *const sys::ApiHeader,
+    functions: usize,
+    pub(crate) major: i32,
+    pub(crate) minor: i32,
+    pub(crate) path: PathBuf,
+}
+
+// SAFETY: the table is immutable after GetPjrtApi returns, and PJRT functions may be called from
+// any thread (the C API makes no thread-affinity demands; JAX calls it from many threads).
+unsafe impl Send for Api {}
+// SAFETY: as above; `&Api` only reads the immutable table.
+unsafe impl Sync for Api {}
+
+impl Api {
+    /// Loads the plugin at `path`, checks its API version and table length, and initializes it.
+    ///
+    /// # Safety
+    /// Loading runs the library's initializers: `path` must be a PJRT plugin, and it must be
+    /// loaded (and initialized) only once per process; [`crate::Plugin::load`] caches for that.
+    pub(crate) unsafe fn load(path: &Path) -> Result<Api> {
+        // SAFETY: the caller vouches that `path` is a PJRT plugin whose initializers are sound.
+        let library =
+            unsafe { libloading::Library::new(path) }.map_err(|source| PjrtError::Load {
+                path: path.to_owned(),
+                source,
+            })?;
+        type GetPjrtApi = unsafe extern "C" fn() -> *const sys::ApiHeader;
+        // SAFETY: the symbol, where present, has the C signature `const PJRT_Api* GetPjrtApi()`.
+        let get_api = unsafe { library.get::<GetPjrtApi>(b"GetPjrtApi\0") }.map_err(|_| {
+            PjrtError::NotAPlugin {
+                path: path.to_owned(),
+            }
+        })?;
+        // SAFETY: GetPjrtApi takes nothing and returns a pointer to a static table.
+        let table = unsafe { get_api() };
+        if table.is_null() {
+            return Err(PjrtError::NotAPlugin {
+                path: path.to_owned(),
+            });
+        }
+        // SAFETY: a non-null table starts with the header (size, extension, version).
+        let header = unsafe { &*table };
+        let functions = header.struct_size.saturating_sub(sys::FUNCTIONS_OFFSET) / 8;
+        let (major, minor) = (header.version.major_version, header.version.minor_version);
+        if major != sys::API_MAJOR {
+            return Err(PjrtError::VersionMismatch {
+                path: path.to_owned(),
+                major,
+                minor,
+                expected_major: sys::API_MAJOR,
+                checked_minor: sys::API_MINOR_CHECKED,
+            });
+        }
+        if functions <= index::HIGHEST_USED {
+            return Err(PjrtError::TableTooShort {
+                path: path.to_owned(),
+                major,
+                minor,
+                functions,
+                needed: index::HIGHEST_USED,
+            });
+        }
+        let api = Api {
+            _library: library,
+            table,
+            functions,
+            major,
+            minor,
+            path: path.to_owned(),
+        };
+        let mut args = sys::PluginInitializeArgs::new();
+        // SAFETY: the table was checked to hold the function; args is a valid initialized struct.
+        unsafe {
+            api.call(
+                index::PLUGIN_INITIALIZE,
+                "PJRT_Plugin_Initialize",
+                &mut args,
+            )
+        }?;
+        Ok(api)
+    }
+
+    /// The function pointer at `index`, or `None` where the plugin leaves it null.
+    fn function(&self, index: usize) -> Option<*const c_void> {
+        if index >= self.functions {
+            return None;
+        }
+        // SAFETY: `index < functions`, so the slot lies inside the table the plugin sized.
+        let slot = unsafe {
+            self.table
+                .cast::<u8>()
+                .add(sys::FUNCTIONS_OFFSET + 8 * index)
+                .cast::<*const c_void>()
+        };
+        // SAFETY: the slot is in bounds and pointer-aligned (the table is an array of pointers).
+        let f = unsafe { slot.read() };
+        (!f.is_null()).then_some(f)
+    }
+
+    /// Calls the checked function at `index` with `args`; a returned error becomes `Err`.
+    ///
+    /// # Safety
+    /// `A` must be the argument struct of the function at `index`, with valid inputs set.
+    pub(crate) unsafe fn call<A: Args>(
+        &self,
+        index: usize,
+        name: &'static str,
+        args: &mut A,
+    ) -> Result<()> {
+        let Some(f) = self.function(index) else {
+            return Err(PjrtError::Api {
+                call: name,
+                code: ErrorCode(12),
+                message: format!(
+                    "plugin {} (C API {}.{}) does not implement it",
+                    self.path.display(),
+                    self.major,
+                    self.minor
+                ),
+            });
+        };
+        // SAFETY: the slot holds a function of type `PJRT_Error* (A*)` (caller's contract).
+        let f: sys::CheckedFn<A> = unsafe { std::mem::transmute::<*const c_void, _>(f) };
+        // SAFETY: `args` is a live, initialized argument struct of the function's type.
+        let error = unsafe { f(args) };
+        if error.is_null() {
+            Ok(())
+        } else {
+            // SAFETY: a non-null return is a fresh PJRT_Error owned by us.
+            Err(unsafe { self.take_error(error, name) })
+        }
+    }
+
+    /// Reads an error's code and message, then frees it.
+    ///
+    /// # Safety
+    /// `error` must be a live `PJRT_Error*` of this plugin; it is freed here.
+    pub(crate) unsafe fn take_error(
+        &self,
+        error: *mut sys::Error,
+        call: &'static str,
+    ) -> PjrtError {
+        let mut message = sys::ErrorMessageArgs::new();
+        message.error = error;
+        let text = match self.function(index::ERROR_MESSAGE) {
+            Some(f) => {
+                // SAFETY: slot 1 is `void PJRT_Error_Message(Args*)`.
+                let f: sys::VoidFn<sys::ErrorMessageArgs> = unsafe { std::mem::transmute(f) };
+                // SAFETY: message.error is live; the plugin fills message/message_size.
+                unsafe { f(&mut message) };
+                // SAFETY: the message lives as long as `error`, which is freed only below.
+                unsafe { string(message.message, message.message_size) }
+            }
+            None => String::from("(the plugin gives no message)"),
+        };
+        let mut get_code = sys::ErrorGetCodeArgs::new();
+        get_code.error = error;
+        // SAFETY: GetCode reads the live error; a failure to read the code leaves it 0 (and
+        // frees nothing of ours), so its own error is dropped on purpose.
+        let code = match unsafe {
+            self.call(index::ERROR_GET_CODE, "PJRT_Error_GetCode", &mut get_code)
+        } {
+            Ok(()) => ErrorCode(get_code.code),
+            Err(_) => ErrorCode(2),
+        };
+        let mut destroy = sys::ErrorDestroyArgs::new();
+        destroy.error = error;
+        if let Some(f) = self.function(index::ERROR_DESTROY) {
+            // SAFETY: slot 0 is `void PJRT_Error_Destroy(Args*)`; the error is not used after.
+            let f: sys::VoidFn<sys::ErrorDestroyArgs> = unsafe { std::mem::transmute(f) };
+            // SAFETY: destroy.error is the live error read above.
+            unsafe { f(&mut destroy) };
+        }
+        PjrtError::Api {
+            call,
+            code,
+            message: text,
+        }
+    }
+
+    // ---- events ------------------------------------------------------------------------------
+
+    /// Blocks until `event` is ready and returns its status. Does not free it.
+    pub(crate) unsafe fn event_await(&self, event: *mut sys::Event) -> Result<()> {
+        let mut args = sys::EventArgs::new();
+        args.event = event;
+        // SAFETY: caller passes a live event.
+        unsafe { self.call(index::EVENT_AWAIT, "PJRT_Event_Await", &mut args) }
+    }
+
+    /// Frees `event` (null is allowed).
+    pub(crate) unsafe fn event_destroy(&self, event: *mut sys::Event) -> Result<()> {
+        let mut args = sys::EventArgs::new();
+        args.event = event;
+        // SAFETY: caller passes a live event that it no longer uses, or null.
+        unsafe { self.call(index::EVENT_DESTROY, "PJRT_Event_Destroy", &mut args) }
+    }
+
+    // ---- client ------------------------------------------------------------------------------
+
+    /// Creates a client with the given `(name, int64)` options.
+    pub(crate) unsafe fn client_create(&self, options: &[(&str, i64)]) -> Result<*mut sys::Client> {
+        let values: Vec<sys::NamedValue> = options
+            .iter()
+            .map(|(name, value)| {
+                let mut v = sys::NamedValue::new();
+                v.name = name.as_ptr().cast::<c_char>();
+                v.name_size = name.len();
+                v.kind = sys::NAMED_VALUE_INT64;
+                v.value = *value;
+                v.value_size = 1;
+                v
+            })
+            .collect();
+        let mut args = sys::ClientCreateArgs::new();
+        args.create_options = values.as_ptr();
+        args.num_options = values.len();
+        // SAFETY: `values` and the names it points to outlive the call.
+        unsafe { self.call(index::CLIENT_CREATE, "PJRT_Client_Create", &mut args) }?;
+        Ok(args.client)
+    }
+
+    pub(crate) unsafe fn client_destroy(&self, client: *mut sys::Client) -> Result<()> {
+        let mut args = sys::ClientDestroyArgs::new();
+        args.client = client;
+        // SAFETY: caller passes a live client nothing else uses any more.
+        unsafe { self.call(index::CLIENT_DESTROY, "PJRT_Client_Destroy", &mut args) }
+    }
+
+    pub(crate) unsafe fn client_platform_name(&self, client: *mut sys::Client) -> Result<String> {
+        let mut args = sys::ClientPlatformNameArgs::new();
+        args.client = client;
+        // SAFETY: caller passes a live client.
+        unsafe {
+            self.call(
+                index::CLIENT_PLATFORM_NAME,
+                "PJRT_Client_PlatformName",
+                &mut args,
+            )
+        }?;
+        // SAFETY: the name is owned by the live client.
+        Ok(unsafe { string(args.platform_name, args.platform_name_size) })
+    }
+
+    /// The client's addressable devices (owned by the client).
+    pub(crate) unsafe fn client_addressable_devices(
+        &self,
+        client: *mut sys::Client,
+    ) -> Result<Vec<*mut sys::Device>> {
+        let mut args = sys::ClientAddressableDevicesArgs::new();
+        args.client = client;
+        // SAFETY: caller passes a live client.
+        unsafe {
+            self.call(
+                index::CLIENT_ADDRESSABLE_DEVICES,
+                "PJRT_Client_AddressableDevices",
+                &mut args,
+            )
+        }?;
+        if args.num_addressable_devices == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: the plugin returned an array of that many device pointers, owned by the client.
+        let devices = unsafe {
+            std::slice::from_raw_parts(args.addressable_devices, args.num_addressable_devices)
+        };
+        Ok(devices.to_vec())
+    }
+
+    /// Compiles `code` in `format` with serialized `CompileOptionsProto` bytes.
+    pub(crate) unsafe fn client_compile(
+        &self,
+        client: *mut sys::Client,
+        code: &str,
+        format: &str,
+        options: &[u8],
+    ) -> Result<*mut sys::LoadedExecutable> {
+        let mut program = sys::Program::new();
+        // The plugin only reads `code` when compiling; the field is mutable because other calls
+        // write into it.
+        program.code = code.as_ptr().cast::<c_char>().cast_mut();
+        program.code_size = code.len();
+        program.format = format.as_ptr().cast::<c_char>();
+        program.format_size = format.len();
+        let mut args = sys::ClientCompileArgs::new();
+        args.client = client;
+        args.program = &program;
+        args.compile_options = options.as_ptr().cast::<c_char>();
+        args.compile_options_size = options.len();
+        // SAFETY: program, code, format and options outlive the call; the client is live.
+        unsafe { self.call(index::CLIENT_COMPILE, "PJRT_Client_Compile", &mut args) }?;
+        Ok(args.executable)
+    }
+
+    /// Copies `data` (dense, row-major, `dims`) to `device` during the call.
+    pub(crate) unsafe fn client_buffer_from_host(
+        &self,
+        client: *mut sys::Client,
+        data: *const c_void,
+        element_type: c_int,
+        dims: &[i64],
+        device: *mut sys::Device,
+    ) -> Result<*mut sys::Buffer> {
+        let mut args = sys::ClientBufferFromHostBufferArgs::new();
+        args.client = client;
+        args.data = data;
+        args.element_type = element_type;
+        args.dims = dims.as_ptr();
+        args.num_dims = dims.len();
+        args.host_buffer_semantics = sys::HOST_BUFFER_IMMUTABLE_ONLY_DURING_CALL;
+        args.device = device;
+        // SAFETY: data holds product(dims) elements (caller's contract) and, with these
+        // semantics, is only read during the call.
+        unsafe {
+            self.call(
+                index::CLIENT_BUFFER_FROM_HOST_BUFFER,
+                "PJRT_Client_BufferFromHostBuffer",
+                &mut args,
+            )
+        }?;
+        // The copy is done when the call returns, so the "done with host buffer" event only
+        // needs freeing.
+        // SAFETY: the event, if any, is ours and unused.
+        unsafe { self.event_destroy(args.done_with_host_buffer) }?;
+        Ok(args.buffer)
+    }
+
+    // ---- devices -----------------------------------------------------------------------------
+
+    /// A device's id and kind, from its description.
+    pub(crate) unsafe fn device_id_and_kind(
+        &self,
+        device: *mut sys::Device,
+    ) -> Result<(i32, String)> {
+        let mut description = sys::DeviceGetDescriptionArgs::new();
+        description.device = device;
+        // SAFETY: caller passes a live device.
+        unsafe {
+            self.call(
+                index::DEVICE_GET_DESCRIPTION,
+                "PJRT_Device_GetDescription",
+                &mut description,
+            )
+        }?;
+        let mut id = sys::DeviceDescriptionIdArgs::new();
+        id.device_description = description.device_description;
+        // SAFETY: the description is owned by the live device.
+        unsafe {
+            self.call(
+                index::DEVICE_DESCRIPTION_ID,
+                "PJRT_DeviceDescription_Id",
+                &mut id,
+            )
+        }?;
+        let mut kind = sys::DeviceDescriptionKindArgs::new();
+        kind.device_description = description.device_description;
+        // SAFETY: as above.
+        unsafe {
+            self.call(
+                index::DEVICE_DESCRIPTION_KIND,
+                "PJRT_DeviceDescription_Kind",
+                &mut kind,
+            )
+        }?;
+        // SAFETY: the kind string is owned by the live device.
+        Ok((id.id, unsafe {
+            string(kind.device_kind, kind.device_kind_size)
+        }))
+    }
+
+    // ---- executables -------------------------------------------------------------------------
+
+    /// `(num_replicas, num_outputs)` of a loaded executable.
+    pub(crate) unsafe fn loaded_executable_counts(
+        &self,
+        loaded: *mut sys::LoadedExecutable,
+    ) -> Result<(usize, usize)> {
+        let mut get = sys::LoadedExecutableGetExecutableArgs::new();
+        get.loaded_executable = loaded;
+        // SAFETY: caller passes a live loaded executable.
+        unsafe {
+            self.call(
+                index::LOADED_EXECUTABLE_GET_EXECUTABLE,
+                "PJRT_LoadedExecutable_GetExecutable",
+                &mut get,
+            )
+        }?;
+        let executable = get.executable;
+        let mut replicas = sys::ExecutableCountArgs::new();
+        replicas.executable = executable;
+        let mut outputs = sys::ExecutableCountArgs::new();
+        outputs.executable = executable;
+        // SAFETY: `executable` is live until destroyed below.
+        let counted = unsafe {
+            self.call(
+                index::EXECUTABLE_NUM_REPLICAS,
+                "PJRT_Executable_NumReplicas",
+                &mut replicas,
+            )
+        }
+        .and_then(|()| {
+            // SAFETY: as above.
+            unsafe {
+                self.call(
+                    index::EXECUTABLE_NUM_OUTPUTS,
+                    "PJRT_Executable_NumOutputs",
+                    &mut outputs,
+                )
+            }
+        });
+        let mut destroy = sys::ExecutableDestroyArgs::new();
+        destroy.executable = executable;
+        // SAFETY: GetExecutable handed us this executable to free; it is not used after.
+        let destroyed = unsafe {
+            self.call(
+                index::EXECUTABLE_DESTROY,
+                "PJRT_Executable_Destroy",
+                &mut destroy,
+            )
+        };
+        counted?;
+        destroyed?;
+        Ok((replicas.count, outputs.count))
+    }
+
+    /// The devices a loaded executable runs on, replica by replica (owned by the client).
+    pub(crate) unsafe fn loaded_executable_devices(
+        &self,
+        loaded: *mut sys::LoadedExecutable,
+    ) -> Result<Vec<*mut sys::Device>> {
+        let mut args = sys::LoadedExecutableAddressableDevicesArgs::new();
+        args.executable = loaded;
+        // SAFETY: caller passes a live loaded executable.
+        unsafe {
+            self.call(
+                index::LOADED_EXECUTABLE_ADDRESSABLE_DEVICES,
+                "PJRT_LoadedExecutable_AddressableDevices",
+                &mut args,
+            )
+        }?;
+        if args.num_addressable_devices == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: the plugin returned that many device pointers, owned by the client.
+        let devices = unsafe {
+            std::slice::from_raw_parts(args.addressable_devices, args.num_addressable_devices)
+        };
+        Ok(devices.to_vec())
+    }
+
+    pub(crate) unsafe fn loaded_executable_destroy(
+        &self,
+        loaded: *mut sys::LoadedExecutable,
+    ) -> Result<()> {
+        let mut args = sys::LoadedExecutableDestroyArgs::new();
+        args.executable = loaded;
+        // SAFETY: caller passes a live executable that nothing uses any more.
+        unsafe {
+            self.call(
+                index::LOADED_EXECUTABLE_DESTROY,
+                "PJRT_LoadedExecutable_Destroy",
+                &mut args,
+            )
+        }
+    }
+
+    /// Launches `loaded` on every device: `arguments[d]` are device `d`'s inputs; returns each
+    /// device's outputs (`num_outputs` each) and completion event, without waiting.
+    pub(crate) unsafe fn loaded_executable_execute(
+        &self,
+        loaded: *mut sys::LoadedExecutable,
+        arguments: &[Vec<*mut sys::Buffer>],
+        num_outputs: usize,
+    ) -> Result<(Vec<Vec<*mut sys::Buffer>>, Vec<*mut sys::Event>)> {
+        let num_args = arguments.first().map_or(0, Vec::len);
+        let argument_lists: Vec<*const *mut sys::Buffer> =
+            arguments.iter().map(|list| list.as_ptr()).collect();
+        let mut outputs: Vec<Vec<*mut sys::Buffer>> =
+            vec![vec![std::ptr::null_mut(); num_outputs]; arguments.len()];
+        let output_lists: Vec<*mut *mut sys::Buffer> =
+            outputs.iter_mut().map(|list| list.as_mut_ptr()).collect();
+        let mut events: Vec<*mut sys::Event> = vec![std::ptr::null_mut(); arguments.len()];
+        let mut options = sys::ExecuteOptions::new();
+        let mut args = sys::LoadedExecutableExecuteArgs::new();
+        args.executable = loaded;
+        args.options = &mut options;
+        args.argument_lists = argument_lists.as_ptr();
+        args.num_devices = arguments.len();
+        args.num_args = num_args;
+        args.output_lists = output_lists.as_ptr();
+        args.device_complete_events = events.as_mut_ptr();
+        // SAFETY: every list has num_devices rows of num_args live buffers (caller's contract,
+        // rows checked equal by the caller); the output rows have room for num_outputs buffers;
+        // all vectors outlive the call and are not moved while the plugin writes.
+        unsafe {
+            self.call(
+                index::LOADED_EXECUTABLE_EXECUTE,
+                "PJRT_LoadedExecutable_Execute",
+                &mut args,
+            )
+        }?;
+        Ok((outputs, events))
+    }
+
+    // ---- buffers -----------------------------------------------------------------------------
+
+    pub(crate) unsafe fn buffer_destroy(&self, buffer: *mut sys::Buffer) -> Result<()> {
+        let mut args = sys::BufferDestroyArgs::new();
+        args.buffer = buffer;
+        // SAFETY: caller passes a live buffer that nothing uses any more.
+        unsafe { self.call(index::BUFFER_DESTROY, "PJRT_Buffer_Destroy", &mut args) }
+    }
+
+    /// The device a buffer lives on (owned by the client).
+    pub(crate) unsafe fn buffer_device(
+        &self,
+        buffer: *mut sys::Buffer,
+    ) -> Result<*mut sys::Device> {
+        let mut args = sys::BufferDeviceArgs::new();
+        args.buffer = buffer;
+        // SAFETY: caller passes a live buffer.
+        unsafe { self.call(index::BUFFER_DEVICE, "PJRT_Buffer_Device", &mut args) }?;
+        Ok(args.device)
+    }
+
+    pub(crate) unsafe fn buffer_element_type(&self, buffer: *mut sys::Buffer) -> Result<c_int> {
+        let mut args = sys::BufferElementTypeArgs::new();
+        args.buffer = buffer;
+        // SAFETY: caller passes a live buffer.
+        unsafe {
+            self.call(
+                index::BUFFER_ELEMENT_TYPE,
+                "PJRT_Buffer_ElementType",
+                &mut args,
+            )
+        }?;
+        Ok(args.element_type)
+    }
+
+    pub(crate) unsafe fn buffer_dimensions(&self, buffer: *mut sys::Buffer) -> Result<Vec<i64>> {
+        let mut args = sys::BufferDimensionsArgs::new();
+        args.buffer = buffer;
+        // SAFETY: caller passes a live buffer.
+        unsafe {
+            self.call(
+                index::BUFFER_DIMENSIONS,
+                "PJRT_Buffer_Dimensions",
+                &mut args,
+            )
+        }?;
+        if args.num_dims == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: the plugin returned `num_dims` dimensions owned by the live buffer.
+        Ok(unsafe { std::slice::from_raw_parts(args.dims, args.num_dims) }.to_vec())
+    }
+
+    /// Copies a buffer to host memory: `dst` must hold exactly the buffer's bytes. Waits for the
+    /// copy (and so for the computation producing the buffer).
+    pub(crate) unsafe fn buffer_to_host(
+        &self,
+        buffer: *mut sys::Buffer,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let mut size = sys::BufferToHostBufferArgs::new();
+        size.src = buffer;
+        // SAFETY: a null dst only asks for the size.
+        unsafe {
+            self.call(
+                index::BUFFER_TO_HOST_BUFFER,
+                "PJRT_Buffer_ToHostBuffer",
+                &mut size,
+            )
+        }?;
+        // SAFETY: a size query should return no event; one that does is ours to free.
+        unsafe { self.event_destroy(size.event) }?;
+        if size.dst_size != dst.len() {
+            return Err(PjrtError::InvalidArgument(format!(
+                "the buffer holds {} bytes, the host slice {}",
+                size.dst_size,
+                dst.len()
+            )));
+        }
+        let mut args = sys::BufferToHostBufferArgs::new();
+        args.src = buffer;
+        args.dst = dst.as_mut_ptr().cast::<c_void>();
+        args.dst_size = dst.len();
+        // SAFETY: dst has room for the buffer's bytes and stays borrowed until the event is
+        // awaited below.
+        unsafe {
+            self.call(
+                index::BUFFER_TO_HOST_BUFFER,
+                "PJRT_Buffer_ToHostBuffer",
+                &mut args,
+            )
+        }?;
+        // SAFETY: the event is ours; awaited, then freed.
+        let awaited = unsafe { self.event_await(args.event) };
+        // SAFETY: as above.
+        let destroyed = unsafe { self.event_destroy(args.event) };
+        awaited.and(destroyed)
+    }
+}
+
+/// Copies a `(pointer, length)` string the plugin owns.
+///
+/// # Safety
+/// `ptr` must point to `len` readable bytes (or be null with any `len`).
+unsafe fn string(ptr: *const c_char, len: usize) -> String {
+    if ptr.is_null() || len == 0 {
+        return String::new();
+    }
+    // SAFETY: caller's contract.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) };
+    String::from_utf8_lossy(bytes).into_owned()
+}

@@ -1,0 +1,528 @@
+//! Safe layer: [`Client`], [`Device`], [`Buffer`], [`LoadedExecutable`] and [`Execution`], each
+//! owning its PJRT handle and freeing it on drop. Buffers and executables keep their client alive
+//! (an `Arc`), so no handle outlives the client that made it.
+
+use std::collections::VecDeque;
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use crate::error::{PjrtError, Result};
+use crate::options::CompileOptions;
+use crate::plugin::Plugin;
+use crate::sys;
+use crate::types::{ElementType, NativeType};
+
+/// Options for [`Client::new`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// For the CPU plugin: how many CPU devices to expose (`cpu_device_count`). Leave `None` for
+    /// other plugins, which reject options they do not know.
+    pub cpu_device_count: Option<usize>,
+    /// How many executions may run or wait to run at once; launching one more first waits for
+    /// the oldest. XLA's CPU runtime deadlocks (a collective's rendezvous times out and the
+    /// process aborts) somewhere past 32 queued executions that contain collectives, as JAX's
+    /// pmap does, so callers may launch back to back and this bound keeps the queue short.
+    pub max_in_flight: usize,
+}
+
+/// The default [`ClientOptions::max_in_flight`]: deep enough to overlap dispatch with work,
+/// well below the depth where XLA's CPU collectives deadlock.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
+
+impl Default for ClientOptions {
+    fn default() -> ClientOptions {
+        ClientOptions {
+            cpu_device_count: None,
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+        }
+    }
+}
+
+impl ClientOptions {
+    /// Options for a CPU client with `devices` devices.
+    pub fn cpu(devices: usize) -> ClientOptions {
+        ClientOptions {
+            cpu_device_count: Some(devices),
+            ..ClientOptions::default()
+        }
+    }
+}
+
+struct ClientInner {
+    plugin: &'static Plugin,
+    raw: *mut sys::Client,
+    max_in_flight: usize,
+    /// Completions of the most recent executions, oldest first (at most `max_in_flight`).
+    in_flight: Mutex<VecDeque<Arc<Completion>>>,
+}
+
+// SAFETY: a PJRT client is safe to use from several threads at once (PjRtClient's contract; JAX
+// dispatches from many threads), and `raw` is only freed in Drop, when no reference remains.
+unsafe impl Send for ClientInner {}
+// SAFETY: as above.
+unsafe impl Sync for ClientInner {}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        // SAFETY: every buffer, executable and device holds an Arc to this, so none remains.
+        // An error while tearing down cannot be acted on; the client is gone either way.
+        let _ = unsafe { self.plugin.api.client_destroy(self.raw) };
+    }
+}
+
+/// A PJRT client: the devices of one plugin, and the compiler and allocator for them.
+/// Cheap to clone (shared).
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("plugin", &self.inner.plugin.path())
+            .finish()
+    }
+}
+
+impl Client {
+    /// Creates a client of `plugin`.
+    pub fn new(plugin: &'static Plugin, options: &ClientOptions) -> Result<Client> {
+        if options.max_in_flight == 0 {
+            return Err(PjrtError::InvalidArgument(
+                "max_in_flight must be at least 1".to_owned(),
+            ));
+        }
+        let mut named = Vec::new();
+        if let Some(count) = options.cpu_device_count {
+            let count = i64::try_from(count).map_err(|_| {
+                PjrtError::InvalidArgument(format!("cpu_device_count {count} is too large"))
+            })?;
+            named.push(("cpu_device_count", count));
+        }
+        // SAFETY: the plugin is loaded and initialized; the options are valid for the call.
+        let raw = unsafe { plugin.api.client_create(&named) }?;
+        Ok(Client {
+            inner: Arc::new(ClientInner {
+                plugin,
+                raw,
+                max_in_flight: options.max_in_flight,
+                in_flight: Mutex::new(VecDeque::new()),
+            }),
+        })
+    }
+
+    /// The plugin this client belongs to.
+    pub fn plugin(&self) -> &'static Plugin {
+        self.inner.plugin
+    }
+
+    /// The platform's name, e.g. `cpu`, `cuda`, `tpu`.
+    pub fn platform_name(&self) -> Result<String> {
+        // SAFETY: the client is live.
+        unsafe { self.inner.plugin.api.client_platform_name(self.inner.raw) }
+    }
+
+    /// The devices this process can use, in the plugin's order (replica `r` of a compiled
+    /// program runs on `devices()[r]` under the default assignment).
+    pub fn devices(&self) -> Result<Vec<Device>> {
+        let api = &self.inner.plugin.api;
+        // SAFETY: the client is live.
+        let raw = unsafe { api.client_addressable_devices(self.inner.raw) }?;
+        raw.into_iter()
+            .map(|raw| {
+                // SAFETY: the device belongs to the live client.
+                let (id, kind) = unsafe { api.device_id_and_kind(raw) }?;
+                Ok(Device {
+                    client: self.inner.clone(),
+                    raw,
+                    id,
+                    kind,
+                })
+            })
+            .collect()
+    }
+
+    /// Copies `data`, a dense row-major array of shape `dims`, to `device`.
+    pub fn buffer_from_host<T: NativeType>(
+        &self,
+        data: &[T],
+        dims: &[i64],
+        device: &Device,
+    ) -> Result<Buffer> {
+        if !Arc::ptr_eq(&device.client, &self.inner) {
+            return Err(PjrtError::InvalidArgument(format!(
+                "device {} belongs to another client",
+                device.id
+            )));
+        }
+        let elements = element_count(dims)?;
+        if elements != data.len() {
+            return Err(PjrtError::InvalidArgument(format!(
+                "shape {dims:?} holds {elements} elements, the host slice {}",
+                data.len()
+            )));
+        }
+        // SAFETY: data holds exactly product(dims) elements of T::TYPE and is only read during
+        // the call; device belongs to this live client (checked above).
+        let raw = unsafe {
+            self.inner.plugin.api.client_buffer_from_host(
+                self.inner.raw,
+                data.as_ptr().cast::<c_void>(),
+                T::TYPE as i32,
+                dims,
+                device.raw,
+            )
+        }?;
+        Ok(Buffer {
+            client: self.inner.clone(),
+            raw,
+        })
+    }
+
+    /// Compiles a StableHLO module (MLIR text, e.g. from [`crate::stablehlo::Module`]). A
+    /// program the compiler rejects comes back as [`PjrtError::Api`] with the compiler's
+    /// message.
+    pub fn compile(&self, stablehlo: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
+        let bytes = options.to_proto_bytes();
+        // SAFETY: the client is live; text and options outlive the call.
+        let raw = unsafe {
+            self.inner
+                .plugin
+                .api
+                .client_compile(self.inner.raw, stablehlo, "mlir", &bytes)
+        }?;
+        let mut executable = LoadedExecutable {
+            client: self.inner.clone(),
+            raw,
+            num_replicas: 0,
+            num_outputs: 0,
+            devices: Vec::new(),
+        };
+        // SAFETY: the executable is live (and freed by `executable`'s Drop on error).
+        let (num_replicas, num_outputs) =
+            unsafe { self.inner.plugin.api.loaded_executable_counts(raw) }?;
+        executable.num_replicas = num_replicas;
+        executable.num_outputs = num_outputs;
+        // SAFETY: as above.
+        executable.devices = unsafe { self.inner.plugin.api.loaded_executable_devices(raw) }?;
+        Ok(executable)
+    }
+}
+
+/// One device of a client. Cheap to clone; valid as long as any handle of its client lives.
+#[derive(Clone)]
+pub struct Device {
+    client: Arc<ClientInner>,
+    raw: *mut sys::Device,
+    id: i32,
+    kind: String,
+}
+
+// SAFETY: a device handle is an immutable description owned by the thread-safe client.
+unsafe impl Send for Device {}
+// SAFETY: as above.
+unsafe impl Sync for Device {}
+
+impl Device {
+    /// The device's id (unique among the platform's devices).
+    pub fn id(&self) -> i32 {
+        self.id
+    }
+
+    /// The plugin's name for the kind of device, e.g. `cpu`.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({} {})", self.kind, self.id)
+    }
+}
+
+/// An array on a device. Reading it waits for the computation that produces it.
+pub struct Buffer {
+    client: Arc<ClientInner>,
+    raw: *mut sys::Buffer,
+}
+
+// SAFETY: PJRT buffers are reference-counted, thread-safe runtime objects; this handle is their
+// only owner on our side and frees them once in Drop.
+unsafe impl Send for Buffer {}
+// SAFETY: shared access only reads (type, shape, copy to host), which PJRT allows concurrently.
+unsafe impl Sync for Buffer {}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: the buffer is live and owned by this handle alone. Dropping it while an
+        // execution still uses it is allowed: PJRT keeps the memory until that execution ends.
+        let _ = unsafe { self.client.plugin.api.buffer_destroy(self.raw) };
+    }
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = f.debug_struct("Buffer");
+        if let Ok(t) = self.element_type() {
+            s.field("type", &t);
+        }
+        if let Ok(dims) = self.dims() {
+            s.field("dims", &dims);
+        }
+        s.finish()
+    }
+}
+
+impl Buffer {
+    /// The element type.
+    pub fn element_type(&self) -> Result<ElementType> {
+        // SAFETY: the buffer is live.
+        let raw = unsafe { self.client.plugin.api.buffer_element_type(self.raw) }?;
+        ElementType::from_raw(raw).ok_or_else(|| {
+            PjrtError::InvalidArgument(format!(
+                "the buffer's element type (PJRT_Buffer_Type {raw}) has no Rust counterpart here"
+            ))
+        })
+    }
+
+    /// The shape.
+    pub fn dims(&self) -> Result<Vec<i64>> {
+        // SAFETY: the buffer is live.
+        unsafe { self.client.plugin.api.buffer_dimensions(self.raw) }
+    }
+
+    /// Copies the array to the host (row-major), waiting for it to be computed. An execution
+    /// that failed reports its error here.
+    pub fn to_vec<T: NativeType>(&self) -> Result<Vec<T>> {
+        let found = self.element_type()?;
+        if found != T::TYPE {
+            return Err(PjrtError::ElementType {
+                expected: T::TYPE,
+                found,
+            });
+        }
+        let elements = element_count(&self.dims()?)?;
+        let mut out = vec![T::default(); elements];
+        // SAFETY: T is plain data without padding (NativeType's sealed contract), so viewing the
+        // vector as bytes, and writing any bytes into it, is sound.
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut(out.as_mut_ptr().cast::<u8>(), elements * size_of::<T>())
+        };
+        // SAFETY: the buffer is live; `bytes` is exactly its size (checked again by the call).
+        unsafe { self.client.plugin.api.buffer_to_host(self.raw, bytes) }?;
+        Ok(out)
+    }
+}
+
+/// A compiled program, loaded on its devices.
+pub struct LoadedExecutable {
+    client: Arc<ClientInner>,
+    raw: *mut sys::LoadedExecutable,
+    num_replicas: usize,
+    num_outputs: usize,
+    /// The device of each replica, to check arguments before a launch.
+    devices: Vec<*mut sys::Device>,
+}
+
+// SAFETY: PJRT executables may be executed from several threads at once; the handle is freed
+// once, in Drop.
+unsafe impl Send for LoadedExecutable {}
+// SAFETY: as above.
+unsafe impl Sync for LoadedExecutable {}
+
+impl Drop for LoadedExecutable {
+    fn drop(&mut self) {
+        // SAFETY: live and owned by this handle; PJRT keeps it alive for running executions.
+        let _ = unsafe { self.client.plugin.api.loaded_executable_destroy(self.raw) };
+    }
+}
+
+impl fmt::Debug for LoadedExecutable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadedExecutable")
+            .field("num_replicas", &self.num_replicas)
+            .field("devices", &self.devices.len())
+            .field("num_outputs", &self.num_outputs)
+            .finish()
+    }
+}
+
+impl LoadedExecutable {
+    /// Replicas the program was compiled for (devices one execution uses).
+    pub fn num_replicas(&self) -> usize {
+        self.num_replicas
+    }
+
+    /// Outputs per replica.
+    pub fn num_outputs(&self) -> usize {
+        self.num_outputs
+    }
+
+    /// Launches the program on every replica without waiting: `arguments[r]` are replica `r`'s
+    /// inputs, on its device. The outputs can be fed to further executions at once; PJRT orders
+    /// the work.
+    pub fn execute(&self, arguments: &[Vec<&Buffer>]) -> Result<Execution> {
+        if arguments.len() != self.num_replicas {
+            return Err(PjrtError::InvalidArgument(format!(
+                "the program runs on {} replicas but got {} argument lists; pass one list per \
+                 replica",
+                self.num_replicas,
+                arguments.len()
+            )));
+        }
+        let arity = arguments.first().map_or(0, Vec::len);
+        if let Some((r, list)) = arguments.iter().enumerate().find(|(_, l)| l.len() != arity) {
+            return Err(PjrtError::InvalidArgument(format!(
+                "replica {r} got {} arguments, replica 0 got {arity}; every replica takes the \
+                 same parameters",
+                list.len()
+            )));
+        }
+        let api = &self.client.plugin.api;
+        let mut raw_arguments = Vec::with_capacity(arguments.len());
+        for (replica, list) in arguments.iter().enumerate() {
+            let mut raw = Vec::with_capacity(list.len());
+            for (i, buffer) in list.iter().enumerate() {
+                if !Arc::ptr_eq(&buffer.client, &self.client) {
+                    return Err(PjrtError::InvalidArgument(
+                        "an argument buffer belongs to another client".to_owned(),
+                    ));
+                }
+                // A misplaced argument fails that replica's launch while the others start and
+                // then wait forever at their first collective (XLA aborts the process), so every
+                // placement is checked before anything starts.
+                // SAFETY: the buffer is live and of this client.
+                let device = unsafe { api.buffer_device(buffer.raw) }?;
+                if self.devices.get(replica).is_some_and(|&d| d != device) {
+                    return Err(PjrtError::InvalidArgument(format!(
+                        "argument {i} of replica {replica} is on another device than the one the \
+                         program assigns to replica {replica}; copy it there first"
+                    )));
+                }
+                raw.push(buffer.raw);
+            }
+            raw_arguments.push(raw);
+        }
+        // Hold the queue while launching, so that concurrent launches respect the bound too.
+        let mut in_flight = self
+            .client
+            .in_flight
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        while in_flight.len() >= self.client.max_in_flight {
+            let oldest = in_flight.pop_front().expect("the queue is not empty");
+            // Its owner sees any failure on its own wait; here only the completion matters.
+            let _ = oldest.wait();
+        }
+        // SAFETY: the executable and every argument buffer are live and of this client; the
+        // lists are rectangular (checked above); the borrows of `arguments` outlive the call,
+        // and PJRT holds its own references to inputs for the running computation.
+        let (outputs, events) =
+            unsafe { api.loaded_executable_execute(self.raw, &raw_arguments, self.num_outputs) }?;
+        let completion = Arc::new(Completion {
+            plugin: self.client.plugin,
+            events,
+        });
+        in_flight.push_back(completion.clone());
+        drop(in_flight);
+        let outputs = outputs
+            .into_iter()
+            .map(|list| {
+                list.into_iter()
+                    .map(|raw| Buffer {
+                        client: self.client.clone(),
+                        raw,
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(Execution {
+            outputs,
+            completion,
+        })
+    }
+}
+
+/// The completion events of one execution, one per replica; shared by its [`Execution`] and
+/// the client's in-flight queue, freed when both let go.
+struct Completion {
+    plugin: &'static Plugin,
+    events: Vec<*mut sys::Event>,
+}
+
+// SAFETY: PJRT events may be awaited from any thread, repeatedly (each await returns its own
+// error copy); they are freed once, in Drop, when no reference remains.
+unsafe impl Send for Completion {}
+// SAFETY: as above.
+unsafe impl Sync for Completion {}
+
+impl Completion {
+    /// Waits for every replica; the first failure is the error.
+    fn wait(&self) -> Result<()> {
+        let mut first_error = None;
+        for &event in &self.events {
+            // SAFETY: the event is live until Drop.
+            if let Err(err) = unsafe { self.plugin.api.event_await(event) } {
+                first_error.get_or_insert(err);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        for &event in &self.events {
+            // SAFETY: each event is ours and unused after this. Freeing an event does not cancel
+            // the computation.
+            let _ = unsafe { self.plugin.api.event_destroy(event) };
+        }
+    }
+}
+
+/// A launched execution: its outputs (usable at once as inputs of later executions) and its
+/// completion.
+pub struct Execution {
+    outputs: Vec<Vec<Buffer>>,
+    completion: Arc<Completion>,
+}
+
+impl fmt::Debug for Execution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Execution")
+            .field("replicas", &self.outputs.len())
+            .finish()
+    }
+}
+
+impl Execution {
+    /// Each replica's outputs, before the computation has finished.
+    pub fn outputs(&self) -> &[Vec<Buffer>] {
+        &self.outputs
+    }
+
+    /// The outputs without waiting: reading one waits for it, and a failed execution reports
+    /// its error there.
+    pub fn into_outputs(self) -> Vec<Vec<Buffer>> {
+        self.outputs
+    }
+
+    /// Waits for every replica to finish and returns their outputs; the first failure is the
+    /// error.
+    pub fn wait(self) -> Result<Vec<Vec<Buffer>>> {
+        self.completion.wait()?;
+        Ok(self.outputs)
+    }
+}
+
+fn element_count(dims: &[i64]) -> Result<usize> {
+    dims.iter().try_fold(1usize, |count, &d| {
+        usize::try_from(d)
+            .ok()
+            .and_then(|d| count.checked_mul(d))
+            .ok_or_else(|| PjrtError::InvalidArgument(format!("invalid shape {dims:?}")))
+    })
+}

@@ -1,0 +1,259 @@
+//! `cargo xtask bench tpu`: the linear-regression step of shared/notes/targets.md (64 features,
+//! global batch 256, SGD lr 0.1) on TpuStrategy and on MirroredStrategy in one run, one JSON line
+//! per case: `tpu_compile` (trace + compile + first step), `tpu_step` (one launch per step,
+//! weights and data on the devices), `tpu_run_steps` (all steps in one device loop) and
+//! `mirrored_step` (host threads, host all-reduce). `median_s` is per step (per compile).
+//!
+//! Without `--bench` (as `cargo test --all-targets` runs it) it does a quick smoke run that still
+//! checks that both strategies train the same weights.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use distribute_collectives::Tensor;
+use distribute_mirrored::MirroredStrategy;
+use distribute_pjrt::stablehlo::{DotDims, Value};
+use distribute_strategy::Strategy;
+use distribute_tpu::{StepBuilder, StepInput, TpuConfig, TpuError, TpuStrategy};
+use distribute_values::{DistributedValues, Leaf, PerReplica, ReduceOp};
+use ndarray::{Array1, Array2, s};
+use serde_json::json;
+
+const FEATURES: usize = 64;
+const GLOBAL_BATCH: usize = 256;
+const LEARNING_RATE: f32 = 0.1;
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let (replica_counts, steps, repeats): (&[usize], usize, usize) = if full {
+        (&[2, 4], 200, 7)
+    } else {
+        (&[2], 5, 1)
+    };
+    let (x, y) = data();
+    for &n in replica_counts {
+        let tpu = TpuStrategy::new(TpuConfig::cpu(n)).unwrap_or_else(|err| panic!("{err}"));
+        let (xs, ys) = shards(&tpu, &x, &y);
+        let xd = tpu.to_device(StepInput::PerReplica(&xs)).unwrap();
+        let yd = tpu.to_device(StepInput::PerReplica(&ys)).unwrap();
+        let zeros = Tensor::from_vec("/cpu:0", &[FEATURES], vec![0.0f32; FEATURES]).unwrap();
+
+        let compile = median(repeats, || {
+            let start = Instant::now();
+            let f = tpu.function(sgd_step);
+            let w = f
+                .run(&[
+                    StepInput::Same(&zeros),
+                    StepInput::Device(&xd),
+                    StepInput::Device(&yd),
+                ])
+                .unwrap();
+            w[0].replica(0).unwrap();
+            start.elapsed().as_secs_f64()
+        });
+        report("tpu_compile", n, compile);
+
+        let f = tpu.function(sgd_step);
+        // Compile outside the timed steps.
+        f.run(&[
+            StepInput::Same(&zeros),
+            StepInput::Device(&xd),
+            StepInput::Device(&yd),
+        ])
+        .unwrap()[0]
+            .replica(0)
+            .unwrap();
+        let mut tpu_weights = Vec::new();
+        let step = median(repeats, || {
+            let mut w = tpu.to_device(StepInput::Same(&zeros)).unwrap();
+            let start = Instant::now();
+            for _ in 0..steps {
+                w = f
+                    .run(&[
+                        StepInput::Device(&w),
+                        StepInput::Device(&xd),
+                        StepInput::Device(&yd),
+                    ])
+                    .unwrap()
+                    .remove(0);
+            }
+            tpu_weights = w.replica(0).unwrap().to_vec::<f32>().unwrap();
+            start.elapsed().as_secs_f64() / steps as f64
+        });
+        report("tpu_step", n, step);
+
+        let stacked_x = tpu
+            .to_device(StepInput::PerReplica(&stack(&tpu, &xs, steps)))
+            .unwrap();
+        let stacked_y = tpu
+            .to_device(StepInput::PerReplica(&stack(&tpu, &ys, steps)))
+            .unwrap();
+        let data = [StepInput::Device(&stacked_x), StepInput::Device(&stacked_y)];
+        // The first call compiles the loop program; time the ones after it.
+        f.run_steps(steps, &[StepInput::Same(&zeros)], &data)
+            .unwrap()[0]
+            .replica(0)
+            .unwrap();
+        let mut loop_weights = Vec::new();
+        let run_steps = median(repeats, || {
+            let start = Instant::now();
+            let w = f
+                .run_steps(steps, &[StepInput::Same(&zeros)], &data)
+                .unwrap();
+            loop_weights = w[0].replica(0).unwrap().to_vec::<f32>().unwrap();
+            start.elapsed().as_secs_f64() / steps as f64
+        });
+        report("tpu_run_steps", n, run_steps);
+
+        let mirrored =
+            MirroredStrategy::new(&(0..n).map(|i| format!("/cpu:{i}")).collect::<Vec<_>>())
+                .unwrap();
+        let mut mirrored_weights = Vec::new();
+        let mirrored_step = median(repeats, || {
+            let start = Instant::now();
+            mirrored_weights = train_mirrored(&mirrored, &x, &y, steps);
+            start.elapsed().as_secs_f64() / steps as f64
+        });
+        report("mirrored_step", n, mirrored_step);
+
+        for (what, weights) in [("tpu_step", &tpu_weights), ("tpu_run_steps", &loop_weights)] {
+            let worst = weights
+                .iter()
+                .zip(&mirrored_weights)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst <= 1e-5,
+                "{what} weights differ from MirroredStrategy's by {worst}"
+            );
+        }
+    }
+}
+
+fn report(bench: &str, replicas: usize, median_s: f64) {
+    println!(
+        "{}",
+        json!({"bench": bench, "replicas": replicas, "median_s": median_s, "per_s": 1.0 / median_s})
+    );
+}
+
+fn median(repeats: usize, mut sample: impl FnMut() -> f64) -> f64 {
+    let mut times: Vec<f64> = (0..repeats).map(|_| sample()).collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn data() -> (Array2<f32>, Array1<f32>) {
+    let mut state = 0x2545_f491_u64;
+    let mut next = || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    let x = Array2::from_shape_fn((GLOBAL_BATCH, FEATURES), |_| next());
+    let w_true = Array1::from_shape_fn(FEATURES, |i| (i as f32 / FEATURES as f32) - 0.5);
+    let noise = Array1::from_shape_fn(GLOBAL_BATCH, |_| 0.01 * next());
+    let y = x.dot(&w_true) + noise;
+    (x, y)
+}
+
+fn sgd_step(b: &mut StepBuilder<'_>, args: &[Value]) -> Result<Vec<Value>, TpuError> {
+    let (w, x, y) = (&args[0], &args[1], &args[2]);
+    let predicted = b.matmul(x, w)?;
+    let error = b.subtract(&predicted, y)?;
+    let gradient = b.dot_general(
+        x,
+        &error,
+        &DotDims {
+            lhs_contracting: vec![0],
+            rhs_contracting: vec![0],
+            ..DotDims::default()
+        },
+    )?;
+    let scale = b.splat(1.0 / GLOBAL_BATCH as f32, &[FEATURES as i64]);
+    let gradient = b.multiply(&gradient, &scale)?;
+    let gradient = b.all_reduce(ReduceOp::Sum, &gradient)?;
+    let lr = b.splat(LEARNING_RATE, &[FEATURES as i64]);
+    let delta = b.multiply(&gradient, &lr)?;
+    Ok(vec![b.subtract(w, &delta)?])
+}
+
+fn train_mirrored(
+    strategy: &MirroredStrategy,
+    x: &Array2<f32>,
+    y: &Array1<f32>,
+    steps: usize,
+) -> Vec<f32> {
+    let n = strategy.num_replicas_in_sync();
+    let per = GLOBAL_BATCH / n;
+    let mut w = Array1::<f32>::zeros(FEATURES);
+    for _ in 0..steps {
+        let current = w.clone();
+        let gradient: Leaf<Tensor> = strategy
+            .run::<(), Tensor, _>(
+                |ctx, ()| {
+                    let r = ctx.replica_id();
+                    let xs = x.slice(s![r * per..(r + 1) * per, ..]);
+                    let ys = y.slice(s![r * per..(r + 1) * per]);
+                    let error = xs.dot(&current) - ys;
+                    let gradient = xs.t().dot(&error) / GLOBAL_BATCH as f32;
+                    ctx.all_reduce(
+                        ReduceOp::Sum,
+                        &Tensor::from_array(&ctx.devices()[0], gradient),
+                    )
+                },
+                &(),
+            )
+            .unwrap();
+        let g = gradient.local_results()[0].to_vec::<f32>().unwrap();
+        w = w - Array1::from(g) * LEARNING_RATE;
+    }
+    w.to_vec()
+}
+
+fn shards(
+    s: &TpuStrategy,
+    x: &Array2<f32>,
+    y: &Array1<f32>,
+) -> (PerReplica<Tensor>, PerReplica<Tensor>) {
+    let n = s.num_replicas_in_sync();
+    let per = GLOBAL_BATCH / n;
+    let devices = s.worker_devices();
+    let xs = (0..n)
+        .map(|r| {
+            Tensor::from_array(
+                &devices[r],
+                x.slice(s![r * per..(r + 1) * per, ..]).to_owned(),
+            )
+        })
+        .collect();
+    let ys = (0..n)
+        .map(|r| Tensor::from_array(&devices[r], y.slice(s![r * per..(r + 1) * per]).to_owned()))
+        .collect();
+    (
+        PerReplica::new(Arc::clone(s.device_map()), xs).unwrap(),
+        PerReplica::new(Arc::clone(s.device_map()), ys).unwrap(),
+    )
+}
+
+/// Each replica's batch repeated `steps` times along a new leading dimension.
+fn stack(s: &TpuStrategy, p: &PerReplica<Tensor>, steps: usize) -> PerReplica<Tensor> {
+    let values = p
+        .values()
+        .iter()
+        .map(|t| {
+            let mut shape = vec![steps];
+            shape.extend_from_slice(t.shape());
+            let one = t.to_vec::<f32>().unwrap();
+            let data = one
+                .iter()
+                .copied()
+                .cycle()
+                .take(one.len() * steps)
+                .collect();
+            Tensor::from_vec(t.device(), &shape, data).unwrap()
+        })
+        .collect();
+    PerReplica::new(Arc::clone(s.device_map()), values).unwrap()
+}

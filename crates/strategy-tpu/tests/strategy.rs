@@ -1,0 +1,576 @@
+//! TpuStrategy on the CPU plugin (`PJRT_PLUGIN`, else the pinned one `cargo xtask test`
+//! installs; without one these tests fail with the error that says how to get it).
+
+use std::sync::Arc;
+
+use distribute_collectives::Tensor;
+use distribute_mirrored::MirroredStrategy;
+use distribute_pjrt::stablehlo::{DotDims, Value};
+use distribute_strategy::{Strategy, StrategyError};
+use distribute_tpu::{DeviceAssignment, StepBuilder, StepInput, TpuConfig, TpuError, TpuStrategy};
+use distribute_values::{Leaf, PerReplica, ReduceOp};
+use ndarray::{Array1, Array2};
+
+fn strategy(devices: usize) -> TpuStrategy {
+    TpuStrategy::new(TpuConfig::cpu(devices)).unwrap_or_else(|err| panic!("{err}"))
+}
+
+fn per_replica(s: &TpuStrategy, values: Vec<Tensor>) -> PerReplica<Tensor> {
+    PerReplica::new(Arc::clone(s.device_map()), values).unwrap()
+}
+
+fn scalars(s: &TpuStrategy, values: &[f32]) -> PerReplica<Tensor> {
+    let devices = s.worker_devices();
+    per_replica(
+        s,
+        values
+            .iter()
+            .zip(&devices)
+            .map(|(v, d)| Tensor::from_vec(d, &[1], vec![*v]).unwrap())
+            .collect(),
+    )
+}
+
+#[test]
+fn tpu_12_every_device_is_a_replica() {
+    let s = strategy(4);
+    assert_eq!(s.num_replicas_in_sync(), 4);
+    let devices = s.worker_devices();
+    for (i, d) in devices.iter().enumerate() {
+        assert_eq!(
+            d,
+            &format!("/job:localhost/replica:0/task:0/device:TPU:{i}")
+        );
+    }
+}
+
+#[test]
+fn tpu_13_an_assignment_picks_the_cores() {
+    let topology = TpuStrategy::topology_for(2).unwrap();
+    let second = DeviceAssignment::new(topology.clone(), &[vec![vec![0, 0, 0, 1]]]).unwrap();
+    let config = TpuConfig {
+        device_assignment: Some(second),
+        ..TpuConfig::cpu(2)
+    };
+    let s = TpuStrategy::new(config).unwrap();
+    assert_eq!(s.num_replicas_in_sync(), 1);
+    assert_eq!(
+        s.worker_devices(),
+        ["/job:localhost/replica:0/task:0/device:TPU:1"]
+    );
+    assert_eq!(s.replica_devices()[0].id(), 1);
+    // The step really runs on device 1: its program carries that assignment.
+    let f = s.function(|b, x| Ok(vec![b.add(&x[0], &x[0])?]));
+    let x = scalars(&s, &[3.0]);
+    let out = f.run(&[StepInput::PerReplica(&x)]).unwrap();
+    assert_eq!(out[0].replica(0).unwrap().to_vec::<f32>().unwrap(), [6.0]);
+
+    let first = DeviceAssignment::build(topology, None, None, 1).unwrap();
+    let s = TpuStrategy::new(TpuConfig {
+        device_assignment: Some(first),
+        ..TpuConfig::cpu(2)
+    })
+    .unwrap();
+    assert!(s.worker_devices()[0].ends_with("device:TPU:0"));
+}
+
+#[test]
+fn bad_assignments_are_refused() {
+    let other = DeviceAssignment::new(
+        TpuStrategy::topology_for(4).unwrap(),
+        &[vec![vec![0, 0, 0, 3]]],
+    )
+    .unwrap();
+    let err = TpuStrategy::new(TpuConfig {
+        device_assignment: Some(other),
+        ..TpuConfig::cpu(2)
+    })
+    .unwrap_err();
+    assert!(
+        matches!(err, TpuError::InvalidArgument(ref m) if m.contains("topology")),
+        "{err}"
+    );
+    let two_cores = DeviceAssignment::build(
+        TpuStrategy::topology_for(2).unwrap(),
+        Some(&[1, 1, 1, 2]),
+        None,
+        1,
+    )
+    .unwrap();
+    let err = TpuStrategy::new(TpuConfig {
+        device_assignment: Some(two_cores),
+        ..TpuConfig::cpu(2)
+    })
+    .unwrap_err();
+    assert!(matches!(err, TpuError::Unimplemented(_)), "{err}");
+}
+
+#[test]
+fn tpu_16_logical_devices_out_of_range_are_refused() {
+    let s = strategy(2);
+    assert!(s.logical_device(1, 0).unwrap().ends_with("device:TPU:1"));
+    let err = s.logical_device(0, 1).unwrap_err();
+    assert!(
+        matches!(err, TpuError::InvalidArgument(ref m) if m.contains("out of range")),
+        "{err}"
+    );
+}
+
+#[test]
+fn tpu_19_reduce_inside_and_outside_the_step() {
+    let s = strategy(2);
+    let x = scalars(&s, &[2.0, 3.0]);
+    // Outside: squares on each replica, then a host-side MEAN → (4 + 9) / 2.
+    let square = s.function(|b, x| Ok(vec![b.multiply(&x[0], &x[0])?]));
+    let squares = square.run(&[StepInput::PerReplica(&x)]).unwrap();
+    let squares = Leaf::PerReplica(squares[0].to_per_replica(&s).unwrap());
+    let mean = s.reduce(ReduceOp::Mean, &squares, None).unwrap();
+    assert_eq!(mean.to_vec::<f32>().unwrap(), [6.5]);
+    // Inside: MEAN scales by 1/n, then sums across replicas.
+    let mean_in = s.function(|b, x| Ok(vec![b.all_reduce(ReduceOp::Mean, &x[0])?]));
+    let out = mean_in.run(&[StepInput::PerReplica(&x)]).unwrap();
+    let mirrored = out[0].to_mirrored(&s).unwrap();
+    for t in mirrored.values() {
+        assert_eq!(t.to_vec::<f32>().unwrap(), [2.5]);
+    }
+    // Other ops are not supported inside the replicated computation.
+    let min_in = s.function(|b, x| Ok(vec![b.all_reduce(ReduceOp::Min, &x[0])?]));
+    let err = min_in.run(&[StepInput::PerReplica(&x)]).unwrap_err();
+    assert!(matches!(err, TpuError::Unimplemented(_)), "{err}");
+}
+
+use distribute_values::DistributedValues;
+
+#[test]
+fn all_reduce_and_replica_id_on_2_4_and_8_replicas() {
+    for n in [2usize, 4, 8] {
+        let s = strategy(n);
+        let f = s.function(|b: &mut StepBuilder<'_>, x: &[Value]| {
+            let id = b.replica_id();
+            let id = b.convert(&id, distribute_pjrt::ElementType::F32);
+            let id = b.reshape(&id, &[1])?;
+            let mine = b.add(&x[0], &id)?;
+            let total = b.all_reduce(ReduceOp::Sum, &mine)?;
+            Ok(vec![id, total])
+        });
+        let zeros = vec![0.0f32; n];
+        let x = scalars(&s, &zeros);
+        let out = f.run(&[StepInput::PerReplica(&x)]).unwrap();
+        let total = (0..n).sum::<usize>() as f32;
+        for r in 0..n {
+            assert_eq!(
+                out[0].replica(r).unwrap().to_vec::<f32>().unwrap(),
+                [r as f32]
+            );
+            assert_eq!(out[1].replica(r).unwrap().to_vec::<f32>().unwrap(), [total]);
+        }
+    }
+}
+
+#[test]
+fn tpu_27_a_device_loop_then_a_sum_reduce() {
+    for n in [2usize, 4] {
+        let s = strategy(n);
+        let plus_one = s.function(|b, state| {
+            let one = b.splat(1.0f32, &[1]);
+            Ok(vec![b.add(&state[0], &one)?])
+        });
+        let zero = Tensor::from_vec("/cpu:0", &[1], vec![0.0f32]).unwrap();
+        let out = plus_one
+            .run_steps(10, &[StepInput::Same(&zero)], &[])
+            .unwrap();
+        let per_replica = Leaf::PerReplica(out[0].to_per_replica(&s).unwrap());
+        let total = s.reduce(ReduceOp::Sum, &per_replica, None).unwrap();
+        assert_eq!(total.to_vec::<f32>().unwrap(), [n as f32 * 10.0]);
+    }
+}
+
+#[test]
+fn one_compilation_per_input_signature() {
+    let s = strategy(2);
+    let double = s.function(|b, x| Ok(vec![b.add(&x[0], &x[0])?]));
+    let a = scalars(&s, &[1.0, 2.0]);
+    let b = scalars(&s, &[5.0, 6.0]);
+    double.run(&[StepInput::PerReplica(&a)]).unwrap();
+    let out = double.run(&[StepInput::PerReplica(&b)]).unwrap();
+    assert_eq!(double.compilations(), 1);
+    assert_eq!(out[0].replica(1).unwrap().to_vec::<f32>().unwrap(), [12.0]);
+    let wide = Tensor::from_vec("/cpu:0", &[2], vec![1.0f32, 2.0]).unwrap();
+    double.run(&[StepInput::Same(&wide)]).unwrap();
+    assert_eq!(double.compilations(), 2);
+}
+
+#[test]
+fn shapes_must_agree_between_replicas() {
+    let s = strategy(2);
+    let f = s.function(|_, x| Ok(vec![x[0].clone()]));
+    let devices = s.worker_devices();
+    let ragged = per_replica(
+        &s,
+        vec![
+            Tensor::from_vec(&devices[0], &[2], vec![1.0f32, 2.0]).unwrap(),
+            Tensor::from_vec(&devices[1], &[3], vec![1.0f32, 2.0, 3.0]).unwrap(),
+        ],
+    );
+    let err = f.run(&[StepInput::PerReplica(&ragged)]).unwrap_err();
+    assert!(
+        matches!(err, TpuError::InvalidArgument(ref m) if m.contains("replica 1 has tensor<3xf32>")),
+        "{err}"
+    );
+}
+
+#[test]
+fn builder_mistakes_in_a_step_are_reported() {
+    let s = strategy(2);
+    let f = s.function(|b, x| {
+        let wrong = b.splat(1.0f32, &[5]);
+        Ok(vec![b.add(&x[0], &wrong)?])
+    });
+    let x = scalars(&s, &[1.0, 2.0]);
+    let err = f.run(&[StepInput::PerReplica(&x)]).unwrap_err().to_string();
+    assert!(err.contains("operand types differ"), "{err}");
+}
+
+#[test]
+fn two_hundred_runs_back_to_back() {
+    let s = strategy(4);
+    let step = s.function(|b, w| {
+        let one = b.splat(1.0f32, &[1]);
+        let summed = b.all_reduce(ReduceOp::Sum, &one)?;
+        Ok(vec![b.add(&w[0], &summed)?])
+    });
+    let zero = Tensor::from_vec("/cpu:0", &[1], vec![0.0f32]).unwrap();
+    let mut w = s.to_device(StepInput::Same(&zero)).unwrap();
+    for _ in 0..200 {
+        w = step.run(&[StepInput::Device(&w)]).unwrap().remove(0);
+    }
+    for r in 0..4 {
+        assert_eq!(w.replica(r).unwrap().to_vec::<f32>().unwrap(), [800.0]);
+    }
+}
+
+#[test]
+fn eager_steps_run_through_the_strategy_trait() {
+    let s = strategy(2);
+    let sums: Leaf<Tensor> = s
+        .run::<(), Tensor, _>(
+            |ctx, ()| {
+                let mine = Tensor::scalar(&ctx.devices()[0], ctx.replica_id() as f32 + 1.0);
+                ctx.all_reduce(ReduceOp::Sum, &mine)
+            },
+            &(),
+        )
+        .unwrap();
+    for t in sums.local_results() {
+        assert_eq!(t.to_vec::<f32>().unwrap(), [3.0]);
+    }
+    let err = s
+        .run::<(), (), _>(
+            |_, ()| Err(StrategyError::InvalidArgument("bad".into())),
+            &(),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("bad"), "{err}");
+}
+
+// ---- linear regression: TpuStrategy against MirroredStrategy --------------------------------
+
+const FEATURES: usize = 64;
+const GLOBAL_BATCH: usize = 256;
+const LEARNING_RATE: f32 = 0.1;
+const STEPS: usize = 20;
+
+/// Deterministic data: x in [-1, 1), y = x·w* + small noise.
+fn data() -> (Array2<f32>, Array1<f32>) {
+    let mut state = 0x2545_f491_u64;
+    let mut next = || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    };
+    let x = Array2::from_shape_fn((GLOBAL_BATCH, FEATURES), |_| next());
+    let w_true = Array1::from_shape_fn(FEATURES, |i| (i as f32 / FEATURES as f32) - 0.5);
+    let noise = Array1::from_shape_fn(GLOBAL_BATCH, |_| 0.01 * next());
+    let y = x.dot(&w_true) + noise;
+    (x, y)
+}
+
+/// The traced SGD step on (w, x, y): the global-batch mean-squared-error gradient, summed across
+/// replicas in the program.
+fn sgd_step(b: &mut StepBuilder<'_>, args: &[Value]) -> Result<Vec<Value>, TpuError> {
+    let (w, x, y) = (&args[0], &args[1], &args[2]);
+    let predicted = b.matmul(x, w)?;
+    let error = b.subtract(&predicted, y)?;
+    let gradient = b.dot_general(
+        x,
+        &error,
+        &DotDims {
+            lhs_contracting: vec![0],
+            rhs_contracting: vec![0],
+            ..DotDims::default()
+        },
+    )?;
+    let scale = b.splat(1.0 / GLOBAL_BATCH as f32, &[FEATURES as i64]);
+    let gradient = b.multiply(&gradient, &scale)?;
+    let gradient = b.all_reduce(ReduceOp::Sum, &gradient)?;
+    let lr = b.splat(LEARNING_RATE, &[FEATURES as i64]);
+    let delta = b.multiply(&gradient, &lr)?;
+    Ok(vec![b.subtract(w, &delta)?])
+}
+
+fn mirrored_weights(n: usize, x: &Array2<f32>, y: &Array1<f32>) -> Vec<f32> {
+    let devices: Vec<String> = (0..n).map(|i| format!("/cpu:{i}")).collect();
+    let strategy = MirroredStrategy::new(&devices).unwrap();
+    let per = GLOBAL_BATCH / n;
+    let mut w = Array1::<f32>::zeros(FEATURES);
+    for _ in 0..STEPS {
+        let current = w.clone();
+        let gradient: Leaf<Tensor> = strategy
+            .run::<(), Tensor, _>(
+                |ctx, ()| {
+                    let r = ctx.replica_id();
+                    let xs = x.slice(ndarray::s![r * per..(r + 1) * per, ..]);
+                    let ys = y.slice(ndarray::s![r * per..(r + 1) * per]);
+                    let error = xs.dot(&current) - ys;
+                    let gradient = xs.t().dot(&error) / GLOBAL_BATCH as f32;
+                    ctx.all_reduce(
+                        ReduceOp::Sum,
+                        &Tensor::from_array(&ctx.devices()[0], gradient),
+                    )
+                },
+                &(),
+            )
+            .unwrap();
+        let g = gradient.local_results()[0].to_vec::<f32>().unwrap();
+        w = w - Array1::from(g) * LEARNING_RATE;
+    }
+    w.to_vec()
+}
+
+fn shards(
+    s: &TpuStrategy,
+    x: &Array2<f32>,
+    y: &Array1<f32>,
+) -> (PerReplica<Tensor>, PerReplica<Tensor>) {
+    let n = s.num_replicas_in_sync();
+    let per = GLOBAL_BATCH / n;
+    let devices = s.worker_devices();
+    let xs = (0..n)
+        .map(|r| {
+            Tensor::from_array(
+                &devices[r],
+                x.slice(ndarray::s![r * per..(r + 1) * per, ..]).to_owned(),
+            )
+        })
+        .collect();
+    let ys = (0..n)
+        .map(|r| {
+            Tensor::from_array(
+                &devices[r],
+                y.slice(ndarray::s![r * per..(r + 1) * per]).to_owned(),
+            )
+        })
+        .collect();
+    (per_replica(s, xs), per_replica(s, ys))
+}
+
+fn assert_close(tpu: &[f32], mirrored: &[f32], what: &str) {
+    let worst = tpu
+        .iter()
+        .zip(mirrored)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst <= 1e-5, "{what}: weights differ by {worst}");
+}
+
+#[test]
+fn linear_regression_matches_mirrored_strategy() {
+    let (x, y) = data();
+    for n in [2usize, 4, 8] {
+        let expected = mirrored_weights(n, &x, &y);
+        let s = strategy(n);
+        let (xs, ys) = shards(&s, &x, &y);
+        let xs = s.to_device(StepInput::PerReplica(&xs)).unwrap();
+        let ys = s.to_device(StepInput::PerReplica(&ys)).unwrap();
+        let zeros = Tensor::from_vec("/cpu:0", &[FEATURES], vec![0.0f32; FEATURES]).unwrap();
+        let step = s.function(sgd_step);
+        let mut w = s.to_device(StepInput::Same(&zeros)).unwrap();
+        for _ in 0..STEPS {
+            w = step
+                .run(&[
+                    StepInput::Device(&w),
+                    StepInput::Device(&xs),
+                    StepInput::Device(&ys),
+                ])
+                .unwrap()
+                .remove(0);
+        }
+        let weights = w.to_mirrored(&s).unwrap();
+        let tpu = weights.values()[0].to_vec::<f32>().unwrap();
+        assert_close(&tpu, &expected, &format!("{n} replicas, one run per step"));
+        assert!(
+            expected.iter().any(|v| v.abs() > 0.01),
+            "the model learned something"
+        );
+    }
+}
+
+#[test]
+fn run_steps_trains_the_same_weights_in_one_device_loop() {
+    let (x, y) = data();
+    let n = 2;
+    let expected = mirrored_weights(n, &x, &y);
+    let s = strategy(n);
+    let (xs, ys) = shards(&s, &x, &y);
+    // The same batch for every step, stacked along a leading dimension of STEPS.
+    let stack = |p: &PerReplica<Tensor>| {
+        let values = p
+            .values()
+            .iter()
+            .map(|t| {
+                let mut shape = vec![STEPS];
+                shape.extend_from_slice(t.shape());
+                let one = t.to_vec::<f32>().unwrap();
+                let data = one
+                    .iter()
+                    .copied()
+                    .cycle()
+                    .take(one.len() * STEPS)
+                    .collect();
+                Tensor::from_vec(t.device(), &shape, data).unwrap()
+            })
+            .collect();
+        per_replica(&s, values)
+    };
+    let (xs, ys) = (stack(&xs), stack(&ys));
+    let zeros = Tensor::from_vec("/cpu:0", &[FEATURES], vec![0.0f32; FEATURES]).unwrap();
+    let step = s.function(sgd_step);
+    let out = step
+        .run_steps(
+            STEPS,
+            &[StepInput::Same(&zeros)],
+            &[StepInput::PerReplica(&xs), StepInput::PerReplica(&ys)],
+        )
+        .unwrap();
+    let tpu = out[0].replica(1).unwrap().to_vec::<f32>().unwrap();
+    assert_close(&tpu, &expected, "run_steps");
+    let err = step
+        .run_steps(3, &[StepInput::Same(&zeros)], &[StepInput::PerReplica(&xs)])
+        .unwrap_err();
+    assert!(
+        matches!(err, TpuError::InvalidArgument(ref m) if m.contains("leading dimension of 3")),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_short_last_batch_is_padded_with_a_mask_instead_of_recompiled() {
+    let (x, y) = data();
+    let s = strategy(2);
+    // Σ_replicas xᵀ((x w − y) · mask) with w = 0.5: the masked gradient sum.
+    let step = s.function(|b, args| {
+        let (x, y, mask) = (&args[0], &args[1], &args[2]);
+        let w = b.splat(0.5f32, &[FEATURES as i64]);
+        let predicted = b.matmul(x, &w)?;
+        let error = b.subtract(&predicted, y)?;
+        let error = b.multiply(&error, mask)?;
+        let gradient = b.dot_general(
+            x,
+            &error,
+            &DotDims {
+                lhs_contracting: vec![0],
+                rhs_contracting: vec![0],
+                ..DotDims::default()
+            },
+        )?;
+        Ok(vec![b.all_reduce(ReduceOp::Sum, &gradient)?])
+    });
+    let devices = s.worker_devices();
+    let host_gradient = |rows: std::ops::Range<usize>| {
+        let xs = x.slice(ndarray::s![rows.clone(), ..]);
+        let error = xs.dot(&Array1::from_elem(FEATURES, 0.5f32)) - y.slice(ndarray::s![rows]);
+        xs.t().dot(&error)
+    };
+    // A full batch of 128 rows per replica, then a short one of 100 + 60 rows.
+    for (sizes, compilations) in [([128usize, 128], 1), ([100, 60], 1)] {
+        let mut start = 0;
+        let mut xs = Vec::new();
+        let mut ys = Vec::new();
+        let mut expected = Array1::<f32>::zeros(FEATURES);
+        for (r, &n) in sizes.iter().enumerate() {
+            let rows = start..start + n;
+            xs.push(Tensor::from_array(
+                &devices[r],
+                x.slice(ndarray::s![rows.clone(), ..]).to_owned(),
+            ));
+            ys.push(Tensor::from_array(
+                &devices[r],
+                y.slice(ndarray::s![rows.clone()]).to_owned(),
+            ));
+            expected = expected + host_gradient(rows);
+            start += n;
+        }
+        let (px, mask) = s.pad_batch(&per_replica(&s, xs), 128).unwrap();
+        let (py, _) = s.pad_batch(&per_replica(&s, ys), 128).unwrap();
+        let out = step
+            .run(&[
+                StepInput::PerReplica(&px),
+                StepInput::PerReplica(&py),
+                StepInput::PerReplica(&mask),
+            ])
+            .unwrap();
+        assert_eq!(
+            step.compilations(),
+            compilations,
+            "padding keeps the compiled shape"
+        );
+        let got = out[0].replica(0).unwrap().to_vec::<f32>().unwrap();
+        assert_close_relative(&got, expected.as_slice().unwrap());
+    }
+    let (too_long, _) = shards(&s, &x, &y);
+    let err = s.pad_batch(&too_long, 100).unwrap_err();
+    assert!(
+        matches!(err, TpuError::InvalidArgument(ref m) if m.contains("more than the 100")),
+        "{err}"
+    );
+}
+
+fn assert_close_relative(got: &[f32], expected: &[f32]) {
+    for (g, e) in got.iter().zip(expected) {
+        assert!((g - e).abs() <= 1e-4 * e.abs().max(1.0), "{g} vs {e}");
+    }
+}
+
+#[test]
+fn tpu_26_steps_on_single_core_sub_strategies() {
+    let topology = TpuStrategy::topology_for(2).unwrap();
+    let on_core = |core: i32| {
+        let assignment =
+            DeviceAssignment::new(topology.clone(), &[vec![vec![0, 0, 0, core]]]).unwrap();
+        TpuStrategy::new(TpuConfig {
+            device_assignment: Some(assignment),
+            ..TpuConfig::cpu(2)
+        })
+        .unwrap()
+    };
+    let v = Tensor::from_vec("/cpu:0", &[1], vec![0.0f32]).unwrap();
+    let mut total = 0.0;
+    for core in [0, 1] {
+        let s = on_core(core);
+        let plus_one = s.function(|b, v| {
+            let one = b.splat(1.0f32, &[1]);
+            Ok(vec![b.add(&v[0], &one)?])
+        });
+        let out = plus_one.run(&[StepInput::Same(&v)]).unwrap();
+        assert!(
+            out[0]
+                .replica(0)
+                .unwrap()
+                .device()
+                .ends_with(&format!("device:TPU:{core}"))
+        );
+        total += out[0].replica(0).unwrap().to_vec::<f32>().unwrap()[0];
+    }
+    assert_eq!(total, 2.0);
+}
