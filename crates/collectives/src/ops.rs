@@ -218,6 +218,12 @@ pub trait CrossDeviceOps: Send + Sync + fmt::Debug {
     /// Makes the replica collectives usable again after an abort.
     fn reset(&self);
 
+    /// How many replicas the replica collectives are built for, when the backend has a fixed
+    /// count (a strategy checks it against its devices).
+    fn num_replicas(&self) -> Option<usize> {
+        None
+    }
+
     /// Called before the replicas start a step (a strategy's `run`).
     fn begin_step(&self) {}
 
@@ -472,6 +478,10 @@ impl CrossDeviceOps for ReductionToOneDevice {
         self.group.reset();
     }
 
+    fn num_replicas(&self) -> Option<usize> {
+        Some(self.group.num_replicas())
+    }
+
     fn begin_step(&self) {
         self.group.rendezvous().begin_step();
     }
@@ -550,6 +560,10 @@ impl CrossDeviceOps for SharedMemoryAllReduce {
 
     fn reset(&self) {
         self.group.reset();
+    }
+
+    fn num_replicas(&self) -> Option<usize> {
+        Some(self.group.num_replicas())
     }
 
     fn begin_step(&self) {

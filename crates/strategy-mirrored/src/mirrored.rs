@@ -139,6 +139,13 @@ impl MirroredStrategy {
                 choose_the_best(&devices, collectives)?
             }
         };
+        if let Some(built_for) = ops.num_replicas().filter(|&k| k != n) {
+            return Err(StrategyError::InvalidArgument(format!(
+                "the cross-device ops {} are built for {built_for} replicas but the strategy has \
+                 {n} devices; build them with the device count",
+                ops.name()
+            )));
+        }
         let pool = ReplicaPool::start(Arc::clone(&ops), n, config.idle_spin)?;
         log::info!("MirroredStrategy over {devices:?}: {ops_reason}");
         Ok(MirroredStrategy {
@@ -235,7 +242,11 @@ impl Strategy for MirroredStrategy {
         let n = self.devices.num_replicas();
         let outputs: Vec<Mutex<Option<Result<O, StrategyError>>>> =
             (0..n).map(|_| Mutex::new(None)).collect();
+        // Every replica is idle here, so the rendezvous can be cleared unconditionally: a step
+        // that swallowed a collective error (which aborts the group) must not poison the next.
+        self.ops.reset();
         self.ops.begin_step();
+        self.merge.reset();
         self.merge.begin_step();
         let job = |replica: usize, collectives: &dyn ReplicaCollectives| {
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -262,20 +273,18 @@ impl Strategy for MirroredStrategy {
         self.pool.execute(&job)?;
         let mut outputs_ok = Vec::with_capacity(n);
         let mut errors = Vec::new();
-        for slot in outputs {
-            match slot
-                .into_inner()
-                .unwrap_or_else(|p| p.into_inner())
-                .expect("every replica stored a result")
-            {
-                Ok(output) => outputs_ok.push(output),
-                Err(error) => errors.push(error),
+        for (replica, slot) in outputs.into_iter().enumerate() {
+            match slot.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                Some(Ok(output)) => outputs_ok.push(output),
+                Some(Err(error)) => errors.push(error),
+                // The job panicked after the step (in a cross-device ops hook) before storing.
+                None => errors.push(StrategyError::ReplicaPanicked {
+                    replica,
+                    message: "a cross-device operations hook panicked after the step".into(),
+                }),
             }
         }
         if !errors.is_empty() {
-            // Every replica has finished, so nothing waits in the rendezvous any more.
-            self.ops.reset();
-            self.merge.reset();
             return Err(root_cause(errors));
         }
         Ok(regroup(&self.devices, outputs_ok)?)

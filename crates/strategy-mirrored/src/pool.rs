@@ -11,6 +11,7 @@
 //! does not return until every thread has finished with it, and it cannot unwind in between.
 
 use std::cell::Cell;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{JoinHandle, Thread};
@@ -84,23 +85,27 @@ impl ReplicaPool {
             shutdown: AtomicBool::new(false),
             idle_spin,
         });
+        // The pool exists before any thread does, so that every early return below drops it,
+        // which stops and joins the threads already started.
+        let mut pool = ReplicaPool {
+            shared,
+            threads: Vec::with_capacity(num_replicas),
+            running: Mutex::new(()),
+        };
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let mut threads = Vec::with_capacity(num_replicas);
         for replica in 0..num_replicas {
-            let (shared, ops, ready) = (Arc::clone(&shared), Arc::clone(&ops), ready_tx.clone());
+            let (shared, ops, ready) =
+                (Arc::clone(&pool.shared), Arc::clone(&ops), ready_tx.clone());
             let thread = std::thread::Builder::new()
                 .name(format!("replica-{replica}"))
                 .spawn(move || replica_thread(replica, &shared, ops.as_ref(), ready))
                 .map_err(|e| {
                     StrategyError::Runtime(format!("cannot start replica thread {replica}: {e}"))
                 })?;
-            threads.push(thread);
+            pool.threads.push(thread);
         }
-        let pool = ReplicaPool {
-            shared,
-            threads,
-            running: Mutex::new(()),
-        };
+        // Only the threads hold senders now: one that dies without reporting ends `recv`.
+        drop(ready_tx);
         // Every thread reports whether it could make its collectives handle.
         for _ in 0..num_replicas {
             match ready_rx.recv() {
@@ -123,8 +128,8 @@ impl ReplicaPool {
 
     /// Runs `job` on every replica thread and returns when all have finished it.
     ///
-    /// `job` must not unwind (callers catch panics inside it): a replica thread that unwinds would
-    /// never report back.
+    /// A panic that escapes `job` is caught on the replica thread, which still reports back; the
+    /// job must record its own outcome to tell the caller.
     pub(crate) fn execute(&self, job: &Job<'_>) -> Result<(), StrategyError> {
         if Self::on_replica_thread() {
             return Err(StrategyError::Runtime(
@@ -179,13 +184,22 @@ fn replica_thread(
     ready: std::sync::mpsc::Sender<Result<(), StrategyError>>,
 ) {
     ON_REPLICA_THREAD.with(|flag| flag.set(true));
-    let collectives = match ops.replica_collectives(replica) {
-        Ok(collectives) => {
+    // A user's `CrossDeviceOps` may panic here; that must reach `start` as an error, not leave
+    // it waiting for a report that never comes.
+    let made = std::panic::catch_unwind(AssertUnwindSafe(|| ops.replica_collectives(replica)));
+    let collectives = match made {
+        Ok(Ok(collectives)) => {
             let _ = ready.send(Ok(()));
             collectives
         }
-        Err(error) => {
+        Ok(Err(error)) => {
             let _ = ready.send(Err(error.into()));
+            return;
+        }
+        Err(_) => {
+            let _ = ready.send(Err(StrategyError::Runtime(format!(
+                "replica {replica}'s collectives handle panicked while being made"
+            ))));
             return;
         }
     };
@@ -209,9 +223,16 @@ fn replica_thread(
         seen = shared.epoch.load(Ordering::SeqCst);
         let job = *lock(&shared.job);
         if let Some(JobRef(job)) = job {
+            // Jobs catch their step's panics themselves; this catches the rest (a panicking
+            // user `CrossDeviceOps` hook), so the thread survives and still reports back below.
+            // The job then has stored no result, which the caller reports as this replica's
+            // failure.
+            let collectives = collectives.as_ref();
             // SAFETY: `execute` keeps the job alive until `remaining` reaches 0, which cannot
             // happen before this thread's decrement below.
-            unsafe { (*job)(replica, collectives.as_ref()) };
+            let _ = std::panic::catch_unwind(AssertUnwindSafe(|| unsafe {
+                (*job)(replica, collectives)
+            }));
         }
         if shared.remaining.fetch_sub(1, Ordering::SeqCst) == 1
             && let Some(caller) = lock(&shared.caller).as_ref()

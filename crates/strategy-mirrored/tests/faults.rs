@@ -6,7 +6,13 @@
 
 use std::time::Duration;
 
-use distribute_collectives::{CollectiveError, Tensor};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use distribute_collectives::{
+    AnyTensor, CollectiveError, CrossDeviceOps, Destinations, GroupConfig, ReplicaCollectives,
+    SharedMemoryAllReduce, Tensor,
+};
 use distribute_mirrored::{MirroredConfig, MirroredStrategy};
 use distribute_strategy::{Strategy, StrategyError};
 use distribute_values::{Leaf, ReduceOp};
@@ -180,14 +186,22 @@ fn a_replica_that_skips_a_collective_fails_the_others_at_once() {
 
 #[test]
 fn a_slow_replica_is_named_when_the_deadline_passes() {
-    let strategy = strategy(2, Duration::from_millis(300));
+    // Replica 1 only reaches the collective after replica 0 has given up on it, whatever the
+    // machine's speed: the deadline, not the scheduler, decides the outcome.
+    let strategy = strategy(2, Duration::from_millis(200));
+    let replica_0_gave_up = AtomicBool::new(false);
     let err = strategy
         .run::<(), Tensor, _>(
             |ctx, ()| {
                 if ctx.replica_id() == 1 {
-                    std::thread::sleep(Duration::from_millis(1500));
+                    while !replica_0_gave_up.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    return ctx.all_reduce(ReduceOp::Sum, &one(ctx));
                 }
-                ctx.all_reduce(ReduceOp::Sum, &one(ctx))
+                let result = ctx.all_reduce(ReduceOp::Sum, &one(ctx));
+                replica_0_gave_up.store(true, Ordering::SeqCst);
+                result
             },
             &(),
         )
@@ -199,6 +213,121 @@ fn a_slow_replica_is_named_when_the_deadline_passes() {
         other => panic!("expected DeadlineExceeded, got {other:?}"),
     }
     still_works(&strategy);
+}
+
+#[test]
+fn a_swallowed_collective_error_does_not_poison_the_next_step() {
+    let strategy = strategy(2, Duration::from_secs(60));
+    // Replica 1 skips the collective; replica 0 ignores the error it gets. The step succeeds,
+    // and the aborted group must be usable again in the next one.
+    strategy
+        .run::<(), (), _>(
+            |ctx, ()| {
+                if ctx.replica_id() == 0 {
+                    let _ignored = ctx.all_reduce(ReduceOp::Sum, &one(ctx));
+                }
+                Ok(())
+            },
+            &(),
+        )
+        .unwrap();
+    still_works(&strategy);
+}
+
+/// A backend that fails in the ways a user's `CrossDeviceOps` might.
+#[derive(Debug)]
+struct Faulty {
+    inner: SharedMemoryAllReduce,
+    panic_making_replica: Option<usize>,
+    panic_when_replica_finishes: AtomicBool,
+}
+
+impl CrossDeviceOps for Faulty {
+    fn name(&self) -> &'static str {
+        "Faulty"
+    }
+    fn reduce(
+        &self,
+        op: ReduceOp,
+        values: &[AnyTensor],
+        destinations: &Destinations,
+    ) -> Result<Leaf<AnyTensor>, CollectiveError> {
+        self.inner.reduce(op, values, destinations)
+    }
+    fn replica_collectives(
+        &self,
+        replica: usize,
+    ) -> Result<Box<dyn ReplicaCollectives>, CollectiveError> {
+        if self.panic_making_replica == Some(replica) {
+            panic!("no collectives for replica {replica}");
+        }
+        self.inner.replica_collectives(replica)
+    }
+    fn abort(&self, reason: &str) {
+        self.inner.abort(reason)
+    }
+    fn reset(&self) {
+        self.inner.reset()
+    }
+    fn replica_finished(&self, replica: usize) {
+        if self
+            .panic_when_replica_finishes
+            .swap(false, Ordering::SeqCst)
+        {
+            panic!("hook bug");
+        }
+        self.inner.replica_finished(replica)
+    }
+}
+
+fn faulty(panic_making_replica: Option<usize>, panic_when_replica_finishes: bool) -> Arc<Faulty> {
+    Arc::new(Faulty {
+        inner: SharedMemoryAllReduce::new(2, GroupConfig::default()).unwrap(),
+        panic_making_replica,
+        panic_when_replica_finishes: AtomicBool::new(panic_when_replica_finishes),
+    })
+}
+
+fn with_ops(ops: Arc<dyn CrossDeviceOps>) -> Result<MirroredStrategy, StrategyError> {
+    MirroredStrategy::with_config(
+        &["/cpu:0", "/cpu:1"],
+        MirroredConfig {
+            cross_device_ops: Some(ops),
+            ..MirroredConfig::default()
+        },
+    )
+}
+
+#[test]
+fn a_backend_that_panics_while_starting_is_an_error_not_a_hang() {
+    let err = with_ops(faulty(Some(1), false)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("replica 1's collectives handle panicked"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_backend_hook_that_panics_after_the_step_fails_the_step_not_the_thread() {
+    let strategy = with_ops(faulty(None, true)).unwrap();
+    let err = strategy.run::<(), (), _>(|_, ()| Ok(()), &()).unwrap_err();
+    assert!(
+        matches!(err, StrategyError::ReplicaPanicked { .. }),
+        "{err:?}"
+    );
+    still_works(&strategy);
+}
+
+#[test]
+fn backends_built_for_another_replica_count_are_refused() {
+    let three = Arc::new(SharedMemoryAllReduce::new(3, GroupConfig::default()).unwrap());
+    let err = with_ops(three).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("built for 3 replicas but the strategy has 2 devices"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use distribute_collectives::{Destinations, Tensor};
+use distribute_collectives::{AnyTensor, DType, Destinations, Tensor};
 use distribute_input::{
     Batch, Dataset, DistributedDataset, InputContext, InputError, InputOptions, InputWorkers,
     distribute_datasets_from_function,
@@ -50,9 +50,12 @@ pub trait Strategy: Send + Sync {
 
     /// Reduces a result of `run` to one tensor on the host CPU (TF's `strategy.reduce`).
     ///
-    /// With an `axis`, each replica's tensor is first reduced along it, so `Mean` is the mean over
-    /// every element along that axis on every replica (weighted by how many each replica had),
-    /// not the mean of the replicas' means.
+    /// With an `axis`, each replica's value (a plain or mirrored value counts once per replica,
+    /// as in TF) is first reduced along it, then across replicas: `Mean` is the mean over every
+    /// element along that axis on every replica (weighted by how many each replica had), not the
+    /// mean of the replicas' means, and is float64 for integer tensors (TF's true division).
+    /// `Min` and `Max` (which TF refuses with an axis) skip replicas whose axis is empty, as the
+    /// last step of an uneven dataset leaves some.
     fn reduce(
         &self,
         op: ReduceOp,
@@ -61,44 +64,9 @@ pub trait Strategy: Send + Sync {
     ) -> Result<Tensor, StrategyError> {
         let cross = self.cross_replica();
         let host = Destinations::device(self.extended().host_device())?;
-        let reduced = match (axis, value) {
-            (None, value) => cross.reduce_to(op, value, &host)?,
-            (Some(axis), Leaf::PerReplica(p)) => {
-                // Sum along the axis on each replica, then across replicas; a mean divides by
-                // the total length of the axis over all replicas.
-                let inner = match op {
-                    ReduceOp::Mean => ReduceOp::Sum,
-                    other => other,
-                };
-                let mut count = 0;
-                let parts = p
-                    .values()
-                    .iter()
-                    .map(|t| {
-                        count += t.shape().get(axis).copied().unwrap_or(0);
-                        t.reduce_axis(inner, axis)
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                let parts =
-                    Leaf::PerReplica(PerReplica::new(Arc::clone(p.shared_device_map()), parts)?);
-                match (op, cross.reduce_to(inner, &parts, &host)?) {
-                    (ReduceOp::Mean, Leaf::Same(total)) => Leaf::Same(total.divided_by(count)?),
-                    (_, total) => total,
-                }
-            }
-            (Some(axis), Leaf::Same(t)) => {
-                cross.reduce_to(op, &Leaf::Same(t.reduce_axis(op, axis)?), &host)?
-            }
-            (Some(axis), Leaf::Mirrored(m)) => {
-                let copies = m
-                    .values()
-                    .iter()
-                    .map(|t| t.reduce_axis(op, axis))
-                    .collect::<Result<Vec<_>, _>>()?;
-                let reduced =
-                    distribute_values::Mirrored::new(Arc::clone(m.shared_device_map()), copies)?;
-                cross.reduce_to(op, &Leaf::Mirrored(reduced), &host)?
-            }
+        let reduced = match axis {
+            None => cross.reduce_to(op, value, &host)?,
+            Some(axis) => return reduce_along(&cross, op, value, axis, &host),
         };
         match reduced {
             Leaf::Same(t) => Ok(t),
@@ -313,4 +281,88 @@ pub fn per_replica_inputs<B: Regroup>(step: PerReplica<B>) -> Result<B::Regroupe
         ..RegroupOptions::default()
     };
     Ok(regroup_with(&devices, values, options)?)
+}
+
+/// [`Strategy::reduce`] along `axis`.
+fn reduce_along(
+    cross: &CrossReplicaContext<'_>,
+    op: ReduceOp,
+    value: &Leaf<Tensor>,
+    axis: usize,
+    host: &Destinations,
+) -> Result<Tensor, StrategyError> {
+    let parts: Vec<Tensor> = match value {
+        Leaf::Same(t) => vec![t.clone(); cross.num_replicas_in_sync()],
+        Leaf::PerReplica(p) => p.values().to_vec(),
+        Leaf::Mirrored(m) => m.values().to_vec(),
+    };
+    let length = |t: &Tensor| t.shape().get(axis).copied().unwrap_or(0);
+    let local = |t: &Tensor, op| -> Result<AnyTensor, StrategyError> {
+        Ok(AnyTensor::Dense(t.reduce_axis(op, axis)?))
+    };
+    let requested = op;
+    let (op, locals, count) = match op {
+        ReduceOp::Sum | ReduceOp::Mean => {
+            let sums = parts
+                .iter()
+                .map(|t| local(t, ReduceOp::Sum))
+                .collect::<Result<_, _>>()?;
+            (ReduceOp::Sum, sums, parts.iter().map(length).sum::<usize>())
+        }
+        ReduceOp::Min | ReduceOp::Max => {
+            let non_empty: Vec<AnyTensor> = parts
+                .iter()
+                .filter(|t| length(t) > 0)
+                .map(|t| local(t, op))
+                .collect::<Result<_, _>>()?;
+            (op, non_empty, 0)
+        }
+    };
+    if locals.is_empty() {
+        return Err(StrategyError::InvalidArgument(format!(
+            "{op} along axis {axis}: every replica's axis is empty, so there is no value"
+        )));
+    }
+    let total = match cross.cross_device_ops().reduce(op, &locals, host)? {
+        Leaf::Same(t) => t.to_dense()?,
+        other => {
+            return Err(StrategyError::Invariant(format!(
+                "a reduction to one device gave {other:?}"
+            )));
+        }
+    };
+    if requested == ReduceOp::Mean {
+        if count == 0 {
+            return Err(StrategyError::InvalidArgument(format!(
+                "MEAN along axis {axis}: every replica's axis is empty, so the mean is undefined \
+                 (TF gives NaN)"
+            )));
+        }
+        let total = if total.dtype().is_floating() {
+            total
+        } else {
+            to_f64(&total)?
+        };
+        return Ok(total.divided_by(count)?);
+    }
+    Ok(total)
+}
+
+/// An integer tensor as float64, for TF's true division of integer means.
+fn to_f64(tensor: &Tensor) -> Result<Tensor, StrategyError> {
+    let values: Vec<f64> = match tensor.dtype() {
+        DType::I32 => tensor.to_vec::<i32>()?.into_iter().map(f64::from).collect(),
+        // Sums beyond 2^53 lose their last bits, as TF's cast does.
+        DType::I64 => tensor
+            .to_vec::<i64>()?
+            .into_iter()
+            .map(|v| v as f64)
+            .collect(),
+        other => {
+            return Err(StrategyError::Invariant(format!(
+                "{other} is not an integer type"
+            )));
+        }
+    };
+    Ok(Tensor::from_vec(tensor.device(), tensor.shape(), values)?)
 }

@@ -232,3 +232,75 @@ fn sm49_reduce_ops_from_strings() {
         assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{bad:?}");
     }
 }
+
+#[test]
+fn sm46_integer_means_are_float64_and_plain_values_count_per_replica() {
+    let strategy = cpus(2);
+    // Replica i returns [i] * (i + 1) as int64: the mean along axis 0 is 2/3, as TF's true
+    // division gives it, not the integer 0.
+    let ints: Leaf<Tensor> = strategy
+        .run::<(), Tensor, _>(
+            |ctx, ()| {
+                let i = ctx.replica_id();
+                Ok(Tensor::from_vec(
+                    &ctx.devices()[0],
+                    &[i + 1],
+                    vec![i as i64; i + 1],
+                )?)
+            },
+            &(),
+        )
+        .unwrap();
+    let mean = strategy.reduce(ReduceOp::Mean, &ints, Some(0)).unwrap();
+    assert_eq!(mean.to_vec::<f64>().unwrap(), [2.0 / 3.0]);
+    assert_eq!(
+        strategy
+            .reduce(ReduceOp::Sum, &ints, Some(0))
+            .unwrap()
+            .to_vec::<i64>()
+            .unwrap(),
+        [2]
+    );
+
+    // A plain value counts once per replica, as TF's `run` over it would give.
+    let plain = Leaf::Same(Tensor::from_vec("/cpu:0", &[2], vec![1.0f32, 2.0]).unwrap());
+    assert_eq!(
+        scalar(&strategy.reduce(ReduceOp::Sum, &plain, Some(0)).unwrap()),
+        6.0
+    );
+    assert_eq!(
+        scalar(&strategy.reduce(ReduceOp::Mean, &plain, Some(0)).unwrap()),
+        1.5
+    );
+}
+
+#[test]
+fn min_and_max_along_an_axis_skip_replicas_with_empty_chunks() {
+    // The last step of an uneven dataset leaves trailing replicas with no rows.
+    let strategy = cpus(3);
+    let uneven = per_replica(&strategy, |i| {
+        if i == 2 {
+            vec![]
+        } else {
+            vec![i as f32 + 1.0, -(i as f32)]
+        }
+    });
+    assert_eq!(
+        scalar(&strategy.reduce(ReduceOp::Max, &uneven, Some(0)).unwrap()),
+        2.0
+    );
+    assert_eq!(
+        scalar(&strategy.reduce(ReduceOp::Min, &uneven, Some(0)).unwrap()),
+        -1.0
+    );
+    let empty = per_replica(&strategy, |_| vec![]);
+    let err = strategy.reduce(ReduceOp::Max, &empty, Some(0)).unwrap_err();
+    assert!(
+        err.to_string().contains("every replica's axis is empty"),
+        "{err}"
+    );
+    let err = strategy
+        .reduce(ReduceOp::Mean, &empty, Some(0))
+        .unwrap_err();
+    assert!(err.to_string().contains("mean is undefined"), "{err}");
+}
