@@ -22,10 +22,14 @@
 
 mod error;
 mod function;
+mod input;
 mod strategy;
 pub mod topology;
+mod variable;
 
 pub use error::TpuError;
 pub use function::{DeviceValue, StepBuilder, StepInput, TpuFunction};
+pub use input::{DeviceBatches, replica_order};
 pub use strategy::{TpuConfig, TpuStrategy};
-pub use topology::{DeviceAssignment, Topology};
+pub use variable::TpuVariable;
+pub use topology::{DeviceAssignment, DeviceOrderMode, Topology};
