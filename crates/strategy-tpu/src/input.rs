@@ -59,20 +59,40 @@ pub fn replica_order<S: AsRef<str>>(devices: &[S]) -> Result<Vec<usize>, TpuErro
     Ok(keyed.into_iter().map(|(_, i)| i).collect())
 }
 
-impl TpuStrategy {
-    /// The input workers: the replicas' devices grouped by host (the CPU:0 of each device's
-    /// job, replica and task), hosts in the order their first replica appears (TPU-14).
-    pub fn input_workers(&self) -> Result<InputWorkers, TpuError> {
-        let mut groups: Vec<(String, Vec<String>)> = Vec::new();
-        for device in self.device_map().primary_devices() {
-            let host = host_for_device(device)
-                .map_err(|e| TpuError::InvalidArgument(format!("device {device:?}: {e}")))?;
-            match groups.iter_mut().find(|(h, _)| *h == host) {
-                Some((_, devices)) => devices.push(device.to_owned()),
-                None => groups.push((host, vec![device.to_owned()])),
-            }
+/// Input workers for replicas on `devices`: the devices grouped by host, the CPU:0 of each
+/// device's job, replica and task, hosts in the order their first replica appears (TPU-14).
+/// Each host runs one input pipeline and feeds its own replicas.
+///
+/// ```
+/// let workers = distribute_tpu::input_workers_for(&[
+///     "/job:tpu/task:1/device:TPU:0",
+///     "/job:tpu/task:0/device:TPU:0",
+///     "/job:tpu/task:1/device:TPU:1",
+/// ])?;
+/// assert_eq!(workers.num_workers(), 2);
+/// assert_eq!(workers.host(0), "/job:tpu/replica:0/task:1/device:CPU:0");
+/// assert_eq!(workers.devices(0).len(), 2);
+/// # Ok::<(), distribute_tpu::TpuError>(())
+/// ```
+pub fn input_workers_for<S: AsRef<str>>(devices: &[S]) -> Result<InputWorkers, TpuError> {
+    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    for device in devices {
+        let device = device.as_ref();
+        let host = host_for_device(device)
+            .map_err(|e| TpuError::InvalidArgument(format!("device {device:?}: {e}")))?;
+        match groups.iter_mut().find(|(h, _)| *h == host) {
+            Some((_, devices)) => devices.push(device.to_owned()),
+            None => groups.push((host, vec![device.to_owned()])),
         }
-        Ok(InputWorkers::new(groups)?)
+    }
+    Ok(InputWorkers::new(groups)?)
+}
+
+impl TpuStrategy {
+    /// The input workers: the replicas' devices grouped by host (TPU-14); see
+    /// [`input_workers_for`].
+    pub fn input_workers(&self) -> Result<InputWorkers, TpuError> {
+        input_workers_for(&self.worker_devices())
     }
 
     /// Hosts that run replicas (TPU-15): the distinct host devices among the replicas with a
