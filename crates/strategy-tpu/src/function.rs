@@ -69,11 +69,9 @@ impl StepBuilder<'_> {
         let groups = ReplicaGroups::all(self.num_replicas as u32);
         let id = self.builder.replica_id();
         let zero_id = self.builder.scalar(0u32);
-        let is_first = self.builder.compare(
-            distribute_pjrt::stablehlo::Comparison::Eq,
-            &id,
-            &zero_id,
-        )?;
+        let is_first =
+            self.builder
+                .compare(distribute_pjrt::stablehlo::Comparison::Eq, &id, &zero_id)?;
         let dims = value.ty().dims.clone();
         let is_first = self.builder.broadcast_in_dim(&is_first, &dims, &[])?;
         let zeros = match value.ty().element {

@@ -42,9 +42,10 @@ pub fn replica_order<S: AsRef<str>>(devices: &[S]) -> Result<Vec<usize>, TpuErro
         .iter()
         .enumerate()
         .map(|(i, d)| {
-            let spec: DeviceSpec = d.as_ref().parse().map_err(|e| {
-                TpuError::InvalidArgument(format!("device {:?}: {e}", d.as_ref()))
-            })?;
+            let spec: DeviceSpec = d
+                .as_ref()
+                .parse()
+                .map_err(|e| TpuError::InvalidArgument(format!("device {:?}: {e}", d.as_ref())))?;
             let key = (
                 spec.job().map(str::to_owned),
                 spec.replica(),

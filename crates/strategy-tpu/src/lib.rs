@@ -31,5 +31,5 @@ pub use error::TpuError;
 pub use function::{DeviceValue, StepBuilder, StepInput, TpuFunction};
 pub use input::{DeviceBatches, input_workers_for, replica_order};
 pub use strategy::{TpuConfig, TpuStrategy};
-pub use variable::TpuVariable;
 pub use topology::{DeviceAssignment, DeviceOrderMode, Topology};
+pub use variable::TpuVariable;

@@ -5,13 +5,15 @@ use std::fmt;
 use std::sync::Arc;
 
 use distribute_collectives::{CrossDeviceOps, Tensor};
+use distribute_input::{
+    Batch, Dataset, DistributedDataset, InputContext, InputError, InputOptions,
+};
 use distribute_mirrored::MirroredStrategy;
 use distribute_pjrt::{Client, ClientOptions, Device, Plugin};
+use distribute_strategy::VariableOptions;
 use distribute_strategy::{
     MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
 };
-use distribute_input::{Batch, Dataset, DistributedDataset, InputContext, InputError, InputOptions};
-use distribute_strategy::VariableOptions;
 use distribute_values::{DistributedValues, Leaf, PerReplica, Regroup, ReplicaDeviceMap};
 
 use crate::TpuError;

@@ -642,7 +642,10 @@ pub fn ring_3d(x_size: i32, y_size: i32, z_size: i32) -> Vec<[i32; 3]> {
         (_, 1, 1) => return (0..x_size).map(|x| [x, 0, 0]).collect(),
         _ => {}
     }
-    if [x_size, y_size, z_size].iter().any(|&d| d > 1 && d % 2 != 0) {
+    if [x_size, y_size, z_size]
+        .iter()
+        .any(|&d| d > 1 && d % 2 != 0)
+    {
         let mut ring = Vec::new();
         for z in 0..z_size {
             for y in 0..y_size {

@@ -20,7 +20,10 @@ fn tpu_14_input_workers_group_replicas_by_host() {
     let s = strategy(4);
     let workers = s.input_workers().unwrap();
     assert_eq!(workers.num_workers(), 1);
-    assert_eq!(workers.host(0), "/job:localhost/replica:0/task:0/device:CPU:0");
+    assert_eq!(
+        workers.host(0),
+        "/job:localhost/replica:0/task:0/device:CPU:0"
+    );
     assert_eq!(workers.devices(0), s.worker_devices());
     // Several hosts, in the order their first replica appears.
     let workers = input_workers_for(&[

@@ -116,7 +116,10 @@ fn steps_update_mirrored_variables_on_the_devices() {
     let devices = s.worker_devices();
     let x = per_replica(
         &s,
-        vec![vector(&devices[0], &[1.0, 2.0]), vector(&devices[1], &[3.0, 4.0])],
+        vec![
+            vector(&devices[0], &[1.0, 2.0]),
+            vector(&devices[1], &[3.0, 4.0]),
+        ],
     );
     for _ in 0..3 {
         let rest = step
@@ -274,7 +277,10 @@ fn sync_on_read_sum_and_mean_aggregate_when_read() {
             vec![vector(&devices[0], &[1.0]), vector(&devices[1], &[3.0])],
         ))
     };
-    let read = |v: &TpuVariable| v.read_cross_replica(None).map(|t| t.to_vec::<f32>().unwrap());
+    let read = |v: &TpuVariable| {
+        v.read_cross_replica(None)
+            .map(|t| t.to_vec::<f32>().unwrap())
+    };
     let sum = variable(
         &s,
         "sum",
