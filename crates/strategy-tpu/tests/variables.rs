@@ -337,3 +337,26 @@ fn tpu_23_broadcast_to_outside_and_inside_a_step() {
         );
     }
 }
+
+#[test]
+fn steps_read_variables_as_device_inputs_and_refuse_another_strategys() {
+    let s = strategy(2);
+    let w = variable(
+        &s,
+        "w",
+        VariableSynchronization::OnWrite,
+        VariableAggregation::None,
+        &[2.0],
+    );
+    // Read-only use: the buffers go in as a device input and stay as they were.
+    let double = s.function(|b, args| Ok(vec![b.add(&args[0], &args[0])?]));
+    let out = double.run(&[StepInput::Device(&w.device_value())]).unwrap();
+    assert_eq!(out[0].replica(1).unwrap().to_vec::<f32>().unwrap(), [4.0]);
+    assert_eq!(copies(&w), vec![vec![2.0]; 2]);
+    // A variable of another strategy (another client) is refused before anything runs.
+    let other = strategy(2);
+    let f = other.function(|_, args| Ok(args.to_vec()));
+    let err = f.run_updating(&[&w], &[]).unwrap_err();
+    assert!(err.to_string().contains("another client"), "{err}");
+    assert_eq!(copies(&w), vec![vec![2.0]; 2]);
+}
