@@ -36,8 +36,9 @@
 //!   cores in index order it is the identity, the only layout a PJRT client gives here.
 //! - **TPU-21**, sparse and ragged elements: the input crate's batches hold dense tensors
 //!   only, so such a dataset cannot be built; per-replica replication is refused and tested.
-//! - **TPU-26** is tested with a plain value rather than a MEAN variable: a [`TpuVariable`]
-//!   belongs to one strategy's client, and each sub-strategy here opens its own.
+//! - **TPU-26** reads the all-core strategy's MEAN variable on the host and hands the value to
+//!   the sub-strategies' steps: a [`TpuVariable`] belongs to one strategy's client, and each
+//!   sub-strategy here opens its own, so their steps cannot take its buffers.
 //!
 //! This crate knows PJRT only through `distribute-pjrt`, and nothing about particular plugins
 //! beyond the CPU plugin's `cpu_device_count` option.

@@ -584,7 +584,20 @@ fn tpu_26_steps_on_single_core_sub_strategies() {
         })
         .unwrap()
     };
-    let v = Tensor::from_vec("/cpu:0", &[1], vec![0.0f32]).unwrap();
+    // A MEAN variable 0.0 on the all-core strategy; the sub-strategies (each its own client)
+    // read its value.
+    let all_cores = strategy(2);
+    let variable = all_cores
+        .create_device_variable(
+            "v",
+            VariableOptions {
+                aggregation: distribute_values::VariableAggregation::Mean,
+                ..VariableOptions::default()
+            },
+            |d| Ok(Tensor::from_vec(d, &[1], vec![0.0f32])?),
+        )
+        .unwrap();
+    let v = variable.read_cross_replica(None).unwrap();
     let mut total = 0.0;
     for core in [0, 1] {
         let s = on_core(core);
