@@ -1,7 +1,8 @@
 //! `cargo xtask bench tpu`: the linear-regression step of shared/notes/targets.md (64 features,
 //! global batch 256, SGD lr 0.1) on TpuStrategy and on MirroredStrategy in one run, one JSON line
 //! per case: `tpu_compile` (trace + compile + first step), `tpu_step` (one launch per step,
-//! weights and data on the devices), `tpu_run_steps` (all steps in one device loop) and
+//! the weights a device variable whose buffers each step replaces, the data on the devices),
+//! `tpu_run_steps` (all steps in one device loop carrying the variable) and
 //! `mirrored_step` (host threads, host all-reduce). `median_s` is per step (per compile).
 //!
 //! Without `--bench` (as `cargo test --all-targets` runs it) it does a quick smoke run that still
@@ -13,8 +14,8 @@ use std::time::Instant;
 use distribute_collectives::Tensor;
 use distribute_mirrored::MirroredStrategy;
 use distribute_pjrt::stablehlo::{DotDims, Value};
-use distribute_strategy::Strategy;
-use distribute_tpu::{StepBuilder, StepInput, TpuConfig, TpuError, TpuStrategy};
+use distribute_strategy::{Strategy, VariableOptions};
+use distribute_tpu::{StepBuilder, StepInput, TpuConfig, TpuError, TpuStrategy, TpuVariable};
 use distribute_values::{DistributedValues, Leaf, PerReplica, ReduceOp};
 use ndarray::{Array1, Array2, s};
 use serde_json::json;
@@ -36,48 +37,35 @@ fn main() {
         let (xs, ys) = shards(&tpu, &x, &y);
         let xd = tpu.to_device(StepInput::PerReplica(&xs)).unwrap();
         let yd = tpu.to_device(StepInput::PerReplica(&ys)).unwrap();
-        let zeros = Tensor::from_vec("/cpu:0", &[FEATURES], vec![0.0f32; FEATURES]).unwrap();
 
         let compile = median(repeats, || {
+            let w = weights(&tpu);
             let start = Instant::now();
             let f = tpu.function(sgd_step);
-            let w = f
-                .run(&[
-                    StepInput::Same(&zeros),
-                    StepInput::Device(&xd),
-                    StepInput::Device(&yd),
-                ])
+            f.run_updating(&[&w], &[StepInput::Device(&xd), StepInput::Device(&yd)])
                 .unwrap();
-            w[0].replica(0).unwrap();
+            w.read_replica(0).unwrap();
             start.elapsed().as_secs_f64()
         });
         report("tpu_compile", n, compile);
 
         let f = tpu.function(sgd_step);
         // Compile outside the timed steps.
-        f.run(&[
-            StepInput::Same(&zeros),
-            StepInput::Device(&xd),
-            StepInput::Device(&yd),
-        ])
-        .unwrap()[0]
-            .replica(0)
+        let w = weights(&tpu);
+        f.run_updating(&[&w], &[StepInput::Device(&xd), StepInput::Device(&yd)])
             .unwrap();
+        w.read_replica(0).unwrap();
         let mut tpu_weights = Vec::new();
         let step = median(repeats, || {
-            let mut w = tpu.to_device(StepInput::Same(&zeros)).unwrap();
+            // The weights stay on the devices between steps: each step's new buffers replace
+            // the variable's, with no copy to the host until the read after the loop.
+            let w = weights(&tpu);
             let start = Instant::now();
             for _ in 0..steps {
-                w = f
-                    .run(&[
-                        StepInput::Device(&w),
-                        StepInput::Device(&xd),
-                        StepInput::Device(&yd),
-                    ])
-                    .unwrap()
-                    .remove(0);
+                f.run_updating(&[&w], &[StepInput::Device(&xd), StepInput::Device(&yd)])
+                    .unwrap();
             }
-            tpu_weights = w.replica(0).unwrap().to_vec::<f32>().unwrap();
+            tpu_weights = w.read_replica(0).unwrap().to_vec::<f32>().unwrap();
             start.elapsed().as_secs_f64() / steps as f64
         });
         report("tpu_step", n, step);
@@ -90,17 +78,15 @@ fn main() {
             .unwrap();
         let data = [StepInput::Device(&stacked_x), StepInput::Device(&stacked_y)];
         // The first call compiles the loop program; time the ones after it.
-        f.run_steps(steps, &[StepInput::Same(&zeros)], &data)
-            .unwrap()[0]
-            .replica(0)
-            .unwrap();
+        let w = weights(&tpu);
+        f.run_steps_updating(steps, &[&w], &[], &data).unwrap();
+        w.read_replica(0).unwrap();
         let mut loop_weights = Vec::new();
         let run_steps = median(repeats, || {
+            let w = weights(&tpu);
             let start = Instant::now();
-            let w = f
-                .run_steps(steps, &[StepInput::Same(&zeros)], &data)
-                .unwrap();
-            loop_weights = w[0].replica(0).unwrap().to_vec::<f32>().unwrap();
+            f.run_steps_updating(steps, &[&w], &[], &data).unwrap();
+            loop_weights = w.read_replica(0).unwrap().to_vec::<f32>().unwrap();
             start.elapsed().as_secs_f64() / steps as f64
         });
         report("tpu_run_steps", n, run_steps);
@@ -156,6 +142,18 @@ fn data() -> (Array2<f32>, Array1<f32>) {
     let noise = Array1::from_shape_fn(GLOBAL_BATCH, |_| 0.01 * next());
     let y = x.dot(&w_true) + noise;
     (x, y)
+}
+
+/// The weights as a mirrored device variable of zeros.
+fn weights(tpu: &TpuStrategy) -> TpuVariable {
+    tpu.create_device_variable("w", VariableOptions::default(), |device| {
+        Ok(Tensor::from_vec(
+            device,
+            &[FEATURES],
+            vec![0.0f32; FEATURES],
+        )?)
+    })
+    .unwrap()
 }
 
 fn sgd_step(b: &mut StepBuilder<'_>, args: &[Value]) -> Result<Vec<Value>, TpuError> {

@@ -3,6 +3,7 @@
 //! `Unimplemented` for `NotImplementedError`.
 
 use distribute_collectives::CollectiveError;
+use distribute_input::InputError;
 use distribute_pjrt::PjrtError;
 use distribute_strategy::StrategyError;
 use distribute_values::ValuesError;
@@ -32,6 +33,9 @@ pub enum TpuError {
     /// A distributed value operation failed.
     #[error(transparent)]
     Values(#[from] ValuesError),
+    /// An input pipeline failed or was misconfigured.
+    #[error(transparent)]
+    Input(#[from] InputError),
 }
 
 impl From<TpuError> for StrategyError {
@@ -42,6 +46,7 @@ impl From<TpuError> for StrategyError {
             TpuError::Strategy(e) => e,
             TpuError::Collective(e) => StrategyError::Collective(e),
             TpuError::Values(e) => StrategyError::Values(e),
+            TpuError::Input(e) => StrategyError::Input(e),
             TpuError::Pjrt(e) => StrategyError::step(e),
         }
     }

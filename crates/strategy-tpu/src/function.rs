@@ -14,6 +14,7 @@ use distribute_values::{DistributedValues, Mirrored, PerReplica, ReduceOp};
 
 use crate::TpuError;
 use crate::strategy::TpuStrategy;
+use crate::variable::TpuVariable;
 
 /// What a compiled step sees: the program builder (through `Deref`) plus the replica-level
 /// operations of TF's replica context, traced into the program.
@@ -61,6 +62,33 @@ impl StepBuilder<'_> {
         }
     }
 
+    /// TF's `broadcast_to` inside the replicated computation: every replica gets replica 0's
+    /// `value` (replica 0 keeps its value, the others contribute zeros to a cross-replica sum).
+    /// Outside a step there is nothing to broadcast: see [`TpuStrategy::broadcast_to`].
+    pub fn broadcast_from_first(&mut self, value: &Value) -> Result<Value, TpuError> {
+        let groups = ReplicaGroups::all(self.num_replicas as u32);
+        let id = self.builder.replica_id();
+        let zero_id = self.builder.scalar(0u32);
+        let is_first =
+            self.builder
+                .compare(distribute_pjrt::stablehlo::Comparison::Eq, &id, &zero_id)?;
+        let dims = value.ty().dims.clone();
+        let is_first = self.builder.broadcast_in_dim(&is_first, &dims, &[])?;
+        let zeros = match value.ty().element {
+            ElementType::F32 => self.builder.splat(0.0f32, &dims),
+            ElementType::F64 => self.builder.splat(0.0f64, &dims),
+            ElementType::S32 => self.builder.splat(0i32, &dims),
+            ElementType::S64 => self.builder.splat(0i64, &dims),
+            other => {
+                return Err(TpuError::Unimplemented(format!(
+                    "broadcasting {other} values inside a TPU step"
+                )));
+            }
+        };
+        let mine = self.builder.select(&is_first, value, &zeros)?;
+        Ok(self.builder.all_reduce(&mine, AllReduceOp::Sum, &groups)?)
+    }
+
     /// A constant `factor` with `value`'s type (floating-point types only).
     fn scale(&mut self, value: &Value, factor: f64) -> Result<Value, TpuError> {
         let dims = value.ty().dims.clone();
@@ -87,9 +115,9 @@ pub enum StepInput<'a> {
 
 /// A value held on every replica's device, one buffer each (weights between steps, outputs).
 pub struct DeviceValue {
-    buffers: Vec<Buffer>,
-    ty: TensorType,
-    devices: Vec<String>,
+    pub(crate) buffers: Vec<Buffer>,
+    pub(crate) ty: TensorType,
+    pub(crate) devices: Vec<String>,
 }
 
 impl std::fmt::Debug for DeviceValue {
@@ -289,6 +317,56 @@ where
         self.launch(&executable, &inputs)
     }
 
+    /// Runs the step once with `variables` as its first inputs: the step gets the variables'
+    /// values followed by `inputs`, and returns the variables' new values (same types, same
+    /// order) followed by its other outputs. The new values replace the variables' device
+    /// buffers without going through the host; the other outputs are returned.
+    ///
+    /// Steps that update the same variable should be issued from one thread: each run reads
+    /// the buffers current when it starts and replaces them when it has launched.
+    pub fn run_updating(
+        &self,
+        variables: &[&TpuVariable],
+        inputs: &[StepInput<'_>],
+    ) -> Result<Vec<DeviceValue>, TpuError> {
+        let current = current_values(variables)?;
+        let mut all: Vec<StepInput<'_>> = current.iter().map(|v| StepInput::Device(v)).collect();
+        all.extend_from_slice(inputs);
+        let mut outputs = self.run(&all)?;
+        if outputs.len() < variables.len() {
+            return Err(TpuError::InvalidArgument(format!(
+                "run_updating: the step returned {} values, fewer than the {} variables it                  must update",
+                outputs.len(),
+                variables.len()
+            )));
+        }
+        let rest = outputs.split_off(variables.len());
+        replace_all(variables, outputs)?;
+        Ok(rest)
+    }
+
+    /// [`run_steps`](Self::run_steps) with `variables` carried through the device loop ahead of
+    /// `state`: the step gets the variables, then `state`, then one row of each `data` input,
+    /// and returns the next variables and state. After `k` steps the variables hold their
+    /// final values (their buffers are replaced, on the devices); the final `state` is
+    /// returned.
+    pub fn run_steps_updating(
+        &self,
+        k: usize,
+        variables: &[&TpuVariable],
+        state: &[StepInput<'_>],
+        data: &[StepInput<'_>],
+    ) -> Result<Vec<DeviceValue>, TpuError> {
+        let current = current_values(variables)?;
+        let mut carried: Vec<StepInput<'_>> =
+            current.iter().map(|v| StepInput::Device(v)).collect();
+        carried.extend_from_slice(state);
+        let mut finals = self.run_steps(k, &carried, data)?;
+        let rest = finals.split_off(variables.len());
+        replace_all(variables, finals)?;
+        Ok(rest)
+    }
+
     /// Every input's per-replica type; per-replica tensors must agree across replicas.
     fn signature(&self, inputs: &[StepInput<'_>]) -> Result<Vec<TensorType>, TpuError> {
         let n = self.strategy.replica_devices().len();
@@ -425,6 +503,32 @@ where
     }
 }
 
+/// The variables' current buffers; a variable listed twice is refused (its two new values
+/// would race).
+fn current_values(variables: &[&TpuVariable]) -> Result<Vec<Arc<DeviceValue>>, TpuError> {
+    for (i, v) in variables.iter().enumerate() {
+        if variables[..i].iter().any(|w| std::ptr::eq(*v, *w)) {
+            return Err(TpuError::InvalidArgument(format!(
+                "variable '{}' is passed twice; a step updates each variable once",
+                v.name()
+            )));
+        }
+    }
+    Ok(variables.iter().map(|v| v.device_value()).collect())
+}
+
+/// Replaces every variable's buffers with its new value, after checking all of them, so a
+/// step that returns a wrong type changes no variable.
+fn replace_all(variables: &[&TpuVariable], values: Vec<DeviceValue>) -> Result<(), TpuError> {
+    for (v, new) in variables.iter().zip(&values) {
+        v.check_update_type(new.ty())?;
+    }
+    for (v, new) in variables.iter().zip(values) {
+        v.replace(new);
+    }
+    Ok(())
+}
+
 /// Copies `input` to every replica's device.
 pub(crate) fn to_device(
     strategy: &TpuStrategy,
@@ -477,7 +581,7 @@ pub(crate) fn to_device(
     })
 }
 
-fn buffer_type(buffer: &Buffer) -> Result<TensorType, TpuError> {
+pub(crate) fn buffer_type(buffer: &Buffer) -> Result<TensorType, TpuError> {
     Ok(TensorType::new(buffer.element_type()?, &buffer.dims()?))
 }
 
@@ -494,12 +598,12 @@ fn element_type(dtype: DType) -> Result<ElementType, TpuError> {
     }
 }
 
-fn tensor_type(t: &Tensor) -> Result<TensorType, TpuError> {
+pub(crate) fn tensor_type(t: &Tensor) -> Result<TensorType, TpuError> {
     let dims: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
     Ok(TensorType::new(element_type(t.dtype())?, &dims))
 }
 
-fn upload(
+pub(crate) fn upload(
     client: &distribute_pjrt::Client,
     t: &Tensor,
     device: &distribute_pjrt::Device,

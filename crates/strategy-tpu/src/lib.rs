@@ -9,6 +9,13 @@
 //!   once per input signature, compiled once with `num_replicas = N` (cached), and launched on
 //!   every replica's device; [`StepBuilder::all_reduce`] becomes a cross-replica all-reduce in the
 //!   program, and [`TpuFunction::run_steps`] runs k steps in one device-side loop.
+//! - [`TpuVariable`] ([`TpuStrategy::create_device_variable`]): mirrored and sync-on-read
+//!   variables kept as one PJRT buffer per replica. Steps take them as state
+//!   ([`TpuFunction::run_updating`], [`TpuFunction::run_steps_updating`]) and their new values
+//!   replace the buffers on the devices; reads copy to the host with TF's cross-replica rules.
+//! - Input ([`TpuStrategy::input_workers`], the `Strategy::distribute_dataset` override,
+//!   [`TpuStrategy::device_batches`]): workers by host, batches on the TPU devices or the host,
+//!   a short last batch padded to the compiled shape with a mask, prefetch into device buffers.
 //!
 //! Why a separate step API: the [`distribute_strategy::ReplicaContext`] that `Strategy::run`
 //! hands a step works on concrete host [`distribute_collectives::Tensor`]s, and a Rust closure
@@ -17,15 +24,35 @@
 //! tensors. `Strategy::run` (eager closures over tensors) runs on the host on one thread per
 //! replica, as MirroredStrategy does, so code written for any strategy still runs here.
 //!
+//! # Reference behaviours not covered
+//!
+//! Of TPU-01..TPU-28 (tf_behaviors.md, section 5), these have no test, on purpose or for now:
+//!
+//! - **TPU-16** beyond the out-of-range check, **TPU-17**, **TPU-18**: model parallelism
+//!   (variables on logical device 1, `TPU_REPLICATED_CORE` devices, `assign_to_logical_device`,
+//!   `split_to_logical_devices`) needs SPMD partitioning, which this strategy does not compile;
+//!   an assignment with more than one core per replica is refused as `Unimplemented`.
+//! - **TPU-20** is computed ([`replica_order`]) but not applied to input: with one host and
+//!   cores in index order it is the identity, the only layout a PJRT client gives here.
+//! - **TPU-21**, sparse and ragged elements: the input crate's batches hold dense tensors
+//!   only, so such a dataset cannot be built; per-replica replication is refused and tested.
+//! - **TPU-26** reads the all-core strategy's MEAN variable on the host and hands the value to
+//!   the sub-strategies' steps: a [`TpuVariable`] belongs to one strategy's client, and each
+//!   sub-strategy here opens its own, so their steps cannot take its buffers.
+//!
 //! This crate knows PJRT only through `distribute-pjrt`, and nothing about particular plugins
 //! beyond the CPU plugin's `cpu_device_count` option.
 
 mod error;
 mod function;
+mod input;
 mod strategy;
 pub mod topology;
+mod variable;
 
 pub use error::TpuError;
 pub use function::{DeviceValue, StepBuilder, StepInput, TpuFunction};
+pub use input::{DeviceBatches, input_workers_for, replica_order};
 pub use strategy::{TpuConfig, TpuStrategy};
-pub use topology::{DeviceAssignment, Topology};
+pub use topology::{DeviceAssignment, DeviceOrderMode, Topology};
+pub use variable::TpuVariable;

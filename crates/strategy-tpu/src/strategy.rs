@@ -5,16 +5,21 @@ use std::fmt;
 use std::sync::Arc;
 
 use distribute_collectives::{CrossDeviceOps, Tensor};
+use distribute_input::{
+    Batch, Dataset, DistributedDataset, InputContext, InputError, InputOptions,
+};
 use distribute_mirrored::MirroredStrategy;
 use distribute_pjrt::{Client, ClientOptions, Device, Plugin};
+use distribute_strategy::VariableOptions;
 use distribute_strategy::{
     MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
 };
-use distribute_values::{DistributedValues, PerReplica, Regroup, ReplicaDeviceMap};
+use distribute_values::{DistributedValues, Leaf, PerReplica, Regroup, ReplicaDeviceMap};
 
 use crate::TpuError;
 use crate::function::{DeviceValue, StepBuilder, StepInput, TpuFunction};
 use crate::topology::{DeviceAssignment, Topology};
+use crate::variable::TpuVariable;
 
 /// The job name of local devices.
 const JOB: &str = "localhost";
@@ -248,6 +253,27 @@ impl TpuStrategy {
         ))
     }
 
+    /// A variable held on every replica's device, one buffer each (see [`TpuVariable`]):
+    /// `initial_value` is called once, with replica 0's device, and its result copied to every
+    /// device (TPU-24). `options` are checked as for every strategy's variables: on-write
+    /// (the default) makes a mirrored variable, on-read a sync-on-read one.
+    pub fn create_device_variable(
+        &self,
+        name: &str,
+        options: VariableOptions,
+        initial_value: impl FnOnce(&str) -> Result<Tensor, TpuError>,
+    ) -> Result<TpuVariable, TpuError> {
+        TpuVariable::new(self, name, options, initial_value)
+    }
+
+    /// TF's cross-replica `broadcast_to` outside a replicated computation: the value is
+    /// returned unchanged, as a [`Leaf::Same`] every replica reads (TPU-23); it is copied to
+    /// the devices only when a step takes it. Inside a step, use
+    /// [`StepBuilder::broadcast_from_first`].
+    pub fn broadcast_to(&self, value: &Tensor) -> Leaf<Tensor> {
+        Leaf::Same(value.clone())
+    }
+
     /// A compiled step function: `step` is traced once per input signature into a replicated
     /// program (see [`TpuFunction`]).
     pub fn function<F>(&self, step: F) -> TpuFunction<'_, F>
@@ -309,5 +335,35 @@ impl Strategy for TpuStrategy {
         F: Fn(&ReplicaContext<'_>, I) -> Result<O, StrategyError> + Sync,
     {
         self.eager.run::<I, O, F>(step, inputs)
+    }
+
+    /// A global-batch dataset fed to the replicas: input workers grouped by host (TPU-14),
+    /// batches on the replicas' TPU devices, or on their host when `fetch_to_device` is off
+    /// (TPU-22). A short last batch is padded to the full per-replica size (read the mask with
+    /// `iter_masked`, or feed steps with [`TpuStrategy::device_batches`]): `KeepUneven`
+    /// becomes `PadWithMask`, so steps keep their compiled shape. Per-replica replication is
+    /// `Unimplemented` (TPU-21).
+    fn distribute_dataset<B: Batch>(
+        &self,
+        dataset: Dataset<B>,
+        options: InputOptions,
+    ) -> Result<DistributedDataset<B>, StrategyError> {
+        let options = self.tpu_input_options(options)?;
+        let workers = self.input_workers()?;
+        Ok(DistributedDataset::new(dataset, &workers, options)?)
+    }
+
+    /// One dataset per host's input pipeline, with the same placement, padding and refusals
+    /// as [`distribute_dataset`](Strategy::distribute_dataset).
+    fn distribute_datasets_from_function<B: Batch>(
+        &self,
+        options: InputOptions,
+        dataset_fn: impl Fn(&InputContext) -> Result<Dataset<B>, InputError>,
+    ) -> Result<DistributedDataset<B>, StrategyError> {
+        let options = self.tpu_input_options(options)?;
+        let workers = self.input_workers()?;
+        Ok(distribute_input::distribute_datasets_from_function(
+            &workers, options, dataset_fn,
+        )?)
     }
 }

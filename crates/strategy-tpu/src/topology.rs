@@ -311,18 +311,41 @@ impl DeviceAssignment {
         })
     }
 
-    /// TF's `device_assignment.build`: `num_replicas` copies of a `computation_shape` block of
-    /// cores (default one core) spaced by `computation_stride` (default 1), in raster order with
-    /// the core axis fastest.
-    ///
-    /// TF orders replicas along a ring instead when a block spans the whole core axis and the
-    /// replicas fill the mesh; that only changes which replica gets which block (ring
-    /// bandwidth on physical TPUs), and is not implemented here.
+    /// TF's `device_assignment.build` with [`DeviceOrderMode::Auto`]: `num_replicas` copies
+    /// of a `computation_shape` block of cores (default one core) spaced by
+    /// `computation_stride` (default 1). See [`build_with_order`](Self::build_with_order).
     pub fn build(
         topology: Topology,
         computation_shape: Option<&[i32]>,
         computation_stride: Option<&[i32]>,
         num_replicas: usize,
+    ) -> Result<Self, TpuError> {
+        Self::build_with_order(
+            topology,
+            computation_shape,
+            computation_stride,
+            num_replicas,
+            DeviceOrderMode::Auto,
+        )
+    }
+
+    /// TF's `device_assignment.build`, step for step:
+    ///
+    /// - The replicas get a compact block of the mesh (`replica_shape`): dimensions are chosen
+    ///   as close to a cube as possible, the most constrained first, the core axis before x, y
+    ///   and z at equal sizes.
+    /// - Ring order (TPU-11) when `mode` is `Ring`, or with `Auto` when a block spans the whole
+    ///   core axis, there is no stride and the replicas fill the mesh: replicas follow
+    ///   [`ring_3d`] over the replica block, and each replica's chips follow [`ring_3d`] over
+    ///   the computation block, cores fastest. `Ring` where that does not hold is an error.
+    /// - Otherwise raster order, core axis fastest, then x, y, z.
+    /// - A topology with missing devices ignores the stride and hands out cores in task order.
+    pub fn build_with_order(
+        topology: Topology,
+        computation_shape: Option<&[i32]>,
+        computation_stride: Option<&[i32]>,
+        num_replicas: usize,
+        mode: DeviceOrderMode,
     ) -> Result<Self, TpuError> {
         let ones = [1; MESH_RANK];
         let shape = axis_values("computation_shape", computation_shape.unwrap_or(&ones))?;
@@ -345,17 +368,77 @@ impl DeviceAssignment {
                  {mesh:?}: between 1 and {max_replicas} fit"
             )));
         }
-        // Raster order with the core axis (the last) varying fastest, as TF.
+        let cores_per_replica: i32 = shape.iter().product();
+        if !topology.missing_devices().is_empty() {
+            if stride.iter().any(|&s| s != 1) {
+                return Err(invalid(
+                    "a topology with missing devices takes no computation_stride".into(),
+                ));
+            }
+            let per_task = topology.num_tpus_per_task();
+            let all: Vec<Vec<i32>> = (0..num_replicas * cores_per_replica as usize)
+                .filter_map(|id| topology.device_coordinates(id / per_task, id % per_task))
+                .map(|c| c.to_vec())
+                .collect();
+            if all.len() < num_replicas * cores_per_replica as usize {
+                return Err(invalid(format!(
+                    "{num_replicas} replicas of {cores_per_replica} cores need more cores than \
+                     the topology's {}",
+                    topology.num_tasks() * per_task
+                )));
+            }
+            let assignment: Vec<Vec<Vec<i32>>> = all
+                .chunks(cores_per_replica as usize)
+                .map(<[Vec<i32>]>::to_vec)
+                .collect();
+            return DeviceAssignment::new(topology, &assignment);
+        }
+        let replica_shape = replica_shape(&counts, num_replicas);
+        let tiling = shape[MESH_RANK - 1] == mesh[MESH_RANK - 1]
+            && stride.iter().all(|&s| s == 1)
+            && num_replicas as i64 == max_replicas;
+        let ring = match mode {
+            DeviceOrderMode::Auto => tiling,
+            DeviceOrderMode::Ring if !tiling => {
+                return Err(invalid(
+                    "DeviceOrderMode::Ring needs blocks spanning the core axis, no stride and \
+                     replicas filling the mesh; use DeviceOrderMode::Auto"
+                        .into(),
+                ));
+            }
+            DeviceOrderMode::Ring => true,
+            DeviceOrderMode::Mesh => false,
+        };
+        let mut assignment = Vec::with_capacity(num_replicas);
+        if ring {
+            let inner = ring_3d(shape[0], shape[1], shape[2]);
+            let outer = ring_3d(replica_shape[0], replica_shape[1], replica_shape[2]);
+            let cores = mesh[MESH_RANK - 1];
+            for &[ox, oy, oz] in outer.iter().take(num_replicas) {
+                let mut per_replica = Vec::new();
+                for index in 0..cores_per_replica {
+                    let [ix, iy, iz] = inner[(index / cores) as usize];
+                    per_replica.push(vec![
+                        ox * shape[0] + ix,
+                        oy * shape[1] + iy,
+                        oz * shape[2] + iz,
+                        index % cores,
+                    ]);
+                }
+                assignment.push(per_replica);
+            }
+            return DeviceAssignment::new(topology, &assignment);
+        }
+        // Raster order over the replica block, with the core axis (the last) fastest.
         let order: Vec<usize> = std::iter::once(MESH_RANK - 1)
             .chain(0..MESH_RANK - 1)
             .collect();
-        let mut assignment = Vec::with_capacity(num_replicas);
         for replica in 0..num_replicas {
             let mut t = replica as i32;
             let mut position = [0i32; MESH_RANK];
             for &axis in &order {
-                position[axis] = t % counts[axis];
-                t /= counts[axis];
+                position[axis] = t % replica_shape[axis];
+                t /= replica_shape[axis];
             }
             let offset: Vec<i32> = (0..MESH_RANK)
                 .map(|i| position[i] / stride[i] * footprint[i] + position[i] % stride[i])
@@ -467,6 +550,141 @@ impl DeviceAssignment {
         }
         Ok(replicas)
     }
+}
+
+/// How [`DeviceAssignment::build_with_order`] orders replicas and cores (TF's
+/// `DeviceOrderMode`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DeviceOrderMode {
+    /// Rings where they apply (see [`DeviceAssignment::build_with_order`]), else raster order.
+    #[default]
+    Auto,
+    /// Rings; an error where they do not apply.
+    Ring,
+    /// Raster order.
+    Mesh,
+}
+
+/// How many replicas go along each axis: as close to a cube as possible, visiting axes by
+/// increasing replica count, ties broken core axis first, then x, y, z (TF's `replica_shape`).
+fn replica_shape(counts: &[i32], num_replicas: usize) -> [i32; MESH_RANK] {
+    let mut shape = [1i32; MESH_RANK];
+    let mut axes: Vec<(i32, usize)> = counts
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| (c, (i + 1) % MESH_RANK))
+        .collect();
+    axes.sort();
+    let mut remaining = num_replicas as i64;
+    let mut dims = MESH_RANK as i32;
+    for (count, rotated) in axes {
+        let axis = (rotated + MESH_RANK - 1) % MESH_RANK;
+        let target = ceil_root(remaining, dims);
+        shape[axis] = target.min(i64::from(count)) as i32;
+        remaining = (remaining + i64::from(shape[axis]) - 1) / i64::from(shape[axis]);
+        dims -= 1;
+    }
+    shape
+}
+
+/// ⌈n^(1/k)⌉, exactly (TF computes it in floating point; this agrees wherever that is exact).
+fn ceil_root(n: i64, k: i32) -> i64 {
+    let mut r = (n as f64).powf(1.0 / f64::from(k)).floor().max(1.0) as i64;
+    // Correct the float estimate to the smallest r with r^k >= n.
+    while r > 1 && (r - 1).checked_pow(k as u32).is_some_and(|p| p >= n) {
+        r -= 1;
+    }
+    while r.checked_pow(k as u32).is_some_and(|p| p < n) {
+        r += 1;
+    }
+    r
+}
+
+/// TF's `_open_ring_2d`: a ring over an `x_size` × `y_size` plane at height `z`, leaving out
+/// (0, 0, z): along x on even rows from x = 1, back on odd rows, then down the x = 0 column.
+///
+/// ```
+/// let ring = distribute_tpu::topology::open_ring_2d(2, 2, 0);
+/// assert_eq!(ring, [[1, 0, 0], [1, 1, 0], [0, 1, 0]]);
+/// ```
+pub fn open_ring_2d(x_size: i32, y_size: i32, z: i32) -> Vec<[i32; 3]> {
+    let mut ring = Vec::new();
+    for i in 0..y_size / 2 {
+        for x in 1..x_size {
+            ring.push([x, 2 * i, z]);
+        }
+        for x in (1..x_size).rev() {
+            ring.push([x, 2 * i + 1, z]);
+        }
+    }
+    for y in (1..y_size).rev() {
+        ring.push([0, y, z]);
+    }
+    ring
+}
+
+/// TF's `_ring_3d`: a ring through every chip of an `x` × `y` × `z` block (TPU-11).
+///
+/// - Two sizes of 1: a line along the third axis.
+/// - Any odd size above 1: raster order, z outermost, then y, then x.
+/// - Otherwise (0, 0, 0) first, then a 2-D ring over the two axes above 1, or, when all three
+///   are, 2-D rings plane by plane (every other one reversed) and back down the z axis.
+///
+/// ```
+/// use distribute_tpu::topology::ring_3d;
+///
+/// assert_eq!(ring_3d(1, 1, 3), [[0, 0, 0], [0, 0, 1], [0, 0, 2]]);
+/// ```
+pub fn ring_3d(x_size: i32, y_size: i32, z_size: i32) -> Vec<[i32; 3]> {
+    match (x_size, y_size, z_size) {
+        (1, 1, _) => return (0..z_size).map(|z| [0, 0, z]).collect(),
+        (1, _, 1) => return (0..y_size).map(|y| [0, y, 0]).collect(),
+        (_, 1, 1) => return (0..x_size).map(|x| [x, 0, 0]).collect(),
+        _ => {}
+    }
+    if [x_size, y_size, z_size]
+        .iter()
+        .any(|&d| d > 1 && d % 2 != 0)
+    {
+        let mut ring = Vec::new();
+        for z in 0..z_size {
+            for y in 0..y_size {
+                for x in 0..x_size {
+                    ring.push([x, y, z]);
+                }
+            }
+        }
+        return ring;
+    }
+    let mut ring = vec![[0, 0, 0]];
+    if z_size == 1 {
+        ring.extend(open_ring_2d(x_size, y_size, 0));
+    } else if y_size == 1 {
+        ring.extend(
+            open_ring_2d(x_size, z_size, 0)
+                .into_iter()
+                .map(|[x, z, y]| [x, y, z]),
+        );
+    } else if x_size == 1 {
+        ring.extend(
+            open_ring_2d(y_size, z_size, 0)
+                .into_iter()
+                .map(|[y, z, x]| [x, y, z]),
+        );
+    } else {
+        for z in 0..z_size {
+            let plane = open_ring_2d(x_size, y_size, z);
+            if z % 2 == 0 {
+                ring.extend(plane);
+            } else {
+                ring.extend(plane.into_iter().rev());
+            }
+        }
+        for z in (1..z_size).rev() {
+            ring.push([0, 0, z]);
+        }
+    }
+    ring
 }
 
 fn axis_values(name: &str, values: &[i32]) -> Result<[i32; MESH_RANK], TpuError> {

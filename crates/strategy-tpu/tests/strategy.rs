@@ -6,8 +6,10 @@ use std::sync::Arc;
 use distribute_collectives::Tensor;
 use distribute_mirrored::MirroredStrategy;
 use distribute_pjrt::stablehlo::{DotDims, Value};
-use distribute_strategy::{Strategy, StrategyError};
-use distribute_tpu::{DeviceAssignment, StepBuilder, StepInput, TpuConfig, TpuError, TpuStrategy};
+use distribute_strategy::{Strategy, StrategyError, VariableOptions};
+use distribute_tpu::{
+    DeviceAssignment, StepBuilder, StepInput, TpuConfig, TpuError, TpuStrategy, TpuVariable,
+};
 use distribute_values::{Leaf, PerReplica, ReduceOp};
 use ndarray::{Array1, Array2};
 
@@ -319,6 +321,18 @@ fn sgd_step(b: &mut StepBuilder<'_>, args: &[Value]) -> Result<Vec<Value>, TpuEr
     Ok(vec![b.subtract(w, &delta)?])
 }
 
+/// The model's weights as a mirrored device variable, zeros on every replica.
+fn weights(s: &TpuStrategy) -> TpuVariable {
+    s.create_device_variable("w", VariableOptions::default(), |device| {
+        Ok(Tensor::from_vec(
+            device,
+            &[FEATURES],
+            vec![0.0f32; FEATURES],
+        )?)
+    })
+    .unwrap()
+}
+
 fn mirrored_weights(n: usize, x: &Array2<f32>, y: &Array1<f32>) -> Vec<f32> {
     let devices: Vec<String> = (0..n).map(|i| format!("/cpu:{i}")).collect();
     let strategy = MirroredStrategy::new(&devices).unwrap();
@@ -393,21 +407,24 @@ fn linear_regression_matches_mirrored_strategy() {
         let (xs, ys) = shards(&s, &x, &y);
         let xs = s.to_device(StepInput::PerReplica(&xs)).unwrap();
         let ys = s.to_device(StepInput::PerReplica(&ys)).unwrap();
-        let zeros = Tensor::from_vec("/cpu:0", &[FEATURES], vec![0.0f32; FEATURES]).unwrap();
+        // The weights live on the devices, one buffer per replica, across all the steps.
+        let w = weights(&s);
         let step = s.function(sgd_step);
-        let mut w = s.to_device(StepInput::Same(&zeros)).unwrap();
         for _ in 0..STEPS {
-            w = step
-                .run(&[
-                    StepInput::Device(&w),
-                    StepInput::Device(&xs),
-                    StepInput::Device(&ys),
-                ])
-                .unwrap()
-                .remove(0);
+            let rest = step
+                .run_updating(&[&w], &[StepInput::Device(&xs), StepInput::Device(&ys)])
+                .unwrap();
+            assert!(rest.is_empty());
         }
-        let weights = w.to_mirrored(&s).unwrap();
-        let tpu = weights.values()[0].to_vec::<f32>().unwrap();
+        assert_eq!(step.compilations(), 1);
+        let copies = w.values().unwrap();
+        for copy in copies.values() {
+            assert!(
+                copy.bitwise_eq(&copies.values()[0]),
+                "the copies stay mirrored"
+            );
+        }
+        let tpu = w.read_cross_replica(None).unwrap().to_vec::<f32>().unwrap();
         assert_close(&tpu, &expected, &format!("{n} replicas, one run per step"));
         assert!(
             expected.iter().any(|v| v.abs() > 0.01),
@@ -454,6 +471,19 @@ fn run_steps_trains_the_same_weights_in_one_device_loop() {
         )
         .unwrap();
     let tpu = out[0].replica(1).unwrap().to_vec::<f32>().unwrap();
+    assert_close(&tpu, &expected, "run_steps");
+    // The same loop with the weights as a device variable the loop carries.
+    let w = weights(&s);
+    let rest = step
+        .run_steps_updating(
+            STEPS,
+            &[&w],
+            &[],
+            &[StepInput::PerReplica(&xs), StepInput::PerReplica(&ys)],
+        )
+        .unwrap();
+    assert!(rest.is_empty());
+    let tpu = w.read_replica(1).unwrap().to_vec::<f32>().unwrap();
     assert_close(&tpu, &expected, "run_steps");
     let err = step
         .run_steps(3, &[StepInput::Same(&zeros)], &[StepInput::PerReplica(&xs)])
@@ -554,7 +584,20 @@ fn tpu_26_steps_on_single_core_sub_strategies() {
         })
         .unwrap()
     };
-    let v = Tensor::from_vec("/cpu:0", &[1], vec![0.0f32]).unwrap();
+    // A MEAN variable 0.0 on the all-core strategy; the sub-strategies (each its own client)
+    // read its value.
+    let all_cores = strategy(2);
+    let variable = all_cores
+        .create_device_variable(
+            "v",
+            VariableOptions {
+                aggregation: distribute_values::VariableAggregation::Mean,
+                ..VariableOptions::default()
+            },
+            |d| Ok(Tensor::from_vec(d, &[1], vec![0.0f32])?),
+        )
+        .unwrap();
+    let v = variable.read_cross_replica(None).unwrap();
     let mut total = 0.0;
     for core in [0, 1] {
         let s = on_core(core);

@@ -1,7 +1,8 @@
 //! Topology and device assignment (TPU-01..TPU-10 of the reference behaviours). Pure logic: no
 //! plugin needed.
 
-use distribute_tpu::{DeviceAssignment, Topology, TpuError};
+use distribute_tpu::topology::{open_ring_2d, ring_3d};
+use distribute_tpu::{DeviceAssignment, DeviceOrderMode, Topology, TpuError};
 
 /// T2: mesh [1,1,1,2], one task with two cores.
 fn t2() -> Topology {
@@ -177,4 +178,128 @@ fn build_with_a_stride_interleaves_replicas() {
     assert_eq!(a.coordinates(0, 1).unwrap(), [0, 0, 0, 2]);
     assert_eq!(a.coordinates(1, 0).unwrap(), [0, 0, 0, 1]);
     assert_eq!(a.coordinates(1, 1).unwrap(), [0, 0, 0, 3]);
+}
+
+/// A full topology of one task over `mesh`, devices in raster order (core fastest).
+fn full(mesh: [i32; 4]) -> Topology {
+    let mut coords = Vec::new();
+    for z in 0..mesh[2] {
+        for y in 0..mesh[1] {
+            for x in 0..mesh[0] {
+                for c in 0..mesh[3] {
+                    coords.push(vec![x, y, z, c]);
+                }
+            }
+        }
+    }
+    Topology::new(&mesh, &[coords]).unwrap()
+}
+
+#[test]
+fn tpu_11_open_ring_2d_leaves_out_the_origin() {
+    let ring = open_ring_2d(4, 4, 7);
+    let expected = [
+        (1, 0),
+        (2, 0),
+        (3, 0),
+        (3, 1),
+        (2, 1),
+        (1, 1),
+        (1, 2),
+        (2, 2),
+        (3, 2),
+        (3, 3),
+        (2, 3),
+        (1, 3),
+        (0, 3),
+        (0, 2),
+        (0, 1),
+    ];
+    let got: Vec<(i32, i32)> = ring.iter().map(|c| (c[0], c[1])).collect();
+    assert_eq!(got, expected);
+    assert!(ring.iter().all(|c| c[2] == 7));
+}
+
+#[test]
+fn tpu_11_ring_3d_cases() {
+    assert_eq!(ring_3d(1, 1, 3), [[0, 0, 0], [0, 0, 1], [0, 0, 2]]);
+    assert_eq!(ring_3d(1, 3, 1), [[0, 0, 0], [0, 1, 0], [0, 2, 0]]);
+    assert_eq!(ring_3d(3, 1, 1), [[0, 0, 0], [1, 0, 0], [2, 0, 0]]);
+    // An odd dimension: raster order, z outermost, then y, then x.
+    let raster = ring_3d(3, 2, 2);
+    let mut expected = Vec::new();
+    for z in 0..2 {
+        for y in 0..2 {
+            for x in 0..3 {
+                expected.push([x, y, z]);
+            }
+        }
+    }
+    assert_eq!(raster, expected);
+    // (4, 4, 1): the origin, then the 2-D ring.
+    let flat = ring_3d(4, 4, 1);
+    assert_eq!(flat[0], [0, 0, 0]);
+    assert_eq!(flat[1..], open_ring_2d(4, 4, 0)[..]);
+    // Every even 3-D block is visited once, neighbours one step apart, and it closes.
+    let cube = ring_3d(2, 2, 2);
+    assert_eq!(cube.len(), 8);
+    let mut seen = cube.clone();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 8);
+    for (a, b) in cube.iter().zip(cube.iter().cycle().skip(1)) {
+        let distance: i32 = (0..3).map(|i| (a[i] - b[i]).abs()).sum();
+        assert_eq!(distance, 1, "{a:?} -> {b:?}");
+    }
+}
+
+#[test]
+fn tpu_11_full_replication_follows_the_ring() {
+    // A 4x4 mesh of chips with 2 cores each, one replica per chip: replicas go round the
+    // ring, each on both cores of its chip.
+    let a = DeviceAssignment::build(full([4, 4, 1, 2]), Some(&[1, 1, 1, 2]), None, 16).unwrap();
+    let ring = ring_3d(4, 4, 1);
+    for (r, chip) in ring.iter().enumerate() {
+        for core in 0..2 {
+            assert_eq!(
+                a.coordinates(r, core).unwrap(),
+                [chip[0], chip[1], chip[2], core as i32]
+            );
+        }
+    }
+    // Raster order on request.
+    let mesh = DeviceAssignment::build_with_order(
+        full([4, 4, 1, 2]),
+        Some(&[1, 1, 1, 2]),
+        None,
+        16,
+        DeviceOrderMode::Mesh,
+    )
+    .unwrap();
+    assert_eq!(mesh.coordinates(4, 0).unwrap(), [0, 1, 0, 0]);
+    // A ring where none applies is refused.
+    invalid(
+        DeviceAssignment::build_with_order(t2(), None, None, 1, DeviceOrderMode::Ring),
+        "DeviceOrderMode::Ring",
+    );
+}
+
+#[test]
+fn replicas_take_a_compact_block_as_tf_chooses_it() {
+    // Two chips of 4 cores, 4 replicas: TF's replica shape is (2, 1, 1, 2), cores 0 and 1 of
+    // both chips, not the 4 cores of the first chip.
+    let a = DeviceAssignment::build(full([2, 1, 1, 4]), None, None, 4).unwrap();
+    let got: Vec<[i32; 4]> = (0..4).map(|r| a.coordinates(r, 0).unwrap()).collect();
+    assert_eq!(
+        got,
+        [[0, 0, 0, 0], [0, 0, 0, 1], [1, 0, 0, 0], [1, 0, 0, 1]]
+    );
+}
+
+#[test]
+fn a_topology_with_missing_devices_assigns_in_task_order() {
+    let sparse = Topology::new(&[1, 1, 1, 4], &[vec![vec![0, 0, 0, 3], vec![0, 0, 0, 1]]]).unwrap();
+    let a = DeviceAssignment::build(sparse, None, None, 2).unwrap();
+    assert_eq!(a.coordinates(0, 0).unwrap(), [0, 0, 0, 3]);
+    assert_eq!(a.coordinates(1, 0).unwrap(), [0, 0, 0, 1]);
 }
