@@ -20,6 +20,8 @@ commands:
   ci                          cargo fmt --check, clippy --all-targets -D warnings, then test
   bench [SUITE...]            run benchmark suites: device-spec, collectives, input, strategy
                               (one JSON line per case), or every bench when none is named
+  demo [DEMO-ARGS...]         train an MLP on wine-quality data data-parallel (release build);
+                              `cargo xtask demo --help` lists its options
   help                        print this message
 ";
 
@@ -43,6 +45,7 @@ fn run(args: &[String]) -> Result<()> {
         "test" => test(rest),
         "ci" => ci(rest),
         "bench" => bench(rest),
+        "demo" => demo(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
@@ -114,6 +117,21 @@ fn bench(suites: &[String]) -> Result<()> {
         cargo(&format!("benchmarks '{name}'"), &args)?;
     }
     Ok(())
+}
+
+/// Runs the training demo (`crates/distribute/examples/demo.rs`) in release, with `args`.
+fn demo(args: &[String]) -> Result<()> {
+    let mut cargo_args = vec![
+        "run",
+        "--release",
+        "--package",
+        "distribute",
+        "--example",
+        "demo",
+        "--",
+    ];
+    cargo_args.extend(args.iter().map(String::as_str));
+    cargo("demo", &cargo_args)
 }
 
 /// Runs `cargo ARGS` from the workspace root, echoing the command and its duration.
