@@ -383,11 +383,40 @@ pub(crate) struct Trained {
 /// One replica's input for a step: its rows of features and scores.
 type Rows = (Tensor, Tensor);
 
+/// The training rows as one `PerReplica<(x, y)>` per step: shuffled (seeded, a new order each
+/// epoch), global batches of `config.global_batch` rows, replica `r` getting the `r`-th
+/// contiguous chunk of each.
+pub(crate) fn input_pipeline(
+    config: &Config,
+    train: &Split,
+    host: &str,
+) -> Result<DistributedDataset<Rows>> {
+    // Enough epochs for every step to have a full global batch; repeat before shuffle gives
+    // each epoch its own order.
+    let epochs = (config.steps * config.global_batch).div_ceil(train.rows());
+    let dataset = Dataset::from_tensors((
+        Tensor::from_vec(host, &[train.rows(), FEATURES], train.x.clone())?,
+        Tensor::from_vec(host, &[train.rows()], train.y.clone())?,
+    ))?
+    .repeat(epochs)?
+    .shuffle(config.seed, false)?
+    .batch(config.global_batch, false)?;
+    // KeepUneven: a global batch that does not divide by the replica count gives the last
+    // replicas a row fewer (or an empty batch), never a hang; gradients are sums over rows, so
+    // the step's result does not depend on how the batch was cut.
+    let options = InputOptions {
+        partial_batch: PartialBatch::KeepUneven,
+        ..InputOptions::default()
+    };
+    let workers = InputWorkers::local(&config.devices)?;
+    Ok(DistributedDataset::new(dataset, &workers, options)?)
+}
+
 /// Trains the MLP on `data.train` with `MirroredStrategy` over `config.devices`.
 pub(crate) fn train(config: &Config, data: &WineData) -> Result<Trained> {
     ensure!(
-        config.steps > 0 && config.global_batch > 0 && config.hidden > 0,
-        "steps, batch and hidden units must be positive"
+        config.steps > 0 && config.global_batch > 0 && config.hidden > 0 && config.eval_every > 0,
+        "steps, batch, hidden units and the validation interval must be positive"
     );
     let strategy = MirroredStrategy::new(&config.devices)?;
     let host = strategy.extended().host_device().to_owned();
@@ -409,28 +438,10 @@ pub(crate) fn train(config: &Config, data: &WineData) -> Result<Trained> {
         )?);
     }
 
-    // Enough epochs for every step to have a full global batch; repeat before shuffle gives
-    // each epoch its own order.
-    let train_rows = data.train.rows();
-    let epochs = (config.steps * config.global_batch).div_ceil(train_rows);
-    let dataset = Dataset::from_tensors((
-        Tensor::from_vec(&host, &[train_rows, FEATURES], data.train.x.clone())?,
-        Tensor::from_vec(&host, &[train_rows], data.train.y.clone())?,
-    ))?
-    .repeat(epochs)?
-    .shuffle(config.seed, false)?
-    .batch(config.global_batch, false)?;
-    // KeepUneven: a global batch that does not divide by the replica count gives the last
-    // replicas a row fewer (or an empty batch), never a hang; gradients are sums weighted by
-    // rows, so the step's result does not depend on how the batch was cut.
-    let options = InputOptions {
-        partial_batch: PartialBatch::KeepUneven,
-        ..InputOptions::default()
-    };
-    let workers = InputWorkers::local(&config.devices)?;
-    let distributed = DistributedDataset::new(dataset, &workers, options)?;
+    let distributed = input_pipeline(config, &data.train, &host)?;
 
-    let (learning_rate, momentum) = (config.learning_rate, config.momentum);
+    let (learning_rate, momentum, global_batch) =
+        (config.learning_rate, config.momentum, config.global_batch);
     let step_fn = |ctx: &ReplicaContext<'_>, (x, y): Rows| -> Result<_, StrategyError> {
         let started = Instant::now();
         let device = ctx.devices()[0].clone();
@@ -454,7 +465,16 @@ pub(crate) fn train(config: &Config, data: &WineData) -> Result<Trained> {
         let (grad_sums, totals) = ctx.all_reduce(ReduceOp::Sum, &sums)?;
         let totals = totals.to_vec::<f64>()?;
         let (squared_error, rows) = (totals[0], totals[1]);
-        // The gradient of the global batch's mean squared error.
+        // Every step has a full global batch (see `input_pipeline`); replicas that together saw
+        // another number of rows were fed wrongly, whatever the gradients look like.
+        if rows != global_batch as f64 {
+            return Err(StrategyError::InvalidArgument(format!(
+                "the replicas' batches add up to {rows} rows, not the global batch of \
+                 {global_batch}"
+            )));
+        }
+        // The gradient of the global batch's mean squared error (TF's
+        // `compute_average_loss(..., global_batch_size)`).
         let grads = grad_sums
             .iter()
             .map(|g| {
