@@ -631,7 +631,10 @@ fn progress_bar(config: &Config) -> ProgressBar {
         .expect("the template is valid")
         .progress_chars("=> "),
     );
-    bar.set_prefix(format!("{} replica(s)", config.devices.len()));
+    bar.set_prefix(match config.devices.len() {
+        1 => "1 replica".to_owned(),
+        n => format!("{n} replicas"),
+    });
     bar
 }
 
@@ -988,7 +991,12 @@ fn main() -> Result<()> {
             config.global_batch
         ),
     )?;
-    println!("loss curve: {}", plot.display());
+    // Relative to the working directory when it is inside it: `target/demo/loss.png`.
+    let shown = std::env::current_dir()
+        .ok()
+        .and_then(|dir| plot.strip_prefix(dir).ok().map(Path::to_path_buf))
+        .unwrap_or_else(|| plot.clone());
+    println!("loss curve: {}", shown.display());
 
     let reference = train(&config.one_replica(), &data)?;
     let difference = max_weight_difference(&trained.params, &reference.params);
