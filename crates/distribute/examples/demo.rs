@@ -638,13 +638,14 @@ fn progress_bar(config: &Config) -> ProgressBar {
     bar
 }
 
-/// The largest absolute difference between two runs' parameters.
+/// The largest absolute difference between two runs' parameters; NaN if either has a NaN, so
+/// that a diverged run never passes for an equal one (`f32::max` would skip the NaNs).
 pub(crate) fn max_weight_difference(a: &Params, b: &Params) -> f32 {
     a.flat()
         .iter()
         .zip(b.flat())
         .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+        .fold(0.0, |max, d| if d > max || d.is_nan() { d } else { max })
 }
 
 /// Draws the training loss (each step's batch, and its mean over 50 steps) and the validation

@@ -98,6 +98,22 @@ fn replica_r_gets_the_r_th_contiguous_chunk_of_each_global_batch() {
 }
 
 #[test]
+fn a_diverged_run_never_matches() {
+    let good = demo::Params::init(4, 5.5, 7);
+    let mut diverged = good.clone();
+    diverged.w2[1] = f32::NAN;
+    for (a, b) in [
+        (&good, &diverged),
+        (&diverged, &good),
+        (&diverged, &diverged),
+    ] {
+        let difference = demo::max_weight_difference(a, b);
+        assert!(difference.is_nan(), "NaN weights passed as {difference}");
+    }
+    assert_eq!(demo::max_weight_difference(&good, &good), 0.0);
+}
+
+#[test]
 fn the_split_is_seeded_and_standardized_with_training_statistics() {
     let a = demo::load_wine(7).unwrap();
     let b = demo::load_wine(7).unwrap();
