@@ -377,6 +377,9 @@ impl StepTimes {
 pub(crate) struct Trained {
     /// The final parameters (replica 0's copy of the mirrored variables).
     pub(crate) params: Params,
+    /// The largest difference between replica 0's copy of the parameters and another
+    /// replica's: 0 when every copy received the same updates.
+    pub(crate) copy_difference: f32,
     /// The mean squared error of each step's global batch, before its update.
     pub(crate) losses: Vec<f32>,
     /// `(step, validation MSE)` before training, every `eval_every` steps and after the last.
@@ -558,10 +561,23 @@ pub(crate) fn train(config: &Config, data: &WineData) -> Result<Trained> {
         }
     }
     bar.finish_and_clear();
+    let params = read_params(&strategy, &weights)?;
+    let mut copy_difference = 0.0f32;
+    for r in 1..config.devices.len() {
+        let copy = weights
+            .iter()
+            .map(|w| Ok(w.component(r)?.read()))
+            .collect::<Result<Vec<Tensor>, StrategyError>>()?;
+        let difference = max_weight_difference(&params, &Params::from_tensors(&copy)?);
+        if difference > copy_difference || difference.is_nan() {
+            copy_difference = difference;
+        }
+    }
     let per_step = |d: Duration| d / config.steps as u32;
     let total = times.total();
     Ok(Trained {
-        params: read_params(&strategy, &weights)?,
+        params,
+        copy_difference,
         losses,
         validation,
         times: StepTimes {
@@ -999,6 +1015,16 @@ fn main() -> Result<()> {
         .unwrap_or_else(|| plot.clone());
     println!("loss curve: {}", shown.display());
 
+    println!(
+        "mirrored copies on the {replicas} replicas: max |difference| = {:.1e}",
+        trained.copy_difference
+    );
+    ensure!(
+        trained.copy_difference <= TOLERANCE,
+        "the replicas' copies of the weights differ by {:e}: a mirrored variable was not kept \
+         in sync",
+        trained.copy_difference
+    );
     let reference = train(&config.one_replica(), &data)?;
     let difference = max_weight_difference(&trained.params, &reference.params);
     let identical = trained

@@ -53,6 +53,10 @@ fn one_two_and_four_replicas_learn_the_same_weights() {
             "{replicas} replicas differ from 1 by {difference}"
         );
         assert_eq!(many.losses.len(), one.losses.len());
+        assert_eq!(
+            many.copy_difference, 0.0,
+            "{replicas} replicas' mirrored copies drifted apart"
+        );
     }
     // The comparison can tell models apart: another seed trains other weights.
     let other = demo::train(
