@@ -23,6 +23,8 @@ commands:
                               checked; a no-op when installed); `test` runs it first
   bench [SUITE...]            run benchmark suites: device-spec, collectives, input, strategy,
                               tpu (one JSON line per case), or every bench when none is named
+  demo [DEMO-ARGS...]         train an MLP on wine-quality data data-parallel (release build);
+                              `cargo xtask demo --help` lists its options
   help                        print this message
 ";
 
@@ -47,6 +49,7 @@ fn run(args: &[String]) -> Result<()> {
         "ci" => ci(rest),
         "bench" => bench(rest),
         "fetch-pjrt" => pjrt::fetch(&workspace_root(), rest),
+        "demo" => demo(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
@@ -120,6 +123,21 @@ fn bench(suites: &[String]) -> Result<()> {
         cargo(&format!("benchmarks '{name}'"), &args)?;
     }
     Ok(())
+}
+
+/// Runs the training demo (`crates/distribute/examples/demo.rs`) in release, with `args`.
+fn demo(args: &[String]) -> Result<()> {
+    let mut cargo_args = vec![
+        "run",
+        "--release",
+        "--package",
+        "distribute",
+        "--example",
+        "demo",
+        "--",
+    ];
+    cargo_args.extend(args.iter().map(String::as_str));
+    cargo("demo", &cargo_args)
 }
 
 /// Runs `cargo ARGS` from the workspace root, echoing the command and its duration.

@@ -23,17 +23,21 @@
 
 pub use distribute_collectives as collectives;
 pub use distribute_device_spec as device_spec;
+pub use distribute_input as input;
 pub use distribute_mirrored as mirrored;
+pub use distribute_pjrt as pjrt;
 pub use distribute_strategy as strategy;
+pub use distribute_tpu as tpu;
 pub use distribute_values as values;
 
 /// The names a step function usually needs.
 pub mod prelude {
     pub use distribute_collectives::{DType, Destinations, Tensor};
+    pub use distribute_input::{Dataset, DistributedDataset, InputOptions, PartialBatch};
     pub use distribute_mirrored::{MirroredConfig, MirroredStrategy};
     pub use distribute_strategy::{
         CrossReplicaContext, DefaultStrategy, ReplicaContext, Strategy, StrategyError,
-        VariableOptions,
+        VariableOptions, per_replica_inputs,
     };
     pub use distribute_values::{
         DistributedValues, DistributedVariable, Leaf, Mirrored, PerReplica, ReduceOp, UpdateOp,

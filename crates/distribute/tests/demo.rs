@@ -1,0 +1,207 @@
+//! The demo's MLP trains to the same weights on 1, 2 and 4 replicas (each replica a contiguous
+//! chunk of the same global batches, gradients summed by all-reduce), its loss goes down, and
+//! its command line refuses what this build cannot run.
+
+// The demo itself, so the test checks the code users run; its `main` is unused here.
+#[path = "../examples/demo.rs"]
+#[allow(dead_code)]
+mod demo;
+
+/// A short run with a small hidden layer, so the test takes seconds in debug. The global batch
+/// of 30 does not divide by 4, so 4 replicas get uneven chunks (8, 8, 8, 6).
+fn short_run(replicas: usize) -> demo::Config {
+    demo::Config {
+        steps: 60,
+        global_batch: 30,
+        hidden: 8,
+        eval_every: 20,
+        progress: false,
+        ..demo::Config::new((0..replicas).map(|r| format!("/cpu:{r}")).collect())
+    }
+}
+
+#[test]
+fn one_two_and_four_replicas_learn_the_same_weights() {
+    let data = demo::load_wine(7).unwrap();
+    assert_eq!(data.train.rows() + data.validation.rows(), 1599);
+    assert_eq!(data.validation.rows(), 320);
+
+    let one = demo::train(&short_run(1), &data).unwrap();
+    let first = one.losses[0];
+    let last: f32 = one.losses[50..].iter().sum::<f32>() / 10.0;
+    assert!(
+        last < 0.8 * first,
+        "the training loss did not go down: {first} at the start, {last} at the end"
+    );
+    let (_, validation_loss) = *one.validation.last().unwrap();
+    let start = demo::evaluate(
+        &demo::Params::init(8, mean(&data.train.y), 7),
+        &data.validation,
+    )
+    .unwrap();
+    assert!(
+        validation_loss < start.mse,
+        "validation loss {validation_loss} is not below the untrained model's {}",
+        start.mse
+    );
+
+    for replicas in [2, 4] {
+        let many = demo::train(&short_run(replicas), &data).unwrap();
+        let difference = demo::max_weight_difference(&one.params, &many.params);
+        assert!(
+            difference <= demo::TOLERANCE,
+            "{replicas} replicas differ from 1 by {difference}"
+        );
+        assert_eq!(many.losses.len(), one.losses.len());
+        assert_eq!(
+            many.copy_difference, 0.0,
+            "{replicas} replicas' mirrored copies drifted apart"
+        );
+    }
+    // The comparison can tell models apart: another seed trains other weights.
+    let other = demo::train(
+        &demo::Config {
+            seed: 8,
+            ..short_run(2)
+        },
+        &data,
+    )
+    .unwrap();
+    assert!(demo::max_weight_difference(&one.params, &other.params) > 1e-2);
+}
+
+#[test]
+fn replica_r_gets_the_r_th_contiguous_chunk_of_each_global_batch() {
+    use distribute::prelude::DistributedValues;
+
+    let data = demo::load_wine(7).unwrap();
+    let one = demo::input_pipeline(&short_run(1), &data.train, "/cpu:0").unwrap();
+    let four = demo::input_pipeline(&short_run(4), &data.train, "/cpu:0").unwrap();
+    let mut steps = 0;
+    for (whole, parts) in one.iter().zip(four.iter()).take(50) {
+        let (whole, parts) = (whole.unwrap(), parts.unwrap());
+        let (x, y) = &whole.values()[0];
+        let sizes: Vec<usize> = parts.values().iter().map(|(x, _)| x.shape()[0]).collect();
+        assert_eq!(sizes, [8, 8, 8, 6]);
+        let joined_x: Vec<f32> = parts
+            .values()
+            .iter()
+            .flat_map(|(x, _)| x.to_vec::<f32>().unwrap())
+            .collect();
+        let joined_y: Vec<f32> = parts
+            .values()
+            .iter()
+            .flat_map(|(_, y)| y.to_vec::<f32>().unwrap())
+            .collect();
+        assert_eq!(joined_x, x.to_vec::<f32>().unwrap(), "step {steps}");
+        assert_eq!(joined_y, y.to_vec::<f32>().unwrap(), "step {steps}");
+        steps += 1;
+    }
+    // 50 steps of 30 rows span two epochs of the 1279 training rows, in a new order each.
+    assert_eq!(steps, 50);
+}
+
+#[test]
+fn a_diverged_run_never_matches() {
+    let good = demo::Params::init(4, 5.5, 7);
+    let mut diverged = good.clone();
+    diverged.w2[1] = f32::NAN;
+    for (a, b) in [
+        (&good, &diverged),
+        (&diverged, &good),
+        (&diverged, &diverged),
+    ] {
+        let difference = demo::max_weight_difference(a, b);
+        assert!(difference.is_nan(), "NaN weights passed as {difference}");
+    }
+    assert_eq!(demo::max_weight_difference(&good, &good), 0.0);
+}
+
+#[test]
+fn the_split_is_seeded_and_standardized_with_training_statistics() {
+    let a = demo::load_wine(7).unwrap();
+    let b = demo::load_wine(7).unwrap();
+    let c = demo::load_wine(8).unwrap();
+    assert_eq!((&a.train.x, &a.validation.y), (&b.train.x, &b.validation.y));
+    assert_ne!(a.validation.y, c.validation.y);
+    // Training features have mean 0 and deviation 1; validation ones only roughly.
+    for j in 0..demo::FEATURES {
+        let column: Vec<f32> = a
+            .train
+            .x
+            .iter()
+            .skip(j)
+            .step_by(demo::FEATURES)
+            .copied()
+            .collect();
+        let m = mean(&column);
+        let var = column.iter().map(|v| (v - m).powi(2)).sum::<f32>() / column.len() as f32;
+        assert!(
+            m.abs() < 1e-4 && (var - 1.0).abs() < 1e-3,
+            "feature {j}: {m}, {var}"
+        );
+    }
+}
+
+#[test]
+fn the_command_line_refuses_what_this_build_cannot_run() {
+    let parse = |line: &str| {
+        let args: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
+        demo::parse_args(&args)
+    };
+    let defaults = parse("").unwrap().unwrap();
+    assert_eq!(defaults.config.devices, ["/cpu:0", "/cpu:1"]);
+    assert_eq!(defaults.strategy, demo::StrategyKind::Mirrored);
+    let four = parse("--replicas 4 --steps 10 --batch 64 --lr 0.1 --hidden 4")
+        .unwrap()
+        .unwrap();
+    assert_eq!(four.config.devices.len(), 4);
+    assert_eq!(
+        (
+            four.config.steps,
+            four.config.global_batch,
+            four.config.hidden
+        ),
+        (10, 64, 4)
+    );
+
+    for (line, expected) in [
+        ("--devices /cpu:0,/gpu:1", "no GPU backend"),
+        ("--devices /cpu:0 --replicas 2", "disagrees"),
+        ("--replicas 0", "positive"),
+        ("--momentum 1", "below 1"),
+        ("--batch 2 --replicas 3", "no rows"),
+        ("--frobnicate 1", "unknown argument"),
+        ("--strategy xla", "unknown strategy"),
+    ] {
+        let err = parse(line).unwrap_err().to_string();
+        assert!(err.contains(expected), "{line}: {err}");
+    }
+    let tpu = parse("--strategy tpu").unwrap().unwrap();
+    assert_eq!(tpu.strategy, demo::StrategyKind::Tpu);
+    assert!(
+        demo::tpu_unavailable()
+            .to_string()
+            .contains("not available")
+    );
+}
+
+#[test]
+fn the_loss_curve_is_a_png() {
+    let dir = std::env::temp_dir().join(format!("distribute-demo-test-{}", std::process::id()));
+    let path = dir.join("loss.png");
+    let losses: Vec<f32> = (0..120).map(|i| 1.0 / (1.0 + i as f32 / 10.0)).collect();
+    demo::plot_losses(&path, &losses, &[(60, 0.3), (120, 0.2)], "test").unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    assert!(
+        bytes.len() > 1000,
+        "a near-empty image: {} bytes",
+        bytes.len()
+    );
+}
+
+fn mean(values: &[f32]) -> f32 {
+    values.iter().sum::<f32>() / values.len() as f32
+}
