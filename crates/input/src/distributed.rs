@@ -362,6 +362,10 @@ impl<B: Batch> IntoIterator for &DistributedDataset<B> {
 /// No auto-sharding happens: shard in the function with the context if the data should be
 /// split.
 ///
+/// Errors: invalid option combinations (IN-41), per-replica replication in a process that is
+/// one of several (between-graph; TF supports it only on a single worker), and whatever
+/// `dataset_fn` returns, wrapped with its pipeline id.
+///
 /// ```
 /// use distribute_input::{distribute_datasets_from_function, Dataset, InputOptions, InputWorkers};
 ///
@@ -419,6 +423,16 @@ where
             }
         }
         InputReplicationMode::PerReplica => {
+            if workers.num_processes() > 1 {
+                // Each process sees only its own replicas, so its contexts would number them
+                // from 0 and count only them, exactly like every other process's.
+                return Err(InputError::InvalidOption(format!(
+                    "per-replica replication needs every replica fed by this process, but it \
+                     is one of {} processes (between-graph); use InputReplicationMode::PerWorker \
+                     and split the data per replica in the input function",
+                    workers.num_processes()
+                )));
+            }
             let total = workers.device_map().num_replicas();
             let mut replica = 0;
             for w in 0..workers.num_workers() {
