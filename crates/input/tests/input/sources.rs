@@ -115,6 +115,7 @@ fn bad_files_name_the_file_and_place() {
     let missing = dir.path().join("missing.npy");
     let not_npy = write(&dir, "text.npy", b"hello, world");
     let ragged_csv = write(&dir, "ragged.csv", b"a,b\n1,2\n3\n");
+    let ragged_headerless = write(&dir, "headerless.csv", b"1,2\n3,4\n5\n");
     let bad_number = write(&dir, "number.csv", b"a,b\n1,2\n3,x7\n");
     let scalar = dir.path().join("scalar.npy");
     npy::write(&scalar, &Tensor::scalar("/cpu:0", 1.0f32)).unwrap();
@@ -166,6 +167,25 @@ fn bad_files_name_the_file_and_place() {
         (
             first_error(&csv_ds(&ragged_csv)),
             "ragged.csv' line 3: 1 fields where earlier records have 2",
+            ErrorKind::DataLoss,
+        ),
+        (
+            // Without a header the first record sets the width.
+            first_error(
+                &Dataset::from_source(
+                    CsvSource::new(
+                        [&ragged_headerless],
+                        CsvOptions {
+                            has_header: false,
+                            ..CsvOptions::default()
+                        },
+                    )
+                    .unwrap(),
+                )
+                .batch(2, false)
+                .unwrap(),
+            ),
+            "headerless.csv' line 3: 1 fields where earlier records have 2",
             ErrorKind::DataLoss,
         ),
         (
