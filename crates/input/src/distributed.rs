@@ -71,7 +71,11 @@ pub enum PartialBatch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum BatchSplit {
     /// Each batch is a global batch, cut into ⌈b/N⌉-row pieces for the N replicas of all
-    /// pipelines (TF's `experimental_distribute_dataset`).
+    /// pipelines, as TF's `experimental_distribute_dataset` did with its legacy rebatch
+    /// (IN-48). Current TF cuts every batch by the full batch's per-replica sizes instead
+    /// ([`batch_sizes_for_worker`](crate::batch_sizes_for_worker)), which differs on a short
+    /// last batch: a worker that splits unsharded data for its own replicas gets more, smaller
+    /// steps here (IN-34: 4 steps where TF gives 3; see the crate docs).
     #[default]
     SplitGlobalBatch,
     /// Each batch goes whole to one replica; consecutive batches go to consecutive replicas
@@ -99,10 +103,15 @@ pub struct InputOptions {
     /// Steps prepared ahead on a background thread per pipeline (default 64); 0 makes them on
     /// the caller's thread. The producer sleeps while the buffer is full and is woken when it
     /// is half empty, so depth sets how often threads hand over: on 2 busy cores the in-memory
-    /// bench lost 40% of its throughput at 2 steps, 18% at 16 and under 10% at 64. Steps of
-    /// in-memory and file data are views of the source's blocks (copies only where a batch
-    /// straddles two files, or is padded or shuffled), so depth costs little memory beyond the
-    /// file blocks it reaches into.
+    /// bench lost 40% of its throughput at 2 steps, 18% at 16 and under 10% at 64.
+    ///
+    /// Memory: prepared steps are already placed. On the host (`fetch_to_device` off, or this
+    /// crate's tensors, whose device is a label on a host buffer) steps of in-memory and file
+    /// data are views of the source's blocks (copies only where a batch straddles two files,
+    /// or is padded or shuffled), so depth costs little beyond the file blocks it reaches
+    /// into. With `fetch_to_device` and a batch type whose placement copies onto an
+    /// accelerator, every prepared step holds its own device copy: up to depth + 1 steps of
+    /// device memory per pipeline, so lower the depth for large batches.
     pub prefetch: usize,
     /// Place each replica's batch on the replica's device (else on the worker's host CPU).
     pub fetch_to_device: bool,
@@ -197,6 +206,10 @@ impl<B: Batch> DistributedDataset<B> {
     /// Distributes `dataset`, whose batches are global batches (or whole per-replica batches
     /// with [`BatchSplit::WholeBatches`]), over `workers`, sharding it across their input
     /// pipelines as `options.auto_shard` says.
+    ///
+    /// Each global batch of `b` rows, a short last one included, is cut into ⌈b/N⌉-row pieces
+    /// for the N replicas: TF's legacy rebatch, not current TF's, which differs on a short last
+    /// batch (IN-34, see [`BatchSplit::SplitGlobalBatch`]).
     ///
     /// Errors: a dataset without a batching step (IN-50), per-replica replication (only for
     /// [`distribute_datasets_from_function`]), invalid option combinations (IN-41), workers

@@ -272,7 +272,8 @@ fn in_33_dataset_from_function_sums_per_worker() {
 
 #[test]
 fn in_34_unsharded_workers_split_each_global_batch_legacy_style() {
-    // Each worker reads range(12).batch(8) whole and takes every piece of its split.
+    // Each worker reads range(12).batch(8) whole and takes every piece of its split. This is
+    // TF's legacy rule (4 steps); current TF gives 3, a departure the crate docs describe.
     let got = per_worker(2, 1, 12, 8, false, off(InputOptions::default()));
     let expected = vec![
         vec![r(0..4)],
@@ -281,6 +282,14 @@ fn in_34_unsharded_workers_split_each_global_batch_legacy_style() {
         vec![r(10..12)],
     ];
     assert_eq!(got, [expected.clone(), expected]);
+    // TF's 3 steps: rebatch into the per-replica sizes and hand out whole batches.
+    for w in 0..2 {
+        let sizes = distribute_input::batch_sizes_for_worker(8, 2, 1, w).unwrap();
+        let ds = Dataset::range(12).batch(8, false).unwrap();
+        let ds = ds.rebatch(sizes, false).unwrap();
+        let dist = DistributedDataset::new(ds, &between(2, w, 1), off(whole())).unwrap();
+        assert_eq!(steps(&dist), [vec![r(0..4)], vec![r(4..8)], vec![r(8..12)]]);
+    }
 }
 
 #[test]
