@@ -56,7 +56,7 @@ pub mod npy;
 mod prefetch;
 mod split;
 
-pub use batch::{Batch, Masked};
+pub use batch::{Batch, LeafPath, Masked};
 pub use context::{InputContext, InputReplicationMode, InputWorkers};
 pub use csv_source::{CsvOptions, CsvSource};
 pub use dataset::{
