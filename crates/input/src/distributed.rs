@@ -339,7 +339,7 @@ impl<B: Batch> DistributedDataset<B> {
             .iter()
             .map(|plan| {
                 let local = LocalSteps::new(Arc::clone(plan));
-                let it: BoxIter<Vec<(B, usize)>> = if self.prefetch > 0 {
+                let it: BoxIter<LocalStep<B>> = if self.prefetch > 0 {
                     Box::new(Prefetch::new(local, self.prefetch))
                 } else {
                     Box::new(local)
@@ -353,6 +353,7 @@ impl<B: Batch> DistributedDataset<B> {
             plans: self.plans.clone(),
             partial: self.partial,
             device_map: Arc::clone(&self.device_map),
+            replicas: self.plans.iter().map(|plan| plan.placement.len()).sum(),
             template: None,
             done: false,
         }
@@ -505,8 +506,45 @@ fn placement(workers: &InputWorkers, w: usize, options: &InputOptions) -> Vec<St
     }
 }
 
-/// A local step: each replica's batch and how many of its rows are real.
-type LocalStep<B> = Vec<(B, usize)>;
+/// A local step: each replica's batch and, under [`PartialBatch::PadWithMask`], how many of
+/// its rows are real. Without padding every row is real and `real` stays empty, which saves a
+/// vector per step.
+struct LocalStep<B> {
+    batches: Vec<B>,
+    real: Vec<usize>,
+}
+
+impl<B: Batch> LocalStep<B> {
+    fn with_capacity(replicas: usize, partial: PartialBatch) -> Self {
+        let padded = partial == PartialBatch::PadWithMask;
+        LocalStep {
+            batches: Vec::with_capacity(replicas),
+            real: Vec::with_capacity(if padded { replicas } else { 0 }),
+        }
+    }
+
+    /// Adds `piece`, sliced, placed on `device` and padded as `plan` says.
+    fn push(&mut self, piece: &Piece<B>, plan: &Plan<B>, device: &str) -> Result<(), InputError> {
+        self.batches.push(finish(piece, plan, device)?);
+        if plan.partial == PartialBatch::PadWithMask {
+            self.real.push(piece.1.len());
+        }
+        Ok(())
+    }
+
+    /// Each batch with its mask: 1.0 for real rows, 0.0 for padding.
+    fn masked(self) -> Result<Vec<Masked<B>>, InputError> {
+        let LocalStep { batches, real } = self;
+        batches
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let rows = b.rows("a replica's batch")?;
+                Masked::pad(b, real.get(i).copied().unwrap_or(rows), rows)
+            })
+            .collect()
+    }
+}
 
 /// A piece not yet placed: rows `range` of a batch. Slicing and placing happen in one go once
 /// the replica is known, which touches the source buffer's shared reference count once per
@@ -514,13 +552,19 @@ type LocalStep<B> = Vec<(B, usize)>;
 /// thread touches that count too, so every touch can cost a cache miss.
 type Piece<B> = (Arc<B>, Range<usize>);
 
+/// A 0-row batch of `batch`'s structure. A copy, not a slice: a slice would keep the whole
+/// batch's buffer (often a whole file's block) alive for as long as the empty batch is kept.
+fn zero_rows<B: Batch>(batch: &B) -> Result<Arc<B>, InputError> {
+    Ok(Arc::new(batch.select_rows(&[])?))
+}
+
 /// One pipeline's steps: its kept pieces, one per replica per step.
 struct LocalSteps<B: Batch> {
     plan: Arc<Plan<B>>,
     batches: DatasetIter<B>,
     /// Pieces cut from batches and not yet handed out.
     ready: VecDeque<Piece<B>>,
-    /// A batch of the dataset's structure, whose rows `0..0` replicas without data get.
+    /// A 0-row batch of the dataset's structure, for replicas without data.
     empty: Option<Arc<B>>,
     ended: bool,
 }
@@ -544,6 +588,9 @@ impl<B: Batch> LocalSteps<B> {
             self.ended = true;
             return Ok(());
         }
+        if self.empty.is_none() {
+            self.empty = Some(zero_rows(&batch)?);
+        }
         let batch = Arc::new(batch);
         let mut offset = 0;
         for size in split_sizes(rows, plan.pieces_per_batch) {
@@ -551,18 +598,7 @@ impl<B: Batch> LocalSteps<B> {
                 .push_back((Arc::clone(&batch), offset..offset + size));
             offset += size;
         }
-        if self.empty.is_none() {
-            self.empty = Some(batch);
-        }
         Ok(())
-    }
-
-    fn empty_piece(&self) -> Piece<B> {
-        let batch = self
-            .empty
-            .clone()
-            .expect("set by the batch that made a piece");
-        (batch, 0..0)
     }
 
     /// The next step. Under data sharding a step is a group of `P·R` consecutive pieces of
@@ -585,25 +621,24 @@ impl<B: Batch> LocalSteps<B> {
             return Ok(None);
         }
         let take = group.min(self.ready.len());
-        let mut step = Vec::with_capacity(replicas);
-        match self.plan.keep {
+        let (plan, empty) = (&self.plan, &self.empty);
+        let empty_piece = || {
+            let empty = empty.as_ref().expect("set by the batch that made a piece");
+            (Arc::clone(empty), 0..0)
+        };
+        let mut step = LocalStep::with_capacity(replicas, plan.partial);
+        match plan.keep {
             None => {
-                for device in &self.plan.placement {
-                    let piece = match self.ready.pop_front() {
-                        Some(piece) => piece,
-                        None => self.empty_piece(),
-                    };
-                    step.push(finish(&piece, &self.plan, device)?);
+                for device in &plan.placement {
+                    let piece = self.ready.pop_front().unwrap_or_else(empty_piece);
+                    step.push(&piece, plan, device)?;
                 }
             }
             Some((num, mine)) => {
-                let mut group: Vec<Option<Piece<B>>> = self.ready.drain(..take).map(Some).collect();
-                for (replica, device) in self.plan.placement.iter().enumerate() {
-                    let piece = match group.get_mut(mine + replica * num).and_then(Option::take) {
-                        Some(piece) => piece,
-                        None => self.empty_piece(),
-                    };
-                    step.push(finish(&piece, &self.plan, device)?);
+                let mut mine = self.ready.drain(..take).skip(mine).step_by(num);
+                for device in &plan.placement {
+                    let piece = mine.next().unwrap_or_else(empty_piece);
+                    step.push(&piece, plan, device)?;
                 }
             }
         }
@@ -611,20 +646,18 @@ impl<B: Batch> LocalSteps<B> {
     }
 }
 
-/// Slices, places and (if the policy says so) pads one replica's batch; returns it with its
-/// number of real rows.
+/// Slices, places and (if the policy says so) pads one replica's batch.
 fn finish<B: Batch>(
     (batch, range): &Piece<B>,
     plan: &Plan<B>,
     device: &str,
-) -> Result<(B, usize), InputError> {
+) -> Result<B, InputError> {
     let piece = batch.slice_rows_onto(range.clone(), device)?;
-    let piece = if plan.partial == PartialBatch::PadWithMask {
-        piece.pad_rows(plan.full_piece)?
+    if plan.partial == PartialBatch::PadWithMask {
+        piece.pad_rows(plan.full_piece)
     } else {
-        piece
-    };
-    Ok((piece, range.len()))
+        Ok(piece)
+    }
 }
 
 impl<B: Batch> Iterator for LocalSteps<B> {
@@ -652,7 +685,9 @@ struct Steps<B: Batch> {
     ended: Vec<bool>,
     partial: PartialBatch,
     device_map: Arc<ReplicaDeviceMap>,
-    /// A 0-row batch of the data's structure, once any pipeline has produced a batch.
+    /// Replicas of all local pipelines.
+    replicas: usize,
+    /// A 0-row batch of the data's structure, once any pipeline has produced a step.
     template: Option<Arc<B>>,
     done: bool,
 }
@@ -672,6 +707,22 @@ impl<B: Batch> Steps<B> {
     }
 
     fn join(&mut self) -> Option<Result<LocalStep<B>, InputError>> {
+        if self.pipelines.len() == 1 {
+            // One local pipeline, the usual case: its steps pass through as they are.
+            let step = if self.ended[0] {
+                None
+            } else {
+                self.pipelines[0].next()
+            };
+            return match step {
+                Some(Ok(step)) => Some(self.remember_structure(&step).map(|()| step)),
+                Some(Err(e)) => Some(Err(e)),
+                None => {
+                    self.ended[0] = true;
+                    None
+                }
+            };
+        }
         let mut parts = Vec::with_capacity(self.pipelines.len());
         for (pipeline, ended) in self.pipelines.iter_mut().zip(&mut self.ended) {
             let part = if *ended { None } else { pipeline.next() };
@@ -684,28 +735,25 @@ impl<B: Batch> Steps<B> {
                 }
             }
         }
-        let template = parts.iter().flatten().next()?.first()?.0.slice_rows(0..0);
-        let template = match template {
-            Ok(t) => t,
-            Err(e) => return Some(Err(e)),
-        };
-        let template = Arc::new(template);
-        if self.template.is_none() {
-            self.template = Some(Arc::clone(&template));
+        if let Err(e) = self.remember_structure(parts.iter().flatten().next()?) {
+            return Some(Err(e));
         }
         if parts.iter().any(Option::is_none) && self.partial == PartialBatch::DropRemainder {
             return None;
         }
-        let mut step = Vec::new();
+        let template = self.template.as_ref()?;
+        let mut step = LocalStep::with_capacity(self.replicas, self.partial);
         for (part, plan) in parts.into_iter().zip(&self.plans) {
             match part {
-                Some(part) => step.extend(part),
+                Some(part) => {
+                    step.batches.extend(part.batches);
+                    step.real.extend(part.real);
+                }
                 // A pipeline that ran out while another has data: empty batches (IN-26).
                 None => {
                     for device in &plan.placement {
-                        match finish(&(Arc::clone(&template), 0..0), plan, device) {
-                            Ok(empty) => step.push(empty),
-                            Err(e) => return Some(Err(e)),
+                        if let Err(e) = step.push(&(Arc::clone(template), 0..0), plan, device) {
+                            return Some(Err(e));
                         }
                     }
                 }
@@ -714,22 +762,31 @@ impl<B: Batch> Steps<B> {
         Some(Ok(step))
     }
 
+    /// Keeps a 0-row batch of the first step's structure, for empty batches later.
+    fn remember_structure(&mut self, step: &LocalStep<B>) -> Result<(), InputError> {
+        if self.template.is_none()
+            && let Some(first) = step.batches.first()
+        {
+            self.template = Some(zero_rows(first)?);
+        }
+        Ok(())
+    }
+
     /// Empty batches for every local replica, for a step that only other processes have data
     /// for.
     fn empty_step(&self) -> Result<LocalStep<B>, InputError> {
         let template = self.template.as_ref().ok_or(InputError::NoBatchToImitate)?;
-        let mut step = Vec::new();
+        let mut step = LocalStep::with_capacity(self.replicas, self.partial);
         for plan in &self.plans {
             for device in &plan.placement {
-                step.push(finish(&(Arc::clone(template), 0..0), plan, device)?);
+                step.push(&(Arc::clone(template), 0..0), plan, device)?;
             }
         }
         Ok(step)
     }
 
     fn per_replica(&self, step: LocalStep<B>) -> Result<PerReplica<B>, InputError> {
-        let values = step.into_iter().map(|(b, _)| b).collect();
-        Ok(PerReplica::new(Arc::clone(&self.device_map), values)?)
+        Ok(PerReplica::new(Arc::clone(&self.device_map), step.batches)?)
     }
 }
 
@@ -915,14 +972,10 @@ impl<B: Batch> Iterator for MaskedDistributedIterator<B> {
     fn next(&mut self) -> Option<Self::Item> {
         let step = self.steps.next_step()?;
         Some(step.and_then(|step| {
-            let values = step
-                .into_iter()
-                .map(|(b, real)| {
-                    let rows = b.rows("a replica's batch")?;
-                    Masked::pad(&b, real, rows)
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(PerReplica::new(Arc::clone(&self.steps.device_map), values)?)
+            Ok(PerReplica::new(
+                Arc::clone(&self.steps.device_map),
+                step.masked()?,
+            )?)
         }))
     }
 }

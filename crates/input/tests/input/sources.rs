@@ -254,3 +254,32 @@ fn errors_reach_the_distributed_iterator_and_end_it() {
         );
     }
 }
+
+#[test]
+fn empty_batches_do_not_keep_a_source_block_alive() {
+    // Blocks [0, 1], [2, 3], [4] batched by 2 over 2 replicas: replica 1 gets an empty batch
+    // on the last step, made from a 0-row batch of the data's structure. That batch is a
+    // copy: were it a slice of the first batch, the first block would stay alive all epoch.
+    let source = distribute_input::GeneratorSource::new(|| {
+        [vec![0i64, 1], vec![2, 3], vec![4]]
+            .into_iter()
+            .map(|rows| Ok(Tensor::from_vec("/cpu:0", &[rows.len()], rows)?))
+    });
+    let ds = Dataset::from_source(source).batch(2, false).unwrap();
+    let options = InputOptions {
+        prefetch: 0,
+        ..InputOptions::default()
+    };
+    let dist = DistributedDataset::new(ds, &local(2), options).unwrap();
+    let mut it = dist.iter();
+    // Replica 0's [0] is a view of the first block.
+    let block = it.next().unwrap().unwrap().values()[0].clone();
+    assert_eq!(block.to_vec::<i64>().unwrap(), [0]);
+    it.next().unwrap().unwrap();
+    let last = it.next().unwrap().unwrap();
+    assert_eq!(last.values()[1].shape(), [0]);
+    assert!(
+        block.array::<i64>().unwrap().is_unique(),
+        "nothing but this test holds the first block once the pipeline has moved past it"
+    );
+}
