@@ -15,9 +15,10 @@ use std::sync::Arc;
 use distribute_values::{PerReplica, ReplicaDeviceMap};
 
 use crate::dataset::{BatchSpec, BoxIter};
+use crate::split::split_sizes_iter;
 use crate::{
     Batch, Dataset, DatasetIter, InputContext, InputError, InputReplicationMode, InputWorkers,
-    Masked, Prefetch, split_sizes,
+    Masked, Prefetch,
 };
 
 /// How a dataset is divided among input pipelines (TF's `AutoShardPolicy`). Checked when the
@@ -593,7 +594,7 @@ impl<B: Batch> LocalSteps<B> {
         }
         let batch = Arc::new(batch);
         let mut offset = 0;
-        for size in split_sizes(rows, plan.pieces_per_batch) {
+        for size in split_sizes_iter(rows, plan.pieces_per_batch) {
             self.ready
                 .push_back((Arc::clone(&batch), offset..offset + size));
             offset += size;
