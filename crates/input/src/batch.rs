@@ -5,6 +5,7 @@
 //! sharded in-memory dataset copies nothing until batches are joined or padded.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::ops::Range;
 
 use distribute_collectives::{DType, Tensor};
@@ -65,9 +66,11 @@ macro_rules! typed {
 /// # Ok::<(), distribute_input::InputError>(())
 /// ```
 pub trait Batch: Clone + Send + Sync + 'static {
-    /// Calls `f` with each leaf and its path (`.0`, `[2]`, `["x"]`, `""` for the top level),
-    /// in a fixed order.
-    fn for_each_leaf(&self, path: &str, f: &mut dyn FnMut(&str, &Tensor));
+    /// Calls `f` with each leaf and its path (`.0`, `[2]`, `["x"]`, empty for the top level),
+    /// in a fixed order. A container passes each part a child of `path`
+    /// ([`LeafPath::field`], [`index`](LeafPath::index), [`key`](LeafPath::key),
+    /// [`name`](LeafPath::name)); building one costs nothing until it is printed.
+    fn for_each_leaf(&self, path: &LeafPath<'_>, f: &mut dyn FnMut(&LeafPath<'_>, &Tensor));
 
     /// The same structure with `f` applied to every leaf.
     fn try_map_leaves(
@@ -85,34 +88,22 @@ pub trait Batch: Clone + Send + Sync + 'static {
     /// The number of rows. `origin` names where the batch came from, for the errors: a rank-0
     /// leaf, leaves with different row counts, or no leaf at all.
     fn rows(&self, origin: &str) -> Result<usize, InputError> {
-        let mut leaves: Vec<(String, Option<usize>)> = Vec::new();
-        self.for_each_leaf("", &mut |path, t| {
-            leaves.push((path.to_owned(), t.shape().first().copied()))
+        // Every step calls this, so the paths are only printed when something is wrong.
+        let mut first: Option<Option<usize>> = None;
+        let mut wrong = false;
+        self.for_each_leaf(&LeafPath::ROOT, &mut |_, t| {
+            let rows = t.shape().first().copied();
+            wrong |= rows.is_none() || first.is_some_and(|first| first != rows);
+            first.get_or_insert(rows);
         });
-        let Some((_, first)) = leaves.first() else {
-            return Err(InputError::Mismatch {
+        match first {
+            None => Err(InputError::Mismatch {
                 origin: origin.to_owned(),
                 detail: "a batch needs at least one tensor".into(),
-            });
-        };
-        if let Some((path, _)) = leaves.iter().find(|(_, rows)| rows.is_none()) {
-            return Err(InputError::NoBatchDimension {
-                origin: origin.to_owned(),
-                path: display_path(path),
-            });
+            }),
+            Some(Some(rows)) if !wrong => Ok(rows),
+            Some(_) => Err(rows_error(self, origin)),
         }
-        if leaves.iter().any(|(_, rows)| rows != first) {
-            let rows = leaves
-                .iter()
-                .map(|(path, rows)| format!("{}: {}", display_path(path), rows.unwrap_or(0)))
-                .collect::<Vec<_>>()
-                .join(", ");
-            return Err(InputError::RaggedBatch {
-                origin: origin.to_owned(),
-                rows,
-            });
-        }
-        Ok(first.unwrap_or(0))
     }
 
     /// Rows `range` of every leaf, sharing the buffers.
@@ -166,11 +157,116 @@ pub trait Batch: Clone + Send + Sync + 'static {
     }
 }
 
-fn display_path(path: &str) -> String {
-    if path.is_empty() {
-        "the top level".to_owned()
-    } else {
-        path.to_owned()
+/// Why `batch`'s leaves have no common row count: the first rank-0 leaf, else every leaf's
+/// rows.
+fn rows_error<B: Batch>(batch: &B, origin: &str) -> InputError {
+    let mut leaves: Vec<(String, Option<usize>)> = Vec::new();
+    batch.for_each_leaf(&LeafPath::ROOT, &mut |path, t| {
+        leaves.push((path.describe(), t.shape().first().copied()))
+    });
+    if let Some((path, _)) = leaves.iter().find(|(_, rows)| rows.is_none()) {
+        return InputError::NoBatchDimension {
+            origin: origin.to_owned(),
+            path: path.clone(),
+        };
+    }
+    let rows = leaves
+        .iter()
+        .map(|(path, rows)| format!("{path}: {}", rows.unwrap_or(0)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    InputError::RaggedBatch {
+        origin: origin.to_owned(),
+        rows,
+    }
+}
+
+/// Where a leaf sits inside a [`Batch`]: a chain of steps from the top level, printed only
+/// when an error names the leaf.
+///
+/// ```
+/// use distribute_input::LeafPath;
+///
+/// let root = LeafPath::ROOT;
+/// let features = root.field(0);
+/// let column = features.key("age");
+/// assert_eq!(column.index(3).to_string(), ".0[\"age\"][3]");
+/// assert_eq!(root.name("mask").to_string(), ".mask");
+/// assert_eq!(root.describe(), "the top level");
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct LeafPath<'a> {
+    parent: Option<&'a LeafPath<'a>>,
+    step: Step<'a>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Step<'a> {
+    Root,
+    Field(usize),
+    Index(usize),
+    Key(&'a str),
+    Name(&'a str),
+}
+
+impl LeafPath<'static> {
+    /// The top level: a batch that is a single tensor.
+    pub const ROOT: LeafPath<'static> = LeafPath {
+        parent: None,
+        step: Step::Root,
+    };
+}
+
+impl<'a> LeafPath<'a> {
+    /// Tuple field `i`, printed `.i`.
+    pub fn field(&'a self, i: usize) -> LeafPath<'a> {
+        self.child(Step::Field(i))
+    }
+
+    /// List element `i`, printed `[i]`.
+    pub fn index(&'a self, i: usize) -> LeafPath<'a> {
+        self.child(Step::Index(i))
+    }
+
+    /// Map entry `key`, printed `["key"]`.
+    pub fn key(&'a self, key: &'a str) -> LeafPath<'a> {
+        self.child(Step::Key(key))
+    }
+
+    /// Struct field `name`, printed `.name`.
+    pub fn name(&'a self, name: &'a str) -> LeafPath<'a> {
+        self.child(Step::Name(name))
+    }
+
+    fn child(&'a self, step: Step<'a>) -> LeafPath<'a> {
+        LeafPath {
+            parent: Some(self),
+            step,
+        }
+    }
+
+    /// The path as errors print it: `the top level` for the top level, else as displayed.
+    pub fn describe(&self) -> String {
+        match (self.parent, self.step) {
+            (None, Step::Root) => "the top level".to_owned(),
+            _ => self.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for LeafPath<'_> {
+    /// The steps from the top level, e.g. `.0["x"][2]`; empty for the top level.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(parent) = self.parent {
+            parent.fmt(f)?;
+        }
+        match self.step {
+            Step::Root => Ok(()),
+            Step::Field(i) => write!(f, ".{i}"),
+            Step::Index(i) => write!(f, "[{i}]"),
+            Step::Key(key) => write!(f, "[{key:?}]"),
+            Step::Name(name) => write!(f, ".{name}"),
+        }
     }
 }
 
@@ -261,11 +357,11 @@ impl Batch for Tensor {
             .copied()
             .ok_or_else(|| InputError::NoBatchDimension {
                 origin: origin.to_owned(),
-                path: display_path(""),
+                path: LeafPath::ROOT.describe(),
             })
     }
 
-    fn for_each_leaf(&self, path: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+    fn for_each_leaf(&self, path: &LeafPath<'_>, f: &mut dyn FnMut(&LeafPath<'_>, &Tensor)) {
         f(path, self)
     }
 
@@ -287,8 +383,12 @@ impl Batch for Tensor {
 macro_rules! tuple_batch {
     ($($name:ident $index:tt),+) => {
         impl<$($name: Batch),+> Batch for ($($name,)+) {
-            fn for_each_leaf(&self, path: &str, f: &mut dyn FnMut(&str, &Tensor)) {
-                $(self.$index.for_each_leaf(&format!("{path}.{}", $index), f);)+
+            fn for_each_leaf(
+                &self,
+                path: &LeafPath<'_>,
+                f: &mut dyn FnMut(&LeafPath<'_>, &Tensor),
+            ) {
+                $(self.$index.for_each_leaf(&path.field($index), f);)+
             }
 
             fn try_map_leaves(
@@ -319,9 +419,9 @@ tuple_batch!(A 0, B 1, C 2);
 tuple_batch!(A 0, B 1, C 2, D 3);
 
 impl<B: Batch> Batch for Vec<B> {
-    fn for_each_leaf(&self, path: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+    fn for_each_leaf(&self, path: &LeafPath<'_>, f: &mut dyn FnMut(&LeafPath<'_>, &Tensor)) {
         for (i, b) in self.iter().enumerate() {
-            b.for_each_leaf(&format!("{path}[{i}]"), f);
+            b.for_each_leaf(&path.index(i), f);
         }
     }
 
@@ -354,9 +454,9 @@ impl<B: Batch> Batch for Vec<B> {
 }
 
 impl<B: Batch> Batch for BTreeMap<String, B> {
-    fn for_each_leaf(&self, path: &str, f: &mut dyn FnMut(&str, &Tensor)) {
+    fn for_each_leaf(&self, path: &LeafPath<'_>, f: &mut dyn FnMut(&LeafPath<'_>, &Tensor)) {
         for (key, b) in self {
-            b.for_each_leaf(&format!("{path}[{key:?}]"), f);
+            b.for_each_leaf(&path.key(key), f);
         }
     }
 
@@ -424,7 +524,7 @@ impl<B: Batch> Masked<B> {
     /// device of the batch's first leaf.
     pub fn pad(batch: &B, real_rows: usize, rows: usize) -> Result<Self, InputError> {
         let mut device = String::new();
-        batch.for_each_leaf("", &mut |_, t| {
+        batch.for_each_leaf(&LeafPath::ROOT, &mut |_, t| {
             if device.is_empty() {
                 device = t.device().to_owned();
             }
@@ -450,9 +550,9 @@ impl<B: Batch> Masked<B> {
 }
 
 impl<B: Batch> Batch for Masked<B> {
-    fn for_each_leaf(&self, path: &str, f: &mut dyn FnMut(&str, &Tensor)) {
-        self.batch.for_each_leaf(&format!("{path}.batch"), f);
-        f(&format!("{path}.mask"), &self.mask);
+    fn for_each_leaf(&self, path: &LeafPath<'_>, f: &mut dyn FnMut(&LeafPath<'_>, &Tensor)) {
+        self.batch.for_each_leaf(&path.name("batch"), f);
+        f(&path.name("mask"), &self.mask);
     }
 
     fn try_map_leaves(

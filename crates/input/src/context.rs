@@ -119,7 +119,8 @@ pub enum InputReplicationMode {
     /// One dataset per input worker, feeding all of that worker's replicas.
     #[default]
     PerWorker,
-    /// One dataset per replica; only for `distribute_datasets_from_function` (IN-43).
+    /// One dataset per replica; only for `distribute_datasets_from_function` (IN-43), and only
+    /// where one process feeds every replica (not between-graph).
     PerReplica,
 }
 

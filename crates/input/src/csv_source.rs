@@ -122,18 +122,8 @@ fn read_typed<T: Element + std::str::FromStr>(
             Err(e) => return Err(csv_error(file, e)),
         }
         let line = record.position().map_or(0, |p| p.line());
-        let width = *columns.get_or_insert(record.len());
-        if record.len() != width {
-            return Err(InputError::Csv {
-                file: file.to_owned(),
-                line,
-                reason: format!(
-                    "{} fields where earlier records have {width}; every record needs the \
-                     same number of columns",
-                    record.len()
-                ),
-            });
-        }
+        // The reader is not flexible, so it has already refused records of another width.
+        columns.get_or_insert(record.len());
         for (column, field) in record.iter().enumerate() {
             let value = field.parse::<T>().map_err(|_| InputError::Csv {
                 file: file.to_owned(),

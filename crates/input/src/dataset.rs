@@ -458,7 +458,7 @@ pub struct DatasetIter<B: Batch> {
     spec: BatchSpec,
     /// How many batches were cut, for the size of the next one.
     slot: usize,
-    /// A 0-row batch, for sizes of 0.
+    /// A 0-row batch (its own empty buffer), for sizes of 0.
     empty: Option<B>,
     /// Whether the source has ended.
     exhausted: bool,
@@ -550,7 +550,8 @@ impl<B: Batch> DatasetIter<B> {
                 match next {
                     Some(Ok((block, rows))) => {
                         if self.empty.is_none() {
-                            match block.slice_rows(0..0) {
+                            // A copy: a slice would keep this block alive all pass.
+                            match block.select_rows(&[]) {
                                 Ok(empty) => self.empty = Some(empty),
                                 Err(e) => return Some(Err(e)),
                             }

@@ -15,9 +15,10 @@ use std::sync::Arc;
 use distribute_values::{PerReplica, ReplicaDeviceMap};
 
 use crate::dataset::{BatchSpec, BoxIter};
+use crate::split::split_sizes_iter;
 use crate::{
     Batch, Dataset, DatasetIter, InputContext, InputError, InputReplicationMode, InputWorkers,
-    Masked, Prefetch, split_sizes,
+    Masked, Prefetch,
 };
 
 /// How a dataset is divided among input pipelines (TF's `AutoShardPolicy`). Checked when the
@@ -71,7 +72,11 @@ pub enum PartialBatch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum BatchSplit {
     /// Each batch is a global batch, cut into ⌈b/N⌉-row pieces for the N replicas of all
-    /// pipelines (TF's `experimental_distribute_dataset`).
+    /// pipelines, as TF's `experimental_distribute_dataset` did with its legacy rebatch
+    /// (IN-48). Current TF cuts every batch by the full batch's per-replica sizes instead
+    /// ([`batch_sizes_for_worker`](crate::batch_sizes_for_worker)), which differs on a short
+    /// last batch: a worker that splits unsharded data for its own replicas gets more, smaller
+    /// steps here (IN-34: 4 steps where TF gives 3; see the crate docs).
     #[default]
     SplitGlobalBatch,
     /// Each batch goes whole to one replica; consecutive batches go to consecutive replicas
@@ -99,10 +104,15 @@ pub struct InputOptions {
     /// Steps prepared ahead on a background thread per pipeline (default 64); 0 makes them on
     /// the caller's thread. The producer sleeps while the buffer is full and is woken when it
     /// is half empty, so depth sets how often threads hand over: on 2 busy cores the in-memory
-    /// bench lost 40% of its throughput at 2 steps, 18% at 16 and under 10% at 64. Steps of
-    /// in-memory and file data are views of the source's blocks (copies only where a batch
-    /// straddles two files, or is padded or shuffled), so depth costs little memory beyond the
-    /// file blocks it reaches into.
+    /// bench lost 40% of its throughput at 2 steps, 18% at 16 and under 10% at 64.
+    ///
+    /// Memory: prepared steps are already placed. On the host (`fetch_to_device` off, or this
+    /// crate's tensors, whose device is a label on a host buffer) steps of in-memory and file
+    /// data are views of the source's blocks (copies only where a batch straddles two files,
+    /// or is padded or shuffled), so depth costs little beyond the file blocks it reaches
+    /// into. With `fetch_to_device` and a batch type whose placement copies onto an
+    /// accelerator, every prepared step holds its own device copy: up to depth + 1 steps of
+    /// device memory per pipeline, so lower the depth for large batches.
     pub prefetch: usize,
     /// Place each replica's batch on the replica's device (else on the worker's host CPU).
     pub fetch_to_device: bool,
@@ -197,6 +207,10 @@ impl<B: Batch> DistributedDataset<B> {
     /// Distributes `dataset`, whose batches are global batches (or whole per-replica batches
     /// with [`BatchSplit::WholeBatches`]), over `workers`, sharding it across their input
     /// pipelines as `options.auto_shard` says.
+    ///
+    /// Each global batch of `b` rows, a short last one included, is cut into ⌈b/N⌉-row pieces
+    /// for the N replicas: TF's legacy rebatch, not current TF's, which differs on a short last
+    /// batch (IN-34, see [`BatchSplit::SplitGlobalBatch`]).
     ///
     /// Errors: a dataset without a batching step (IN-50), per-replica replication (only for
     /// [`distribute_datasets_from_function`]), invalid option combinations (IN-41), workers
@@ -297,6 +311,7 @@ impl<B: Batch> DistributedDataset<B> {
         DistributedIterator {
             steps: self.steps(),
             num_processes: self.num_processes,
+            finished: false,
         }
     }
 
@@ -325,7 +340,7 @@ impl<B: Batch> DistributedDataset<B> {
             .iter()
             .map(|plan| {
                 let local = LocalSteps::new(Arc::clone(plan));
-                let it: BoxIter<Vec<(B, usize)>> = if self.prefetch > 0 {
+                let it: BoxIter<LocalStep<B>> = if self.prefetch > 0 {
                     Box::new(Prefetch::new(local, self.prefetch))
                 } else {
                     Box::new(local)
@@ -339,6 +354,7 @@ impl<B: Batch> DistributedDataset<B> {
             plans: self.plans.clone(),
             partial: self.partial,
             device_map: Arc::clone(&self.device_map),
+            replicas: self.plans.iter().map(|plan| plan.placement.len()).sum(),
             template: None,
             done: false,
         }
@@ -360,6 +376,10 @@ impl<B: Batch> IntoIterator for &DistributedDataset<B> {
 /// with [`InputReplicationMode::PerReplica`] (IN-43), with the pipeline's [`InputContext`].
 /// No auto-sharding happens: shard in the function with the context if the data should be
 /// split.
+///
+/// Errors: invalid option combinations (IN-41), per-replica replication in a process that is
+/// one of several (between-graph; TF supports it only on a single worker), and whatever
+/// `dataset_fn` returns, wrapped with its pipeline id.
 ///
 /// ```
 /// use distribute_input::{distribute_datasets_from_function, Dataset, InputOptions, InputWorkers};
@@ -418,6 +438,16 @@ where
             }
         }
         InputReplicationMode::PerReplica => {
+            if workers.num_processes() > 1 {
+                // Each process sees only its own replicas, so its contexts would number them
+                // from 0 and count only them, exactly like every other process's.
+                return Err(InputError::InvalidOption(format!(
+                    "per-replica replication needs every replica fed by this process, but it \
+                     is one of {} processes (between-graph); use InputReplicationMode::PerWorker \
+                     and split the data per replica in the input function",
+                    workers.num_processes()
+                )));
+            }
             let total = workers.device_map().num_replicas();
             let mut replica = 0;
             for w in 0..workers.num_workers() {
@@ -477,8 +507,45 @@ fn placement(workers: &InputWorkers, w: usize, options: &InputOptions) -> Vec<St
     }
 }
 
-/// A local step: each replica's batch and how many of its rows are real.
-type LocalStep<B> = Vec<(B, usize)>;
+/// A local step: each replica's batch and, under [`PartialBatch::PadWithMask`], how many of
+/// its rows are real. Without padding every row is real and `real` stays empty, which saves a
+/// vector per step.
+struct LocalStep<B> {
+    batches: Vec<B>,
+    real: Vec<usize>,
+}
+
+impl<B: Batch> LocalStep<B> {
+    fn with_capacity(replicas: usize, partial: PartialBatch) -> Self {
+        let padded = partial == PartialBatch::PadWithMask;
+        LocalStep {
+            batches: Vec::with_capacity(replicas),
+            real: Vec::with_capacity(if padded { replicas } else { 0 }),
+        }
+    }
+
+    /// Adds `piece`, sliced, placed on `device` and padded as `plan` says.
+    fn push(&mut self, piece: &Piece<B>, plan: &Plan<B>, device: &str) -> Result<(), InputError> {
+        self.batches.push(finish(piece, plan, device)?);
+        if plan.partial == PartialBatch::PadWithMask {
+            self.real.push(piece.1.len());
+        }
+        Ok(())
+    }
+
+    /// Each batch with its mask: 1.0 for real rows, 0.0 for padding.
+    fn masked(self) -> Result<Vec<Masked<B>>, InputError> {
+        let LocalStep { batches, real } = self;
+        batches
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let rows = b.rows("a replica's batch")?;
+                Masked::pad(b, real.get(i).copied().unwrap_or(rows), rows)
+            })
+            .collect()
+    }
+}
 
 /// A piece not yet placed: rows `range` of a batch. Slicing and placing happen in one go once
 /// the replica is known, which touches the source buffer's shared reference count once per
@@ -486,13 +553,19 @@ type LocalStep<B> = Vec<(B, usize)>;
 /// thread touches that count too, so every touch can cost a cache miss.
 type Piece<B> = (Arc<B>, Range<usize>);
 
+/// A 0-row batch of `batch`'s structure. A copy, not a slice: a slice would keep the whole
+/// batch's buffer (often a whole file's block) alive for as long as the empty batch is kept.
+fn zero_rows<B: Batch>(batch: &B) -> Result<Arc<B>, InputError> {
+    Ok(Arc::new(batch.select_rows(&[])?))
+}
+
 /// One pipeline's steps: its kept pieces, one per replica per step.
 struct LocalSteps<B: Batch> {
     plan: Arc<Plan<B>>,
     batches: DatasetIter<B>,
     /// Pieces cut from batches and not yet handed out.
     ready: VecDeque<Piece<B>>,
-    /// A batch of the dataset's structure, whose rows `0..0` replicas without data get.
+    /// A 0-row batch of the dataset's structure, for replicas without data.
     empty: Option<Arc<B>>,
     ended: bool,
 }
@@ -516,25 +589,17 @@ impl<B: Batch> LocalSteps<B> {
             self.ended = true;
             return Ok(());
         }
+        if self.empty.is_none() {
+            self.empty = Some(zero_rows(&batch)?);
+        }
         let batch = Arc::new(batch);
         let mut offset = 0;
-        for size in split_sizes(rows, plan.pieces_per_batch) {
+        for size in split_sizes_iter(rows, plan.pieces_per_batch) {
             self.ready
                 .push_back((Arc::clone(&batch), offset..offset + size));
             offset += size;
         }
-        if self.empty.is_none() {
-            self.empty = Some(batch);
-        }
         Ok(())
-    }
-
-    fn empty_piece(&self) -> Piece<B> {
-        let batch = self
-            .empty
-            .clone()
-            .expect("set by the batch that made a piece");
-        (batch, 0..0)
     }
 
     /// The next step. Under data sharding a step is a group of `P·R` consecutive pieces of
@@ -557,25 +622,24 @@ impl<B: Batch> LocalSteps<B> {
             return Ok(None);
         }
         let take = group.min(self.ready.len());
-        let mut step = Vec::with_capacity(replicas);
-        match self.plan.keep {
+        let (plan, empty) = (&self.plan, &self.empty);
+        let empty_piece = || {
+            let empty = empty.as_ref().expect("set by the batch that made a piece");
+            (Arc::clone(empty), 0..0)
+        };
+        let mut step = LocalStep::with_capacity(replicas, plan.partial);
+        match plan.keep {
             None => {
-                for device in &self.plan.placement {
-                    let piece = match self.ready.pop_front() {
-                        Some(piece) => piece,
-                        None => self.empty_piece(),
-                    };
-                    step.push(finish(&piece, &self.plan, device)?);
+                for device in &plan.placement {
+                    let piece = self.ready.pop_front().unwrap_or_else(empty_piece);
+                    step.push(&piece, plan, device)?;
                 }
             }
             Some((num, mine)) => {
-                let mut group: Vec<Option<Piece<B>>> = self.ready.drain(..take).map(Some).collect();
-                for (replica, device) in self.plan.placement.iter().enumerate() {
-                    let piece = match group.get_mut(mine + replica * num).and_then(Option::take) {
-                        Some(piece) => piece,
-                        None => self.empty_piece(),
-                    };
-                    step.push(finish(&piece, &self.plan, device)?);
+                let mut mine = self.ready.drain(..take).skip(mine).step_by(num);
+                for device in &plan.placement {
+                    let piece = mine.next().unwrap_or_else(empty_piece);
+                    step.push(&piece, plan, device)?;
                 }
             }
         }
@@ -583,20 +647,18 @@ impl<B: Batch> LocalSteps<B> {
     }
 }
 
-/// Slices, places and (if the policy says so) pads one replica's batch; returns it with its
-/// number of real rows.
+/// Slices, places and (if the policy says so) pads one replica's batch.
 fn finish<B: Batch>(
     (batch, range): &Piece<B>,
     plan: &Plan<B>,
     device: &str,
-) -> Result<(B, usize), InputError> {
+) -> Result<B, InputError> {
     let piece = batch.slice_rows_onto(range.clone(), device)?;
-    let piece = if plan.partial == PartialBatch::PadWithMask {
-        piece.pad_rows(plan.full_piece)?
+    if plan.partial == PartialBatch::PadWithMask {
+        piece.pad_rows(plan.full_piece)
     } else {
-        piece
-    };
-    Ok((piece, range.len()))
+        Ok(piece)
+    }
 }
 
 impl<B: Batch> Iterator for LocalSteps<B> {
@@ -624,7 +686,9 @@ struct Steps<B: Batch> {
     ended: Vec<bool>,
     partial: PartialBatch,
     device_map: Arc<ReplicaDeviceMap>,
-    /// A 0-row batch of the data's structure, once any pipeline has produced a batch.
+    /// Replicas of all local pipelines.
+    replicas: usize,
+    /// A 0-row batch of the data's structure, once any pipeline has produced a step.
     template: Option<Arc<B>>,
     done: bool,
 }
@@ -644,6 +708,22 @@ impl<B: Batch> Steps<B> {
     }
 
     fn join(&mut self) -> Option<Result<LocalStep<B>, InputError>> {
+        if self.pipelines.len() == 1 {
+            // One local pipeline, the usual case: its steps pass through as they are.
+            let step = if self.ended[0] {
+                None
+            } else {
+                self.pipelines[0].next()
+            };
+            return match step {
+                Some(Ok(step)) => Some(self.remember_structure(&step).map(|()| step)),
+                Some(Err(e)) => Some(Err(e)),
+                None => {
+                    self.ended[0] = true;
+                    None
+                }
+            };
+        }
         let mut parts = Vec::with_capacity(self.pipelines.len());
         for (pipeline, ended) in self.pipelines.iter_mut().zip(&mut self.ended) {
             let part = if *ended { None } else { pipeline.next() };
@@ -656,28 +736,25 @@ impl<B: Batch> Steps<B> {
                 }
             }
         }
-        let template = parts.iter().flatten().next()?.first()?.0.slice_rows(0..0);
-        let template = match template {
-            Ok(t) => t,
-            Err(e) => return Some(Err(e)),
-        };
-        let template = Arc::new(template);
-        if self.template.is_none() {
-            self.template = Some(Arc::clone(&template));
+        if let Err(e) = self.remember_structure(parts.iter().flatten().next()?) {
+            return Some(Err(e));
         }
         if parts.iter().any(Option::is_none) && self.partial == PartialBatch::DropRemainder {
             return None;
         }
-        let mut step = Vec::new();
+        let template = self.template.as_ref()?;
+        let mut step = LocalStep::with_capacity(self.replicas, self.partial);
         for (part, plan) in parts.into_iter().zip(&self.plans) {
             match part {
-                Some(part) => step.extend(part),
+                Some(part) => {
+                    step.batches.extend(part.batches);
+                    step.real.extend(part.real);
+                }
                 // A pipeline that ran out while another has data: empty batches (IN-26).
                 None => {
                     for device in &plan.placement {
-                        match finish(&(Arc::clone(&template), 0..0), plan, device) {
-                            Ok(empty) => step.push(empty),
-                            Err(e) => return Some(Err(e)),
+                        if let Err(e) = step.push(&(Arc::clone(template), 0..0), plan, device) {
+                            return Some(Err(e));
                         }
                     }
                 }
@@ -686,22 +763,31 @@ impl<B: Batch> Steps<B> {
         Some(Ok(step))
     }
 
+    /// Keeps a 0-row batch of the first step's structure, for empty batches later.
+    fn remember_structure(&mut self, step: &LocalStep<B>) -> Result<(), InputError> {
+        if self.template.is_none()
+            && let Some(first) = step.batches.first()
+        {
+            self.template = Some(zero_rows(first)?);
+        }
+        Ok(())
+    }
+
     /// Empty batches for every local replica, for a step that only other processes have data
     /// for.
     fn empty_step(&self) -> Result<LocalStep<B>, InputError> {
         let template = self.template.as_ref().ok_or(InputError::NoBatchToImitate)?;
-        let mut step = Vec::new();
+        let mut step = LocalStep::with_capacity(self.replicas, self.partial);
         for plan in &self.plans {
             for device in &plan.placement {
-                step.push(finish(&(Arc::clone(template), 0..0), plan, device)?);
+                step.push(&(Arc::clone(template), 0..0), plan, device)?;
             }
         }
         Ok(step)
     }
 
     fn per_replica(&self, step: LocalStep<B>) -> Result<PerReplica<B>, InputError> {
-        let values = step.into_iter().map(|(b, _)| b).collect();
-        Ok(PerReplica::new(Arc::clone(&self.device_map), values)?)
+        Ok(PerReplica::new(Arc::clone(&self.device_map), step.batches)?)
     }
 }
 
@@ -712,6 +798,9 @@ pub struct DistributedIterator<B: Batch> {
     steps: Steps<B>,
     /// Processes feeding replicas of each step, this one included.
     num_processes: usize,
+    /// Whether `next_across_processes` has returned the end or an error, after which it takes
+    /// part in no more exchanges.
+    finished: bool,
 }
 
 impl<B: Batch> Iterator for DistributedIterator<B> {
@@ -723,16 +812,77 @@ impl<B: Batch> Iterator for DistributedIterator<B> {
     }
 }
 
+/// What this process has for a step of `next_across_processes`, decided before the exchange.
+enum LocalState<B: Batch> {
+    /// A step with data.
+    Data(PerReplica<B>),
+    /// Out of data, with empty batches ready in case other processes have some.
+    Empty(PerReplica<B>),
+    /// Out of data without ever having seen a batch, so it cannot make empty ones.
+    NoStructure,
+    /// Reading the step failed.
+    Failed(InputError),
+}
+
+impl<B: Batch> LocalState<B> {
+    /// This process's report, in a code whose sum over `n` processes counts each state: 1 for
+    /// data, `n + 1` for no structure, `(n + 1)²` for a failure, 0 for none.
+    fn report(&self, n: u64) -> u64 {
+        match self {
+            LocalState::Data(_) => 1,
+            LocalState::Empty(_) => 0,
+            LocalState::NoStructure => n + 1,
+            LocalState::Failed(_) => (n + 1) * (n + 1),
+        }
+    }
+}
+
+/// How many processes reported each state on a step: the sum of the reports, decoded.
+struct Tally {
+    with_data: u64,
+    no_structure: u64,
+    failed: u64,
+}
+
+impl Tally {
+    /// Decodes `sum` over `n` processes; an error, the same on every process since it depends
+    /// on the sum alone, if it counts more than `n` reports.
+    fn decode(sum: u64, n: u64) -> Result<Tally, InputError> {
+        let base = n + 1;
+        let tally = Tally {
+            with_data: sum % base,
+            no_structure: (sum / base) % base,
+            failed: sum / (base * base),
+        };
+        if tally.with_data + tally.no_structure + tally.failed > n {
+            return Err(InputError::BadExchange {
+                sum,
+                processes: n as usize,
+            });
+        }
+        Ok(tally)
+    }
+}
+
 impl<B: Batch> DistributedIterator<B> {
     /// The next step when other processes feed other replicas of the same steps (one process
-    /// per worker), so that all of them see the end of data on the same step (TF's
-    /// `get_next_as_optional`, IN-29).
+    /// per worker), so that all of them see the end of data, or a failure, on the same step
+    /// (TF's `get_next_as_optional`, IN-29).
     ///
-    /// `processes_with_data` is called on every step by every process with whether this one
-    /// has data, and must return how many processes have (a sum all-reduce across them). None:
-    /// the end, `Ok(None)`. Some: a process that has run out gives its replicas empty batches.
-    /// Under [`PartialBatch::DropRemainder`] a step that not every process has data for ends
-    /// the iteration everywhere.
+    /// Every process calls `sum_across_processes` on every step with its report, and it must
+    /// return the exact sum of all processes' reports (an integer sum all-reduce; with `n`
+    /// processes a report is at most `(n + 1)²`, so a float32 sum is exact up to 250 processes). A report
+    /// says whether the process has data, has none, or failed, so on every process:
+    /// - if any process failed, the call returns an error: the failed process's own, and
+    ///   [`InputError::OtherProcessFailed`] on the others;
+    /// - else if none has data, `Ok(None)`, the end; under [`PartialBatch::DropRemainder`] also
+    ///   when not every process has data;
+    /// - else `Ok(Some(step))`, in which a process that has run out gives its replicas empty
+    ///   batches (an error, [`InputError::NoBatchToImitate`], on a process that never had a
+    ///   batch to copy the structure of, and `OtherProcessFailed` on the others).
+    ///
+    /// After it has returned `Ok(None)` or an error it returns `Ok(None)` without calling
+    /// `sum_across_processes`: the other processes have stopped too.
     ///
     /// ```
     /// use distribute_input::{Dataset, DistributedDataset, InputError, InputOptions, InputWorkers};
@@ -741,30 +891,73 @@ impl<B: Batch> DistributedIterator<B> {
     /// let workers = InputWorkers::worker_of_cluster(2, 1, "/job:worker/task:1", ["/job:worker/task:1/cpu:0"])?;
     /// let dist = DistributedDataset::new(Dataset::range(3).batch(2, false)?, &workers, InputOptions::default())?;
     /// let mut it = dist.iter();
-    /// // Worker 0 has data on both steps (it gets [0], then [2]): the all-reduce says so.
-    /// let first = it.next_across_processes(|mine| Ok::<_, InputError>(usize::from(mine) + 1))?.unwrap();
-    /// let second = it.next_across_processes(|mine| Ok::<_, InputError>(usize::from(mine) + 1))?.unwrap();
+    /// // Worker 0 has data on both steps (it gets [0], then [2]) and reports 1 each time.
+    /// let first = it.next_across_processes(|mine| Ok::<_, InputError>(mine + 1))?.unwrap();
+    /// let second = it.next_across_processes(|mine| Ok::<_, InputError>(mine + 1))?.unwrap();
     /// assert_eq!(first.into_iter().next().unwrap().to_vec::<i64>()?, [1]);
     /// assert_eq!(second.into_iter().next().unwrap().shape(), [0]);
-    /// assert!(it.next_across_processes(|_| Ok::<_, InputError>(0))?.is_none());
+    /// // Then neither has data.
+    /// assert!(it.next_across_processes(|mine| Ok::<_, InputError>(mine))?.is_none());
     /// # Ok::<(), InputError>(())
     /// ```
     pub fn next_across_processes<E: From<InputError>>(
         &mut self,
-        processes_with_data: impl FnOnce(bool) -> Result<usize, E>,
+        sum_across_processes: impl FnOnce(u64) -> Result<u64, E>,
     ) -> Result<Option<PerReplica<B>>, E> {
-        let step = self.steps.next_step().transpose()?;
-        let with_data = processes_with_data(step.is_some())?;
-        if with_data == 0
-            || (self.steps.partial == PartialBatch::DropRemainder && with_data < self.num_processes)
+        if self.finished {
+            return Ok(None);
+        }
+        self.finished = true;
+        // Everything that can fail here happens before the exchange, so that a failure is
+        // reported to the other processes rather than leaving them waiting in the next one.
+        let local = self.local_state();
+        let n = self.num_processes as u64;
+        let mine = local.report(n);
+        let tally = Tally::decode(sum_across_processes(mine)?, n)?;
+        if tally.failed > 0 {
+            return Err(match local {
+                LocalState::Failed(e) => e,
+                _ => InputError::OtherProcessFailed {
+                    failed: tally.failed as usize,
+                },
+            }
+            .into());
+        }
+        if tally.with_data == 0
+            || (self.steps.partial == PartialBatch::DropRemainder && tally.with_data < n)
         {
             return Ok(None);
         }
-        let step = match step {
-            Some(step) => step,
-            None => self.steps.empty_step()?,
+        match local {
+            LocalState::Data(step) | LocalState::Empty(step) if tally.no_structure == 0 => {
+                self.finished = false;
+                Ok(Some(step))
+            }
+            LocalState::Data(_) | LocalState::Empty(_) => Err(InputError::OtherProcessFailed {
+                failed: tally.no_structure as usize,
+            }
+            .into()),
+            LocalState::NoStructure => Err(InputError::NoBatchToImitate.into()),
+            // Only reached when the sum leaves out this process's own report.
+            LocalState::Failed(e) => Err(e.into()),
+        }
+    }
+
+    fn local_state(&mut self) -> LocalState<B> {
+        let (step, has_data) = match self.steps.next_step() {
+            Some(Ok(step)) => (step, true),
+            Some(Err(e)) => return LocalState::Failed(e),
+            None => match self.steps.empty_step() {
+                Ok(step) => (step, false),
+                Err(InputError::NoBatchToImitate) => return LocalState::NoStructure,
+                Err(e) => return LocalState::Failed(e),
+            },
         };
-        Ok(Some(self.steps.per_replica(step)?))
+        match self.steps.per_replica(step) {
+            Ok(step) if has_data => LocalState::Data(step),
+            Ok(step) => LocalState::Empty(step),
+            Err(e) => LocalState::Failed(e),
+        }
     }
 }
 
@@ -780,14 +973,10 @@ impl<B: Batch> Iterator for MaskedDistributedIterator<B> {
     fn next(&mut self) -> Option<Self::Item> {
         let step = self.steps.next_step()?;
         Some(step.and_then(|step| {
-            let values = step
-                .into_iter()
-                .map(|(b, real)| {
-                    let rows = b.rows("a replica's batch")?;
-                    Masked::pad(&b, real, rows)
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(PerReplica::new(Arc::clone(&self.steps.device_map), values)?)
+            Ok(PerReplica::new(
+                Arc::clone(&self.steps.device_map),
+                step.masked()?,
+            )?)
         }))
     }
 }

@@ -121,6 +121,29 @@ pub enum InputError {
          batch"
     )]
     NoBatchToImitate,
+    /// Another process's input pipeline failed on this step, so every process stops here; the
+    /// failed process returns the error itself (from `next_across_processes`).
+    #[error(
+        "{failed} other process(es) failed to read input on this step, so this one stops with \
+         them; see the failed processes' own errors"
+    )]
+    OtherProcessFailed {
+        /// How many processes failed on the step.
+        failed: usize,
+    },
+    /// The exchange of `next_across_processes` returned a number that is not the sum of one
+    /// report per process.
+    #[error(
+        "the exchange across {processes} processes returned {sum}, which is not the sum of every \
+         process's report (this one's included); the callback must return the exact integer \
+         sum over all processes"
+    )]
+    BadExchange {
+        /// What the callback returned.
+        sum: u64,
+        /// How many processes feed each step.
+        processes: usize,
+    },
     /// The input pipeline panicked while making an item (in a user's source, for example);
     /// the item is lost and the pipeline ends.
     #[error("the input pipeline panicked: {0}")]
@@ -155,7 +178,10 @@ impl InputError {
             InputError::Io { .. } | InputError::Npy { .. } | InputError::Csv { .. } => {
                 ErrorKind::DataLoss
             }
-            InputError::Panicked(_) | InputError::NoBatchToImitate => ErrorKind::Runtime,
+            InputError::Panicked(_)
+            | InputError::NoBatchToImitate
+            | InputError::OtherProcessFailed { .. }
+            | InputError::BadExchange { .. } => ErrorKind::Runtime,
             InputError::InputFunction { source, .. } => source.kind(),
             _ => ErrorKind::InvalidArgument,
         }

@@ -14,6 +14,19 @@
 //! value per replica per step, possibly empty, so that whatever runs the replicas never waits
 //! on a replica without data.
 //!
+//! # Deliberate departures from TF
+//!
+//! - **IN-34**: a global batch is cut into ⌈b/N⌉-row pieces for N replicas, a short last batch
+//!   included: TF's legacy rebatch (IN-48). Current TF cuts every batch by the full batch's
+//!   per-replica sizes ([`batch_sizes_for_worker`], IN-45), so a short last batch gives full
+//!   pieces and empty ones. The step count differs when a worker splits unsharded data for
+//!   its own replicas: 2 workers × 1 replica reading `range(12).batch(8)` with sharding off
+//!   get 4 steps each here ([0..4], [4..8], [8..10], [10..12]) and 3 in TF ([0..4], [4..8],
+//!   [8..12]). The legacy rule keeps each batch a unit of the split, so pieces never straddle
+//!   two source batches and stay views of them. For TF's steps, rebatch into the per-replica
+//!   sizes yourself ([`Dataset::rebatch`] with [`batch_sizes_for_worker`]) and distribute
+//!   with [`BatchSplit::WholeBatches`].
+//!
 //! [`PerReplica`]: distribute_values::PerReplica
 //!
 //! ```
@@ -43,7 +56,7 @@ pub mod npy;
 mod prefetch;
 mod split;
 
-pub use batch::{Batch, Masked};
+pub use batch::{Batch, LeafPath, Masked};
 pub use context::{InputContext, InputReplicationMode, InputWorkers};
 pub use csv_source::{CsvOptions, CsvSource};
 pub use dataset::{

@@ -102,7 +102,7 @@ fn parse(bytes: &[u8]) -> Result<Tensor, String> {
     if bytes.len() < 10 || &bytes[..6] != MAGIC {
         return Err("the file does not start with the .npy magic string \\x93NUMPY".into());
     }
-    let (header_len, start) = match (bytes[6], bytes[7]) {
+    let (header_len, start): (usize, usize) = match (bytes[6], bytes[7]) {
         (1, 0) => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
         (2, 0) => {
             if bytes.len() < 12 {
@@ -117,9 +117,10 @@ fn parse(bytes: &[u8]) -> Result<Tensor, String> {
             ));
         }
     };
-    let header = bytes
-        .get(start..start + header_len)
-        .ok_or("truncated header")?;
+    let end = start
+        .checked_add(header_len)
+        .ok_or("the header length is larger than memory")?;
+    let header = bytes.get(start..end).ok_or("truncated header")?;
     let header = std::str::from_utf8(header).map_err(|_| "the header is not ASCII")?;
     let descr = header_value(header, "descr")?;
     let fortran = header_value(header, "fortran_order")?;
@@ -137,9 +138,21 @@ fn parse(bytes: &[u8]) -> Result<Tensor, String> {
         other => return Err(format!("dtype '{other}'; supported: {SUPPORTED}")),
     };
     let shape = parse_shape(shape)?;
-    let data = &bytes[start + header_len..];
-    let count: usize = shape.iter().product();
-    let expected = count * dtype.size_in_bytes();
+    let data = &bytes[end..];
+    // A malformed header can name any dimensions. Like NumPy, the size of the non-zero
+    // dimensions must fit in memory even when a zero one makes the array empty.
+    let bytes_needed = shape
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(dtype.size_in_bytes(), |bytes, &d| bytes.checked_mul(d))
+        .filter(|&bytes| isize::try_from(bytes).is_ok())
+        .ok_or_else(|| {
+            format!(
+                "shape {shape:?} of {dtype} needs more bytes than this machine can address; \
+                 the header is corrupt"
+            )
+        })?;
+    let expected = if shape.contains(&0) { 0 } else { bytes_needed };
     if data.len() != expected {
         return Err(format!(
             "shape {shape:?} of {dtype} needs {expected} bytes of data, the file has {}",
@@ -316,6 +329,36 @@ mod tests {
             let err = parse(&bytes).unwrap_err();
             assert!(err.contains(expected), "{expected:?} not in {err:?}");
         }
+    }
+
+    #[test]
+    fn oversized_shapes_are_refused_without_overflow() {
+        let dir = tempfile::tempdir().unwrap();
+        let shapes = [
+            // The element count overflows.
+            "(4294967296, 4294967296, 16)",
+            // The count fits but its bytes do not.
+            "(4611686018427387904,)",
+        ];
+        for shape in shapes {
+            let path = dir.path().join("evil.npy");
+            let dict = format!("{{'descr': '<f8', 'fortran_order': False, 'shape': {shape}, }}");
+            std::fs::write(&path, header(&dict)).unwrap();
+            let err = read(&path).unwrap_err();
+            assert!(matches!(err, InputError::Npy { .. }), "{err}");
+            let message = err.to_string();
+            assert!(
+                message.contains("evil.npy") && message.contains("more bytes than this machine"),
+                "{message}"
+            );
+        }
+        // NumPy refuses these even when a zero dimension makes the array empty.
+        let empty = header(
+            "{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 0), }",
+        );
+        assert!(parse(&empty).unwrap_err().contains("more bytes"));
+        let empty = header("{'descr': '<f8', 'fortran_order': False, 'shape': (3, 0), }");
+        assert_eq!(parse(&empty).unwrap().shape(), [3, 0]);
     }
 
     #[test]

@@ -94,9 +94,25 @@ pub struct Prefetch<T: Send + 'static> {
     handle: Option<JoinHandle<()>>,
 }
 
+/// Starts a thread running the given work, as `std::thread::Builder::spawn` does.
+type Spawn = fn(Box<dyn FnOnce() + Send>) -> std::io::Result<JoinHandle<()>>;
+
 impl<T: Send + 'static> Prefetch<T> {
-    /// Starts a thread that runs `iter`, keeping up to `buffer` items (at least 1) ready.
+    /// Starts a thread that runs `iter`, keeping up to `buffer` items (at least 1) ready. If
+    /// the system cannot start a thread, the consumer makes every item itself: the same items
+    /// in the same order, without the prefetching.
     pub fn new<I>(iter: I, buffer: usize) -> Self
+    where
+        I: Iterator<Item = Item<T>> + Send + 'static,
+    {
+        Self::with_spawn(iter, buffer, |work| {
+            std::thread::Builder::new()
+                .name("distribute-input-prefetch".into())
+                .spawn(work)
+        })
+    }
+
+    fn with_spawn<I>(iter: I, buffer: usize, spawn: Spawn) -> Self
     where
         I: Iterator<Item = Item<T>> + Send + 'static,
     {
@@ -114,14 +130,9 @@ impl<T: Send + 'static> Prefetch<T> {
             buffer: buffer.max(1),
         });
         let producer = Arc::clone(&shared);
-        let handle = std::thread::Builder::new()
-            .name("distribute-input-prefetch".into())
-            .spawn(move || produce(&producer))
-            .expect("spawning a prefetch thread");
-        Prefetch {
-            shared,
-            handle: Some(handle),
-        }
+        // Without a producer the queue stays empty and `next` makes each item.
+        let handle = spawn(Box::new(move || produce(&producer))).ok();
+        Prefetch { shared, handle }
     }
 }
 
@@ -210,6 +221,15 @@ mod tests {
             matches!(got[..], [Ok(0), Ok(1), Err(InputError::Panicked(ref m))] if m == "bad row 2"),
             "{got:?}"
         );
+    }
+
+    #[test]
+    fn without_a_thread_the_consumer_makes_every_item() {
+        let refuse: Spawn = |_| Err(std::io::Error::other("no threads left"));
+        let got: Vec<i64> = Prefetch::with_spawn((0..100).map(Ok), 4, refuse)
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(got, (0..100).collect::<Vec<_>>());
     }
 
     #[test]

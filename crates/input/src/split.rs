@@ -15,18 +15,18 @@ use crate::InputError;
 /// assert_eq!(split_sizes(0, 2), [0, 0]);
 /// ```
 pub fn split_sizes(rows: usize, pieces: usize) -> Vec<usize> {
-    if pieces == 0 {
-        return Vec::new();
-    }
-    let chunk = rows.div_ceil(pieces);
+    split_sizes_iter(rows, pieces).collect()
+}
+
+/// [`split_sizes`] without the vector, for the per-batch path.
+pub(crate) fn split_sizes_iter(rows: usize, pieces: usize) -> impl Iterator<Item = usize> {
+    let chunk = rows.div_ceil(pieces.max(1));
     let mut left = rows;
-    (0..pieces)
-        .map(|_| {
-            let size = chunk.min(left);
-            left -= size;
-            size
-        })
-        .collect()
+    (0..pieces).map(move |_| {
+        let size = chunk.min(left);
+        left -= size;
+        size
+    })
 }
 
 /// The sub-batch sizes worker `worker` of `num_workers` (each with `replicas_per_worker`

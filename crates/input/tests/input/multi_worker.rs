@@ -1,9 +1,12 @@
 //! 6.4 and 6.5: several input workers, in-graph (one process feeds all) and between-graph (one
 //! process per worker), with and without auto-sharding.
 
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
 use distribute_collectives::Tensor;
 use distribute_input::{
-    AutoShardPolicy, Dataset, DistributedDataset, InputOptions, PartialBatch,
+    AutoShardPolicy, Dataset, DistributedDataset, InputError, InputOptions, PartialBatch,
     distribute_datasets_from_function,
 };
 use distribute_values::DistributedValues;
@@ -269,7 +272,8 @@ fn in_33_dataset_from_function_sums_per_worker() {
 
 #[test]
 fn in_34_unsharded_workers_split_each_global_batch_legacy_style() {
-    // Each worker reads range(12).batch(8) whole and takes every piece of its split.
+    // Each worker reads range(12).batch(8) whole and takes every piece of its split. This is
+    // TF's legacy rule (4 steps); current TF gives 3, a departure the crate docs describe.
     let got = per_worker(2, 1, 12, 8, false, off(InputOptions::default()));
     let expected = vec![
         vec![r(0..4)],
@@ -278,6 +282,14 @@ fn in_34_unsharded_workers_split_each_global_batch_legacy_style() {
         vec![r(10..12)],
     ];
     assert_eq!(got, [expected.clone(), expected]);
+    // TF's 3 steps: rebatch into the per-replica sizes and hand out whole batches.
+    for w in 0..2 {
+        let sizes = distribute_input::batch_sizes_for_worker(8, 2, 1, w).unwrap();
+        let ds = Dataset::range(12).batch(8, false).unwrap();
+        let ds = ds.rebatch(sizes, false).unwrap();
+        let dist = DistributedDataset::new(ds, &between(2, w, 1), off(whole())).unwrap();
+        assert_eq!(steps(&dist), [vec![r(0..4)], vec![r(4..8)], vec![r(8..12)]]);
+    }
 }
 
 #[test]
@@ -474,7 +486,7 @@ fn in_52_input_function_over_a_generated_interleave() {
 
 /// A sum all-reduce between threads standing in for worker processes.
 struct SumAcrossWorkers {
-    values: std::sync::Mutex<Vec<usize>>,
+    values: std::sync::Mutex<Vec<u64>>,
     barrier: std::sync::Barrier,
 }
 
@@ -486,7 +498,7 @@ impl SumAcrossWorkers {
         }
     }
 
-    fn sum(&self, worker: usize, value: usize) -> usize {
+    fn sum(&self, worker: usize, value: u64) -> u64 {
         self.values.lock().unwrap()[worker] = value;
         self.barrier.wait();
         let sum = self.values.lock().unwrap().iter().sum();
@@ -496,35 +508,58 @@ impl SumAcrossWorkers {
     }
 }
 
-/// Each worker's steps when its process runs `make(worker)` and agrees on the end with the
-/// others through `next_across_processes`.
+/// What one process got: its steps, then the error it stopped with, if any.
+type Run = (Vec<Vec<Vec<i64>>>, Option<InputError>);
+
+/// Each worker's run when its process runs `make(worker)` and agrees on every step with the
+/// others through `next_across_processes`. A process that waits for the others for more than
+/// 30 s fails the test rather than hanging it.
+fn run_processes_until_stop(
+    workers: usize,
+    make: impl Fn(usize) -> DistributedDataset<Tensor> + Send + Sync + 'static,
+) -> Vec<Run> {
+    let reduce = Arc::new(SumAcrossWorkers::new(workers));
+    let make = Arc::new(make);
+    let (tx, rx) = mpsc::channel();
+    for w in 0..workers {
+        let (reduce, make, tx) = (Arc::clone(&reduce), Arc::clone(&make), tx.clone());
+        std::thread::spawn(move || {
+            let dist = make(w);
+            let mut it = dist.iter();
+            let mut steps = Vec::new();
+            let error = loop {
+                match it.next_across_processes(|mine| Ok::<_, InputError>(reduce.sum(w, mine))) {
+                    Ok(Some(step)) => steps.push(step.values().iter().map(ints).collect()),
+                    Ok(None) => break None,
+                    Err(e) => break Some(e),
+                }
+            };
+            // The test may have given up on this process already.
+            let _ = tx.send((w, (steps, error)));
+        });
+    }
+    let mut runs: Vec<Option<Run>> = (0..workers).map(|_| None).collect();
+    for _ in 0..workers {
+        let (w, run) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("every process returns: none waits forever for the others");
+        runs[w] = Some(run);
+    }
+    runs.into_iter().map(Option::unwrap).collect()
+}
+
+/// Each worker's steps, for runs that end without an error.
 fn run_processes(
     workers: usize,
-    make: impl Fn(usize) -> DistributedDataset<Tensor> + Sync,
+    make: impl Fn(usize) -> DistributedDataset<Tensor> + Send + Sync + 'static,
 ) -> Vec<Vec<Vec<Vec<i64>>>> {
-    let reduce = SumAcrossWorkers::new(workers);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|w| {
-                let (reduce, make) = (&reduce, &make);
-                s.spawn(move || {
-                    let dist = make(w);
-                    let mut it = dist.iter();
-                    let mut steps = Vec::new();
-                    while let Some(step) = it
-                        .next_across_processes(|mine| {
-                            Ok::<_, distribute_input::InputError>(reduce.sum(w, usize::from(mine)))
-                        })
-                        .unwrap()
-                    {
-                        steps.push(step.values().iter().map(ints).collect::<Vec<_>>());
-                    }
-                    steps
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    run_processes_until_stop(workers, make)
+        .into_iter()
+        .map(|(steps, error)| {
+            assert!(error.is_none(), "{error:?}");
+            steps
+        })
+        .collect()
 }
 
 #[test]
@@ -538,7 +573,7 @@ fn in_30_input_function_workers_agree_on_the_last_step() {
             },
             ..InputOptions::default()
         };
-        let got = run_processes(2, |w| {
+        let got = run_processes(2, move |w| {
             distribute_datasets_from_function(&between(2, w, 1), options, |cx| {
                 Dataset::range(9)
                     .shard(cx.num_input_pipelines(), cx.input_pipeline_id())?
@@ -579,7 +614,7 @@ fn in_27_file_sharded_workers_with_unequal_files_agree_on_the_end() {
             path
         })
         .collect();
-    let got = run_processes(2, |w| {
+    let got = run_processes(2, move |w| {
         let ds = Dataset::from_source(distribute_input::NpySource::new(&files).unwrap())
             .batch(2, false)
             .unwrap();
@@ -599,20 +634,106 @@ fn in_27_file_sharded_workers_with_unequal_files_agree_on_the_end() {
 
 #[test]
 fn a_process_that_never_had_data_cannot_invent_the_structure() {
-    let dist =
-        distribute_datasets_from_function(&between(2, 1, 1), InputOptions::default(), |_| {
-            Dataset::range(0).batch(1, false)
+    // Worker 1's pipeline is empty while worker 0 has a step: both stop on that step.
+    let runs = run_processes_until_stop(2, |w| {
+        distribute_datasets_from_function(&between(2, w, 1), InputOptions::default(), move |_| {
+            Dataset::range(if w == 0 { 2 } else { 0 }).batch(2, false)
         })
-        .unwrap();
-    let mut it = dist.iter();
-    // Another process reports data, so this one would have to make empty batches of a
-    // structure it has never seen.
-    let err = it
-        .next_across_processes(|_| Ok::<_, distribute_input::InputError>(1))
-        .unwrap_err()
-        .to_string();
+        .unwrap()
+    });
+    let (steps0, err0) = &runs[0];
+    let (steps1, err1) = &runs[1];
+    assert!((steps0.is_empty() && steps1.is_empty()), "{runs:?}");
     assert!(
-        err.contains("produced no data while other processes still have some"),
+        matches!(err0, Some(InputError::OtherProcessFailed { failed: 1 })),
+        "{err0:?}"
+    );
+    let err1 = err1.as_ref().unwrap().to_string();
+    assert!(
+        err1.contains("produced no data while other processes still have some"),
+        "{err1}"
+    );
+    // With no data anywhere there is nothing to imitate: a clean end.
+    let runs = run_processes(2, |w| {
+        distribute_datasets_from_function(&between(2, w, 1), InputOptions::default(), |_| {
+            Dataset::range(0).batch(2, false)
+        })
+        .unwrap()
+    });
+    assert_eq!(runs, [Vec::<Vec<Vec<i64>>>::new(), Vec::new()]);
+}
+
+#[test]
+fn a_process_that_fails_stops_every_process_on_the_same_step() {
+    // Worker 1's third row is unreadable; worker 0 has 5 good rows.
+    for prefetch in [0, 2] {
+        let runs = run_processes_until_stop(2, move |w| {
+            let options = InputOptions {
+                prefetch,
+                ..InputOptions::default()
+            };
+            distribute_datasets_from_function(&between(2, w, 1), options, move |_| {
+                let source = distribute_input::GeneratorSource::new(move || {
+                    (0..5i64).map(move |i| {
+                        if w == 1 && i == 2 {
+                            return Err(InputError::InvalidOption("row 2 is corrupt".into()));
+                        }
+                        Ok(Tensor::from_vec("/cpu:0", &[1], vec![i])?)
+                    })
+                });
+                Dataset::from_source(source).batch(1, false)
+            })
+            .unwrap()
+        });
+        let expected = vec![vec![vec![0]], vec![vec![1]]];
+        assert_eq!(
+            (&runs[0].0, &runs[1].0),
+            (&expected, &expected),
+            "prefetch {prefetch}"
+        );
+        assert!(
+            matches!(
+                runs[0].1,
+                Some(InputError::OtherProcessFailed { failed: 1 })
+            ),
+            "{:?}",
+            runs[0].1
+        );
+        let own = runs[1].1.as_ref().map(ToString::to_string);
+        assert_eq!(
+            own.as_deref(),
+            Some("invalid input option: row 2 is corrupt"),
+            "the failed process returns its own error"
+        );
+    }
+}
+
+#[test]
+fn after_the_end_there_is_no_exchange_and_bad_sums_are_refused() {
+    let dist = DistributedDataset::new(
+        Dataset::range(3).batch(2, false).unwrap(),
+        &between(2, 1, 1),
+        InputOptions::default(),
+    )
+    .unwrap();
+    let mut it = dist.iter();
+    // 2 processes: a report of 1 means data, 3 no structure, 9 a failure; 1 + 3 + 3 counts
+    // three processes.
+    let err = it
+        .next_across_processes(|mine| Ok::<_, InputError>(mine + 6))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            InputError::BadExchange {
+                sum: 7,
+                processes: 2
+            }
+        ),
         "{err}"
     );
+    let next = it.next_across_processes(|_| -> Result<u64, InputError> {
+        panic!("no exchange after the iteration stopped")
+    });
+    assert!(matches!(next, Ok(None)));
 }

@@ -2,12 +2,12 @@
 
 use distribute_collectives::Tensor;
 use distribute_input::{
-    Dataset, DistributedDataset, InputError, InputOptions, InputReplicationMode,
+    Dataset, DistributedDataset, InputContext, InputError, InputOptions, InputReplicationMode,
     distribute_datasets_from_function,
 };
 use distribute_values::DistributedValues;
 
-use crate::common::{distribute, ints, local, steps};
+use crate::common::{between, distribute, in_graph, ints, local, steps};
 
 #[test]
 fn in_41_invalid_option_combinations() {
@@ -81,6 +81,40 @@ fn in_43_per_replica_mode_calls_the_function_once_per_replica() {
     .unwrap();
     let expected: Vec<Vec<Vec<i64>>> = (1..=9).map(|k| vec![vec![k], vec![2 * k]]).collect();
     assert_eq!(steps(&dist), expected);
+}
+
+#[test]
+fn per_replica_mode_is_refused_between_graph() {
+    // A process of a between-graph cluster sees only its own replicas, so its per-replica
+    // pipelines would get the ids and counts of every other process's.
+    let options = InputOptions {
+        replication_mode: InputReplicationMode::PerReplica,
+        ..InputOptions::default()
+    };
+    let err = distribute_datasets_from_function(
+        &between(2, 1, 2),
+        options,
+        |_| -> Result<Dataset<Tensor>, InputError> { panic!("the input function is not called") },
+    )
+    .err()
+    .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "invalid input option: per-replica replication needs every replica fed by this \
+         process, but it is one of 2 processes (between-graph); use \
+         InputReplicationMode::PerWorker and split the data per replica in the input function"
+    );
+    // In-graph, one process numbers every replica of the cluster.
+    let contexts = std::cell::RefCell::new(Vec::new());
+    distribute_datasets_from_function(&in_graph(2, 2), options, |cx| {
+        contexts.borrow_mut().push(*cx);
+        Dataset::range(1).batch(1, false)
+    })
+    .unwrap();
+    let expected: Vec<_> = (0..4)
+        .map(|id| InputContext::new(4, id, 4).unwrap())
+        .collect();
+    assert_eq!(contexts.into_inner(), expected);
 }
 
 #[test]

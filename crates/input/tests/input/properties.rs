@@ -20,19 +20,19 @@ proptest! {
         let labels = Tensor::from_vec("/cpu:0", &[rows], data.clone()).unwrap();
         let ds = Dataset::from_tensors((features, labels)).unwrap().batch(batch, false).unwrap();
         let dist = DistributedDataset::new(ds.clone(), &local(replicas), InputOptions { prefetch, ..InputOptions::default() }).unwrap();
-        let mut steps = 0;
-        for (step, global) in dist.iter().zip(ds.iter()) {
-            let step = step.unwrap();
-            let global = global.unwrap();
+        // Collected first, so that a step too many on either side is counted, not zipped away.
+        let steps: Vec<_> = dist.iter().collect::<Result<_, _>>().unwrap();
+        let globals: Vec<_> = ds.iter().collect::<Result<_, _>>().unwrap();
+        prop_assert_eq!(steps.len(), rows.div_ceil(batch));
+        prop_assert_eq!(globals.len(), rows.div_ceil(batch));
+        for (step, global) in steps.iter().zip(&globals) {
             prop_assert_eq!(step.num_replicas(), replicas);
             let parts: Vec<&(Tensor, Tensor)> = step.values().iter().collect();
             let joined = Batch::concat_rows(&parts).unwrap();
             prop_assert!(joined.0.bitwise_eq(&global.0) && joined.1.bitwise_eq(&global.1));
             let sizes: Vec<usize> = step.values().iter().map(|b| b.rows("step").unwrap()).collect();
             prop_assert_eq!(sizes, split_sizes(global.1.shape()[0], replicas));
-            steps += 1;
         }
-        prop_assert_eq!(steps, rows.div_ceil(batch));
     }
 
     #[test]

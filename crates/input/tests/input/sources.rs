@@ -115,6 +115,7 @@ fn bad_files_name_the_file_and_place() {
     let missing = dir.path().join("missing.npy");
     let not_npy = write(&dir, "text.npy", b"hello, world");
     let ragged_csv = write(&dir, "ragged.csv", b"a,b\n1,2\n3\n");
+    let ragged_headerless = write(&dir, "headerless.csv", b"1,2\n3,4\n5\n");
     let bad_number = write(&dir, "number.csv", b"a,b\n1,2\n3,x7\n");
     let scalar = dir.path().join("scalar.npy");
     npy::write(&scalar, &Tensor::scalar("/cpu:0", 1.0f32)).unwrap();
@@ -166,6 +167,25 @@ fn bad_files_name_the_file_and_place() {
         (
             first_error(&csv_ds(&ragged_csv)),
             "ragged.csv' line 3: 1 fields where earlier records have 2",
+            ErrorKind::DataLoss,
+        ),
+        (
+            // Without a header the first record sets the width.
+            first_error(
+                &Dataset::from_source(
+                    CsvSource::new(
+                        [&ragged_headerless],
+                        CsvOptions {
+                            has_header: false,
+                            ..CsvOptions::default()
+                        },
+                    )
+                    .unwrap(),
+                )
+                .batch(2, false)
+                .unwrap(),
+            ),
+            "headerless.csv' line 3: 1 fields where earlier records have 2",
             ErrorKind::DataLoss,
         ),
         (
@@ -233,4 +253,33 @@ fn errors_reach_the_distributed_iterator_and_end_it() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn empty_batches_do_not_keep_a_source_block_alive() {
+    // Blocks [0, 1], [2, 3], [4] batched by 2 over 2 replicas: replica 1 gets an empty batch
+    // on the last step, made from a 0-row batch of the data's structure. That batch is a
+    // copy: were it a slice of the first batch, the first block would stay alive all epoch.
+    let source = distribute_input::GeneratorSource::new(|| {
+        [vec![0i64, 1], vec![2, 3], vec![4]]
+            .into_iter()
+            .map(|rows| Ok(Tensor::from_vec("/cpu:0", &[rows.len()], rows)?))
+    });
+    let ds = Dataset::from_source(source).batch(2, false).unwrap();
+    let options = InputOptions {
+        prefetch: 0,
+        ..InputOptions::default()
+    };
+    let dist = DistributedDataset::new(ds, &local(2), options).unwrap();
+    let mut it = dist.iter();
+    // Replica 0's [0] is a view of the first block.
+    let block = it.next().unwrap().unwrap().values()[0].clone();
+    assert_eq!(block.to_vec::<i64>().unwrap(), [0]);
+    it.next().unwrap().unwrap();
+    let last = it.next().unwrap().unwrap();
+    assert_eq!(last.values()[1].shape(), [0]);
+    assert!(
+        block.array::<i64>().unwrap().is_unique(),
+        "nothing but this test holds the first block once the pipeline has moved past it"
+    );
 }
