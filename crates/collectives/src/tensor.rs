@@ -251,9 +251,13 @@ impl Tensor {
     ) -> Result<Tensor, CollectiveError> {
         let len = data.len();
         let array = ArrayD::from_shape_vec(shape, data).map_err(|_| {
+            // The shape may be absurd (its product overflowing), so count it carefully.
+            let wanted = shape
+                .iter()
+                .try_fold(1usize, |n, &d| n.checked_mul(d))
+                .map_or_else(|| "more than usize::MAX".to_owned(), |n| n.to_string());
             CollectiveError::InvalidArgument(format!(
-                "{len} elements cannot fill a tensor of shape {shape:?} ({} elements)",
-                shape.iter().product::<usize>()
+                "{len} elements cannot fill a tensor of shape {shape:?} ({wanted} elements)"
             ))
         })?;
         Ok(Tensor::from_array(device, array))

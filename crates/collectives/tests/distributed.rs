@@ -61,3 +61,18 @@ fn tensors_do_variable_arithmetic() {
     );
     assert!(a.try_sub(&wrong).is_err());
 }
+
+#[test]
+fn a_shape_whose_size_overflows_is_an_error_not_a_panic() {
+    let err = Tensor::from_vec("/cpu:0", &[usize::MAX, 2], vec![1.0f32]).unwrap_err();
+    assert!(
+        err.to_string().contains("more than usize::MAX elements"),
+        "{err}"
+    );
+    let err = Tensor::from_vec("/cpu:0", &[3], vec![1.0f32]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("1 elements cannot fill a tensor of shape [3] (3 elements)"),
+        "{err}"
+    );
+}

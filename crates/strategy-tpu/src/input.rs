@@ -19,7 +19,7 @@ use std::sync::Arc;
 use distribute_collectives::Tensor;
 use distribute_device_spec::{DeviceSpec, host_for_device};
 use distribute_input::{
-    Batch, InputError, InputOptions, InputReplicationMode, InputWorkers, Masked,
+    Batch, InputError, InputOptions, InputReplicationMode, InputWorkers, LeafPath, Masked,
     MaskedDistributedIterator, PartialBatch,
 };
 use distribute_values::{DistributedValues, PerReplica};
@@ -176,7 +176,7 @@ impl<B: Batch> DeviceBatches<'_, B> {
         let mut leaves: Vec<Vec<Tensor>> = Vec::new();
         for masked in step.values() {
             let mut l = 0;
-            masked.for_each_leaf("", &mut |_, t| {
+            masked.for_each_leaf(&LeafPath::ROOT, &mut |_, t| {
                 if leaves.len() <= l {
                     leaves.push(Vec::new());
                 }
