@@ -392,6 +392,50 @@ fn single_value_in_place(
     }
 }
 
+/// The [`CrossDeviceOps`] methods of a backend whose replica collectives meet in its
+/// `group: CollectiveGroup`: fused batches, per-replica handles, abort/reset and the step hooks.
+macro_rules! group_backed_methods {
+    () => {
+        fn batch_reduce(
+            &self,
+            op: ReduceOp,
+            pairs: &[(&[AnyTensor], &Destinations)],
+        ) -> Result<Vec<Leaf<AnyTensor>>, CollectiveError> {
+            let bytes = self.group.config().bytes_per_pack;
+            fused_batch_reduce(op, pairs, bytes, |values, destinations| {
+                self.reduce(op, values, destinations)
+            })
+        }
+
+        fn replica_collectives(
+            &self,
+            replica: usize,
+        ) -> Result<Box<dyn ReplicaCollectives>, CollectiveError> {
+            Ok(Box::new(self.group.member(replica)?))
+        }
+
+        fn abort(&self, reason: &str) {
+            self.group.abort(reason);
+        }
+
+        fn reset(&self) {
+            self.group.reset();
+        }
+
+        fn num_replicas(&self) -> Option<usize> {
+            Some(self.group.num_replicas())
+        }
+
+        fn begin_step(&self) {
+            self.group.rendezvous().begin_step();
+        }
+
+        fn replica_finished(&self, replica: usize) {
+            self.group.rendezvous().finish(replica);
+        }
+    };
+}
+
 /// Reduces on one device (the configured one, else the first destination), then copies the
 /// result to every destination. TF's default for devices without NCCL.
 #[derive(Debug)]
@@ -452,43 +496,7 @@ impl CrossDeviceOps for ReductionToOneDevice {
         deliver(destinations, |device| reduced.to_device(device))
     }
 
-    fn batch_reduce(
-        &self,
-        op: ReduceOp,
-        pairs: &[(&[AnyTensor], &Destinations)],
-    ) -> Result<Vec<Leaf<AnyTensor>>, CollectiveError> {
-        let bytes = self.group.config().bytes_per_pack;
-        fused_batch_reduce(op, pairs, bytes, |values, destinations| {
-            self.reduce(op, values, destinations)
-        })
-    }
-
-    fn replica_collectives(
-        &self,
-        replica: usize,
-    ) -> Result<Box<dyn ReplicaCollectives>, CollectiveError> {
-        Ok(Box::new(self.group.member(replica)?))
-    }
-
-    fn abort(&self, reason: &str) {
-        self.group.abort(reason);
-    }
-
-    fn reset(&self) {
-        self.group.reset();
-    }
-
-    fn num_replicas(&self) -> Option<usize> {
-        Some(self.group.num_replicas())
-    }
-
-    fn begin_step(&self) {
-        self.group.rendezvous().begin_step();
-    }
-
-    fn replica_finished(&self, replica: usize) {
-        self.group.rendezvous().finish(replica);
-    }
+    group_backed_methods!();
 }
 
 /// The in-process shared-memory all-reduce: for large tensors every replica thread reduces one
@@ -536,43 +544,7 @@ impl CrossDeviceOps for SharedMemoryAllReduce {
         deliver(destinations, |device| reduced.to_device(device))
     }
 
-    fn batch_reduce(
-        &self,
-        op: ReduceOp,
-        pairs: &[(&[AnyTensor], &Destinations)],
-    ) -> Result<Vec<Leaf<AnyTensor>>, CollectiveError> {
-        let bytes = self.group.config().bytes_per_pack;
-        fused_batch_reduce(op, pairs, bytes, |values, destinations| {
-            self.reduce(op, values, destinations)
-        })
-    }
-
-    fn replica_collectives(
-        &self,
-        replica: usize,
-    ) -> Result<Box<dyn ReplicaCollectives>, CollectiveError> {
-        Ok(Box::new(self.group.member(replica)?))
-    }
-
-    fn abort(&self, reason: &str) {
-        self.group.abort(reason);
-    }
-
-    fn reset(&self) {
-        self.group.reset();
-    }
-
-    fn num_replicas(&self) -> Option<usize> {
-        Some(self.group.num_replicas())
-    }
-
-    fn begin_step(&self) {
-        self.group.rendezvous().begin_step();
-    }
-
-    fn replica_finished(&self, replica: usize) {
-        self.group.rendezvous().finish(replica);
-    }
+    group_backed_methods!();
 }
 
 /// The backend for a strategy's devices, and why it was chosen (also logged at info level).
