@@ -45,10 +45,12 @@ const VALIDATION_FRACTION: f64 = 0.2;
 /// The largest weight difference allowed between the N-replica and the 1-replica run.
 pub(crate) const TOLERANCE: f32 = 1e-5;
 /// The largest weight difference allowed between a TPU run and the mirrored run. Both sum
-/// gradients in f64, but the per-row forward and backward pass is f32 in both, and XLA's
-/// f32 `tanh` (a rational approximation) and its fused multiply-adds round differently from
-/// libm's `tanhf` and ndarray's products: single-ulp differences each step that momentum SGD
-/// carries forward and grows.
+/// gradients in f64, but their per-row values round differently: the mirrored replicas sum
+/// their dot products in f32 (ndarray) and call libm's `tanhf`, while the compiled step sums
+/// them in f64 and computes tanh in f64 before rounding to f32 (see [`tpu_step`]); XLA also
+/// fuses multiply-adds. The last-bit differences of each step are carried forward and grown
+/// by momentum SGD: 5e-7 after the default 2000 steps, 1e-5 after 6000 steps at lr 0.02 on 3
+/// or 4 replicas. A wrong gradient or a dropped mask moves weights by 1e-2 or more.
 pub(crate) const TPU_MIRRORED_TOLERANCE: f32 = 1e-4;
 
 /// What to train, and where.
@@ -708,8 +710,16 @@ fn tpu_strategy(replicas: usize) -> Result<TpuStrategy> {
     })
 }
 
-/// One training step of the MLP as a replicated XLA program: the same arithmetic as
+/// One training step of the MLP as a replicated XLA program: the arithmetic of
 /// [`Params::gradient_sums`] and the mirrored `merge_call`, written with symbolic values.
+///
+/// The dot products of the forward pass and tanh are computed in f64 and rounded to f32, where
+/// the mirrored replicas compute them in f32: XLA picks its f32 dot and tanh code by shape, so
+/// the per-replica program of 43 rows and the 1-replica program of 128 rounded some rows
+/// differently (1.4e-5 apart after 6000 steps at lr 0.02 on 3 replicas, past the 1e-5 limit).
+/// A product of two f32 values is exact in f64, and a sum of 11 or 32 of them, whatever its
+/// order, is within a few f64 ulps of the exact sum, so it rounds to the same f32 but in a
+/// near-tie: the runs above now come out bit-identical.
 ///
 /// Takes `[w1, b1, w2, b2, v_w1, v_b1, v_w2, v_b2, x, y, mask]` and returns the 8 new variables
 /// followed by the global batch's squared-error sum and row count (f64 scalars, the same on
@@ -734,12 +744,16 @@ fn tpu_step(
         ..DotDims::default()
     };
 
-    // Forward and backward per row in f32, as the mirrored replicas compute them.
-    let z = b.matmul(x, w1)?;
+    // Forward and backward per row with f32 values, as the mirrored replicas compute them;
+    // only the dot products and tanh are computed in f64 and rounded once to f32 (see
+    // `wide_matmul`).
+    let z = wide_matmul(b, x, w1)?;
     let bias = b.broadcast_in_dim(b1, &[rows, units], &[1])?;
     let z = b.add(&z, &bias)?;
+    let z = b.convert(&z, ElementType::F64);
     let hidden = b.unary(UnaryOp::Tanh, &z);
-    let predicted = b.matmul(&hidden, w2)?;
+    let hidden = b.convert(&hidden, ElementType::F32);
+    let predicted = wide_matmul(b, &hidden, w2)?;
     let bias = b.broadcast_in_dim(b2, &[rows], &[0])?;
     let predicted = b.add(&predicted, &bias)?;
     let error = b.subtract(&predicted, y)?;
@@ -797,6 +811,14 @@ fn tpu_step(
     outputs.push(squared_error);
     outputs.push(total_rows);
     Ok(outputs)
+}
+
+/// `lhs · rhs` of f32 values with the products and their sum in f64, rounded once to f32.
+fn wide_matmul(b: &mut StepBuilder<'_>, lhs: &Value, rhs: &Value) -> Result<Value, TpuError> {
+    let lhs = b.convert(lhs, ElementType::F64);
+    let rhs = b.convert(rhs, ElementType::F64);
+    let product = b.matmul(&lhs, &rhs)?;
+    Ok(b.convert(&product, ElementType::F32))
 }
 
 /// Trains the MLP on `data.train` with `TpuStrategy`, one replica per PJRT device
@@ -1365,7 +1387,8 @@ fn run_tpu(args: &Args, data: &WineData) -> Result<()> {
     );
     println!("  input: waiting for the next per-replica batch, padded and copied to the devices");
     println!(
-        "  compile: {:.0} ms, once before the first step (trace to StableHLO, XLA compile)",
+        "  compile: {:.0} ms before the timed steps (trace to StableHLO, XLA compile, one run \
+         whose outputs are dropped)",
         trained.compile.as_secs_f64() * 1e3
     );
     print_metrics(config, data, &trained.params)?;
@@ -1407,8 +1430,9 @@ fn run_tpu(args: &Args, data: &WineData) -> Result<()> {
     let difference = max_weight_difference(&trained.params, &mirrored.params);
     println!(
         "MirroredStrategy, {replicas} CPU replicas, same data and hyperparameters: {:.0} \
-         steps/s; max |weight difference| = {difference:.1e} (limit {TPU_MIRRORED_TOLERANCE:.0e}: \
-         XLA's f32 tanh and dot round differently from ndarray's)",
+         steps/s; max |weight difference| = {difference:.1e} (limit \
+         {TPU_MIRRORED_TOLERANCE:.0e}: the step's dot products and tanh round from f64, \
+         ndarray's and libm's from f32)",
         mirrored.steps_per_s
     );
     ensure!(
