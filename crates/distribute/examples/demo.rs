@@ -17,9 +17,17 @@
 //! The same training then runs on one replica with the same global batch and data order; the
 //! largest difference between the two runs' weights must be at most 1e-5, or the demo fails.
 //!
+//! `--strategy tpu` trains the same model from the same batches with `TpuStrategy`, one replica
+//! per PJRT device: the whole step (forward, backward, the gradient all-reduce and the momentum
+//! update) is one program written with `StepBuilder` and compiled once ([`tpu_step`]), the
+//! weights are `TpuVariable` device buffers, and batches are fed through the strategy's
+//! `distribute_dataset` and `device_batches`. It is checked against one TPU replica (1e-5) and
+//! against MirroredStrategy ([`TPU_MIRRORED_TOLERANCE`]).
+//!
 //! ```text
-//! cargo xtask demo [--replicas N | --devices /cpu:0,/cpu:1,...] [--steps S] [--batch B]
-//!                  [--lr LR] [--momentum M] [--hidden H] [--seed SEED] [--plot FILE.png]
+//! cargo xtask demo [--replicas N | --devices /cpu:0,/cpu:1,...] [--strategy mirrored|tpu]
+//!                  [--steps S] [--batch B] [--lr LR] [--momentum M] [--hidden H] [--seed SEED]
+//!                  [--plot FILE.png]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -50,7 +58,8 @@ pub(crate) const TOLERANCE: f32 = 1e-5;
 /// them in f64 and computes tanh in f64 before rounding to f32 (see [`tpu_step`]); XLA also
 /// fuses multiply-adds. The last-bit differences of each step are carried forward and grown
 /// by momentum SGD: 5e-7 after the default 2000 steps, 1e-5 after 6000 steps at lr 0.02 on 3
-/// or 4 replicas. A wrong gradient or a dropped mask moves weights by 1e-2 or more.
+/// or 4 replicas. Real mistakes are far larger: without the mask, 4 replicas of the short
+/// test ended 0.7 away from 1 replica.
 pub(crate) const TPU_MIRRORED_TOLERANCE: f32 = 1e-4;
 
 /// What to train, and where.
@@ -714,12 +723,13 @@ fn tpu_strategy(replicas: usize) -> Result<TpuStrategy> {
 /// [`Params::gradient_sums`] and the mirrored `merge_call`, written with symbolic values.
 ///
 /// The dot products of the forward pass and tanh are computed in f64 and rounded to f32, where
-/// the mirrored replicas compute them in f32: XLA picks its f32 dot and tanh code by shape, so
-/// the per-replica program of 43 rows and the 1-replica program of 128 rounded some rows
-/// differently (1.4e-5 apart after 6000 steps at lr 0.02 on 3 replicas, past the 1e-5 limit).
-/// A product of two f32 values is exact in f64, and a sum of 11 or 32 of them, whatever its
-/// order, is within a few f64 ulps of the exact sum, so it rounds to the same f32 but in a
-/// near-tie: the runs above now come out bit-identical.
+/// the mirrored replicas compute them in f32: XLA generates f32 dot and tanh code per shape,
+/// and in f32 the per-replica program of 43 rows and the 1-replica program of 128 rounded some
+/// rows differently (weights 1.4e-5 apart after 6000 steps at lr 0.02 on 3 replicas, past the
+/// 1e-5 limit). A product of two f32 values is exact in f64, and a sum of 11 or 32 of them, in
+/// any order, is within a few f64 ulps of the exact sum, so it rounds to the same f32 unless
+/// the exact sum is that close to a rounding boundary: the runs above now come out
+/// bit-identical.
 ///
 /// Takes `[w1, b1, w2, b2, v_w1, v_b1, v_w2, v_b2, x, y, mask]` and returns the 8 new variables
 /// followed by the global batch's squared-error sum and row count (f64 scalars, the same on
