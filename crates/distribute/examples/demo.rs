@@ -17,9 +17,17 @@
 //! The same training then runs on one replica with the same global batch and data order; the
 //! largest difference between the two runs' weights must be at most 1e-5, or the demo fails.
 //!
+//! `--strategy tpu` trains the same model from the same batches with `TpuStrategy`, one replica
+//! per PJRT device: the whole step (forward, backward, the gradient all-reduce and the momentum
+//! update) is one program written with `StepBuilder` and compiled once ([`tpu_step`]), the
+//! weights are `TpuVariable` device buffers, and batches are fed through the strategy's
+//! `distribute_dataset` and `device_batches`. It is checked against one TPU replica (1e-5) and
+//! against MirroredStrategy ([`TPU_MIRRORED_TOLERANCE`]).
+//!
 //! ```text
-//! cargo xtask demo [--replicas N | --devices /cpu:0,/cpu:1,...] [--steps S] [--batch B]
-//!                  [--lr LR] [--momentum M] [--hidden H] [--seed SEED] [--plot FILE.png]
+//! cargo xtask demo [--replicas N | --devices /cpu:0,/cpu:1,...] [--strategy mirrored|tpu]
+//!                  [--steps S] [--batch B] [--lr LR] [--momentum M] [--hidden H] [--seed SEED]
+//!                  [--plot FILE.png]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -28,7 +36,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use distribute::device_spec::DeviceSpec;
+use distribute::pjrt::ElementType;
+use distribute::pjrt::stablehlo::{DotDims, Reduction, UnaryOp, Value};
 use distribute::prelude::*;
+use distribute::tpu::{
+    DeviceValue, StepBuilder, StepInput, TpuConfig, TpuError, TpuStrategy, TpuVariable,
+};
 use distribute_input::{Dataset, DistributedDataset, InputOptions, InputWorkers, PartialBatch};
 use indicatif::{ProgressBar, ProgressStyle};
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2, Axis, Ix1, Ix2};
@@ -39,6 +52,15 @@ pub(crate) const FEATURES: usize = 11;
 const VALIDATION_FRACTION: f64 = 0.2;
 /// The largest weight difference allowed between the N-replica and the 1-replica run.
 pub(crate) const TOLERANCE: f32 = 1e-5;
+/// The largest weight difference allowed between a TPU run and the mirrored run. Both sum
+/// gradients in f64, but their per-row values round differently: the mirrored replicas sum
+/// their dot products in f32 (ndarray) and call libm's `tanhf`, while the compiled step sums
+/// them in f64 and computes tanh in f64 before rounding to f32 (see [`tpu_step`]); XLA also
+/// fuses multiply-adds. The last-bit differences of each step are carried forward and grown
+/// by momentum SGD: 5e-7 after the default 2000 steps, 1e-5 after 6000 steps at lr 0.02 on 3
+/// or 4 replicas. Real mistakes are far larger: without the mask, 4 replicas of the short
+/// test ended 0.7 away from 1 replica.
+pub(crate) const TPU_MIRRORED_TOLERANCE: f32 = 1e-4;
 
 /// What to train, and where.
 #[derive(Debug, Clone, PartialEq)]
@@ -403,16 +425,7 @@ pub(crate) fn input_pipeline(
     train: &Split,
     host: &str,
 ) -> Result<DistributedDataset<Rows>> {
-    // Enough epochs for every step to have a full global batch; repeat before shuffle gives
-    // each epoch its own order.
-    let epochs = (config.steps * config.global_batch).div_ceil(train.rows());
-    let dataset = Dataset::from_tensors((
-        Tensor::from_vec(host, &[train.rows(), FEATURES], train.x.clone())?,
-        Tensor::from_vec(host, &[train.rows()], train.y.clone())?,
-    ))?
-    .repeat(epochs)?
-    .shuffle(config.seed, false)?
-    .batch(config.global_batch, false)?;
+    let dataset = training_batches(config, train, host)?;
     // KeepUneven: a global batch that does not divide by the replica count gives the last
     // replicas a row fewer (or an empty batch), never a hang; gradients are sums over rows, so
     // the step's result does not depend on how the batch was cut.
@@ -422,6 +435,22 @@ pub(crate) fn input_pipeline(
     };
     let workers = InputWorkers::local(&config.devices)?;
     Ok(DistributedDataset::new(dataset, &workers, options)?)
+}
+
+/// The training rows on `host` as global batches: shuffled (seeded, a new order each epoch),
+/// `config.global_batch` rows each, enough of them for `config.steps` steps. Both strategies
+/// cut these same batches into per-replica chunks.
+fn training_batches(config: &Config, train: &Split, host: &str) -> Result<Dataset<Rows>> {
+    // Enough epochs for every step to have a full global batch; repeat before shuffle gives
+    // each epoch its own order.
+    let epochs = (config.steps * config.global_batch).div_ceil(train.rows());
+    Ok(Dataset::from_tensors((
+        Tensor::from_vec(host, &[train.rows(), FEATURES], train.x.clone())?,
+        Tensor::from_vec(host, &[train.rows()], train.y.clone())?,
+    ))?
+    .repeat(epochs)?
+    .shuffle(config.seed, false)?
+    .batch(config.global_batch, false)?)
 }
 
 /// Trains the MLP on `data.train` with `MirroredStrategy` over `config.devices`.
@@ -635,6 +664,330 @@ fn read_params(
     Ok(Params::from_tensors(&tensors)?)
 }
 
+/// Mean time per step of a TPU run, over all steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct TpuStepTimes {
+    /// Waiting for the next per-replica batch: the input pipeline, padding to the compiled
+    /// shape, and the copy into device buffers.
+    pub(crate) input: Duration,
+    /// Launching the compiled step on every replica and waiting for its loss. Forward,
+    /// backward, the gradient all-reduce and the momentum update all run inside the one
+    /// program, so they cannot be timed apart from the host.
+    pub(crate) step: Duration,
+}
+
+impl TpuStepTimes {
+    fn total(&self) -> Duration {
+        self.input + self.step
+    }
+}
+
+/// What a TPU training run ends with.
+#[derive(Debug, Clone)]
+pub(crate) struct TpuTrained {
+    /// The final parameters (replica 0's device copy).
+    pub(crate) params: Params,
+    /// The largest difference between replica 0's device copy of the parameters and another
+    /// replica's: 0 when the in-program all-reduce gave every replica the same update.
+    pub(crate) copy_difference: f32,
+    /// The mean squared error of each step's global batch, before its update.
+    pub(crate) losses: Vec<f32>,
+    /// `(step, validation MSE)` before training, every `eval_every` steps and after the last.
+    pub(crate) validation: Vec<(usize, f32)>,
+    /// Time per step, by phase.
+    pub(crate) times: TpuStepTimes,
+    /// Tracing and compiling the step (and one run of it, to wait for), before the timed steps.
+    pub(crate) compile: Duration,
+    /// Steps per second of the training loop (compilation and validation excluded).
+    pub(crate) steps_per_s: f64,
+    /// The PJRT platform the replicas run on (`cpu` for the pinned plugin).
+    pub(crate) platform: String,
+    /// The replicas' device names.
+    pub(crate) devices: Vec<String>,
+}
+
+/// The model's variables in the order the compiled step takes and returns them: the four
+/// parameters, then their four momentum slots.
+const VARIABLES: usize = 8;
+
+/// A `TpuStrategy` with one replica per device of the PJRT plugin (`cargo xtask fetch-pjrt`
+/// installs the pinned CPU plugin; `PJRT_PLUGIN` names another).
+fn tpu_strategy(replicas: usize) -> Result<TpuStrategy> {
+    // The plugin's own error already says how to install it; the context says who needed it.
+    TpuStrategy::new(TpuConfig::cpu(replicas)).with_context(|| {
+        format!("--strategy tpu: could not start TpuStrategy on {replicas} PJRT CPU devices")
+    })
+}
+
+/// One training step of the MLP as a replicated XLA program: the arithmetic of
+/// [`Params::gradient_sums`] and the mirrored `merge_call`, written with symbolic values.
+///
+/// The dot products of the forward pass and tanh are computed in f64 and rounded to f32, where
+/// the mirrored replicas compute them in f32: XLA generates f32 dot and tanh code per shape,
+/// and in f32 the per-replica program of 43 rows and the 1-replica program of 128 rounded some
+/// rows differently (weights 1.4e-5 apart after 6000 steps at lr 0.02 on 3 replicas, past the
+/// 1e-5 limit). A product of two f32 values is exact in f64, and a sum of 11 or 32 of them, in
+/// any order, is within a few f64 ulps of the exact sum, so it rounds to the same f32 unless
+/// the exact sum is that close to a rounding boundary: the runs above now come out
+/// bit-identical.
+///
+/// Takes `[w1, b1, w2, b2, v_w1, v_b1, v_w2, v_b2, x, y, mask]` and returns the 8 new variables
+/// followed by the global batch's squared-error sum and row count (f64 scalars, the same on
+/// every replica).
+fn tpu_step(
+    b: &mut StepBuilder<'_>,
+    args: &[Value],
+    learning_rate: f32,
+    momentum: f32,
+) -> Result<Vec<Value>, TpuError> {
+    let [w1, b1, w2, b2, v_w1, v_b1, v_w2, v_b2, x, y, mask] = args else {
+        return Err(TpuError::InvalidArgument(format!(
+            "the MLP step takes {VARIABLES} variables then x, y and the mask; got {} inputs",
+            args.len()
+        )));
+    };
+    let rows = x.ty().dims[0];
+    let units = w1.ty().dims[1];
+    let over_rows = DotDims {
+        lhs_contracting: vec![0],
+        rhs_contracting: vec![0],
+        ..DotDims::default()
+    };
+
+    // Forward and backward per row with f32 values, as the mirrored replicas compute them;
+    // only the dot products and tanh are computed in f64 and rounded once to f32 (see
+    // `wide_matmul`).
+    let z = wide_matmul(b, x, w1)?;
+    let bias = b.broadcast_in_dim(b1, &[rows, units], &[1])?;
+    let z = b.add(&z, &bias)?;
+    let z = b.convert(&z, ElementType::F64);
+    let hidden = b.unary(UnaryOp::Tanh, &z);
+    let hidden = b.convert(&hidden, ElementType::F32);
+    let predicted = wide_matmul(b, &hidden, w2)?;
+    let bias = b.broadcast_in_dim(b2, &[rows], &[0])?;
+    let predicted = b.add(&predicted, &bias)?;
+    let error = b.subtract(&predicted, y)?;
+    // Padding rows (a global batch that does not divide by the replicas) get zero error, so
+    // they add nothing to the loss or the gradients; real rows are multiplied by exactly 1.
+    let error = b.multiply(&error, mask)?;
+    let two = b.splat(2.0f32, &[rows]);
+    let d_out = b.multiply(&error, &two)?;
+    let d_out_wide = b.broadcast_in_dim(&d_out, &[rows, units], &[0])?;
+    let w2_wide = b.broadcast_in_dim(w2, &[rows, units], &[1])?;
+    let d_hidden = b.multiply(&d_out_wide, &w2_wide)?;
+    let squared = b.multiply(&hidden, &hidden)?;
+    let one = b.splat(1.0f32, &[rows, units]);
+    let d_tanh = b.subtract(&one, &squared)?;
+    let d_hidden = b.multiply(&d_hidden, &d_tanh)?;
+
+    // Sums over rows and across replicas in f64, as the mirrored path does: the sum over a
+    // global batch then rounds to the same f32 however the batch was cut across replicas.
+    let [x, hidden, d_hidden, d_out, error, mask] =
+        [x, &hidden, &d_hidden, &d_out, &error, mask].map(|v| b.convert(v, ElementType::F64));
+    let zero = b.scalar(0.0f64);
+    let g_w1 = b.dot_general(&x, &d_hidden, &over_rows)?;
+    let g_b1 = b.reduce(&d_hidden, &zero, &[0], Reduction::Sum)?;
+    let g_w2 = b.dot_general(&hidden, &d_out, &over_rows)?;
+    let g_b2 = b.reduce(&d_out, &zero, &[0], Reduction::Sum)?;
+    let g_b2 = b.reshape(&g_b2, &[1])?;
+    let squared_error = b.dot_general(&error, &error, &over_rows)?;
+    let real_rows = b.reduce(&mask, &zero, &[0], Reduction::Sum)?;
+    let squared_error = b.all_reduce(ReduceOp::Sum, &squared_error)?;
+    let total_rows = b.all_reduce(ReduceOp::Sum, &real_rows)?;
+
+    // SGD with momentum on the mean gradient of the global batch: v ← μ·v + g, w ← w − lr·v,
+    // in the mirrored update's order of operations.
+    let mut velocities = Vec::with_capacity(4);
+    for (sum, velocity) in [g_w1, g_b1, g_w2, g_b2]
+        .iter()
+        .zip([v_w1, v_b1, v_w2, v_b2])
+    {
+        let sum = b.all_reduce(ReduceOp::Sum, sum)?;
+        let dims = sum.ty().dims.clone();
+        let rows = b.broadcast_in_dim(&total_rows, &dims, &[])?;
+        let mean = b.divide(&sum, &rows)?;
+        let gradient = b.convert(&mean, ElementType::F32);
+        let mu = b.splat(momentum, &dims);
+        let decayed = b.multiply(velocity, &mu)?;
+        velocities.push(b.add(&decayed, &gradient)?);
+    }
+    let mut outputs = Vec::with_capacity(VARIABLES + 2);
+    for (weight, velocity) in [w1, b1, w2, b2].into_iter().zip(&velocities) {
+        let lr = b.splat(learning_rate, &velocity.ty().dims);
+        let step = b.multiply(velocity, &lr)?;
+        outputs.push(b.subtract(weight, &step)?);
+    }
+    outputs.extend(velocities);
+    outputs.push(squared_error);
+    outputs.push(total_rows);
+    Ok(outputs)
+}
+
+/// `lhs · rhs` of f32 values with the products and their sum in f64, rounded once to f32.
+fn wide_matmul(b: &mut StepBuilder<'_>, lhs: &Value, rhs: &Value) -> Result<Value, TpuError> {
+    let lhs = b.convert(lhs, ElementType::F64);
+    let rhs = b.convert(rhs, ElementType::F64);
+    let product = b.matmul(&lhs, &rhs)?;
+    Ok(b.convert(&product, ElementType::F32))
+}
+
+/// Trains the MLP on `data.train` with `TpuStrategy`, one replica per PJRT device
+/// (`config.devices.len()` of them), from the same global batches, initial weights and
+/// hyperparameters as [`train`].
+pub(crate) fn train_tpu(config: &Config, data: &WineData) -> Result<TpuTrained> {
+    ensure!(
+        config.steps > 0 && config.global_batch > 0 && config.hidden > 0 && config.eval_every > 0,
+        "steps, batch, hidden units and the validation interval must be positive"
+    );
+    let strategy = tpu_strategy(config.devices.len())?;
+    let host = strategy.extended().host_device().to_owned();
+    let mean_score = data.train.y.iter().sum::<f32>() / data.train.rows() as f32;
+    let init = Params::init(config.hidden, mean_score, config.seed);
+    let names = ["dense/kernel", "dense/bias", "output/kernel", "output/bias"];
+    let mut weights = Vec::with_capacity(4);
+    let mut slots = Vec::with_capacity(4);
+    // The host tensors are the initial values; each is copied to every replica's device.
+    for (name, value) in names.iter().zip(init.to_tensors(&host)) {
+        let zeros = Tensor::zeros(&host, DType::F32, value.shape());
+        weights.push(
+            strategy.create_device_variable(name, VariableOptions::default(), |_| Ok(value))?,
+        );
+        slots.push(strategy.create_device_variable(
+            &format!("{name}/momentum"),
+            VariableOptions {
+                trainable: Some(false),
+                ..VariableOptions::default()
+            },
+            |_| Ok(zeros),
+        )?);
+    }
+    let variables: Vec<TpuVariable> = weights.into_iter().chain(slots).collect();
+    let variable_refs: Vec<&TpuVariable> = variables.iter().collect();
+
+    // The same global batches, cut the same way; TpuStrategy turns KeepUneven into
+    // PadWithMask, so a batch that does not divide by the replicas keeps the compiled shape.
+    let distributed = strategy.distribute_dataset(
+        training_batches(config, &data.train, &host)?,
+        InputOptions {
+            partial_batch: PartialBatch::KeepUneven,
+            ..InputOptions::default()
+        },
+    )?;
+    // Two steps' batches in device buffers ahead of the step that uses them.
+    let mut batches = strategy.device_batches(distributed.iter_masked(), 2);
+    let mut next_batch = |step: usize| -> Result<(Vec<DeviceValue>, Duration)> {
+        let waiting = Instant::now();
+        let batch = batches
+            .next()
+            .ok_or_else(|| anyhow!("the input ended after {step} steps"))??;
+        ensure!(
+            batch.len() == 3,
+            "a step's input has {} parts; expected x, y and the mask",
+            batch.len()
+        );
+        Ok((batch, waiting.elapsed()))
+    };
+
+    let (learning_rate, momentum) = (config.learning_rate, config.momentum);
+    let step_fn = strategy.function(move |b, args| tpu_step(b, args, learning_rate, momentum));
+
+    // Trace and compile before the timed steps: `run` with the variables' current buffers has
+    // the signature `run_updating` will use, so the program lands in the function's cache.
+    // Its outputs are dropped, so the variables do not change.
+    let mut pending = Some(next_batch(0)?);
+    let compiling = Instant::now();
+    {
+        let (first, _) = pending.as_ref().expect("just set");
+        let current: Vec<_> = variables.iter().map(TpuVariable::device_value).collect();
+        let mut inputs: Vec<StepInput<'_>> = current.iter().map(|v| StepInput::Device(v)).collect();
+        inputs.extend(first.iter().map(StepInput::Device));
+        let outputs = step_fn.run(&inputs)?;
+        outputs[VARIABLES].replica(0)?;
+    }
+    let compile = compiling.elapsed();
+
+    let bar = progress_bar(config);
+    let mut losses = Vec::with_capacity(config.steps);
+    let mut validation = vec![(0, evaluate(&init, &data.validation)?.mse)];
+    let mut times = TpuStepTimes::default();
+    for step in 0..config.steps {
+        let (batch, input) = match pending.take() {
+            Some(first) => first,
+            None => next_batch(step)?,
+        };
+        let launching = Instant::now();
+        let totals = step_fn.run_updating(
+            &variable_refs,
+            &[
+                StepInput::Device(&batch[0]),
+                StepInput::Device(&batch[1]),
+                StepInput::Device(&batch[2]),
+            ],
+        )?;
+        // Reading the loss waits for the step: the launch returns before the devices finish.
+        let read = |i: usize| -> Result<f64> { Ok(totals[i].replica(0)?.to_vec::<f64>()?[0]) };
+        let (squared_error, rows) = (read(0)?, read(1)?);
+        times.step += launching.elapsed();
+        times.input += input;
+        // As in the mirrored step: replicas that together saw another number of real rows were
+        // fed wrongly (a mask that lost or invented rows), whatever the weights look like.
+        ensure!(
+            rows == config.global_batch as f64,
+            "step {step}: the replicas' real rows add up to {rows}, not the global batch of {}",
+            config.global_batch
+        );
+        let loss = (squared_error / rows) as f32;
+        losses.push(loss);
+
+        if (step + 1) % config.eval_every == 0 || step + 1 == config.steps {
+            let params = tpu_params(&variables, 0)?;
+            validation.push((step + 1, evaluate(&params, &data.validation)?.mse));
+        }
+        if step % 20 == 0 || step + 1 == config.steps {
+            let seconds = times.total().as_secs_f64();
+            bar.set_position(step as u64 + 1);
+            bar.set_message(format!(
+                "loss {loss:.4} · {:.0} samples/s",
+                (step + 1) as f64 * config.global_batch as f64 / seconds
+            ));
+        }
+    }
+    bar.finish_and_clear();
+    let params = tpu_params(&variables, 0)?;
+    let mut copy_difference = 0.0f32;
+    for r in 1..config.devices.len() {
+        let difference = max_weight_difference(&params, &tpu_params(&variables, r)?);
+        if difference > copy_difference || difference.is_nan() {
+            copy_difference = difference;
+        }
+    }
+    let per_step = |d: Duration| d / config.steps as u32;
+    let total = times.total();
+    Ok(TpuTrained {
+        params,
+        copy_difference,
+        losses,
+        validation,
+        times: TpuStepTimes {
+            input: per_step(times.input),
+            step: per_step(times.step),
+        },
+        compile,
+        steps_per_s: config.steps as f64 / total.as_secs_f64(),
+        platform: strategy.client().platform_name()?,
+        devices: strategy.worker_devices(),
+    })
+}
+
+/// Replica `r`'s device copy of the parameters (the first 4 variables), on the host.
+fn tpu_params(variables: &[TpuVariable], r: usize) -> Result<Params> {
+    let tensors = variables[..4]
+        .iter()
+        .map(|v| v.read_replica(r))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Params::from_tensors(&tensors)?)
+}
+
 fn progress_bar(config: &Config) -> ProgressBar {
     if !config.progress {
         return ProgressBar::hidden();
@@ -768,9 +1121,12 @@ pub(crate) struct Args {
 
 const USAGE: &str = "\
 usage: cargo xtask demo [options]
-  --replicas N          replicas on /cpu:0 … /cpu:N-1 (default 2)
-  --devices LIST        comma-separated replica devices, e.g. /cpu:0,/cpu:1
-  --strategy NAME       mirrored (default) or tpu
+  --replicas N          replicas on /cpu:0 … /cpu:N-1, or on N PJRT devices with
+                        --strategy tpu (default 2)
+  --devices LIST        comma-separated replica devices, e.g. /cpu:0,/cpu:1 (mirrored only)
+  --strategy NAME       mirrored (default), or tpu: TpuStrategy, one compiled XLA step over
+                        the devices of the PJRT plugin (`cargo xtask fetch-pjrt` installs the
+                        pinned CPU plugin)
   --steps N             optimizer steps (default 2000)
   --batch N             global batch, rows per step over all replicas (default 128)
   --lr X                learning rate (default 0.01)
@@ -837,6 +1193,12 @@ pub(crate) fn parse_args(args: &[String]) -> Result<Option<Args>> {
         "--momentum must be below 1 (got {}): with 1 or more the steps never shrink",
         config.momentum
     );
+    if strategy == StrategyKind::Tpu && devices.is_some() {
+        bail!(
+            "--strategy tpu puts one replica on each device of the PJRT plugin; choose how many \
+             with --replicas N instead of --devices"
+        );
+    }
     config.devices = match (devices, replicas) {
         (Some(devices), Some(n)) if devices.len() != n => bail!(
             "--replicas {n} disagrees with --devices, which lists {} devices; give one of them",
@@ -859,7 +1221,8 @@ pub(crate) fn parse_args(args: &[String]) -> Result<Option<Args>> {
     }))
 }
 
-/// Checks a `--devices` list: CPU devices only, since this build has no GPU or TPU backend.
+/// Checks a `--devices` list: CPU devices only, since MirroredStrategy has no GPU backend in
+/// this build and TPU devices are `--strategy tpu`'s.
 fn parse_devices(list: &str) -> Result<Vec<String>> {
     let devices: Vec<String> = list
         .split(',')
@@ -884,8 +1247,8 @@ fn parse_devices(list: &str) -> Result<Vec<String>> {
                  e.g. --devices /cpu:0,/cpu:1"
             ),
             Some("TPU") => bail!(
-                "device '{device}': TPU devices belong to --strategy tpu, which this build does \
-                 not have yet; use CPU devices"
+                "device '{device}': TPU replicas come with --strategy tpu, one per PJRT device; \
+                 use --strategy tpu --replicas N"
             ),
             other => bail!(
                 "device '{device}': give a CPU device such as /cpu:0 (device type: {})",
@@ -896,23 +1259,14 @@ fn parse_devices(list: &str) -> Result<Vec<String>> {
     Ok(devices)
 }
 
-/// The error for `--strategy tpu` while the XLA strategy does not exist.
-pub(crate) fn tpu_unavailable() -> anyhow::Error {
-    anyhow!(
-        "--strategy tpu: TpuStrategy (one XLA program over PJRT devices, crate `distribute-tpu`) \
-         is not available in this build yet; it is still being built. Use --strategy mirrored \
-         (the default)."
-    )
-}
-
-/// `target/demo/loss.png` next to the running binary (`target/release/examples/demo`), so
+/// `target/demo/<file>` next to the running binary (`target/release/examples/demo`), so
 /// `CARGO_TARGET_DIR` is respected; `target/demo/` in the current directory otherwise.
-fn default_plot_path() -> PathBuf {
+fn default_plot_path(file: &str) -> PathBuf {
     let target = std::env::current_exe()
         .ok()
         .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()))
         .unwrap_or_else(|| PathBuf::from("target"));
-    target.join("demo").join("loss.png")
+    target.join("demo").join(file)
 }
 
 fn micros(d: Duration) -> f64 {
@@ -925,12 +1279,8 @@ fn main() -> Result<()> {
         println!("{USAGE}");
         return Ok(());
     };
-    if args.strategy == StrategyKind::Tpu {
-        return Err(tpu_unavailable());
-    }
-    let config = args.config;
+    let config = &args.config;
     let data = load_wine(config.seed)?;
-    let replicas = config.devices.len();
     println!(
         "wine quality (red): {} training and {} validation wines, {FEATURES} standardized features",
         data.train.rows(),
@@ -940,8 +1290,17 @@ fn main() -> Result<()> {
         "model: {FEATURES} → {} tanh → 1, SGD lr {} momentum {}, {} steps of global batch {}",
         config.hidden, config.learning_rate, config.momentum, config.steps, config.global_batch
     );
+    match args.strategy {
+        StrategyKind::Mirrored => run_mirrored(&args, &data),
+        StrategyKind::Tpu => run_tpu(&args, &data),
+    }
+}
 
-    let trained = train(&config, &data)?;
+/// `--strategy mirrored`: trains, reports, and checks against one replica.
+fn run_mirrored(args: &Args, data: &WineData) -> Result<()> {
+    let config = &args.config;
+    let replicas = config.devices.len();
+    let trained = train(config, data)?;
     println!(
         "MirroredStrategy on {replicas} replicas [{}], cross-device ops: {}",
         config.devices.join(", "),
@@ -950,13 +1309,7 @@ fn main() -> Result<()> {
     let t = trained.times;
     let total = micros(t.total());
     let share = |d: Duration| 100.0 * micros(d) / total;
-    println!(
-        "trained: {:.0} steps/s, {:.0} samples/s; loss {:.4} → {:.4}",
-        trained.steps_per_s,
-        trained.steps_per_s * config.global_batch as f64,
-        trained.losses[0],
-        trained.losses.last().expect("at least one step")
-    );
+    print_speed(config, trained.steps_per_s, &trained.losses);
     println!(
         "time per step {total:.1} µs: compute {:.1} µs ({:.0} %), communication {:.1} µs ({:.0} %), \
          input {:.1} µs ({:.0} %), dispatch {:.1} µs ({:.0} %)",
@@ -976,31 +1329,10 @@ fn main() -> Result<()> {
         micros(t.merge_call)
     );
     println!("  input: waiting for the next per-replica batch; dispatch: the rest of run()");
-
-    // The baseline to beat: the training rows' mean score for every wine (no output weights).
-    let constant = Params {
-        w2: Array1::zeros(config.hidden),
-        b2: data.train.y.iter().sum::<f32>() / data.train.rows() as f32,
-        ..trained.params.clone()
-    };
-    println!("{:<28}{:>8}{:>8}{:>14}", "", "MSE", "MAE", "|error| < 0.5");
-    for (name, params, split) in [
-        ("train", &trained.params, &data.train),
-        ("validation", &trained.params, &data.validation),
-        ("validation, mean predictor", &constant, &data.validation),
-    ] {
-        let m = evaluate(params, split)?;
-        println!(
-            "{name:<28}{:>8.4}{:>8.4}{:>13.1} %",
-            m.mse,
-            m.mae,
-            100.0 * m.within_half
-        );
-    }
-
-    let plot = args.plot.unwrap_or_else(default_plot_path);
-    plot_losses(
-        &plot,
+    print_metrics(config, data, &trained.params)?;
+    write_plot(
+        args,
+        "loss.png",
         &trained.losses,
         &trained.validation,
         &format!(
@@ -1008,12 +1340,6 @@ fn main() -> Result<()> {
             config.global_batch
         ),
     )?;
-    // Relative to the working directory when it is inside it: `target/demo/loss.png`.
-    let shown = std::env::current_dir()
-        .ok()
-        .and_then(|dir| plot.strip_prefix(dir).ok().map(Path::to_path_buf))
-        .unwrap_or_else(|| plot.clone());
-    println!("loss curve: {}", shown.display());
 
     println!(
         "mirrored copies on the {replicas} replicas: max |difference| = {:.1e}",
@@ -1025,23 +1351,13 @@ fn main() -> Result<()> {
          in sync",
         trained.copy_difference
     );
-    let reference = train(&config.one_replica(), &data)?;
+    let reference = train(&config.one_replica(), data)?;
     let difference = max_weight_difference(&trained.params, &reference.params);
-    let identical = trained
-        .params
-        .flat()
-        .iter()
-        .zip(reference.params.flat())
-        .all(|(a, b)| a.to_bits() == b.to_bits());
     println!(
         "1 replica, same global batch and data order: {:.0} steps/s; max |weight difference| = \
          {difference:.1e} (limit {TOLERANCE:.0e}){}",
         reference.steps_per_s,
-        if identical {
-            ", bit-identical weights"
-        } else {
-            ""
-        }
+        bit_identical(&trained.params, &reference.params)
     );
     ensure!(
         difference <= TOLERANCE,
@@ -1049,4 +1365,162 @@ fn main() -> Result<()> {
          more than {TOLERANCE:e}: the replicas did not train the same model"
     );
     Ok(())
+}
+
+/// `--strategy tpu`: trains with the compiled step, reports, and checks against one TPU
+/// replica (the same program's arithmetic) and against MirroredStrategy (other arithmetic).
+fn run_tpu(args: &Args, data: &WineData) -> Result<()> {
+    let config = &args.config;
+    let replicas = config.devices.len();
+    let trained = train_tpu(config, data)?;
+    println!(
+        "TpuStrategy on {replicas} replicas [{}] of the PJRT {} plugin, gradient all-reduce \
+         inside the compiled step",
+        trained.devices.join(", "),
+        trained.platform
+    );
+    let t = trained.times;
+    let total = micros(t.total());
+    let share = |d: Duration| 100.0 * micros(d) / total;
+    print_speed(config, trained.steps_per_s, &trained.losses);
+    println!(
+        "time per step {total:.1} µs: step launch + wait {:.1} µs ({:.0} %), input {:.1} µs \
+         ({:.0} %)",
+        micros(t.step),
+        share(t.step),
+        micros(t.input),
+        share(t.input),
+    );
+    println!(
+        "  step: one XLA program per replica (forward, backward, gradient all-reduce, momentum \
+         update), launched and waited for"
+    );
+    println!("  input: waiting for the next per-replica batch, padded and copied to the devices");
+    println!(
+        "  compile: {:.0} ms before the timed steps (trace to StableHLO, XLA compile, one run \
+         whose outputs are dropped)",
+        trained.compile.as_secs_f64() * 1e3
+    );
+    print_metrics(config, data, &trained.params)?;
+    write_plot(
+        args,
+        "loss-tpu.png",
+        &trained.losses,
+        &trained.validation,
+        &format!(
+            "wine quality MLP, TpuStrategy, {replicas} replicas, global batch {}",
+            config.global_batch
+        ),
+    )?;
+
+    println!(
+        "device copies on the {replicas} replicas: max |difference| = {:.1e}",
+        trained.copy_difference
+    );
+    ensure!(
+        trained.copy_difference <= TOLERANCE,
+        "the replicas' device copies of the weights differ by {:e}: the all-reduce inside the \
+         step did not give every replica the same update",
+        trained.copy_difference
+    );
+    let reference = train_tpu(&config.one_replica(), data)?;
+    let difference = max_weight_difference(&trained.params, &reference.params);
+    println!(
+        "1 TPU replica, same global batch and data order: {:.0} steps/s; max |weight \
+         difference| = {difference:.1e} (limit {TOLERANCE:.0e}){}",
+        reference.steps_per_s,
+        bit_identical(&trained.params, &reference.params)
+    );
+    ensure!(
+        difference <= TOLERANCE,
+        "the {replicas}-replica TPU weights differ from the 1-replica TPU weights by \
+         {difference:e}, more than {TOLERANCE:e}: the replicas did not train the same model"
+    );
+    let mirrored = train(config, data)?;
+    let difference = max_weight_difference(&trained.params, &mirrored.params);
+    println!(
+        "MirroredStrategy, {replicas} CPU replicas, same data and hyperparameters: {:.0} \
+         steps/s; max |weight difference| = {difference:.1e} (limit \
+         {TPU_MIRRORED_TOLERANCE:.0e}: the step's dot products and tanh round from f64, \
+         ndarray's and libm's from f32)",
+        mirrored.steps_per_s
+    );
+    ensure!(
+        difference <= TPU_MIRRORED_TOLERANCE,
+        "the TPU weights differ from MirroredStrategy's by {difference:e}, more than \
+         {TPU_MIRRORED_TOLERANCE:e}: the compiled step does not train the same model"
+    );
+    Ok(())
+}
+
+/// The line with the training speed and the first and last batch losses.
+fn print_speed(config: &Config, steps_per_s: f64, losses: &[f32]) {
+    println!(
+        "trained: {:.0} steps/s, {:.0} samples/s; loss {:.4} → {:.4}",
+        steps_per_s,
+        steps_per_s * config.global_batch as f64,
+        losses[0],
+        losses.last().expect("at least one step")
+    );
+}
+
+/// The metrics table: the trained model on both splits, and the mean predictor to beat.
+fn print_metrics(config: &Config, data: &WineData, params: &Params) -> Result<()> {
+    // The baseline to beat: the training rows' mean score for every wine (no output weights).
+    let constant = Params {
+        w2: Array1::zeros(config.hidden),
+        b2: data.train.y.iter().sum::<f32>() / data.train.rows() as f32,
+        ..params.clone()
+    };
+    println!("{:<28}{:>8}{:>8}{:>14}", "", "MSE", "MAE", "|error| < 0.5");
+    for (name, params, split) in [
+        ("train", params, &data.train),
+        ("validation", params, &data.validation),
+        ("validation, mean predictor", &constant, &data.validation),
+    ] {
+        let m = evaluate(params, split)?;
+        println!(
+            "{name:<28}{:>8.4}{:>8.4}{:>13.1} %",
+            m.mse,
+            m.mae,
+            100.0 * m.within_half
+        );
+    }
+    Ok(())
+}
+
+/// Draws the loss curve to `--plot`, or `target/demo/<default_file>`, and says where.
+fn write_plot(
+    args: &Args,
+    default_file: &str,
+    losses: &[f32],
+    validation: &[(usize, f32)],
+    title: &str,
+) -> Result<()> {
+    let plot = args
+        .plot
+        .clone()
+        .unwrap_or_else(|| default_plot_path(default_file));
+    plot_losses(&plot, losses, validation, title)?;
+    // Relative to the working directory when it is inside it: `target/demo/loss.png`.
+    let shown = std::env::current_dir()
+        .ok()
+        .and_then(|dir| plot.strip_prefix(dir).ok().map(Path::to_path_buf))
+        .unwrap_or_else(|| plot.clone());
+    println!("loss curve: {}", shown.display());
+    Ok(())
+}
+
+/// `", bit-identical weights"` when two runs' parameters agree in every bit.
+fn bit_identical(a: &Params, b: &Params) -> &'static str {
+    let identical = a
+        .flat()
+        .iter()
+        .zip(b.flat())
+        .all(|(x, y)| x.to_bits() == y.to_bits());
+    if identical {
+        ", bit-identical weights"
+    } else {
+        ""
+    }
 }

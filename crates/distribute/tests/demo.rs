@@ -1,6 +1,7 @@
 //! The demo's MLP trains to the same weights on 1, 2 and 4 replicas (each replica a contiguous
-//! chunk of the same global batches, gradients summed by all-reduce), its loss goes down, and
-//! its command line refuses what this build cannot run.
+//! chunk of the same global batches, gradients summed by all-reduce), on MirroredStrategy and as
+//! a compiled TpuStrategy step, its loss goes down, and its command line refuses what this build
+//! cannot run.
 
 // The demo itself, so the test checks the code users run; its `main` is unused here.
 #[path = "../examples/demo.rs"]
@@ -68,6 +69,85 @@ fn one_two_and_four_replicas_learn_the_same_weights() {
     )
     .unwrap();
     assert!(demo::max_weight_difference(&one.params, &other.params) > 1e-2);
+}
+
+#[test]
+fn tpu_replicas_learn_the_one_replica_and_the_mirrored_weights() {
+    let data = demo::load_wine(7).unwrap();
+    let one = demo::train_tpu(&short_run(1), &data).unwrap();
+    let first = one.losses[0];
+    let last: f32 = one.losses[50..].iter().sum::<f32>() / 10.0;
+    assert!(
+        last < 0.8 * first,
+        "the TPU training loss did not go down: {first} at the start, {last} at the end"
+    );
+    let (_, validation_loss) = *one.validation.last().unwrap();
+    assert!(
+        validation_loss < one.validation[0].1,
+        "validation loss {validation_loss} is not below the untrained model's {}",
+        one.validation[0].1
+    );
+
+    // 4 replicas cut the batch of 30 unevenly: the last replica's 6 rows are padded to 8 and
+    // masked, so this also checks that padding adds nothing to the gradients.
+    for replicas in [2, 4] {
+        let many = demo::train_tpu(&short_run(replicas), &data).unwrap();
+        let difference = demo::max_weight_difference(&one.params, &many.params);
+        assert!(
+            difference <= demo::TOLERANCE,
+            "{replicas} TPU replicas differ from 1 by {difference}"
+        );
+        assert_eq!(
+            many.copy_difference, 0.0,
+            "{replicas} TPU replicas' device copies drifted apart"
+        );
+        let mirrored = demo::train(&short_run(replicas), &data).unwrap();
+        let difference = demo::max_weight_difference(&many.params, &mirrored.params);
+        assert!(
+            difference <= demo::TPU_MIRRORED_TOLERANCE,
+            "{replicas} TPU replicas differ from {replicas} mirrored replicas by {difference}"
+        );
+        // Step by step, the losses are the same model's too (the first is before any update).
+        assert_eq!(many.losses.len(), mirrored.losses.len());
+        for (step, (tpu, cpu)) in many.losses.iter().zip(&mirrored.losses).enumerate() {
+            assert!(
+                (tpu - cpu).abs() <= 1e-4 * cpu.abs(),
+                "step {step}: TPU loss {tpu}, mirrored loss {cpu}"
+            );
+        }
+    }
+}
+
+/// The error when no PJRT plugin can be found says how to install one. `PJRT_PLUGIN` is read
+/// by every TPU test in this process, so the check runs in a child process of this test binary
+/// with `PJRT_PLUGIN` pointing nowhere.
+#[test]
+fn without_a_plugin_the_tpu_demo_says_how_to_get_one() {
+    const CHILD: &str = "DEMO_TEST_NO_PLUGIN_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        let data = demo::load_wine(7).unwrap();
+        let err = demo::train_tpu(&short_run(2), &data).unwrap_err();
+        let message = format!("{err:#}");
+        assert!(message.contains("--strategy tpu"), "{message}");
+        assert!(message.contains("cargo xtask fetch-pjrt"), "{message}");
+        return;
+    }
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "without_a_plugin_the_tpu_demo_says_how_to_get_one",
+            "--nocapture",
+        ])
+        .env(CHILD, "1")
+        .env("PJRT_PLUGIN", "/nonexistent/pjrt_plugin.so")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "the child test failed or did not run:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 #[test]
@@ -177,13 +257,19 @@ fn the_command_line_refuses_what_this_build_cannot_run() {
         let err = parse(line).unwrap_err().to_string();
         assert!(err.contains(expected), "{line}: {err}");
     }
-    let tpu = parse("--strategy tpu").unwrap().unwrap();
+    let tpu = parse("--strategy tpu --replicas 4").unwrap().unwrap();
     assert_eq!(tpu.strategy, demo::StrategyKind::Tpu);
-    assert!(
-        demo::tpu_unavailable()
-            .to_string()
-            .contains("not available")
-    );
+    assert_eq!(tpu.config.devices.len(), 4);
+    for (line, expected) in [
+        (
+            "--strategy tpu --devices /cpu:0,/cpu:1",
+            "--replicas N instead",
+        ),
+        ("--devices /tpu:0,/tpu:1", "--strategy tpu --replicas N"),
+    ] {
+        let err = parse(line).unwrap_err().to_string();
+        assert!(err.contains(expected), "{line}: {err}");
+    }
 }
 
 #[test]
