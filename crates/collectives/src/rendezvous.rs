@@ -43,16 +43,18 @@ use crate::CollectiveError;
 pub struct Rendezvous {
     num_replicas: usize,
     deadline: Duration,
-    /// Replicas arrived at the current barrier.
-    arrived: AtomicUsize,
-    /// Completed barriers; a waiter leaves when it changes.
-    generation: AtomicU64,
+    /// The barrier's whole state in one word, so that arriving, completing and aborting are each
+    /// one atomic step and a barrier's outcome is all-or-nothing: the replicas arrived at the
+    /// current barrier (low 32 bits), the aborted flag (bit 32), and the number of completed
+    /// barriers (the bits above), which waiters watch.
+    state: AtomicU64,
     /// For each replica, 1 + the generation of the barrier it last arrived at, so a failure can
     /// name the replicas that never came.
     progress: Box<[AtomicU64]>,
     /// Replicas that have finished their step and will arrive at no further barrier this step.
     finished: Box<[AtomicBool]>,
-    aborted: AtomicBool,
+    /// Why it was aborted; locked while the aborted flag is set, so anyone who sees the flag
+    /// finds the reason.
     abort_reason: Mutex<Option<String>>,
     /// Barriers completed, for messages.
     sleepers: AtomicUsize,
@@ -74,6 +76,34 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+const ARRIVED: u64 = 0xFFFF_FFFF;
+const ABORTED: u64 = 1 << 32;
+const GENERATION_SHIFT: u32 = 33;
+
+fn generation_of(state: u64) -> u64 {
+    state >> GENERATION_SHIFT
+}
+
+fn arrived_of(state: u64) -> usize {
+    (state & ARRIVED) as usize
+}
+
+fn is_aborted_state(state: u64) -> bool {
+    state & ABORTED != 0
+}
+
+/// How a wait that could not complete ends.
+enum Give {
+    /// The barrier completed after all: return normally.
+    Completed,
+    /// This wait set the aborted flag: return its own error.
+    Aborted,
+    /// Someone else aborted first: return the group's abort error.
+    AlreadyAborted,
+    /// Every replica has arrived and the last one is finishing: keep waiting.
+    Completing,
+}
+
 impl Rendezvous {
     /// A barrier of `num_replicas` (at least 1) replicas whose waits fail after `deadline`.
     pub fn new(num_replicas: usize, deadline: Duration) -> Result<Rendezvous, CollectiveError> {
@@ -86,11 +116,9 @@ impl Rendezvous {
         Ok(Rendezvous {
             num_replicas,
             deadline,
-            arrived: AtomicUsize::new(0),
-            generation: AtomicU64::new(0),
+            state: AtomicU64::new(0),
             progress: (0..num_replicas).map(|_| AtomicU64::new(0)).collect(),
             finished: (0..num_replicas).map(|_| AtomicBool::new(false)).collect(),
-            aborted: AtomicBool::new(false),
             abort_reason: Mutex::new(None),
             sleepers: AtomicUsize::new(0),
             sleep_lock: Mutex::new(()),
@@ -118,19 +146,33 @@ impl Rendezvous {
         what: &dyn Fn() -> String,
         on_last: impl FnOnce(),
     ) -> Result<(), CollectiveError> {
-        if self.aborted.load(Ordering::SeqCst) {
-            return Err(self.aborted_error());
+        let mut state = self.state.load(Ordering::SeqCst);
+        loop {
+            if is_aborted_state(state) {
+                return Err(self.aborted_error());
+            }
+            let generation = generation_of(state);
+            self.progress[replica].store(generation + 1, Ordering::SeqCst);
+            match self
+                .state
+                .compare_exchange(state, state + 1, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) if arrived_of(state) + 1 == self.num_replicas => {
+                    on_last();
+                    // Next generation, nobody arrived; an abort that came while `on_last` ran
+                    // stays set and fails the next barrier, not this completed one.
+                    let _ = self
+                        .state
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| {
+                            Some(((generation_of(s) + 1) << GENERATION_SHIFT) | (s & ABORTED))
+                        });
+                    self.wake_all();
+                    return Ok(());
+                }
+                Ok(_) => return self.wait_for_release(generation, what),
+                Err(current) => state = current,
+            }
         }
-        let generation = self.generation.load(Ordering::SeqCst);
-        self.progress[replica].store(generation + 1, Ordering::SeqCst);
-        if self.arrived.fetch_add(1, Ordering::SeqCst) + 1 == self.num_replicas {
-            on_last();
-            self.arrived.store(0, Ordering::SeqCst);
-            self.generation.store(generation + 1, Ordering::SeqCst);
-            self.wake_all();
-            return Ok(());
-        }
-        self.wait_for_release(generation, what)
     }
 
     /// Marks `replica` as done with its step: a barrier it has not reached fails at once
@@ -148,10 +190,13 @@ impl Rendezvous {
     }
 
     /// Fails every current and future wait with `reason` until [`Rendezvous::reset`]. The first
-    /// reason given is kept.
+    /// reason given is kept. A barrier every replica has already reached still completes.
     pub fn abort(&self, reason: impl Into<String>) {
-        lock(&self.abort_reason).get_or_insert_with(|| reason.into());
-        self.aborted.store(true, Ordering::SeqCst);
+        {
+            let mut current = lock(&self.abort_reason);
+            current.get_or_insert_with(|| reason.into());
+            self.state.fetch_or(ABORTED, Ordering::SeqCst);
+        }
         self.wake_all();
     }
 
@@ -162,16 +207,52 @@ impl Rendezvous {
 
     /// True once aborted, until reset.
     pub fn is_aborted(&self) -> bool {
-        self.aborted.load(Ordering::SeqCst)
+        is_aborted_state(self.state.load(Ordering::SeqCst))
     }
 
     /// Makes an aborted rendezvous usable again. Call it only when no replica is waiting (a
     /// strategy does, after every replica has finished its step).
     pub fn reset(&self) {
-        self.arrived.store(0, Ordering::SeqCst);
-        *lock(&self.abort_reason) = None;
-        self.aborted.store(false, Ordering::SeqCst);
+        let mut reason = lock(&self.abort_reason);
+        let generation = generation_of(self.state.load(Ordering::SeqCst));
+        self.state
+            .store(generation << GENERATION_SHIFT, Ordering::SeqCst);
+        *reason = None;
+        drop(reason);
         self.begin_step();
+    }
+
+    /// Ends this waiter's wait at the barrier of `generation` with `error`, unless the barrier
+    /// completed or is completing (every replica arrived); setting the aborted flag in the same
+    /// atomic step makes sure no late arrival can complete the barrier afterwards.
+    fn give_up(&self, generation: u64, error: &CollectiveError) -> Give {
+        let mut reason = lock(&self.abort_reason);
+        let mut state = self.state.load(Ordering::SeqCst);
+        loop {
+            if generation_of(state) != generation {
+                return Give::Completed;
+            }
+            if arrived_of(state) == self.num_replicas {
+                return Give::Completing;
+            }
+            if is_aborted_state(state) {
+                return Give::AlreadyAborted;
+            }
+            match self.state.compare_exchange(
+                state,
+                state | ABORTED,
+                Ordering::SeqCst,
+                Ordering::SeqCst,
+            ) {
+                Ok(_) => {
+                    reason.get_or_insert_with(|| error.to_string());
+                    drop(reason);
+                    self.wake_all();
+                    return Give::Aborted;
+                }
+                Err(current) => state = current,
+            }
+        }
     }
 
     fn wake_all(&self) {
@@ -202,7 +283,7 @@ impl Rendezvous {
         generation: u64,
         what: &dyn Fn() -> String,
     ) -> Result<(), CollectiveError> {
-        let released = || self.generation.load(Ordering::SeqCst) != generation;
+        let released = || generation_of(self.state.load(Ordering::SeqCst)) != generation;
         for _ in 0..self.spin_limit {
             if released() {
                 return Ok(());
@@ -211,47 +292,59 @@ impl Rendezvous {
         }
         let start = Instant::now();
         loop {
-            if released() {
+            let state = self.state.load(Ordering::SeqCst);
+            if generation_of(state) != generation {
                 return Ok(());
             }
-            if self.aborted.load(Ordering::SeqCst) {
+            let completing = arrived_of(state) == self.num_replicas;
+            if is_aborted_state(state) && !completing {
                 return Err(self.aborted_error());
             }
-            let missing = self.missing(generation);
-            let gone: Vec<usize> = missing
-                .iter()
-                .copied()
-                .filter(|&r| self.finished[r].load(Ordering::SeqCst))
-                .collect();
-            // A finished replica may still have arrived just now; only a barrier that is still
-            // incomplete counts.
-            if !gone.is_empty() && !released() {
-                let error = CollectiveError::ReplicaFinished {
-                    op: what(),
-                    finished: gone,
+            if !completing {
+                let missing = self.missing(generation);
+                let gone: Vec<usize> = missing
+                    .iter()
+                    .copied()
+                    .filter(|&r| self.finished[r].load(Ordering::SeqCst))
+                    .collect();
+                let waited = start.elapsed();
+                let failure = if !gone.is_empty() {
+                    Some(CollectiveError::ReplicaFinished {
+                        op: what(),
+                        finished: gone,
+                    })
+                } else if waited >= self.deadline {
+                    Some(CollectiveError::DeadlineExceeded {
+                        op: what(),
+                        missing,
+                        waited,
+                    })
+                } else {
+                    None
                 };
-                self.abort(error.to_string());
-                return Err(error);
+                if let Some(error) = failure {
+                    match self.give_up(generation, &error) {
+                        Give::Completed => return Ok(()),
+                        Give::Aborted => return Err(error),
+                        Give::AlreadyAborted => return Err(self.aborted_error()),
+                        Give::Completing => {}
+                    }
+                }
             }
             let waited = start.elapsed();
-            if waited >= self.deadline {
-                let error = CollectiveError::DeadlineExceeded {
-                    op: what(),
-                    missing,
-                    waited,
-                };
-                self.abort(error.to_string());
-                return Err(error);
-            }
-            if waited < Duration::from_micros(200) {
-                // The peers are probably running, just not here yet.
+            if completing || waited < Duration::from_micros(200) {
+                // The peers are probably running, just not here yet (or the last one is
+                // finishing the barrier).
                 std::thread::yield_now();
                 continue;
             }
             let guard = lock(&self.sleep_lock);
             self.sleepers.fetch_add(1, Ordering::SeqCst);
-            if !released() && !self.aborted.load(Ordering::SeqCst) {
-                let nap = (self.deadline - waited).min(Duration::from_millis(10));
+            if !released() && !self.is_aborted() {
+                let nap = self
+                    .deadline
+                    .saturating_sub(waited)
+                    .min(Duration::from_millis(10));
                 let _ = self
                     .wake
                     .wait_timeout(guard, nap)
