@@ -14,7 +14,7 @@
 //! the others with an error naming the replicas — never a hang.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -157,6 +157,9 @@ struct Shared {
     /// The last large output, reused when no replica holds it any more (64 MiB of fresh pages
     /// per call would cost more than the reduction).
     spare: Mutex<Option<Tensor>>,
+    /// Which replicas have a live [`Member`]: two handles for one replica (two strategies
+    /// sharing a backend) would meet the wrong peers and silently mix their sums.
+    claimed: Box<[AtomicBool]>,
 }
 
 /// The rendezvous of a fixed number of replica threads in one process. Cheap to clone; all
@@ -217,6 +220,7 @@ impl CollectiveGroup {
                 consumed: AtomicUsize::new(0),
                 calls: AtomicU64::new(0),
                 spare: Mutex::new(None),
+                claimed: (0..num_replicas).map(|_| AtomicBool::new(false)).collect(),
             }),
         })
     }
@@ -233,11 +237,20 @@ impl CollectiveGroup {
 
     /// The handle replica `replica` makes its calls through. If the thread holding it panics,
     /// dropping it aborts the group so the other replicas fail instead of waiting.
+    ///
+    /// A replica has at most one live handle: asking again while it exists is an error (two
+    /// strategies cannot share one backend's replicas).
     pub fn member(&self, replica: usize) -> Result<Member, CollectiveError> {
         if replica >= self.shared.num_replicas {
             return Err(CollectiveError::InvalidArgument(format!(
                 "replica {replica} is out of range for a group of {} replicas",
                 self.shared.num_replicas
+            )));
+        }
+        if self.shared.claimed[replica].swap(true, Ordering::SeqCst) {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "replica {replica} of this collective group is already in use: a group (and the \
+                 cross-device ops holding it) serves one strategy; build one per strategy"
             )));
         }
         Ok(Member {
@@ -509,6 +522,7 @@ impl fmt::Debug for Member {
 
 impl Drop for Member {
     fn drop(&mut self) {
+        self.group.shared.claimed[self.replica].store(false, Ordering::SeqCst);
         if std::thread::panicking() {
             self.group
                 .abort(format!("replica {} panicked", self.replica));

@@ -573,3 +573,17 @@ fn batched_all_reduce_names_the_original_shapes_on_mismatch() {
         "{err}"
     );
 }
+
+#[test]
+fn a_replica_has_one_live_member_at_a_time() {
+    let group = CollectiveGroup::new(2, GroupConfig::default()).unwrap();
+    let first = group.member(1).unwrap();
+    let err = group.member(1).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("replica 1 of this collective group is already in use"),
+        "{err}"
+    );
+    drop(first);
+    group.member(1).unwrap();
+}

@@ -320,6 +320,20 @@ fn a_backend_hook_that_panics_after_the_step_fails_the_step_not_the_thread() {
 }
 
 #[test]
+fn two_strategies_cannot_share_one_backend() {
+    // Their replicas would meet each other's collectives and mix their sums.
+    let shared: Arc<dyn CrossDeviceOps> =
+        Arc::new(SharedMemoryAllReduce::new(2, GroupConfig::default()).unwrap());
+    let first = with_ops(Arc::clone(&shared)).unwrap();
+    let err = with_ops(Arc::clone(&shared)).unwrap_err();
+    assert!(err.to_string().contains("already in use"), "{err}");
+    still_works(&first);
+    drop(first);
+    // Once the first strategy is gone, the backend can serve another.
+    still_works(&with_ops(shared).unwrap());
+}
+
+#[test]
 fn backends_built_for_another_replica_count_are_refused() {
     let three = Arc::new(SharedMemoryAllReduce::new(3, GroupConfig::default()).unwrap());
     let err = with_ops(three).unwrap_err();
