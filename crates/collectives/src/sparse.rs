@@ -6,7 +6,8 @@
 
 use std::fmt;
 
-use crate::tensor::{Element, with_dtype};
+use crate::kernel::Arith;
+use crate::tensor::with_dtype;
 use crate::{CollectiveError, DType, Tensor};
 
 /// Rows of a conceptually dense tensor: `values[i]` is row `indices[i]` of a tensor of shape
@@ -99,20 +100,23 @@ impl IndexedSlices {
         }
     }
 
-    /// The dense tensor: zeros, with every slice added to its row (duplicates add up).
+    /// The dense tensor: zeros, with every slice added to its row (duplicates add up, in index
+    /// order, with the reduction kernel's arithmetic: f16/bf16 accumulate in f32 and round once,
+    /// integers wrap).
     pub fn to_dense(&self) -> Result<Tensor, CollectiveError> {
-        fn densify<T: Element + std::ops::Add<Output = T>>(
-            slices: &IndexedSlices,
-        ) -> Result<Tensor, CollectiveError> {
-            let mut dense = Tensor::zeros(slices.device(), T::DTYPE, &slices.dense_shape);
+        fn densify<T: Arith>(slices: &IndexedSlices) -> Result<Tensor, CollectiveError> {
+            let row_len: usize = slices.dense_shape[1..].iter().product();
+            let mut acc = vec![T::Acc::default(); slices.dense_shape[0] * row_len];
             let values = slices.values.array::<T>()?;
-            let out = dense.array_mut::<T>()?;
             for (row, &index) in slices.indices.iter().enumerate() {
-                let mut target = out.index_axis_mut(ndarray::Axis(0), index);
                 let source = values.index_axis(ndarray::Axis(0), row);
-                target.zip_mut_with(&source, |t, &s| *t = *t + s);
+                let target = &mut acc[index * row_len..(index + 1) * row_len];
+                for (a, &x) in target.iter_mut().zip(source.iter()) {
+                    *a = T::add(*a, x.load());
+                }
             }
-            Ok(dense)
+            let dense: Vec<T> = acc.into_iter().map(T::store).collect();
+            Tensor::from_vec(slices.device(), &slices.dense_shape, dense)
         }
         with_dtype!(self.dtype(), T => densify::<T>(self))
     }

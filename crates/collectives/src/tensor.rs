@@ -341,10 +341,13 @@ impl Tensor {
         Ok(self.array::<T>()?.iter().copied().collect())
     }
 
-    /// True when both tensors read the same memory (a clone or a host move of each other).
+    /// True when both tensors read the same elements from the same memory (a clone or a host move
+    /// of each other).
     pub fn shares_buffer_with(&self, other: &Tensor) -> bool {
+        // Strides too: a square tensor and its transpose share the buffer but not the values.
         self.dtype() == other.dtype()
             && self.shape() == other.shape()
+            && with_host!(&self.host, a => a.strides()) == with_host!(&other.host, a => a.strides())
             && with_host!(&self.host, a => a.as_ptr() as *const u8)
                 == with_host!(&other.host, a => a.as_ptr() as *const u8)
     }

@@ -76,3 +76,34 @@ fn a_shape_whose_size_overflows_is_an_error_not_a_panic() {
         "{err}"
     );
 }
+
+#[test]
+fn a_transposed_view_is_not_the_same_tensor() {
+    let square = Tensor::from_vec("/cpu:0", &[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap();
+    let array = square.array::<f32>().unwrap().clone().reversed_axes();
+    let transposed = Tensor::from_shared("/cpu:0", array);
+    assert!(!square.shares_buffer_with(&transposed));
+    // So regrouping keeps them apart instead of collapsing different values into one.
+    let grouped: Leaf<Tensor> = regroup(&map(), vec![square.clone(), transposed]).unwrap();
+    assert!(matches!(grouped, Leaf::PerReplica(_)));
+}
+
+#[test]
+fn sparse_duplicates_add_like_the_reduction_kernel() {
+    use distribute_collectives::IndexedSlices;
+    // Integers wrap instead of panicking on overflow.
+    let values = Tensor::from_vec("/cpu:0", &[2, 1], vec![i32::MAX, 1]).unwrap();
+    let slices = IndexedSlices::new(values, vec![0, 0], vec![1, 1]).unwrap();
+    assert_eq!(
+        slices.to_dense().unwrap().to_vec::<i32>().unwrap(),
+        [i32::MIN]
+    );
+    // f16 duplicates accumulate in f32 and round once: 2048 + 1 + 1 = 2050, not 2048.
+    let halves = [2048.0f32, 1.0, 1.0].map(half::f16::from_f32).to_vec();
+    let values = Tensor::from_vec("/cpu:0", &[3, 1], halves).unwrap();
+    let slices = IndexedSlices::new(values, vec![0, 0, 0], vec![1, 1]).unwrap();
+    assert_eq!(
+        slices.to_dense().unwrap().to_vec::<half::f16>().unwrap(),
+        [half::f16::from_f32(2050.0)]
+    );
+}
