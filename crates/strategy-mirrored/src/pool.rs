@@ -140,18 +140,33 @@ impl ReplicaPool {
         }
         let _one_at_a_time = lock(&self.running);
         let shared = &*self.shared;
-        // SAFETY: erasing the lifetime is sound because this function waits below until every
-        // replica thread has finished the job (`remaining` reaches 0) and clears it before
-        // returning, and nothing between here and there can unwind.
+        // SAFETY: erasing the lifetime is sound because the `Finish` guard below, which no path
+        // out of this function can skip (returning or unwinding), waits until every replica
+        // thread has finished the job (`remaining` reaches 0) and then clears it.
         let erased: *const Job<'static> =
             unsafe { std::mem::transmute::<*const Job<'_>, *const Job<'static>>(job) };
         *lock(&shared.job) = Some(JobRef(erased));
         *lock(&shared.caller) = Some(std::thread::current());
         shared.remaining.store(self.threads.len(), Ordering::SeqCst);
         shared.epoch.fetch_add(1, Ordering::SeqCst);
+        let finish = Finish { shared };
         for thread in &self.threads {
             thread.thread().unpark();
         }
+        drop(finish);
+        Ok(())
+    }
+}
+
+/// Waits for every replica thread to finish the current job, then clears it: the end of
+/// `execute`, made a guard so that the job's borrowed data outlives every use of it.
+struct Finish<'a> {
+    shared: &'a Shared,
+}
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        let shared = self.shared;
         let start = Instant::now();
         while shared.remaining.load(Ordering::SeqCst) != 0 {
             if start.elapsed() < shared.idle_spin {
@@ -161,7 +176,6 @@ impl ReplicaPool {
             }
         }
         *lock(&shared.job) = None;
-        Ok(())
     }
 }
 
@@ -196,7 +210,9 @@ fn replica_thread(
             let _ = ready.send(Err(error.into()));
             return;
         }
-        Err(_) => {
+        Err(payload) => {
+            // Leaked, not dropped: a panicking `Drop` here would end the thread unreported.
+            std::mem::forget(payload);
             let _ = ready.send(Err(StrategyError::Runtime(format!(
                 "replica {replica}'s collectives handle panicked while being made"
             ))));
@@ -230,9 +246,15 @@ fn replica_thread(
             let collectives = collectives.as_ref();
             // SAFETY: `execute` keeps the job alive until `remaining` reaches 0, which cannot
             // happen before this thread's decrement below.
-            let _ = std::panic::catch_unwind(AssertUnwindSafe(|| unsafe {
+            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| unsafe {
                 (*job)(replica, collectives)
             }));
+            // A payload whose `Drop` panicked would unwind this thread past the report below,
+            // and `execute` would wait forever: leak it instead (this path is already a bug in
+            // a user's hook).
+            if let Err(payload) = outcome {
+                std::mem::forget(payload);
+            }
         }
         if shared.remaining.fetch_sub(1, Ordering::SeqCst) == 1
             && let Some(caller) = lock(&shared.caller).as_ref()
