@@ -76,6 +76,40 @@ impl VariableValue for Tensor {
         kernel::subtract(self, other).map_err(arithmetic)
     }
 
+    /// One fixed-order reduction, as the all-reduce does: f16 / bf16 accumulate in f32 and round
+    /// once, so a variable's Sum or Mean aggregate has the same bits as the collective's.
+    fn sum_all(values: &[Tensor]) -> Result<Tensor, ValuesError> {
+        let first = values
+            .first()
+            .ok_or_else(|| ValuesError::Arithmetic("cannot sum an empty list of tensors".into()))?;
+        let refs: Vec<&Tensor> = values.iter().collect();
+        kernel::reduce_tensors(
+            distribute_values::ReduceOp::Sum,
+            &refs,
+            first.device(),
+            values.len(),
+        )
+        .map_err(arithmetic)
+    }
+
+    fn mean_all(values: &[Tensor]) -> Result<Tensor, ValuesError> {
+        let first = values
+            .first()
+            .ok_or_else(|| ValuesError::Arithmetic("cannot average an empty list".into()))?;
+        if !first.is_floating() {
+            // Integers: the truncating mean the values crate defines, not the kernel's refusal.
+            return Tensor::sum_all(values)?.divide_by_count(values.len());
+        }
+        let refs: Vec<&Tensor> = values.iter().collect();
+        kernel::reduce_tensors(
+            distribute_values::ReduceOp::Mean,
+            &refs,
+            first.device(),
+            values.len(),
+        )
+        .map_err(arithmetic)
+    }
+
     fn divide_by_count(&self, count: usize) -> Result<Tensor, ValuesError> {
         if self.dtype().is_floating() {
             return kernel::divide(self, count).map_err(arithmetic);

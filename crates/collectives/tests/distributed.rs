@@ -107,3 +107,27 @@ fn sparse_duplicates_add_like_the_reduction_kernel() {
         [half::f16::from_f32(2050.0)]
     );
 }
+
+#[test]
+fn variable_aggregation_rounds_like_the_all_reduce() {
+    use distribute_values::{SyncOnReadVariable, UpdateOp, VariableAggregation};
+    // f16 2048 + 1 + 1: the all-reduce accumulates in f32 and gives 2050; a pairwise f16 fold
+    // would give 2048.
+    let devices = Arc::new(ReplicaDeviceMap::new(["/cpu:0", "/cpu:1", "/cpu:2"]).unwrap());
+    let half = |x: f32| Tensor::from_vec("/cpu:0", &[1], vec![half::f16::from_f32(x)]).unwrap();
+    for (aggregation, expected) in [
+        (VariableAggregation::Sum, 2050.0),
+        (VariableAggregation::Mean, 2050.0 / 3.0),
+    ] {
+        let v = SyncOnReadVariable::new("h", Arc::clone(&devices), half(0.0), aggregation).unwrap();
+        for (r, x) in [2048.0, 1.0, 1.0].into_iter().enumerate() {
+            v.update_local(r, UpdateOp::Assign, &half(x)).unwrap();
+        }
+        let read = v
+            .read_cross_replica()
+            .unwrap()
+            .to_vec::<half::f16>()
+            .unwrap();
+        assert_eq!(read, [half::f16::from_f32(expected)], "{aggregation:?}");
+    }
+}

@@ -38,6 +38,22 @@ pub trait VariableValue: Clone + fmt::Debug {
 
     /// `self / count`: a mean, or one replica's share of a sum. Integers truncate toward zero.
     fn divide_by_count(&self, count: usize) -> Result<Self, ValuesError>;
+
+    /// The sum of `values` (at least one), left to right. Types whose reduction rounds only once
+    /// (tensors of f16 / bf16 accumulate in f32) override it, so aggregating a variable gives the
+    /// same bits as an all-reduce of the same values.
+    fn sum_all(values: &[Self]) -> Result<Self, ValuesError> {
+        let (first, rest) = values
+            .split_first()
+            .ok_or_else(|| ValuesError::Arithmetic("cannot sum an empty list of values".into()))?;
+        rest.iter().try_fold(first.clone(), |acc, v| acc.try_add(v))
+    }
+
+    /// The mean of `values` (at least one): [`sum_all`](Self::sum_all) divided by the count,
+    /// unless the type reduces with one rounding (as tensors do).
+    fn mean_all(values: &[Self]) -> Result<Self, ValuesError> {
+        Self::sum_all(values)?.divide_by_count(values.len())
+    }
 }
 
 macro_rules! float_impls {

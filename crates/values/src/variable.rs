@@ -483,7 +483,7 @@ impl<T: VariableValue> MirroredVariable<T> {
             }),
             VariableAggregation::OnlyFirstReplica => Ok(values[0].clone()),
             VariableAggregation::Sum => sum(values),
-            VariableAggregation::Mean => sum(values)?.divide_by_count(values.len()),
+            VariableAggregation::Mean => T::mean_all(values),
         }
     }
 
@@ -504,8 +504,10 @@ impl<T: VariableValue> MirroredVariable<T> {
 }
 
 fn sum<T: VariableValue>(values: &[T]) -> Result<T, ValuesError> {
-    let (first, rest) = values.split_first().ok_or(ValuesError::EmptyDeviceMap)?;
-    rest.iter().try_fold(first.clone(), |acc, v| acc.try_add(v))
+    if values.is_empty() {
+        return Err(ValuesError::EmptyDeviceMap);
+    }
+    T::sum_all(values)
 }
 
 impl<T: VariableValue> SyncOnReadVariable<T> {
@@ -525,9 +527,7 @@ impl<T: VariableValue> SyncOnReadVariable<T> {
             }),
             VariableAggregation::OnlyFirstReplica => self.0.read(0),
             VariableAggregation::Sum => sum(&self.0.values()),
-            VariableAggregation::Mean => {
-                sum(&self.0.values())?.divide_by_count(self.num_replicas())
-            }
+            VariableAggregation::Mean => T::mean_all(&self.0.values()),
         }
     }
 
