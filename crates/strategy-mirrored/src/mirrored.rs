@@ -24,6 +24,10 @@ use crate::pool::ReplicaPool;
 pub struct MirroredConfig {
     /// How long a replica waits for the others at a collective or `merge_call` before the step
     /// fails with a deadline error naming the missing replicas.
+    ///
+    /// Most mismatches fail at once (a replica that finished its step, panicked or made another
+    /// collective call than its peers); one that only the deadline catches is a replica waiting
+    /// in `merge_call` while another waits in a collective.
     pub deadline: Duration,
     /// How long idle replica threads (and the caller waiting for them) poll, yielding their core,
     /// before sleeping:
