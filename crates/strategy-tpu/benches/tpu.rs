@@ -8,18 +8,15 @@
 //! Without `--bench` (as `cargo test --all-targets` runs it) it does a quick smoke run that still
 //! checks that both strategies train the same weights.
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use distribute_collectives::Tensor;
 use distribute_mirrored::MirroredStrategy;
 use distribute_tpu::{StepInput, TpuConfig, TpuStrategy};
-use distribute_values::{DistributedValues, PerReplica};
 use serde_json::json;
 
 #[path = "../tests/workload/mod.rs"]
 mod workload;
-use workload::{data, sgd_step, shards, train_mirrored, weights};
+use workload::{data, sgd_step, shards, stack, train_mirrored, weights};
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
@@ -124,25 +121,4 @@ fn median(repeats: usize, mut sample: impl FnMut() -> f64) -> f64 {
     let mut times: Vec<f64> = (0..repeats).map(|_| sample()).collect();
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
-}
-
-/// Each replica's batch repeated `steps` times along a new leading dimension.
-fn stack(s: &TpuStrategy, p: &PerReplica<Tensor>, steps: usize) -> PerReplica<Tensor> {
-    let values = p
-        .values()
-        .iter()
-        .map(|t| {
-            let mut shape = vec![steps];
-            shape.extend_from_slice(t.shape());
-            let one = t.to_vec::<f32>().unwrap();
-            let data = one
-                .iter()
-                .copied()
-                .cycle()
-                .take(one.len() * steps)
-                .collect();
-            Tensor::from_vec(t.device(), &shape, data).unwrap()
-        })
-        .collect();
-    PerReplica::new(Arc::clone(s.device_map()), values).unwrap()
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 mod workload;
-use workload::{FEATURES, data, sgd_step, shards, train_mirrored, weights};
+use workload::{FEATURES, data, sgd_step, shards, stack, train_mirrored, weights};
 
 use distribute_collectives::Tensor;
 use distribute_mirrored::MirroredStrategy;
@@ -337,26 +337,7 @@ fn run_steps_trains_the_same_weights_in_one_device_loop() {
     let s = strategy(n);
     let (xs, ys) = shards(&s, &x, &y);
     // The same batch for every step, stacked along a leading dimension of STEPS.
-    let stack = |p: &PerReplica<Tensor>| {
-        let values = p
-            .values()
-            .iter()
-            .map(|t| {
-                let mut shape = vec![STEPS];
-                shape.extend_from_slice(t.shape());
-                let one = t.to_vec::<f32>().unwrap();
-                let data = one
-                    .iter()
-                    .copied()
-                    .cycle()
-                    .take(one.len() * STEPS)
-                    .collect();
-                Tensor::from_vec(t.device(), &shape, data).unwrap()
-            })
-            .collect();
-        per_replica(&s, values)
-    };
-    let (xs, ys) = (stack(&xs), stack(&ys));
+    let (xs, ys) = (stack(&s, &xs, STEPS), stack(&s, &ys, STEPS));
     let zeros = Tensor::from_vec("/cpu:0", &[FEATURES], vec![0.0f32; FEATURES]).unwrap();
     let step = s.function(sgd_step);
     let out = step

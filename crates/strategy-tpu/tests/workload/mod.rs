@@ -9,7 +9,7 @@ use distribute_mirrored::MirroredStrategy;
 use distribute_pjrt::stablehlo::{DotDims, Value};
 use distribute_strategy::{Strategy, VariableOptions};
 use distribute_tpu::{StepBuilder, TpuError, TpuStrategy, TpuVariable};
-use distribute_values::{Leaf, PerReplica, ReduceOp};
+use distribute_values::{DistributedValues, Leaf, PerReplica, ReduceOp};
 use ndarray::{Array1, Array2, s};
 
 pub(crate) const FEATURES: usize = 64;
@@ -126,4 +126,25 @@ pub(crate) fn shards(
         PerReplica::new(Arc::clone(s.device_map()), xs).unwrap(),
         PerReplica::new(Arc::clone(s.device_map()), ys).unwrap(),
     )
+}
+
+/// Each replica's batch repeated `steps` times along a new leading dimension.
+pub(crate) fn stack(s: &TpuStrategy, p: &PerReplica<Tensor>, steps: usize) -> PerReplica<Tensor> {
+    let values = p
+        .values()
+        .iter()
+        .map(|t| {
+            let mut shape = vec![steps];
+            shape.extend_from_slice(t.shape());
+            let one = t.to_vec::<f32>().unwrap();
+            let data = one
+                .iter()
+                .copied()
+                .cycle()
+                .take(one.len() * steps)
+                .collect();
+            Tensor::from_vec(t.device(), &shape, data).unwrap()
+        })
+        .collect();
+    PerReplica::new(Arc::clone(s.device_map()), values).unwrap()
 }
