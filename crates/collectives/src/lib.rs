@@ -5,6 +5,8 @@
 //! input pipelines or how replica threads are scheduled.
 
 mod aggregate;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod algorithms;
 mod all_reduce_spec;
 mod distributed;
@@ -24,7 +26,7 @@ pub use aggregate::{
     divide_by_n, has_inf_or_nan,
 };
 pub use all_reduce_spec::{AllReduceSpec, SpecLimit, assign_grads_to_specs, split_grads_by_size};
-pub use error::CollectiveError;
+pub use error::{CollectiveError, GpuError};
 pub use group::{CollectiveGroup, GroupConfig, Member, ReducePlan};
 pub use keys::{
     CollectiveKeys, DEFAULT_RANGE_SIZE_LIMIT, INSTANCE_KEY_START, extract_ranges,

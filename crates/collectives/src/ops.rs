@@ -240,14 +240,20 @@ pub fn simple_broadcast(
     tensor: &Tensor,
     destinations: &Destinations,
 ) -> Result<Leaf<Tensor>, CollectiveError> {
-    deliver(destinations, |device| tensor.to_device(device))
+    deliver(destinations, |device| tensor.copy_to(device))
 }
 
+/// One copy per destination (see [`Tensor::copy_to`]: host values share their buffer, GPU values
+/// are copied to each destination GPU).
 fn deliver<T>(
     destinations: &Destinations,
-    copy: impl Fn(&str) -> T,
+    copy: impl Fn(&str) -> Result<T, CollectiveError>,
 ) -> Result<Leaf<T>, CollectiveError> {
-    let copies: Vec<T> = destinations.as_slice().iter().map(|d| copy(d)).collect();
+    let copies: Vec<T> = destinations
+        .as_slice()
+        .iter()
+        .map(|d| copy(d))
+        .collect::<Result<_, _>>()?;
     if copies.len() == 1 {
         return Ok(Leaf::Same(copies.into_iter().next().expect("one copy")));
     }
@@ -326,7 +332,12 @@ fn fused_batch_reduce(
     // Groups of fusable pairs, keyed by their value devices and destinations.
     let mut groups: Vec<(Vec<&str>, &Destinations, Vec<usize>)> = Vec::new();
     for (i, (values, destinations)) in pairs.iter().enumerate() {
-        let fusable = values.len() > 1 && values.iter().all(|v| !v.is_sparse());
+        // Packing works on host memory; GPU values are reduced one by one, on their GPU.
+        let fusable = values.len() > 1
+            && values.iter().all(|v| match v {
+                AnyTensor::Dense(t) => t.placement() == crate::Placement::Host,
+                AnyTensor::Sparse(_) => false,
+            });
         if !fusable {
             results[i] = Some(reduce_one(values, destinations)?);
             continue;
@@ -369,7 +380,7 @@ fn fused_batch_reduce(
             .collect::<Result<Vec<_>, CollectiveError>>()?;
         for (i, reduced) in members.into_iter().zip(plan.unpack(&buckets)?) {
             let reduced = AnyTensor::Dense(reduced);
-            results[i] = Some(deliver(destinations, |device| reduced.to_device(device))?);
+            results[i] = Some(deliver(destinations, |device| reduced.copy_to(device))?);
         }
     }
     Ok(results
@@ -385,9 +396,11 @@ fn single_value_in_place(
     destinations: &Destinations,
 ) -> Option<Leaf<AnyTensor>> {
     match values {
-        [only] if destinations.len() == 1 && destinations.matches(values) => {
-            Some(Leaf::Same(only.to_device(&destinations.as_slice()[0])))
-        }
+        // Same device, so the copy only relabels: it cannot fail.
+        [only] if destinations.len() == 1 && destinations.matches(values) => only
+            .copy_to(&destinations.as_slice()[0])
+            .ok()
+            .map(Leaf::Same),
         _ => None,
     }
 }
@@ -493,7 +506,7 @@ impl CrossDeviceOps for ReductionToOneDevice {
             return Ok(result);
         }
         let reduced = reduce_on(op, values, self.reduce_device_for(values, destinations))?;
-        deliver(destinations, |device| reduced.to_device(device))
+        deliver(destinations, |device| reduced.copy_to(device))
     }
 
     group_backed_methods!();
@@ -541,7 +554,7 @@ impl CrossDeviceOps for SharedMemoryAllReduce {
         // the same order as the replicas' all-reduce: both give the same bits.
         let device = destinations.as_slice()[0].as_str();
         let reduced = reduce_on(op, values, device)?;
-        deliver(destinations, |device| reduced.to_device(device))
+        deliver(destinations, |device| reduced.copy_to(device))
     }
 
     group_backed_methods!();

@@ -100,6 +100,14 @@ impl IndexedSlices {
         }
     }
 
+    /// The same slices on `device`, moving the values as [`Tensor::copy_to`] does.
+    pub fn copy_to(&self, device: &str) -> Result<IndexedSlices, CollectiveError> {
+        Ok(IndexedSlices {
+            values: self.values.copy_to(device)?,
+            ..self.clone()
+        })
+    }
+
     /// The dense tensor: zeros, with every slice added to its row (duplicates add up, in index
     /// order, with the reduction kernel's arithmetic: f16/bf16 accumulate in f32 and round once,
     /// integers wrap).
@@ -190,6 +198,14 @@ impl AnyTensor {
             AnyTensor::Dense(t) => AnyTensor::Dense(t.to_device(device)),
             AnyTensor::Sparse(s) => AnyTensor::Sparse(s.to_device(device)),
         }
+    }
+
+    /// The same value on `device`, moving memory as [`Tensor::copy_to`] does.
+    pub fn copy_to(&self, device: &str) -> Result<AnyTensor, CollectiveError> {
+        Ok(match self {
+            AnyTensor::Dense(t) => AnyTensor::Dense(t.copy_to(device)?),
+            AnyTensor::Sparse(s) => AnyTensor::Sparse(s.copy_to(device)?),
+        })
     }
 
     /// The dense tensor, densifying sparse slices.

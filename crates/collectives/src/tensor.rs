@@ -4,7 +4,12 @@
 //! Host tensors keep their elements in an `ndarray::ArcArray`, so cloning a tensor, moving it to
 //! another host device, or handing every replica the same all-reduce result shares one buffer;
 //! writing through [`Tensor::array_mut`] copies first if the buffer is shared (copy on write).
+//!
+//! With the `cuda` feature a tensor may instead live in GPU memory ([`Placement::Cuda`]); such a
+//! tensor moves with [`Tensor::to_gpu`], [`Tensor::to_host`] and [`Tensor::copy_to`], and its
+//! host accessors ([`Tensor::array`]) fail with [`CollectiveError::OnGpu`].
 
+use std::borrow::Cow;
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
@@ -132,7 +137,7 @@ macro_rules! host_array {
         )*
 
         impl HostArray {
-            fn dtype(&self) -> DType {
+            pub(crate) fn dtype(&self) -> DType {
                 match self {
                     $(HostArray::$variant(_) => DType::$variant,)*
                 }
@@ -203,12 +208,70 @@ macro_rules! with_dtype {
 }
 pub(crate) use with_dtype;
 
+impl HostArray {
+    pub(crate) fn shape(&self) -> &[usize] {
+        with_host!(self, a => a.shape())
+    }
+
+    /// The elements' bytes in row-major order, borrowed when the layout is standard.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn to_bytes(&self) -> Cow<'_, [u8]> {
+        fn bytes<T: Element>(a: &ArcArray<T, IxDyn>) -> Cow<'_, [u8]> {
+            match a.as_slice() {
+                // SAFETY: every Element is plain old data (numbers, or u16 bit patterns for
+                // f16/bf16) without padding, so its memory is valid as bytes.
+                Some(s) => Cow::Borrowed(unsafe {
+                    std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s))
+                }),
+                None => {
+                    let v: Vec<T> = a.iter().copied().collect();
+                    // SAFETY: as above.
+                    let b = unsafe {
+                        std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(&v[..]))
+                    };
+                    Cow::Owned(b.to_vec())
+                }
+            }
+        }
+        with_host!(self, a => bytes(a))
+    }
+
+    /// Elements of `dtype` and `shape` from their bytes in row-major order.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn from_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> HostArray {
+        fn build<T: Element>(shape: &[usize], bytes: &[u8]) -> HostArray {
+            let n = bytes.len() / std::mem::size_of::<T>();
+            let mut v = vec![T::zero(); n];
+            // SAFETY: `v` holds exactly `bytes.len()` bytes of plain-old-data elements, every bit
+            // pattern of which is a valid element.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr().cast::<u8>(), bytes.len())
+            };
+            T::wrap(ArrayD::from_shape_vec(shape, v).expect("byte count matches the shape").into_shared())
+        }
+        with_dtype!(dtype, T => build::<T>(shape, bytes))
+    }
+}
+
 /// Where a tensor's elements live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Placement {
     /// Host memory, readable from every thread.
     Host,
+    /// The memory of CUDA device `ordinal` (feature `cuda`).
+    Cuda {
+        /// The GPU's index.
+        ordinal: usize,
+    },
+}
+
+/// A tensor's elements: host memory, or (feature `cuda`) one GPU's memory.
+#[derive(Clone)]
+enum Storage {
+    Host(HostArray),
+    #[cfg(feature = "cuda")]
+    Gpu(crate::cuda::GpuArray),
 }
 
 /// A dense array of [`Element`]s with a shape, placed on a device.
@@ -225,7 +288,7 @@ pub enum Placement {
 /// ```
 #[derive(Clone)]
 pub struct Tensor {
-    host: HostArray,
+    storage: Storage,
     device: Arc<str>,
 }
 
@@ -238,7 +301,7 @@ impl Tensor {
     /// A tensor that shares `array`'s buffer.
     pub fn from_shared<T: Element>(device: &str, array: ArcArray<T, IxDyn>) -> Tensor {
         Tensor {
-            host: T::wrap(array),
+            storage: Storage::Host(T::wrap(array)),
             device: device.into(),
         }
     }
@@ -271,19 +334,27 @@ impl Tensor {
     /// A tensor of zeros.
     pub fn zeros(device: &str, dtype: DType, shape: &[usize]) -> Tensor {
         Tensor {
-            host: HostArray::zeros(dtype, shape),
+            storage: Storage::Host(HostArray::zeros(dtype, shape)),
             device: device.into(),
         }
     }
 
     /// The element type.
     pub fn dtype(&self) -> DType {
-        self.host.dtype()
+        match &self.storage {
+            Storage::Host(host) => host.dtype(),
+            #[cfg(feature = "cuda")]
+            Storage::Gpu(gpu) => gpu.dtype,
+        }
     }
 
     /// The size of each dimension.
     pub fn shape(&self) -> &[usize] {
-        with_host!(&self.host, a => a.shape())
+        match &self.storage {
+            Storage::Host(host) => host.shape(),
+            #[cfg(feature = "cuda")]
+            Storage::Gpu(gpu) => &gpu.shape,
+        }
     }
 
     /// The number of dimensions.
@@ -308,20 +379,76 @@ impl Tensor {
 
     /// Where the elements live.
     pub fn placement(&self) -> Placement {
-        Placement::Host
+        match &self.storage {
+            Storage::Host(_) => Placement::Host,
+            #[cfg(feature = "cuda")]
+            Storage::Gpu(gpu) => Placement::Cuda {
+                ordinal: gpu.ordinal(),
+            },
+        }
     }
 
-    /// The same tensor on `device`. Host tensors share their buffer: nothing is copied.
+    /// The same tensor labelled `device`, sharing its memory: nothing is copied. Host memory is
+    /// readable by every host device, so this is how host tensors move; a GPU tensor's elements
+    /// stay on their GPU (use [`Tensor::copy_to`] to move them).
     pub fn to_device(&self, device: &str) -> Tensor {
         Tensor {
-            host: self.host.clone(),
+            storage: self.storage.clone(),
             device: device.into(),
         }
     }
 
-    /// The typed elements; fails when `T` is not the tensor's dtype.
+    /// The tensor on `device`, moving memory only where it must: a host tensor is relabelled
+    /// (host memory serves every device of a build without GPU storage, and host data is never
+    /// uploaded behind the caller's back — use [`Tensor::to_gpu`] for that); a GPU tensor is
+    /// shared when `device` names its GPU, copied to the GPU `device` names, or copied to host
+    /// memory for any other device.
+    pub fn copy_to(&self, device: &str) -> Result<Tensor, CollectiveError> {
+        match &self.storage {
+            Storage::Host(_) => Ok(self.to_device(device)),
+            #[cfg(feature = "cuda")]
+            Storage::Gpu(array) => match crate::cuda::Gpu::index_of(device)? {
+                Some(ordinal) if ordinal == array.ordinal() => Ok(self.to_device(device)),
+                Some(ordinal) => {
+                    let gpu = crate::cuda::Gpu::open(ordinal)?;
+                    Ok(Tensor::from_gpu_array(device.into(), array.copy_to(&gpu)?))
+                }
+                None => Ok(self.to_host()?.to_device(device)),
+            },
+        }
+    }
+
+    /// The tensor in host memory, same label: a copy from the GPU for GPU tensors, a shared clone
+    /// for host tensors.
+    pub fn to_host(&self) -> Result<Tensor, CollectiveError> {
+        match &self.storage {
+            Storage::Host(_) => Ok(self.clone()),
+            #[cfg(feature = "cuda")]
+            Storage::Gpu(array) => Ok(Tensor {
+                storage: Storage::Host(array.download()?),
+                device: self.device.clone(),
+            }),
+        }
+    }
+
+    /// The host storage, `None` for a GPU tensor.
+    pub(crate) fn host_storage(&self) -> Option<&HostArray> {
+        match &self.storage {
+            Storage::Host(host) => Some(host),
+            #[cfg(feature = "cuda")]
+            Storage::Gpu(_) => None,
+        }
+    }
+
+    fn host(&self) -> Result<&HostArray, CollectiveError> {
+        self.host_storage().ok_or_else(|| CollectiveError::OnGpu {
+            device: self.device.to_string(),
+        })
+    }
+
+    /// The typed elements; fails when `T` is not the tensor's dtype, or the tensor is on a GPU.
     pub fn array<T: Element>(&self) -> Result<&ArcArray<T, IxDyn>, CollectiveError> {
-        T::unwrap(&self.host).ok_or(CollectiveError::DTypeMismatch {
+        T::unwrap(self.host()?).ok_or(CollectiveError::DTypeMismatch {
             expected: T::DTYPE,
             actual: self.dtype(),
         })
@@ -330,7 +457,16 @@ impl Tensor {
     /// The typed elements for writing; a buffer shared with other tensors is copied first.
     pub fn array_mut<T: Element>(&mut self) -> Result<&mut ArcArray<T, IxDyn>, CollectiveError> {
         let actual = self.dtype();
-        T::unwrap_mut(&mut self.host).ok_or(CollectiveError::DTypeMismatch {
+        let host = match &mut self.storage {
+            Storage::Host(host) => host,
+            #[cfg(feature = "cuda")]
+            Storage::Gpu(_) => {
+                return Err(CollectiveError::OnGpu {
+                    device: self.device.to_string(),
+                });
+            }
+        };
+        T::unwrap_mut(host).ok_or(CollectiveError::DTypeMismatch {
             expected: T::DTYPE,
             actual,
         })
@@ -344,16 +480,26 @@ impl Tensor {
     /// True when both tensors read the same elements from the same memory (a clone or a host move
     /// of each other).
     pub fn shares_buffer_with(&self, other: &Tensor) -> bool {
-        // Strides too: a square tensor and its transpose share the buffer but not the values.
-        self.dtype() == other.dtype()
-            && self.shape() == other.shape()
-            && with_host!(&self.host, a => a.strides()) == with_host!(&other.host, a => a.strides())
-            && with_host!(&self.host, a => a.as_ptr() as *const u8)
-                == with_host!(&other.host, a => a.as_ptr() as *const u8)
+        match (&self.storage, &other.storage) {
+            // Strides too: a square tensor and its transpose share the buffer but not the values.
+            (Storage::Host(a), Storage::Host(b)) => {
+                self.dtype() == other.dtype()
+                    && self.shape() == other.shape()
+                    && with_host!(a, a => a.strides()) == with_host!(b, b => b.strides())
+                    && with_host!(a, a => a.as_ptr() as *const u8)
+                        == with_host!(b, b => b.as_ptr() as *const u8)
+            }
+            #[cfg(feature = "cuda")]
+            (Storage::Gpu(a), Storage::Gpu(b)) => std::sync::Arc::ptr_eq(&a.bytes, &b.bytes),
+            #[cfg(feature = "cuda")]
+            _ => false,
+        }
     }
 
     /// Same dtype, shape and bit pattern of every element (device ignored): the test of the
     /// deterministic mode, stricter than `==` (which has `NaN != NaN` and `0.0 == -0.0`).
+    ///
+    /// GPU tensors are compared after a copy to the host (a test helper, not a fast path).
     pub fn bitwise_eq(&self, other: &Tensor) -> bool {
         fn bits<T: Element>(a: &ArcArray<T, IxDyn>, b: &HostArray) -> bool {
             let Some(b) = T::unwrap(b) else { return false };
@@ -362,7 +508,19 @@ impl Tensor {
                     .zip(b.iter())
                     .all(|(x, y)| x.to_bits() == y.to_bits())
         }
-        with_host!(&self.host, a => bits(a, &other.host))
+        let (Ok(a), Ok(b)) = (self.host_view(), other.host_view()) else {
+            return false;
+        };
+        with_host!(&*a, a => bits(a, &b))
+    }
+
+    /// The host elements, copied from the GPU for GPU tensors.
+    fn host_view(&self) -> Result<Cow<'_, HostArray>, CollectiveError> {
+        match &self.storage {
+            Storage::Host(host) => Ok(Cow::Borrowed(host)),
+            #[cfg(feature = "cuda")]
+            Storage::Gpu(array) => Ok(Cow::Owned(array.download()?)),
+        }
     }
 
     /// Rows `range` of the first axis, sharing the buffer. Fails on a rank-0 tensor or a range
@@ -380,9 +538,9 @@ impl Tensor {
         }
         let slice = Slice::from(range);
         let host =
-            with_host!(&self.host, a => wrap_like(a.clone().slice_axis_move(Axis(0), slice)));
+            with_host!(self.host()?, a => wrap_like(a.clone().slice_axis_move(Axis(0), slice)));
         Ok(Tensor {
-            host,
+            storage: Storage::Host(host),
             device: self.device.clone(),
         })
     }
@@ -410,9 +568,9 @@ impl Tensor {
             })?;
             Ok(T::wrap(joined.into_shared()))
         }
-        let host = with_host!(&first.host, a => concat(a, tensors)?);
+        let host = with_host!(first.host()?, a => concat(a, tensors)?);
         Ok(Tensor {
-            host,
+            storage: Storage::Host(host),
             device: device.into(),
         })
     }
@@ -422,13 +580,20 @@ fn wrap_like<T: Element>(array: ArcArray<T, IxDyn>) -> HostArray {
     T::wrap(array)
 }
 
-/// Equal dtype, shape, device and elements (`NaN != NaN`, as for the numbers themselves).
+/// Equal dtype, shape, device and elements (`NaN != NaN`, as for the numbers themselves). GPU
+/// tensors are compared after a copy to the host; one that cannot be copied equals nothing.
 impl PartialEq for Tensor {
     fn eq(&self, other: &Tensor) -> bool {
         fn same<T: Element>(a: &ArcArray<T, IxDyn>, b: &HostArray) -> bool {
             T::unwrap(b).is_some_and(|b| a == b)
         }
-        self.device == other.device && with_host!(&self.host, a => same(a, &other.host))
+        if self.device != other.device {
+            return false;
+        }
+        let (Ok(a), Ok(b)) = (self.host_view(), other.host_view()) else {
+            return false;
+        };
+        with_host!(&*a, a => same(a, &b))
     }
 }
 
@@ -448,6 +613,62 @@ impl fmt::Display for Tensor {
             self.shape(),
             self.device
         )?;
-        with_host!(&self.host, a => fmt::Display::fmt(a, f))
+        match &self.storage {
+            Storage::Host(host) => with_host!(host, a => fmt::Display::fmt(a, f)),
+            #[cfg(feature = "cuda")]
+            Storage::Gpu(array) => write!(f, "(in the memory of GPU {})", array.ordinal()),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Tensor {
+    /// A tensor over GPU storage.
+    pub(crate) fn from_gpu_array(device: Arc<str>, array: crate::cuda::GpuArray) -> Tensor {
+        Tensor {
+            storage: Storage::Gpu(array),
+            device,
+        }
+    }
+
+    /// The label a copy on `gpu` gets: this tensor's own when it names that GPU, else the GPU's
+    /// canonical name.
+    pub(crate) fn gpu_label(&self, gpu: &crate::cuda::Gpu) -> Arc<str> {
+        match crate::cuda::Gpu::index_of(&self.device) {
+            Ok(Some(ordinal)) if ordinal == gpu.ordinal() => self.device.clone(),
+            _ => gpu.device_name().into(),
+        }
+    }
+
+    /// The GPU storage on `gpu`'s device: shared if it is there, else copied there (uploaded
+    /// from the host, or a peer copy from another GPU).
+    pub(crate) fn gpu_array_on(
+        &self,
+        gpu: &crate::cuda::Gpu,
+    ) -> Result<crate::cuda::GpuArray, CollectiveError> {
+        Ok(match &self.storage {
+            Storage::Host(host) => crate::cuda::GpuArray::upload(host, gpu)?,
+            Storage::Gpu(array) => array.copy_to(gpu)?,
+        })
+    }
+
+    /// The tensor in the memory of `gpu` (feature `cuda`): uploaded from the host, copied from
+    /// another GPU, or shared when it is already there. It keeps its label when that names `gpu`,
+    /// else takes the GPU's canonical name. Input batches upload faster through a
+    /// [`PinnedUploader`](crate::cuda::PinnedUploader).
+    pub fn to_gpu(&self, gpu: &crate::cuda::Gpu) -> Result<Tensor, CollectiveError> {
+        Ok(Tensor::from_gpu_array(
+            self.gpu_label(gpu),
+            self.gpu_array_on(gpu)?,
+        ))
+    }
+
+    /// The GPU storage, `None` for a host tensor (for backends such as NCCL that hand raw device
+    /// buffers to a library).
+    pub(crate) fn gpu_storage(&self) -> Option<&crate::cuda::GpuArray> {
+        match &self.storage {
+            Storage::Host(_) => None,
+            Storage::Gpu(array) => Some(array),
+        }
     }
 }

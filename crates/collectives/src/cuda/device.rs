@@ -1,0 +1,143 @@
+//! [`Gpu`]: a CUDA device and the stream work on it is queued to.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaStream, DriverError};
+use distribute_device_spec::DeviceSpec;
+
+use super::probe::gpu_count;
+use crate::{CollectiveError, GpuError};
+
+pub(crate) fn driver_error(e: DriverError) -> GpuError {
+    GpuError::Driver(format!("{e:?}"))
+}
+
+/// One GPU and one stream on it. Cloning shares both.
+///
+/// [`Gpu::open`] returns the process-wide handle of a device (its context is the driver's primary
+/// context, shared by every handle of the device); [`Gpu::with_new_stream`] makes a handle with its
+/// own stream, which is what each replica thread of a strategy owns, so replicas never queue
+/// behind one another.
+#[derive(Clone)]
+pub struct Gpu {
+    stream: Arc<CudaStream>,
+}
+
+impl Gpu {
+    /// The shared handle of GPU `ordinal`; fails with what to install when there is no driver,
+    /// and with [`GpuError::NoSuchGpu`] past the last GPU.
+    pub fn open(ordinal: usize) -> Result<Gpu, GpuError> {
+        static OPENED: OnceLock<Mutex<Vec<Option<Gpu>>>> = OnceLock::new();
+        let count = gpu_count()?;
+        if ordinal >= count {
+            return Err(GpuError::NoSuchGpu { ordinal, count });
+        }
+        let mut opened = OPENED
+            .get_or_init(|| Mutex::new(Vec::new()))
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if opened.len() <= ordinal {
+            opened.resize(ordinal + 1, None);
+        }
+        if let Some(gpu) = &opened[ordinal] {
+            return Ok(gpu.clone());
+        }
+        let context = CudaContext::new(ordinal).map_err(driver_error)?;
+        let gpu = Gpu {
+            stream: context.new_stream().map_err(driver_error)?,
+        };
+        opened[ordinal] = Some(gpu.clone());
+        Ok(gpu)
+    }
+
+    /// The GPU a device name points at: `Some(index)` for `/gpu:N` or `…/device:GPU:N`, `None`
+    /// for any other device.
+    pub fn index_of(device: &str) -> Result<Option<usize>, CollectiveError> {
+        let spec: DeviceSpec = device.parse()?;
+        Ok(match (spec.device_type(), spec.device_index()) {
+            (Some(kind), Some(index)) if kind.eq_ignore_ascii_case("GPU") => Some(index as usize),
+            _ => None,
+        })
+    }
+
+    /// The same GPU with a stream of its own (a replica thread's).
+    pub fn with_new_stream(&self) -> Result<Gpu, GpuError> {
+        Ok(Gpu {
+            stream: self.stream.context().new_stream().map_err(driver_error)?,
+        })
+    }
+
+    /// The device index.
+    pub fn ordinal(&self) -> usize {
+        self.stream.context().ordinal()
+    }
+
+    /// The canonical device name, `/job:localhost/replica:0/task:0/device:GPU:N`.
+    pub fn device_name(&self) -> String {
+        format!("/job:localhost/replica:0/task:0/device:GPU:{}", self.ordinal())
+    }
+
+    /// The product name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub fn name(&self) -> Result<String, GpuError> {
+        self.stream.context().name().map_err(driver_error)
+    }
+
+    /// The compute capability, e.g. `(9, 0)` for Hopper.
+    pub fn compute_capability(&self) -> Result<(i32, i32), GpuError> {
+        self.stream
+            .context()
+            .compute_capability()
+            .map_err(driver_error)
+    }
+
+    /// The stream work is queued to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The device's context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.stream.context()
+    }
+
+    /// Makes this GPU's context current on the calling thread (raw driver and NCCL calls use the
+    /// current context; cudarc's own calls bind it themselves).
+    pub fn bind_to_thread(&self) -> Result<(), GpuError> {
+        self.stream.context().bind_to_thread().map_err(driver_error)
+    }
+
+    /// Waits until everything queued on this handle's stream has run.
+    pub fn synchronize(&self) -> Result<(), GpuError> {
+        self.stream.synchronize().map_err(driver_error)
+    }
+}
+
+impl fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gpu({})", self.ordinal())
+    }
+}
+
+impl PartialEq for Gpu {
+    /// Same device and same stream.
+    fn eq(&self, other: &Gpu) -> bool {
+        Arc::ptr_eq(&self.stream, &other.stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names_point_at_gpus() {
+        assert_eq!(Gpu::index_of("/gpu:3").unwrap(), Some(3));
+        assert_eq!(
+            Gpu::index_of("/job:localhost/replica:0/task:0/device:GPU:1").unwrap(),
+            Some(1)
+        );
+        assert_eq!(Gpu::index_of("/cpu:0").unwrap(), None);
+        assert!(Gpu::index_of("/gpu:x").is_err());
+    }
+}

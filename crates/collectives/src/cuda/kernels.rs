@@ -1,0 +1,286 @@
+//! The reduction kernels: CUDA C compiled at run time with NVRTC, loaded once per GPU.
+//!
+//! Each output element is `((in[0] ⊕ in[1]) ⊕ in[2]) ⊕ …` in replica order, as in the host
+//! kernel (`crate::kernel`): `f16`/`bf16` accumulate in `f32` and round once to nearest even,
+//! `Mean` divides the `f32`/`f64` sum by the replica count (IEEE division: no fast math, no fused
+//! operations), min/max let NaN win, integers wrap. So a GPU reduction gives the same bits as the
+//! CPU backend for every non-NaN result (a NaN stays NaN; its payload may differ).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaModule, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
+use distribute_values::ReduceOp;
+
+use super::device::{Gpu, driver_error};
+use super::memory::GpuArray;
+use super::probe::require_nvrtc;
+use crate::{CollectiveError, DType, GpuError, Tensor};
+
+/// Threads per block of the reduction kernels.
+const THREADS: u32 = 256;
+
+/// The CUDA C source of every reduction kernel: `reduce_<op>_<dtype>` for op in sum, mean, min,
+/// max and dtype in f16, bf16, f32, f64, i32, i64 (mean only for the floating types).
+///
+/// Kernel signature: `(const T* const* inputs, unsigned n, T* out, unsigned long long len,
+/// unsigned long long divisor)`. The source includes no header, so NVRTC needs nothing but
+/// itself.
+pub fn kernel_source() -> &'static str {
+    SOURCE
+}
+
+const SOURCE: &str = r#"
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+struct f16_t { u16 bits; };
+struct bf16_t { u16 bits; };
+
+// Loads widen to the accumulator type; stores round once, to nearest even.
+__device__ __forceinline__ float load(f16_t x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.bits));
+    return f;
+}
+__device__ __forceinline__ f16_t store_f16(float f) {
+    f16_t x;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(x.bits) : "f"(f));
+    return x;
+}
+__device__ __forceinline__ float load(bf16_t x) {
+    return __uint_as_float(((u32)x.bits) << 16);
+}
+// The rounding of the `half` crate's bf16::from_f32, so both sides give the same bits.
+__device__ __forceinline__ bf16_t store_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    bf16_t x;
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        x.bits = (u16)((u >> 16) | 0x40u);
+    } else {
+        x.bits = (u16)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+    return x;
+}
+__device__ __forceinline__ float load(float x) { return x; }
+__device__ __forceinline__ double load(double x) { return x; }
+__device__ __forceinline__ int load(int x) { return x; }
+__device__ __forceinline__ long long load(long long x) { return x; }
+
+template <typename T, typename A> struct Store;
+template <> struct Store<f16_t, float> { __device__ static f16_t to(float a) { return store_f16(a); } };
+template <> struct Store<bf16_t, float> { __device__ static bf16_t to(float a) { return store_bf16(a); } };
+template <> struct Store<float, float> { __device__ static float to(float a) { return a; } };
+template <> struct Store<double, double> { __device__ static double to(double a) { return a; } };
+template <> struct Store<int, int> { __device__ static int to(int a) { return a; } };
+template <> struct Store<long long, long long> { __device__ static long long to(long long a) { return a; } };
+
+enum { SUM = 0, MEAN = 1, MIN = 2, MAX = 3 };
+
+__device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add(double a, double b) { return __dadd_rn(a, b); }
+// Integers wrap, as the host kernel's wrapping_add does (signed overflow is undefined in C++).
+__device__ __forceinline__ int add(int a, int b) { return (int)((u32)a + (u32)b); }
+__device__ __forceinline__ long long add(long long a, long long b) {
+    return (long long)((u64)a + (u64)b);
+}
+
+template <int OP, typename A>
+__device__ __forceinline__ A combine(A a, A b) {
+    if (OP == MIN) return (a != a || a < b) ? a : b;   // NaN wins, as in tf.minimum
+    if (OP == MAX) return (a != a || a > b) ? a : b;
+    return add(a, b);
+}
+
+template <int OP, typename T, typename A>
+__device__ __forceinline__ void reduce(const T* const* in, u32 n, T* out, u64 len, u64 divisor) {
+    u64 stride = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += stride) {
+        A acc = load(in[0][i]);
+        for (u32 k = 1; k < n; ++k) {
+            acc = combine<OP, A>(acc, load(in[k][i]));
+        }
+        if (OP == MEAN) acc = acc / (A)divisor;
+        out[i] = Store<T, A>::to(acc);
+    }
+}
+
+#define KERNEL(name, OP, T, A) \
+    extern "C" __global__ void name(const T* const* in, u32 n, T* out, u64 len, u64 divisor) { \
+        reduce<OP, T, A>(in, n, out, len, divisor); \
+    }
+
+#define FLOAT_KERNELS(suffix, T, A) \
+    KERNEL(reduce_sum_##suffix, SUM, T, A) \
+    KERNEL(reduce_mean_##suffix, MEAN, T, A) \
+    KERNEL(reduce_min_##suffix, MIN, T, A) \
+    KERNEL(reduce_max_##suffix, MAX, T, A)
+
+#define INT_KERNELS(suffix, T) \
+    KERNEL(reduce_sum_##suffix, SUM, T, T) \
+    KERNEL(reduce_min_##suffix, MIN, T, T) \
+    KERNEL(reduce_max_##suffix, MAX, T, T)
+
+FLOAT_KERNELS(f16, f16_t, float)
+FLOAT_KERNELS(bf16, bf16_t, float)
+FLOAT_KERNELS(f32, float, float)
+FLOAT_KERNELS(f64, double, double)
+INT_KERNELS(i32, int)
+INT_KERNELS(i64, long long)
+"#;
+
+/// The name of the kernel for `op` on `dtype`.
+fn kernel_name(op: ReduceOp, dtype: DType) -> String {
+    let op = match op {
+        ReduceOp::Sum => "sum",
+        ReduceOp::Mean => "mean",
+        ReduceOp::Min => "min",
+        ReduceOp::Max => "max",
+    };
+    let dtype = match dtype {
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+    };
+    format!("reduce_{op}_{dtype}")
+}
+
+/// Compiles every reduction kernel to PTX for `arch` (a virtual architecture such as
+/// `compute_90`, or a real one such as `sm_90`, which is compiled for its virtual one). Needs
+/// NVRTC only, no GPU: CI checks the kernels this way.
+pub fn compile_reduction_kernels(arch: &str) -> Result<String, GpuError> {
+    Ok(compile(arch)?.to_src())
+}
+
+fn compile(arch: &str) -> Result<Ptx, GpuError> {
+    require_nvrtc()?;
+    let virtual_arch = match arch.strip_prefix("sm_") {
+        Some(number) => format!("compute_{number}"),
+        None => arch.to_owned(),
+    };
+    let options = CompileOptions {
+        // IEEE results, as on the host: no flush to zero, exact division, no fused multiply-add.
+        ftz: Some(false),
+        prec_div: Some(true),
+        fmad: Some(false),
+        use_fast_math: Some(false),
+        options: vec![format!("--gpu-architecture={virtual_arch}")],
+        name: Some("distribute_reduce.cu".into()),
+        ..CompileOptions::default()
+    };
+    compile_ptx_with_opts(SOURCE, options).map_err(|e| GpuError::Compile(format!("{e:?}")))
+}
+
+/// The kernels loaded on one GPU.
+struct Loaded {
+    module: Arc<CudaModule>,
+    /// Blocks that keep every multiprocessor busy; more only add scheduling.
+    max_blocks: u32,
+}
+
+/// The loaded kernels of `gpu`, compiling (once per architecture) and loading (once per device)
+/// on first use.
+fn loaded(gpu: &Gpu) -> Result<Arc<Loaded>, GpuError> {
+    static PTX: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    static MODULES: OnceLock<Mutex<HashMap<usize, Arc<Loaded>>>> = OnceLock::new();
+    let modules = MODULES.get_or_init(Default::default);
+    let mut modules = modules.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(loaded) = modules.get(&gpu.ordinal()) {
+        return Ok(loaded.clone());
+    }
+    let (major, minor) = gpu.compute_capability()?;
+    let arch = format!("compute_{major}{minor}");
+    let ptx_source = {
+        let mut cache = PTX
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match cache.get(&arch) {
+            Some(src) => src.clone(),
+            None => {
+                let src = compile(&arch)?.to_src();
+                cache.insert(arch, src.clone());
+                src
+            }
+        }
+    };
+    let module = gpu
+        .context()
+        .load_module(Ptx::from_src(ptx_source))
+        .map_err(driver_error)?;
+    let sms = gpu
+        .context()
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(driver_error)?;
+    let loaded = Arc::new(Loaded {
+        module,
+        max_blocks: u32::try_from(sms.max(1)).unwrap_or(1) * 8,
+    });
+    modules.insert(gpu.ordinal(), loaded.clone());
+    Ok(loaded)
+}
+
+/// Reduces `inputs` (same dtype and shape, checked by the caller) element-wise on `gpu`, in input
+/// order; host inputs are uploaded and inputs on other GPUs copied first.
+pub(crate) fn reduce_on_gpu(
+    op: ReduceOp,
+    inputs: &[&Tensor],
+    gpu: &Gpu,
+    divisor: usize,
+) -> Result<GpuArray, CollectiveError> {
+    let first = inputs[0];
+    let (dtype, shape) = (first.dtype(), first.shape().to_vec());
+    let on_gpu = inputs
+        .iter()
+        .map(|t| t.gpu_array_on(gpu))
+        .collect::<Result<Vec<_>, _>>()?;
+    let len = shape.iter().product::<usize>();
+    let mut out = GpuArray::alloc(gpu, dtype, &shape)?;
+    if len > 0 {
+        launch(op, dtype, &on_gpu, &mut out, len, divisor, gpu)?;
+    }
+    Ok(GpuArray::new(gpu, dtype, &shape, out))
+}
+
+fn launch(
+    op: ReduceOp,
+    dtype: DType,
+    inputs: &[GpuArray],
+    out: &mut cudarc::driver::CudaSlice<u8>,
+    len: usize,
+    divisor: usize,
+    gpu: &Gpu,
+) -> Result<(), GpuError> {
+    let loaded = loaded(gpu)?;
+    let function = loaded
+        .module
+        .load_function(&kernel_name(op, dtype))
+        .map_err(driver_error)?;
+    let stream = gpu.stream();
+    // The guards make later users of each input wait for this kernel (cudarc's event tracking).
+    let (pointers, _guards): (Vec<u64>, Vec<_>) = inputs
+        .iter()
+        .map(|a| a.bytes.device_ptr(stream))
+        .unzip();
+    let table = stream.clone_htod(&pointers).map_err(driver_error)?;
+    let n = u32::try_from(inputs.len())
+        .map_err(|_| GpuError::Driver("more than u32::MAX inputs".into()))?;
+    let (len, divisor) = (len as u64, divisor as u64);
+    let blocks = len.div_ceil(u64::from(THREADS)).min(u64::from(loaded.max_blocks)) as u32;
+    let config = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut builder = stream.launch_builder(&function);
+    builder.arg(&table).arg(&n).arg(out).arg(&len).arg(&divisor);
+    // SAFETY: the argument list matches the kernel's signature (pointer table, count, output,
+    // element count, divisor); every input pointer and `out` hold `len` elements of `dtype`.
+    unsafe { builder.launch(config) }.map_err(driver_error)?;
+    Ok(())
+}

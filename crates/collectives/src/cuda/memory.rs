@@ -1,0 +1,137 @@
+//! Tensor elements in GPU memory, and the copies between host and GPUs.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, PinnedHostSlice};
+
+use super::device::{Gpu, driver_error};
+use crate::tensor::HostArray;
+use crate::{CollectiveError, DType, GpuError, Tensor};
+
+/// The storage of a GPU tensor: its bytes on one GPU, never written after they are filled (every
+/// operation makes a new buffer), so clones share them like host tensors share theirs.
+#[derive(Clone)]
+pub(crate) struct GpuArray {
+    pub(crate) dtype: DType,
+    pub(crate) shape: Arc<[usize]>,
+    pub(crate) bytes: Arc<CudaSlice<u8>>,
+    /// The GPU, with the stream that filled `bytes`.
+    pub(crate) gpu: Gpu,
+}
+
+impl GpuArray {
+    /// An uninitialised buffer for `shape` elements of `dtype`; the caller fills all of it.
+    pub(crate) fn alloc(gpu: &Gpu, dtype: DType, shape: &[usize]) -> Result<CudaSlice<u8>, GpuError> {
+        let len = shape.iter().product::<usize>() * dtype.size_in_bytes();
+        if len == 0 {
+            return gpu.stream().null::<u8>().map_err(driver_error);
+        }
+        // SAFETY: every caller writes the whole buffer (a copy or a kernel) before it is read.
+        unsafe { gpu.stream().alloc::<u8>(len) }.map_err(driver_error)
+    }
+
+    pub(crate) fn new(gpu: &Gpu, dtype: DType, shape: &[usize], bytes: CudaSlice<u8>) -> GpuArray {
+        GpuArray {
+            dtype,
+            shape: shape.into(),
+            bytes: Arc::new(bytes),
+            gpu: gpu.clone(),
+        }
+    }
+
+    /// Host elements copied to `gpu`.
+    pub(crate) fn upload(host: &HostArray, gpu: &Gpu) -> Result<GpuArray, GpuError> {
+        let src = host.to_bytes();
+        let mut bytes = GpuArray::alloc(gpu, host.dtype(), host.shape())?;
+        if !src.is_empty() {
+            gpu.stream()
+                .memcpy_htod(src.as_ref(), &mut bytes)
+                .map_err(driver_error)?;
+            // The copy reads pageable host memory the caller may free: wait for it.
+            gpu.synchronize()?;
+        }
+        Ok(GpuArray::new(gpu, host.dtype(), host.shape(), bytes))
+    }
+
+    /// The elements copied back to host memory.
+    pub(crate) fn download(&self) -> Result<HostArray, GpuError> {
+        let mut out = vec![0u8; self.bytes.len()];
+        if !out.is_empty() {
+            let stream = self.gpu.stream();
+            stream
+                .memcpy_dtoh(self.bytes.as_ref(), out.as_mut_slice())
+                .map_err(driver_error)?;
+            stream.synchronize().map_err(driver_error)?;
+        }
+        Ok(HostArray::from_bytes(self.dtype, &self.shape, &out))
+    }
+
+    /// The same elements on `gpu`: shared when it is this array's device, else copied (a peer
+    /// copy between GPUs), queued on `gpu`'s stream.
+    pub(crate) fn copy_to(&self, gpu: &Gpu) -> Result<GpuArray, GpuError> {
+        if gpu.ordinal() == self.gpu.ordinal() {
+            return Ok(self.clone());
+        }
+        let mut bytes = GpuArray::alloc(gpu, self.dtype, &self.shape)?;
+        if !bytes.is_empty() {
+            gpu.stream()
+                .memcpy_dtod(self.bytes.as_ref(), &mut bytes)
+                .map_err(driver_error)?;
+        }
+        Ok(GpuArray::new(gpu, self.dtype, &self.shape, bytes))
+    }
+
+    pub(crate) fn ordinal(&self) -> usize {
+        self.gpu.ordinal()
+    }
+}
+
+/// Uploads host tensors through a page-locked staging buffer, the fast path for input batches:
+/// the copy from pinned memory runs asynchronously on the GPU's stream, and the staging buffer is
+/// reused for the next batch of the same size (writing it waits for the previous copy).
+///
+/// Owned by one thread (a replica's input feeder).
+pub struct PinnedUploader {
+    gpu: Gpu,
+    staging: Option<PinnedHostSlice<u8>>,
+}
+
+impl PinnedUploader {
+    /// An uploader to `gpu`'s stream.
+    pub fn new(gpu: &Gpu) -> PinnedUploader {
+        PinnedUploader {
+            gpu: gpu.clone(),
+            staging: None,
+        }
+    }
+
+    /// `tensor` copied to the GPU (labelled as [`Tensor::to_gpu`] labels it). A tensor already
+    /// on a GPU is copied or shared as `to_gpu` does.
+    pub fn upload(&mut self, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
+        let Some(host) = tensor.host_storage() else {
+            return tensor.to_gpu(&self.gpu);
+        };
+        let src = host.to_bytes();
+        let mut bytes = GpuArray::alloc(&self.gpu, host.dtype(), host.shape())?;
+        if !src.is_empty() {
+            if self.staging.as_ref().is_none_or(|s| s.len() != src.len()) {
+                let context = self.gpu.context();
+                // SAFETY: the buffer is written in full below before any copy reads it.
+                let fresh = unsafe { context.alloc_pinned::<u8>(src.len()) }.map_err(driver_error)?;
+                self.staging = Some(fresh);
+            }
+            let staging = self.staging.as_mut().expect("allocated above");
+            // Waits for the previous upload's copy out of this buffer to finish.
+            staging
+                .as_mut_slice()
+                .map_err(driver_error)?
+                .copy_from_slice(&src);
+            self.gpu
+                .stream()
+                .memcpy_htod(&*staging, &mut bytes)
+                .map_err(driver_error)?;
+        }
+        let array = GpuArray::new(&self.gpu, host.dtype(), host.shape(), bytes);
+        Ok(Tensor::from_gpu_array(tensor.gpu_label(&self.gpu), array))
+    }
+}

@@ -1,0 +1,29 @@
+//! GPU memory, copies and reduction kernels (feature `cuda`), through cudarc with CUDA loaded at
+//! run time.
+//!
+//! Part of layer 3 (collectives): knows devices and tensors, nothing about strategies. Every entry
+//! point probes the libraries first ([`gpu_count`], [`nvrtc_available`]): cudarc panics on the first
+//! call into a library that is missing, so a machine without a driver, a GPU or NVRTC gets a
+//! [`GpuError`](crate::GpuError) saying what to install instead.
+//!
+//! - [`Gpu`]: one device and one stream. [`Gpu::open`] gives the process-wide handle of a device
+//!   (used for cross-replica work); [`Gpu::with_new_stream`] gives a replica thread its own stream.
+//! - Tensors move with [`Tensor::to_gpu`](crate::Tensor::to_gpu),
+//!   [`Tensor::to_host`](crate::Tensor::to_host) and [`Tensor::copy_to`](crate::Tensor::copy_to);
+//!   [`PinnedUploader`] stages input batches in page-locked memory so uploads run asynchronously.
+//! - [`kernel_source`] is the CUDA C of the reduction kernels, compiled once per architecture with
+//!   NVRTC ([`compile_reduction_kernels`]); they fold inputs in replica order exactly as the host
+//!   kernel does, so GPU and CPU reductions give the same bits.
+
+mod device;
+mod kernels;
+mod memory;
+mod probe;
+
+pub use device::Gpu;
+pub use kernels::{compile_reduction_kernels, kernel_source};
+pub use memory::PinnedUploader;
+pub use probe::{gpu_count, nccl_available, nvrtc_available, require_nccl, require_nvrtc};
+
+pub(crate) use kernels::reduce_on_gpu;
+pub(crate) use memory::GpuArray;
