@@ -66,6 +66,38 @@ impl Default for GroupConfig {
     }
 }
 
+/// The outcome of a call where some replica passed a GPU tensor: the last arriver reduces on a
+/// GPU (the reduction kernel folds in replica order, as on the host), and every replica copies the
+/// result to its own device. Gathers and scatters of GPU tensors are the NCCL backend's.
+#[cfg(feature = "cuda")]
+fn plan_on_gpu(requests: Vec<Request>, n: usize) -> Result<Outcome, CollectiveError> {
+    let reduce_bucket = |op: ReduceOp, b: usize| {
+        let inputs: Vec<&Tensor> = requests.iter().map(|r| &r.tensors()[b]).collect();
+        kernel::reduce_tensors(op, &inputs, inputs[0].device(), n)
+    };
+    match &requests[0] {
+        Request::AllReduce(op, _) => Ok(Outcome::Shared(vec![reduce_bucket(*op, 0)?])),
+        Request::BatchAllReduce(op, first, _) => Ok(Outcome::Shared(
+            (0..first.len())
+                .map(|b| reduce_bucket(*op, b))
+                .collect::<Result<_, _>>()?,
+        )),
+        Request::Broadcast { root, .. } => {
+            let tensor = requests[*root].tensors().first().cloned().ok_or_else(|| {
+                CollectiveError::InvalidArgument(format!(
+                    "broadcast: the root replica {root} passed no tensor"
+                ))
+            })?;
+            Ok(Outcome::Shared(vec![tensor]))
+        }
+        Request::AllGather(_) | Request::ReduceScatter(..) => Err(CollectiveError::Unimplemented(
+            "all_gather and reduce_scatter of GPU tensors need the NCCL backend (feature `nccl`); \
+             copy the tensors to the host, or use NcclAllReduce"
+                .into(),
+        )),
+    }
+}
+
 /// What one replica asked for.
 #[derive(Clone)]
 enum Request {
@@ -311,6 +343,14 @@ impl Shared {
 
     fn plan_checked(&self, requests: Vec<Request>) -> Result<Outcome, CollectiveError> {
         let n = self.num_replicas;
+        #[cfg(feature = "cuda")]
+        if requests.iter().any(|r| {
+            r.tensors()
+                .iter()
+                .any(|t| t.placement() != crate::Placement::Host)
+        }) {
+            return plan_on_gpu(requests, n);
+        }
         match &requests[0] {
             Request::AllReduce(op, first) => {
                 kernel::check_op(*op, first.dtype())?;
@@ -545,7 +585,7 @@ impl Member {
     /// with this replica's device. `Mean` divides by the replica count.
     pub fn all_reduce(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
         let mut out = self.call(Request::AllReduce(op, tensor.clone()))?;
-        Ok(out.swap_remove(0).to_device(tensor.device()))
+        out.swap_remove(0).copy_to(tensor.device())
     }
 
     /// [`Member::all_reduce`] of several tensors in one rendezvous; results in input order,
@@ -559,6 +599,13 @@ impl Member {
         if tensors.is_empty() {
             return Ok(Vec::new());
         }
+        if tensors
+            .iter()
+            .any(|t| t.placement() != crate::Placement::Host)
+        {
+            // Packing works on host memory: GPU tensors are reduced one call each.
+            return tensors.iter().map(|t| self.all_reduce(op, t)).collect();
+        }
         let plan = FusionPlan::new(tensors, self.group.config().bytes_per_pack);
         let buckets = plan.pack(tensors)?;
         let reduced = self.call(Request::BatchAllReduce(op, buckets, describe(tensors)))?;
@@ -566,22 +613,22 @@ impl Member {
             .unpack(&reduced)?
             .into_iter()
             .zip(tensors)
-            .map(|(r, t)| r.to_device(t.device()))
-            .collect())
+            .map(|(r, t)| r.copy_to(t.device()))
+            .collect::<Result<_, _>>()?)
     }
 
     /// Every replica's `tensor` concatenated along the first axis, in replica order. Tensors may
     /// differ in their first dimension only.
     pub fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
         let mut out = self.call(Request::AllGather(tensor.clone()))?;
-        Ok(out.swap_remove(0).to_device(tensor.device()))
+        out.swap_remove(0).copy_to(tensor.device())
     }
 
     /// This replica's rows of the reduction: the first dimension is split into N equal parts
     /// and replica r gets part r.
     pub fn reduce_scatter(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
         let mut out = self.call(Request::ReduceScatter(op, tensor.clone()))?;
-        Ok(out.swap_remove(0).to_device(tensor.device()))
+        out.swap_remove(0).copy_to(tensor.device())
     }
 
     /// Replica `root`'s tensor on every replica; the others pass `None`.

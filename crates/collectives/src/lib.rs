@@ -5,16 +5,18 @@
 //! input pipelines or how replica threads are scheduled.
 
 mod aggregate;
-#[cfg(feature = "cuda")]
-pub mod cuda;
 pub mod algorithms;
 mod all_reduce_spec;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod distributed;
 mod error;
 mod flat;
 mod group;
 mod kernel;
 mod keys;
+#[cfg(feature = "nccl")]
+mod nccl;
 mod ops;
 mod packing;
 mod rendezvous;
@@ -32,6 +34,8 @@ pub use keys::{
     CollectiveKeys, DEFAULT_RANGE_SIZE_LIMIT, INSTANCE_KEY_START, extract_ranges,
     group_device_names,
 };
+#[cfg(feature = "nccl")]
+pub use nccl::{NCCL_ID_BYTES, NcclAllReduce};
 pub use ops::{
     CrossDeviceOps, Destinations, ReductionToOneDevice, ReplicaCollectives, SharedMemoryAllReduce,
     choose_the_best, reduce_non_distributed_value, simple_broadcast,

@@ -317,6 +317,21 @@ fn reduce_on(
     }
 }
 
+/// Reduces `values` on `device` and delivers a copy to every destination (a value already alone
+/// on its one destination is returned as it is).
+pub(crate) fn reduce_and_deliver(
+    op: ReduceOp,
+    values: &[AnyTensor],
+    destinations: &Destinations,
+    device: &str,
+) -> Result<Leaf<AnyTensor>, CollectiveError> {
+    if let Some(result) = single_value_in_place(values, destinations) {
+        return Ok(result);
+    }
+    let reduced = reduce_on(op, values, device)?;
+    deliver(destinations, |device| reduced.copy_to(device))
+}
+
 /// [`CrossDeviceOps::batch_reduce`] with fusion: pairs whose values are all dense, on the same
 /// devices and bound for the same destinations are packed per replica into buckets of
 /// `bytes_per_pack` bytes, reduced bucket by bucket and cut apart again. Element-wise reduction
@@ -502,11 +517,12 @@ impl CrossDeviceOps for ReductionToOneDevice {
         values: &[AnyTensor],
         destinations: &Destinations,
     ) -> Result<Leaf<AnyTensor>, CollectiveError> {
-        if let Some(result) = single_value_in_place(values, destinations) {
-            return Ok(result);
-        }
-        let reduced = reduce_on(op, values, self.reduce_device_for(values, destinations))?;
-        deliver(destinations, |device| reduced.copy_to(device))
+        reduce_and_deliver(
+            op,
+            values,
+            destinations,
+            self.reduce_device_for(values, destinations),
+        )
     }
 
     group_backed_methods!();
@@ -547,14 +563,9 @@ impl CrossDeviceOps for SharedMemoryAllReduce {
         values: &[AnyTensor],
         destinations: &Destinations,
     ) -> Result<Leaf<AnyTensor>, CollectiveError> {
-        if let Some(result) = single_value_in_place(values, destinations) {
-            return Ok(result);
-        }
         // In cross-replica context one thread holds every value, so the reduction runs here, in
         // the same order as the replicas' all-reduce: both give the same bits.
-        let device = destinations.as_slice()[0].as_str();
-        let reduced = reduce_on(op, values, device)?;
-        deliver(destinations, |device| reduced.copy_to(device))
+        reduce_and_deliver(op, values, destinations, &destinations.as_slice()[0])
     }
 
     group_backed_methods!();
@@ -562,9 +573,10 @@ impl CrossDeviceOps for SharedMemoryAllReduce {
 
 /// The backend for a strategy's devices, and why it was chosen (also logged at info level).
 ///
-/// All local CPUs → [`SharedMemoryAllReduce`]. Any other local device kind →
-/// [`ReductionToOneDevice`] in host memory (the NCCL backend, for GPUs, is a later feature).
-/// Devices of other workers need a multi-process backend, which this build does not have.
+/// All local CPUs → [`SharedMemoryAllReduce`]. Two or more GPUs, with feature `nccl` and NCCL
+/// loadable → `NcclAllReduce`. Anything else → [`ReductionToOneDevice`], and the reason says why
+/// NCCL was not used (feature off, one GPU, NCCL missing, NCCL refusing the devices). Devices of
+/// other workers need a multi-process backend: build `NcclAllReduce::for_cluster` yourself.
 ///
 /// ```
 /// use distribute_collectives::{choose_the_best, GroupConfig};
@@ -612,16 +624,56 @@ pub fn choose_the_best<S: AsRef<str>>(
             .find(|k| **k != "CPU")
             .copied()
             .unwrap_or_default();
-        (
-            Arc::new(ReductionToOneDevice::new(n, config)?),
-            format!(
-                "ReductionToOneDevice: the devices include {other}, and this build has no \
-                 NCCL backend; values are reduced in host memory on one device"
+        let gpus: Option<Vec<usize>> = specs
+            .iter()
+            .map(|d| match (d.device_type(), d.device_index()) {
+                (Some(k), Some(i)) if k.eq_ignore_ascii_case("GPU") => Some(i as usize),
+                _ => None,
+            })
+            .collect();
+        match nccl_backend(gpus.as_deref(), &config) {
+            Ok((ops, why)) => (ops, why),
+            Err(why_not) => (
+                Arc::new(ReductionToOneDevice::new(n, config)?),
+                format!(
+                    "ReductionToOneDevice: the devices include {other} and {why_not}; values are \
+                     reduced on one device"
+                ),
             ),
-        )
+        }
     };
     log::info!("choose_the_best: {reason}");
     Ok((ops, reason))
+}
+
+/// The NCCL backend for `gpus` (every device a GPU), or why not.
+#[cfg_attr(not(feature = "nccl"), allow(unused_variables))]
+fn nccl_backend(
+    gpus: Option<&[usize]>,
+    config: &GroupConfig,
+) -> Result<(Arc<dyn CrossDeviceOps>, String), String> {
+    let Some(gpus) = gpus else {
+        return Err("not every device is a GPU, which NCCL needs".into());
+    };
+    if gpus.len() < 2 {
+        return Err("there is only one GPU, so there is nothing for NCCL to do".into());
+    }
+    #[cfg(feature = "nccl")]
+    {
+        match crate::NcclAllReduce::new(gpus, config.deadline) {
+            Ok(ops) => Ok((
+                Arc::new(ops),
+                format!(
+                    "NcclAllReduce: {} GPUs of this process and NCCL loads, so replicas reduce \
+                     with NCCL",
+                    gpus.len()
+                ),
+            )),
+            Err(e) => Err(format!("NCCL could not be used: {e}")),
+        }
+    }
+    #[cfg(not(feature = "nccl"))]
+    Err("this build has no NCCL backend (build distribute-collectives with feature `nccl`)".into())
 }
 
 /// TF's `reduce_non_distributed_value`: reduce a value that is the same on every replica (not a

@@ -227,7 +227,10 @@ impl HostArray {
                     let v: Vec<T> = a.iter().copied().collect();
                     // SAFETY: as above.
                     let b = unsafe {
-                        std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(&v[..]))
+                        std::slice::from_raw_parts(
+                            v.as_ptr().cast::<u8>(),
+                            std::mem::size_of_val(&v[..]),
+                        )
                     };
                     Cow::Owned(b.to_vec())
                 }
@@ -245,9 +248,17 @@ impl HostArray {
             // SAFETY: `v` holds exactly `bytes.len()` bytes of plain-old-data elements, every bit
             // pattern of which is a valid element.
             unsafe {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr().cast::<u8>(), bytes.len())
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    v.as_mut_ptr().cast::<u8>(),
+                    bytes.len(),
+                )
             };
-            T::wrap(ArrayD::from_shape_vec(shape, v).expect("byte count matches the shape").into_shared())
+            T::wrap(
+                ArrayD::from_shape_vec(shape, v)
+                    .expect("byte count matches the shape")
+                    .into_shared(),
+            )
         }
         with_dtype!(dtype, T => build::<T>(shape, bytes))
     }
@@ -661,14 +672,5 @@ impl Tensor {
             self.gpu_label(gpu),
             self.gpu_array_on(gpu)?,
         ))
-    }
-
-    /// The GPU storage, `None` for a host tensor (for backends such as NCCL that hand raw device
-    /// buffers to a library).
-    pub(crate) fn gpu_storage(&self) -> Option<&crate::cuda::GpuArray> {
-        match &self.storage {
-            Storage::Host(_) => None,
-            Storage::Gpu(array) => Some(array),
-        }
     }
 }

@@ -1,1 +1,289 @@
-//! (being written)
+//! The NCCL backend on a real GPU (feature `nccl`): single-rank plumbing, results against the
+//! host kernel, and two ranks on one GPU as two processes (distinct NCCL_HOSTID, so each looks
+//! like a node: NCCL before 2.30 refuses two ranks of one process on the same GPU).
+//!
+//! Without a GPU or NCCL the tests say why and pass, unless `DISTRIBUTE_REQUIRE_GPU=1` /
+//! `DISTRIBUTE_REQUIRE_NCCL=1` (set by `cargo xtask test-gpu`), which make them fail.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use distribute_collectives::cuda::{Gpu, gpu_count, require_nccl, require_nvrtc};
+use distribute_collectives::{
+    AnyTensor, CollectiveError, CrossDeviceOps, Destinations, GroupConfig, NcclAllReduce,
+    Placement, ReductionToOneDevice, Tensor, choose_the_best,
+};
+use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
+use distribute_values::{Leaf, ReduceOp};
+use half::bf16;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn required(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|v| v == "1")
+}
+
+/// The first GPU, when there is one and NCCL loads; else why not (a failure when required).
+fn gpu_with_nccl() -> Option<Gpu> {
+    let why = match (gpu_count(), require_nccl(), require_nvrtc()) {
+        (Ok(n), Ok(()), Ok(())) if n > 0 => return Some(Gpu::open(0).expect("GPU 0 opens")),
+        (Ok(0), ..) => "the driver reports no GPU".to_owned(),
+        (Err(e), ..) => e.to_string(),
+        (_, Err(e), _) => e.to_string(),
+        (_, _, Err(e)) => e.to_string(),
+    };
+    assert!(
+        !required("DISTRIBUTE_REQUIRE_GPU") && !required("DISTRIBUTE_REQUIRE_NCCL"),
+        "a GPU and NCCL are required here: {why}"
+    );
+    eprintln!("skipped: {why}");
+    None
+}
+
+fn ramp(n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|i| (i as f32 * 0.37 - 11.0) * scale).collect()
+}
+
+#[test]
+fn one_rank_reduces_gathers_scatters_and_broadcasts() {
+    let Some(gpu) = gpu_with_nccl() else { return };
+    let version = NcclAllReduce::nccl_version().unwrap();
+    eprintln!("NCCL {version} on {}", gpu.name().unwrap());
+    let ops = NcclAllReduce::new(&[0], DEADLINE).unwrap();
+    let member = ops.replica_collectives(0).unwrap();
+    let x = Tensor::from_vec("/gpu:0", &[4, 3], ramp(12, 1.0))
+        .unwrap()
+        .to_gpu(&gpu)
+        .unwrap();
+
+    let sum = member.all_reduce(ReduceOp::Sum, &x).unwrap();
+    assert_eq!(sum.placement(), Placement::Cuda { ordinal: 0 });
+    assert!(sum.bitwise_eq(&x), "a world of one sums to its input");
+    let mean = member.all_reduce(ReduceOp::Mean, &x).unwrap();
+    assert!(mean.bitwise_eq(&x));
+
+    let b = Tensor::from_vec(
+        "/gpu:0",
+        &[2],
+        vec![bf16::from_f32(1.5), bf16::from_f32(-2.0)],
+    )
+    .unwrap()
+    .to_gpu(&gpu)
+    .unwrap();
+    let batch = member
+        .batch_all_reduce(ReduceOp::Max, &[x.clone(), b.clone()])
+        .unwrap();
+    assert!(batch[0].bitwise_eq(&x) && batch[1].bitwise_eq(&b));
+
+    let gathered = member.all_gather(&x).unwrap();
+    assert!(gathered.bitwise_eq(&x));
+    let scattered = member.reduce_scatter(ReduceOp::Sum, &x).unwrap();
+    assert!(scattered.bitwise_eq(&x));
+    let root = member.broadcast(0, Some(&x)).unwrap();
+    assert!(root.bitwise_eq(&x));
+
+    // A host input gives a host result.
+    let host = Tensor::from_vec("/gpu:0", &[3], vec![1i64, -2, 3]).unwrap();
+    let out = member.all_reduce(ReduceOp::Sum, &host).unwrap();
+    assert_eq!(out.placement(), Placement::Host);
+    assert_eq!(out.to_vec::<i64>().unwrap(), [1, -2, 3]);
+
+    assert!(matches!(
+        member.all_reduce(ReduceOp::Mean, &host),
+        Err(CollectiveError::IntegerMean(_))
+    ));
+    // Each replica's communicator is taken once.
+    assert!(ops.replica_collectives(0).is_err());
+}
+
+#[test]
+fn cross_replica_reduce_matches_the_host_backend_bitwise() {
+    let Some(gpu) = gpu_with_nccl() else { return };
+    let ops = NcclAllReduce::new(&[0], DEADLINE).unwrap();
+    let host_ops = ReductionToOneDevice::new(3, GroupConfig::default()).unwrap();
+    let values: Vec<Tensor> = (0..3)
+        .map(|r| Tensor::from_vec("/gpu:0", &[1000], ramp(1000, r as f32 + 0.1)).unwrap())
+        .collect();
+    let on_gpu: Vec<AnyTensor> = values
+        .iter()
+        .map(|t| AnyTensor::Dense(t.to_gpu(&gpu).unwrap()))
+        .collect();
+    let on_host: Vec<AnyTensor> = values.into_iter().map(AnyTensor::Dense).collect();
+    let dest = Destinations::device("/gpu:0").unwrap();
+    for op in [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Max] {
+        let Leaf::Same(AnyTensor::Dense(a)) = ops.reduce(op, &on_gpu, &dest).unwrap() else {
+            panic!("one destination")
+        };
+        let Leaf::Same(AnyTensor::Dense(b)) = host_ops.reduce(op, &on_host, &dest).unwrap() else {
+            panic!("one destination")
+        };
+        assert_eq!(a.placement(), Placement::Cuda { ordinal: 0 });
+        assert!(a.bitwise_eq(&b), "{op}");
+    }
+}
+
+#[test]
+fn choose_the_best_says_why_one_gpu_gets_no_nccl() {
+    if gpu_with_nccl().is_none() {
+        return;
+    }
+    let (ops, why) = choose_the_best(&["/gpu:0"], GroupConfig::default()).unwrap();
+    assert_eq!(ops.name(), "ReductionToOneDevice");
+    assert!(why.contains("only one GPU"), "{why}");
+    if gpu_count().unwrap() >= 2 {
+        let (ops, why) = choose_the_best(&["/gpu:0", "/gpu:1"], GroupConfig::default()).unwrap();
+        assert_eq!(ops.name(), "NcclAllReduce", "{why}");
+    }
+}
+
+/// The environment variable that makes this test binary act as one rank of
+/// `two_processes_share_one_gpu`.
+const CHILD: &str = "DISTRIBUTE_NCCL_CHILD";
+
+#[test]
+fn two_processes_share_one_gpu() {
+    if gpu_with_nccl().is_none() {
+        return;
+    }
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let cluster = format!(r#"{{"worker": ["127.0.0.1:{port}", "127.0.0.1:1"]}}"#);
+    let exe = std::env::current_exe().unwrap();
+    let mut children: Vec<_> = (0..2)
+        .map(|rank| {
+            Command::new(&exe)
+                .args([
+                    "--exact",
+                    "rank_of_two_processes",
+                    "--ignored",
+                    "--nocapture",
+                ])
+                .env(CHILD, rank.to_string())
+                .env("DISTRIBUTE_CLUSTER", &cluster)
+                // Each rank looks like a node of its own, so NCCL accepts both on one GPU.
+                .env("NCCL_HOSTID", format!("distribute-test-host-{rank}"))
+                .env("NCCL_SOCKET_IFNAME", "lo")
+                .env("NCCL_IB_DISABLE", "1")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let start = Instant::now();
+    let mut statuses = vec![None; 2];
+    while statuses.iter().any(Option::is_none) {
+        for (child, status) in children.iter_mut().zip(statuses.iter_mut()) {
+            if status.is_none() {
+                *status = child.try_wait().unwrap();
+            }
+        }
+        if start.elapsed() > Duration::from_secs(180) {
+            children.iter_mut().for_each(|c| {
+                let _ = c.kill();
+            });
+            panic!("the two ranks did not finish within 180 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (rank, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("--- rank {rank} ---\n{text}");
+        assert!(out.status.success(), "rank {rank} failed");
+        assert!(
+            text.contains("RANK OK"),
+            "rank {rank} did not finish its checks"
+        );
+    }
+}
+
+/// One rank of `two_processes_share_one_gpu` (run by it, in a child process).
+#[test]
+#[ignore = "a child process of two_processes_share_one_gpu"]
+fn rank_of_two_processes() {
+    let rank: usize = std::env::var(CHILD)
+        .expect("run by two_processes_share_one_gpu")
+        .parse()
+        .unwrap();
+    let cluster = ClusterSpec::from_json(&std::env::var("DISTRIBUTE_CLUSTER").unwrap()).unwrap();
+    let me = TaskId::new(TaskType::Worker, rank as u32);
+    let gpu = Gpu::open(0).unwrap();
+    let ops = NcclAllReduce::for_cluster(&cluster, me, &[0], DEADLINE).unwrap();
+    let member = ops.replica_collectives(0).unwrap();
+
+    // all_reduce: rank r contributes r + 1 → 3 everywhere; f32, bf16 and i64 in one batch.
+    let x = Tensor::from_vec("/gpu:0", &[1 << 16], vec![(rank + 1) as f32; 1 << 16])
+        .unwrap()
+        .to_gpu(&gpu)
+        .unwrap();
+    let y = Tensor::from_vec("/gpu:0", &[5], vec![bf16::from_f32(rank as f32 + 0.5); 5]).unwrap();
+    let z = Tensor::from_vec("/gpu:0", &[2], vec![i64::MAX - rank as i64, 7]).unwrap();
+    let out = member
+        .batch_all_reduce(ReduceOp::Sum, &[x.clone(), y, z])
+        .unwrap();
+    assert!(out[0].to_vec::<f32>().is_err(), "GPU input, GPU result");
+    assert!(
+        out[0]
+            .to_host()
+            .unwrap()
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .all(|&v| v == 3.0)
+    );
+    assert_eq!(
+        out[1].to_vec::<bf16>().unwrap(),
+        vec![bf16::from_f32(2.0); 5]
+    );
+    assert_eq!(
+        out[2].to_vec::<i64>().unwrap(),
+        [(i64::MAX).wrapping_add(i64::MAX - 1), 14]
+    );
+    let mean = member
+        .all_reduce(ReduceOp::Mean, &x)
+        .unwrap()
+        .to_host()
+        .unwrap();
+    assert!(mean.to_vec::<f32>().unwrap().iter().all(|&v| v == 1.5));
+
+    // all_gather with different row counts: rank 0 has 1 row, rank 1 has 2.
+    let rows = rank + 1;
+    let mine = Tensor::from_vec("/gpu:0", &[rows, 2], vec![rank as f32; rows * 2]).unwrap();
+    let gathered = member.all_gather(&mine).unwrap();
+    assert_eq!(gathered.shape(), [3, 2]);
+    assert_eq!(gathered.to_vec::<f32>().unwrap(), [0., 0., 1., 1., 1., 1.]);
+
+    // reduce_scatter: 4 rows, each rank keeps 2 of the sum.
+    let full = Tensor::from_vec("/gpu:0", &[4], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap();
+    let part = member.reduce_scatter(ReduceOp::Sum, &full).unwrap();
+    let expect = if rank == 0 { [2.0, 4.0] } else { [6.0, 8.0] };
+    assert_eq!(part.to_vec::<f32>().unwrap(), expect);
+
+    // broadcast from rank 1: rank 0 passes nothing and learns dtype and shape.
+    let root_value = Tensor::from_vec("/gpu:0", &[2, 2], vec![9i32, 8, 7, 6]).unwrap();
+    let got = member
+        .broadcast(1, (rank == 1).then_some(&root_value))
+        .unwrap()
+        .to_host()
+        .unwrap();
+    assert_eq!(got.shape(), [2, 2]);
+    assert_eq!(got.to_vec::<i32>().unwrap(), [9, 8, 7, 6]);
+
+    // Different shapes on the two ranks: both get a ReplicaMismatch, nobody hangs.
+    let odd = Tensor::from_vec("/gpu:0", &[3 + rank], vec![1.0f32; 3 + rank]).unwrap();
+    match member.all_reduce(ReduceOp::Sum, &odd) {
+        Err(CollectiveError::ReplicaMismatch { .. }) => {}
+        other => panic!("expected a ReplicaMismatch, got {other:?}"),
+    }
+    // The communicator still works after a refused call.
+    let again = member.all_reduce(ReduceOp::Max, &full).unwrap();
+    assert_eq!(again.to_vec::<f32>().unwrap(), [1.0, 2.0, 3.0, 4.0]);
+    println!("RANK OK");
+}

@@ -150,7 +150,7 @@ impl MirroredStrategy {
                 ops.name()
             )));
         }
-        let pool = ReplicaPool::start(Arc::clone(&ops), n, config.idle_spin)?;
+        let pool = ReplicaPool::start(Arc::clone(&ops), &devices, config.idle_spin)?;
         log::info!("MirroredStrategy over {devices:?}: {ops_reason}");
         Ok(MirroredStrategy {
             devices: Arc::new(ReplicaDeviceMap::new(devices)?),

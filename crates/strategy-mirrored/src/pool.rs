@@ -72,11 +72,15 @@ pub(crate) struct ReplicaPool {
 
 impl ReplicaPool {
     /// Starts one thread per replica; each makes its collectives handle from `ops` on itself.
+    ///
+    /// With feature `cuda`, the thread of a GPU device opens its GPU with a stream of its own and
+    /// makes it the thread's current GPU before anything else (NCCL communicators need it).
     pub(crate) fn start(
         ops: Arc<dyn CrossDeviceOps>,
-        num_replicas: usize,
+        devices: &[String],
         idle_spin: Duration,
     ) -> Result<ReplicaPool, StrategyError> {
+        let num_replicas = devices.len();
         let shared = Arc::new(Shared {
             epoch: AtomicU64::new(0),
             job: Mutex::new(None),
@@ -96,9 +100,10 @@ impl ReplicaPool {
         for replica in 0..num_replicas {
             let (shared, ops, ready) =
                 (Arc::clone(&pool.shared), Arc::clone(&ops), ready_tx.clone());
+            let device = devices[replica].clone();
             let thread = std::thread::Builder::new()
                 .name(format!("replica-{replica}"))
-                .spawn(move || replica_thread(replica, &shared, ops.as_ref(), ready))
+                .spawn(move || replica_thread(replica, &device, &shared, ops.as_ref(), ready))
                 .map_err(|e| {
                     StrategyError::Runtime(format!("cannot start replica thread {replica}: {e}"))
                 })?;
@@ -191,13 +196,37 @@ impl Drop for ReplicaPool {
     }
 }
 
+/// Makes the GPU `device` names (if any) the thread's current GPU, with a stream of its own.
+#[cfg(feature = "cuda")]
+fn own_device(device: &str) -> Result<(), StrategyError> {
+    use distribute_collectives::cuda::{Gpu, set_current_gpu};
+    if let Some(ordinal) = Gpu::index_of(device)? {
+        let gpu = Gpu::open(ordinal)
+            .and_then(|gpu| gpu.with_new_stream())
+            .map_err(distribute_collectives::CollectiveError::from)?;
+        set_current_gpu(gpu).map_err(distribute_collectives::CollectiveError::from)?;
+    }
+    Ok(())
+}
+
+/// Without feature `cuda`, every device's values live in host memory.
+#[cfg(not(feature = "cuda"))]
+fn own_device(_device: &str) -> Result<(), StrategyError> {
+    Ok(())
+}
+
 fn replica_thread(
     replica: usize,
+    device: &str,
     shared: &Shared,
     ops: &dyn CrossDeviceOps,
     ready: std::sync::mpsc::Sender<Result<(), StrategyError>>,
 ) {
     ON_REPLICA_THREAD.with(|flag| flag.set(true));
+    if let Err(error) = own_device(device) {
+        let _ = ready.send(Err(error));
+        return;
+    }
     // A user's `CrossDeviceOps` may panic here; that must reach `start` as an error, not leave
     // it waiting for a report that never comes.
     let made = std::panic::catch_unwind(AssertUnwindSafe(|| ops.replica_collectives(replica)));

@@ -215,7 +215,9 @@ fn loaded(gpu: &Gpu) -> Result<Arc<Loaded>, GpuError> {
         .map_err(driver_error)?;
     let sms = gpu
         .context()
-        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )
         .map_err(driver_error)?;
     let loaded = Arc::new(Loaded {
         module,
@@ -263,15 +265,15 @@ fn launch(
         .map_err(driver_error)?;
     let stream = gpu.stream();
     // The guards make later users of each input wait for this kernel (cudarc's event tracking).
-    let (pointers, _guards): (Vec<u64>, Vec<_>) = inputs
-        .iter()
-        .map(|a| a.bytes.device_ptr(stream))
-        .unzip();
+    let (pointers, _guards): (Vec<u64>, Vec<_>) =
+        inputs.iter().map(|a| a.bytes.device_ptr(stream)).unzip();
     let table = stream.clone_htod(&pointers).map_err(driver_error)?;
     let n = u32::try_from(inputs.len())
         .map_err(|_| GpuError::Driver("more than u32::MAX inputs".into()))?;
     let (len, divisor) = (len as u64, divisor as u64);
-    let blocks = len.div_ceil(u64::from(THREADS)).min(u64::from(loaded.max_blocks)) as u32;
+    let blocks = len
+        .div_ceil(u64::from(THREADS))
+        .min(u64::from(loaded.max_blocks)) as u32;
     let config = LaunchConfig {
         grid_dim: (blocks, 1, 1),
         block_dim: (THREADS, 1, 1),

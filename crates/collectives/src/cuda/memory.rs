@@ -21,12 +21,21 @@ pub(crate) struct GpuArray {
 
 impl GpuArray {
     /// An uninitialised buffer for `shape` elements of `dtype`; the caller fills all of it.
-    pub(crate) fn alloc(gpu: &Gpu, dtype: DType, shape: &[usize]) -> Result<CudaSlice<u8>, GpuError> {
-        let len = shape.iter().product::<usize>() * dtype.size_in_bytes();
+    pub(crate) fn alloc(
+        gpu: &Gpu,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<CudaSlice<u8>, GpuError> {
+        GpuArray::alloc_bytes(gpu, shape.iter().product::<usize>() * dtype.size_in_bytes())
+    }
+
+    /// An uninitialised buffer of `len` bytes; the caller fills all of it.
+    pub(crate) fn alloc_bytes(gpu: &Gpu, len: usize) -> Result<CudaSlice<u8>, GpuError> {
         if len == 0 {
             return gpu.stream().null::<u8>().map_err(driver_error);
         }
-        // SAFETY: every caller writes the whole buffer (a copy or a kernel) before it is read.
+        // SAFETY: every caller writes the whole buffer (a copy, a kernel or a collective) before
+        // it is read.
         unsafe { gpu.stream().alloc::<u8>(len) }.map_err(driver_error)
     }
 
@@ -117,7 +126,8 @@ impl PinnedUploader {
             if self.staging.as_ref().is_none_or(|s| s.len() != src.len()) {
                 let context = self.gpu.context();
                 // SAFETY: the buffer is written in full below before any copy reads it.
-                let fresh = unsafe { context.alloc_pinned::<u8>(src.len()) }.map_err(driver_error)?;
+                let fresh =
+                    unsafe { context.alloc_pinned::<u8>(src.len()) }.map_err(driver_error)?;
                 self.staging = Some(fresh);
             }
             let staging = self.staging.as_mut().expect("allocated above");

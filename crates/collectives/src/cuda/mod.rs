@@ -11,6 +11,9 @@
 //! - Tensors move with [`Tensor::to_gpu`](crate::Tensor::to_gpu),
 //!   [`Tensor::to_host`](crate::Tensor::to_host) and [`Tensor::copy_to`](crate::Tensor::copy_to);
 //!   [`PinnedUploader`] stages input batches in page-locked memory so uploads run asynchronously.
+//! - A replica thread's GPU is thread-local, as CUDA's current device is: a strategy calls
+//!   [`set_current_gpu`] on each replica thread; a step reads it with [`current_gpu`] and moves its
+//!   input there with [`to_current_gpu`].
 //! - [`kernel_source`] is the CUDA C of the reduction kernels, compiled once per architecture with
 //!   NVRTC ([`compile_reduction_kernels`]); they fold inputs in replica order exactly as the host
 //!   kernel does, so GPU and CPU reductions give the same bits.
@@ -20,10 +23,11 @@ mod kernels;
 mod memory;
 mod probe;
 
-pub use device::Gpu;
+pub use device::{Gpu, current_gpu, set_current_gpu, to_current_gpu};
 pub use kernels::{compile_reduction_kernels, kernel_source};
 pub use memory::PinnedUploader;
 pub use probe::{gpu_count, nccl_available, nvrtc_available, require_nccl, require_nvrtc};
 
+pub(crate) use device::driver_error;
 pub(crate) use kernels::reduce_on_gpu;
 pub(crate) use memory::GpuArray;
