@@ -1221,8 +1221,8 @@ pub(crate) fn parse_args(args: &[String]) -> Result<Option<Args>> {
     }))
 }
 
-/// Checks a `--devices` list: CPU devices only, since MirroredStrategy has no GPU backend in
-/// this build and TPU devices are `--strategy tpu`'s.
+/// Checks a `--devices` list: CPU devices only, since the MLP computes in host memory and TPU
+/// devices are `--strategy tpu`'s.
 fn parse_devices(list: &str) -> Result<Vec<String>> {
     let devices: Vec<String> = list
         .split(',')
@@ -1241,10 +1241,10 @@ fn parse_devices(list: &str) -> Result<Vec<String>> {
         match spec.device_type().map(str::to_ascii_uppercase).as_deref() {
             Some("CPU") => {}
             Some("GPU") => bail!(
-                "device '{device}': this build has no GPU backend. GPU replicas come with the \
-                 `cuda` and `nccl` cargo features (CUDA memory and NCCL all-reduce), which are not \
-                 built yet; the demo will not run on the CPU under a GPU's name. Use CPU devices, \
-                 e.g. --devices /cpu:0,/cpu:1"
+                "device '{device}': the demo's MLP computes with ndarray in host memory and has \
+                 no GPU kernels, so it will not run on the CPU under a GPU's name. GPU replicas \
+                 (cargo features `cuda`/`nccl`) reduce GPU tensors; see `cargo xtask test-gpu`. \
+                 Use CPU devices here, e.g. --devices /cpu:0,/cpu:1"
             ),
             Some("TPU") => bail!(
                 "device '{device}': TPU replicas come with --strategy tpu, one per PJRT device; \

@@ -246,7 +246,7 @@ fn the_command_line_refuses_what_this_build_cannot_run() {
     );
 
     for (line, expected) in [
-        ("--devices /cpu:0,/gpu:1", "no GPU backend"),
+        ("--devices /cpu:0,/gpu:1", "no GPU kernels"),
         ("--devices /cpu:0 --replicas 2", "disagrees"),
         ("--replicas 0", "positive"),
         ("--momentum 1", "below 1"),
