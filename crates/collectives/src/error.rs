@@ -81,6 +81,55 @@ pub enum CollectiveError {
     /// An operation this backend does not provide (TF's `NotImplementedError`).
     #[error("not implemented: {0}")]
     Unimplemented(String),
+    /// The unique-id exchange of a multi-process run did not complete within its timeout.
+    #[error(
+        "unique-id exchange: {task} gave up after {waited:?} waiting for {waiting_for}; start \
+         every chief and worker task with the same cluster spec, or raise the timeout"
+    )]
+    BootstrapTimeout {
+        /// The task that gave up, e.g. `chief:0`.
+        task: String,
+        /// How long it waited.
+        waited: Duration,
+        /// The tasks known to be missing (on the leader: those that never joined; on another
+        /// task: the leader it never reached, or the tasks the leader reported); may be empty.
+        missing: Vec<String>,
+        /// What it waited for, with the last error seen.
+        waiting_for: String,
+    },
+    /// A task's address in the cluster spec cannot be used for the unique-id exchange.
+    #[error("unique-id exchange: {task}'s address '{address}' {reason}")]
+    BootstrapAddress {
+        /// The task whose address it is, e.g. `chief:0`.
+        task: String,
+        /// The address, as the cluster spec gives it.
+        address: String,
+        /// What is wrong: it does not parse, does not resolve, or cannot be bound.
+        reason: String,
+    },
+    /// The leader of the unique-id exchange refused this task.
+    #[error("unique-id exchange: the leader {leader} at {address} refused {task}: {reason}")]
+    BootstrapRefused {
+        /// The refused task.
+        task: String,
+        /// The leader, e.g. `chief:0`.
+        leader: String,
+        /// The leader's address.
+        address: String,
+        /// Why, e.g. a cluster spec that differs from the leader's.
+        reason: String,
+    },
+    /// A peer broke the unique-id exchange: it closed the connection early, sent bytes that are
+    /// not this protocol, or could not be written to.
+    #[error("unique-id exchange between {task} and {peer}: {reason}")]
+    BootstrapProtocol {
+        /// The task that saw the failure.
+        task: String,
+        /// The other side: a task, an address, or both.
+        peer: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// A device name that does not parse.
     #[error(transparent)]
     Device(#[from] DeviceSpecError),
