@@ -7,6 +7,7 @@
 mod aggregate;
 pub mod algorithms;
 mod all_reduce_spec;
+mod bootstrap;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod distributed;
@@ -28,6 +29,7 @@ pub use aggregate::{
     divide_by_n, has_inf_or_nan,
 };
 pub use all_reduce_spec::{AllReduceSpec, SpecLimit, assign_grads_to_specs, split_grads_by_size};
+pub use bootstrap::{NcclRank, UNIQUE_ID_BYTES, exchange_unique_id, nccl_rank};
 pub use error::{CollectiveError, GpuError};
 pub use group::{CollectiveGroup, GroupConfig, Member, ReducePlan};
 pub use keys::{

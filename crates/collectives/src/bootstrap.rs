@@ -1,0 +1,1051 @@
+//! The unique-id exchange of a multi-process NCCL run: the leader task hands the 128 bytes of its
+//! `ncclUniqueId` to every other chief and worker task of the [`ClusterSpec`].
+//!
+//! Every rank of an NCCL communicator calls `ncclCommInitRank` with the same id, which one rank
+//! makes with `ncclGetUniqueId`. This module moves only those bytes, like the TCP store that
+//! bootstraps torch's process groups; tensors travel through NCCL itself. It knows nothing about
+//! CUDA or NCCL (the id is just bytes), so it is always compiled and tested.
+//!
+//! # Who takes part
+//!
+//! The chief and the workers, one rank each, numbered as [`ClusterSpec::id_in_cluster`] numbers
+//! them: the chief is rank 0 and worker `i` is rank `i + 1`; without a chief, worker `i` is rank
+//! `i`. Rank 0 (the cluster's collective leader: the chief, else worker 0) leads the exchange.
+//! Parameter servers and evaluators are no ranks and are refused. See [`nccl_rank`].
+//!
+//! # Protocol (version 1; integers big-endian)
+//!
+//! The leader listens on the port of its own address in the cluster spec: on that IP when the
+//! host is an IP address, on every interface when it is a name (a name often resolves to an
+//! address that is not the machine's own, such as a Kubernetes service's). Every other task
+//! connects to it, retrying with short sleeps until its timeout since the leader may start later,
+//! and sends a hello of 27 bytes: the magic `dst-uid\0`, the version (u16), its task type (u8:
+//! 0 chief, 1 worker, 2 ps, 3 evaluator), its task index (u32), the number of ranks it believes in
+//! (u32) and a hash of its cluster's chief and worker addresses in rank order (u64).
+//!
+//! The leader refuses a bad hello at once (unknown task, a task already joined, another cluster
+//! spec) and keeps waiting for the right ones. When every rank has joined, it sends each the id;
+//! when its timeout passes first, it tells those that joined which tasks never came and fails
+//! naming them, so that no task goes on into an NCCL initialisation that would hang. A reply is
+//! the magic, the version, a status (u8) and then the id (128 bytes) for status 0, or a UTF-8
+//! message (u16 length, at most 1024 bytes) for status 1 (refused: why) and 2 (abandoned: the
+//! missing tasks, comma-separated).
+//!
+//! # Failures
+//!
+//! Every failure is a [`CollectiveError`], never a hang or a panic: every socket operation has a
+//! timeout; the leader reads hellos without blocking, so a connection that sends nothing or
+//! garbage is dropped (after two seconds at most) without holding up the others. Only the
+//! resolution of a host name, done by the system, is not bounded by the timeout.
+
+use std::fmt;
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
+
+use crate::CollectiveError;
+
+/// The 128 bytes every rank of an NCCL communicator must share (`NCCL_UNIQUE_ID_BYTES`).
+pub const UNIQUE_ID_BYTES: usize = 128;
+
+/// How long the leader waits for the hello of a connection before it drops it.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+
+const MAGIC: [u8; 8] = *b"dst-uid\0";
+const VERSION: u16 = 1;
+/// Magic and version: what both a hello and a reply start with.
+const HEADER_LEN: usize = MAGIC.len() + 2;
+const HELLO_LEN: usize = HEADER_LEN + 1 + 4 + 4 + 8;
+/// The longest message a reply carries; longer ones are cut.
+const MAX_MESSAGE: usize = 1024;
+/// The longest a client waits on one connection attempt before trying again.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The longest a client sleeps between connection attempts (the first sleep is 10 ms).
+const MAX_RETRY_PAUSE: Duration = Duration::from_millis(200);
+/// How long the leader sleeps when no connection made progress.
+const POLL_PAUSE: Duration = Duration::from_millis(2);
+/// How long the leader may take to write a reply into a connection's buffer.
+const SEND_TIMEOUT: Duration = Duration::from_millis(500);
+/// How many refused or lost connections the leader's timeout error lists.
+const MAX_NOTES: usize = 8;
+
+const STATUS_ID: u8 = 0;
+const STATUS_REFUSED: u8 = 1;
+const STATUS_ABANDONED: u8 = 2;
+
+/// A task's place in the NCCL communicator of a multi-process run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct NcclRank {
+    /// The task's rank: the chief is 0 and the workers follow it in index order (worker `i` is
+    /// rank `i` without a chief), as [`ClusterSpec::id_in_cluster`] numbers them.
+    pub rank: usize,
+    /// How many ranks there are: the chief and the workers.
+    pub world_size: usize,
+}
+
+impl NcclRank {
+    /// Whether this task leads the unique-id exchange (rank 0: the chief, else worker 0), so it
+    /// makes the id with `ncclGetUniqueId` and passes it to [`exchange_unique_id`].
+    pub fn is_leader(&self) -> bool {
+        self.rank == 0
+    }
+}
+
+/// The NCCL rank of task `me` of `cluster` and the number of ranks.
+///
+/// Fails when `me` is not in the cluster ([`CollectiveError::Device`]) or is a parameter server
+/// or an evaluator, which are no ranks ([`CollectiveError::InvalidArgument`]).
+pub fn nccl_rank(cluster: &ClusterSpec, me: TaskId) -> Result<NcclRank, CollectiveError> {
+    if !matches!(me.task_type, TaskType::Chief | TaskType::Worker) {
+        return Err(CollectiveError::InvalidArgument(format!(
+            "{me} takes no part in the NCCL unique-id exchange: only the chief and the workers \
+             are NCCL ranks"
+        )));
+    }
+    Ok(NcclRank {
+        rank: cluster.id_in_cluster(me)?,
+        world_size: cluster.worker_count(me.task_type)?,
+    })
+}
+
+/// Sends the leader's unique id to every other chief and worker task of `cluster`, or receives
+/// it: every task calls this with the same cluster spec and gets the leader's id back.
+///
+/// `id` is `Some` exactly on the leader (see [`NcclRank::is_leader`]) and `None` on every other
+/// task; anything else is a [`CollectiveError::InvalidArgument`]. The leader returns once it has
+/// sent every task the id, the others once they have it; a cluster of one task returns the id at
+/// once, without networking. Within `timeout` (give the leader time to start), every task either
+/// has the id or fails: [`CollectiveError::BootstrapTimeout`] names the tasks that never joined on
+/// the leader, and the leader's address on the others; a task the leader refuses (another cluster
+/// spec, a task already joined) gets [`CollectiveError::BootstrapRefused`].
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use distribute_collectives::{UNIQUE_ID_BYTES, exchange_unique_id, nccl_rank};
+/// use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
+///
+/// let cluster = ClusterSpec::from_json(r#"{"worker": ["localhost:2222"]}"#)?;
+/// let me = TaskId::new(TaskType::Worker, 0);
+/// // The leader passes the id from ncclGetUniqueId; every other task passes None.
+/// let id = nccl_rank(&cluster, me)?.is_leader().then_some([7; UNIQUE_ID_BYTES]);
+/// let shared = exchange_unique_id(&cluster, me, id, Duration::from_secs(60))?;
+/// assert_eq!(shared, [7; UNIQUE_ID_BYTES]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn exchange_unique_id(
+    cluster: &ClusterSpec,
+    me: TaskId,
+    id: Option<[u8; UNIQUE_ID_BYTES]>,
+    timeout: Duration,
+) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
+    let rank = nccl_rank(cluster, me)?;
+    let roster = Roster::new(cluster);
+    match (rank.is_leader(), id) {
+        (true, None) => Err(CollectiveError::InvalidArgument(format!(
+            "{me} leads the unique-id exchange of this cluster: pass the id it made with \
+             ncclGetUniqueId"
+        ))),
+        (false, Some(_)) => Err(CollectiveError::InvalidArgument(format!(
+            "{me} is rank {}, not the leader of the unique-id exchange ({} is): pass None and \
+             receive the leader's id",
+            rank.rank,
+            roster.leader()
+        ))),
+        (true, Some(id)) if rank.world_size == 1 => Ok(id),
+        (true, Some(id)) => lead(&roster, id, timeout),
+        (false, None) => join(&roster, me, timeout),
+    }
+}
+
+/// The ranks of a cluster: its chief and worker tasks in rank order, with their addresses.
+struct Roster<'a> {
+    ranks: Vec<(TaskId, &'a str)>,
+    hash: u64,
+}
+
+impl<'a> Roster<'a> {
+    fn new(cluster: &'a ClusterSpec) -> Self {
+        let ranks: Vec<(TaskId, &str)> = [TaskType::Chief, TaskType::Worker]
+            .into_iter()
+            .flat_map(|task_type| {
+                cluster
+                    .tasks(task_type)
+                    .iter()
+                    .enumerate()
+                    .map(move |(index, address)| {
+                        (TaskId::new(task_type, index as u32), address.as_str())
+                    })
+            })
+            .collect();
+        let hash = ranks.iter().fold(FNV_OFFSET, |hash, (task, address)| {
+            let hash = fnv1a(hash, task.task_type.as_str().as_bytes());
+            let hash = fnv1a(fnv1a(hash, &[0]), address.as_bytes());
+            fnv1a(hash, &[0])
+        });
+        Self { ranks, hash }
+    }
+
+    fn leader(&self) -> TaskId {
+        self.ranks[0].0
+    }
+
+    fn leader_address(&self) -> &'a str {
+        self.ranks[0].1
+    }
+
+    fn rank_of(&self, task: TaskId) -> Option<usize> {
+        self.ranks.iter().position(|(t, _)| *t == task)
+    }
+
+    /// The rank of the task saying `hello` to the leader, or why it may not join.
+    fn admit(&self, hello: &Hello) -> Result<usize, String> {
+        if hello.world_size as usize != self.ranks.len() {
+            return Err(format!(
+                "its cluster spec has {} chief and worker tasks, the leader's has {}",
+                hello.world_size,
+                self.ranks.len()
+            ));
+        }
+        if hello.cluster_hash != self.hash {
+            return Err(format!(
+                "its cluster spec differs from the leader's (the same {} chief and worker \
+                 tasks, but other addresses or another chief)",
+                self.ranks.len()
+            ));
+        }
+        match self.rank_of(hello.task) {
+            None => Err(format!(
+                "{} is not a chief or worker task of the leader's cluster",
+                hello.task
+            )),
+            Some(0) => Err(format!(
+                "{} is the leader itself: two processes claim to lead",
+                hello.task
+            )),
+            Some(rank) => Ok(rank),
+        }
+    }
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// 64-bit FNV-1a: stable across builds and platforms, unlike `std`'s hasher.
+fn fnv1a(mut hash: u64, bytes: &[u8]) -> u64 {
+    for &byte in bytes {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// What a task sends the leader when it connects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hello {
+    task: TaskId,
+    world_size: u32,
+    cluster_hash: u64,
+}
+
+impl Hello {
+    fn encode(&self) -> [u8; HELLO_LEN] {
+        let task_type = match self.task.task_type {
+            TaskType::Chief => 0,
+            TaskType::Worker => 1,
+            TaskType::Ps => 2,
+            TaskType::Evaluator => 3,
+        };
+        let mut bytes = [0; HELLO_LEN];
+        let mut out = &mut bytes[..];
+        for field in [
+            &MAGIC[..],
+            &VERSION.to_be_bytes(),
+            &[task_type],
+            &self.task.index.to_be_bytes(),
+            &self.world_size.to_be_bytes(),
+            &self.cluster_hash.to_be_bytes(),
+        ] {
+            let (head, rest) = out.split_at_mut(field.len());
+            head.copy_from_slice(field);
+            out = rest;
+        }
+        bytes
+    }
+
+    fn decode(bytes: &[u8; HELLO_LEN]) -> Result<Self, String> {
+        check_header(bytes, "hello")?;
+        let task_type = match bytes[HEADER_LEN] {
+            0 => TaskType::Chief,
+            1 => TaskType::Worker,
+            2 => TaskType::Ps,
+            3 => TaskType::Evaluator,
+            other => return Err(format!("its hello has an unknown task type {other}")),
+        };
+        let u32_at = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+        Ok(Self {
+            task: TaskId::new(task_type, u32_at(HEADER_LEN + 1)),
+            world_size: u32_at(HEADER_LEN + 5),
+            cluster_hash: u64::from_be_bytes(bytes[HEADER_LEN + 9..].try_into().unwrap()),
+        })
+    }
+}
+
+/// Checks as much of the magic and the version as `prefix` holds, so garbage is refused early.
+fn check_header(prefix: &[u8], what: &str) -> Result<(), String> {
+    let magic = &prefix[..prefix.len().min(MAGIC.len())];
+    if magic != &MAGIC[..magic.len()] {
+        return Err(format!(
+            "it speaks another protocol: its {what} starts with {:?}, not {:?}",
+            String::from_utf8_lossy(magic),
+            String::from_utf8_lossy(&MAGIC),
+        ));
+    }
+    if let Some(version) = prefix.get(MAGIC.len()..HEADER_LEN) {
+        let version = u16::from_be_bytes([version[0], version[1]]);
+        if version != VERSION {
+            return Err(format!(
+                "it speaks version {version} of the unique-id exchange, this task {VERSION}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// What the leader answers a hello.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Reply {
+    /// Every rank joined: the unique id.
+    Id([u8; UNIQUE_ID_BYTES]),
+    /// This task may not join, and why.
+    Refused(String),
+    /// The leader gave up: the tasks that never joined.
+    Abandoned(Vec<String>),
+}
+
+impl Reply {
+    fn encode(&self) -> Vec<u8> {
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&VERSION.to_be_bytes());
+        let message = match self {
+            Self::Id(id) => {
+                bytes.push(STATUS_ID);
+                bytes.extend_from_slice(id);
+                return bytes;
+            }
+            Self::Refused(reason) => {
+                bytes.push(STATUS_REFUSED);
+                reason.clone()
+            }
+            Self::Abandoned(missing) => {
+                bytes.push(STATUS_ABANDONED);
+                missing.join(",")
+            }
+        };
+        let mut end = message.len().min(MAX_MESSAGE);
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        bytes.extend_from_slice(&(end as u16).to_be_bytes());
+        bytes.extend_from_slice(&message.as_bytes()[..end]);
+        bytes
+    }
+
+    fn read(from: &mut impl Read) -> Result<Self, WireError> {
+        let mut header = [0; HEADER_LEN + 1];
+        read_exact(from, &mut header)?;
+        check_header(&header, "reply").map_err(WireError::Garbage)?;
+        let status = header[HEADER_LEN];
+        if status == STATUS_ID {
+            let mut id = [0; UNIQUE_ID_BYTES];
+            read_exact(from, &mut id)?;
+            return Ok(Self::Id(id));
+        }
+        let mut len = [0; 2];
+        read_exact(from, &mut len)?;
+        let len = usize::from(u16::from_be_bytes(len));
+        if len > MAX_MESSAGE {
+            return Err(WireError::Garbage(format!(
+                "its reply announces a message of {len} bytes, more than {MAX_MESSAGE}"
+            )));
+        }
+        let mut message = vec![0; len];
+        read_exact(from, &mut message)?;
+        let message = String::from_utf8_lossy(&message).into_owned();
+        match status {
+            STATUS_REFUSED => Ok(Self::Refused(message)),
+            STATUS_ABANDONED => Ok(Self::Abandoned(
+                message
+                    .split(',')
+                    .filter(|task| !task.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+            )),
+            other => Err(WireError::Garbage(format!(
+                "its reply has an unknown status {other}"
+            ))),
+        }
+    }
+}
+
+/// Why a reply could not be read.
+#[derive(Debug)]
+enum WireError {
+    /// The read timeout passed.
+    Timeout,
+    /// The peer closed the connection or reset it.
+    Closed(String),
+    /// Bytes that are not this protocol.
+    Garbage(String),
+}
+
+fn read_exact(from: &mut impl Read, buf: &mut [u8]) -> Result<(), WireError> {
+    from.read_exact(buf).map_err(|e| match e.kind() {
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => WireError::Timeout,
+        ErrorKind::UnexpectedEof => {
+            WireError::Closed("it closed the connection before sending the id".into())
+        }
+        _ => WireError::Closed(format!("reading its reply failed: {e}")),
+    })
+}
+
+/// `host:port` of a cluster spec, IPv6 hosts in brackets; the port must not be 0.
+fn parse_address(address: &str) -> Result<(&str, u16), String> {
+    let (host, port) = address
+        .rsplit_once(':')
+        .ok_or_else(|| "is not host:port".to_owned())?;
+    let host = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed
+            .strip_suffix(']')
+            .ok_or_else(|| "has an unclosed '[' in its host".to_owned())?,
+        None if host.contains(':') => {
+            return Err("has an IPv6 host without brackets: write it as [host]:port".into());
+        }
+        None => host,
+    };
+    if host.is_empty() {
+        return Err("has no host".into());
+    }
+    match port.parse::<u16>() {
+        Ok(port) if port != 0 => Ok((host, port)),
+        _ => Err(format!(
+            "has port '{port}', which is not a number from 1 to 65535"
+        )),
+    }
+}
+
+/// A connection whose hello the leader has not read in full.
+struct Pending {
+    stream: TcpStream,
+    peer: SocketAddr,
+    hello: Vec<u8>,
+    since: Instant,
+}
+
+impl Pending {
+    /// Reads what has arrived: `None` while the hello is incomplete, else the hello or why the
+    /// connection is dropped.
+    fn poll(&mut self) -> Option<Result<Hello, String>> {
+        let mut chunk = [0; HELLO_LEN];
+        loop {
+            let want = HELLO_LEN - self.hello.len();
+            match self.stream.read(&mut chunk[..want]) {
+                Ok(0) => {
+                    return Some(Err(format!(
+                        "it closed the connection after {} of the {HELLO_LEN} bytes of a hello",
+                        self.hello.len()
+                    )));
+                }
+                Ok(n) => {
+                    self.hello.extend_from_slice(&chunk[..n]);
+                    if let Err(reason) = check_header(&self.hello, "hello") {
+                        return Some(Err(reason));
+                    }
+                    if let Ok(hello) = <&[u8; HELLO_LEN]>::try_from(self.hello.as_slice()) {
+                        return Some(Hello::decode(hello));
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    return (self.since.elapsed() >= HELLO_TIMEOUT).then(|| {
+                        Err(format!(
+                            "it sent {} of the {HELLO_LEN} bytes of a hello in {HELLO_TIMEOUT:?}",
+                            self.hello.len()
+                        ))
+                    });
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Some(Err(format!("reading its hello failed: {e}"))),
+            }
+        }
+    }
+}
+
+/// A task that has joined the leader and waits for the id.
+struct Joined {
+    stream: TcpStream,
+    peer: SocketAddr,
+}
+
+impl Joined {
+    /// Whether the connection is still open (the task may have given up and restarted).
+    fn is_open(&self) -> bool {
+        match self.stream.peek(&mut [0]) {
+            Ok(0) => false,
+            Ok(_) => true,
+            Err(e) => e.kind() == ErrorKind::WouldBlock,
+        }
+    }
+}
+
+/// Writes `reply` and closes the sending side; the stream may be non-blocking.
+fn send(stream: &mut TcpStream, reply: &Reply) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_write_timeout(Some(SEND_TIMEOUT))?;
+    stream.write_all(&reply.encode())?;
+    stream.flush()?;
+    // The reply is out; a peer that already closed is not this side's failure.
+    let _ = stream.shutdown(Shutdown::Write);
+    Ok(())
+}
+
+/// The connections the leader refused or lost, for its timeout error.
+#[derive(Default)]
+struct Notes {
+    kept: Vec<String>,
+    more: usize,
+}
+
+impl Notes {
+    fn push(&mut self, note: String) {
+        if self.kept.len() < MAX_NOTES {
+            self.kept.push(note);
+        } else {
+            self.more += 1;
+        }
+    }
+}
+
+impl fmt::Display for Notes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.kept.is_empty() {
+            return Ok(());
+        }
+        write!(f, " (meanwhile: {}", self.kept.join("; "))?;
+        if self.more > 0 {
+            write!(f, "; and {} more", self.more)?;
+        }
+        f.write_str(")")
+    }
+}
+
+/// Tells a connection why it may not join, best effort (a peer that sent garbage may not read
+/// it), and notes it for the leader's timeout error.
+fn refuse(
+    notes: &mut Notes,
+    me: TaskId,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    claimed: Option<TaskId>,
+    reason: String,
+) {
+    let who = match claimed {
+        Some(task) => format!("{task} from {peer}"),
+        None => peer.to_string(),
+    };
+    log::warn!("unique-id exchange: {me} refused {who}: {reason}");
+    let _ = send(&mut stream, &Reply::Refused(reason.clone()));
+    notes.push(format!("refused {who}: {reason}"));
+}
+
+/// The leader's side: waits for every other rank's hello, then sends each the id.
+fn lead(
+    roster: &Roster<'_>,
+    id: [u8; UNIQUE_ID_BYTES],
+    timeout: Duration,
+) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
+    let deadline = Instant::now() + timeout;
+    let me = roster.leader();
+    let address = roster.leader_address();
+    let address_error = |reason: String| CollectiveError::BootstrapAddress {
+        task: me.to_string(),
+        address: address.to_owned(),
+        reason,
+    };
+    let (host, port) = parse_address(address).map_err(address_error)?;
+    let ip = host
+        .parse::<IpAddr>()
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    let bind = SocketAddr::new(ip, port);
+    let listener = TcpListener::bind(bind)
+        .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
+        .map_err(|e| {
+            let hint = match e.kind() {
+                ErrorKind::AddrInUse => " (another process listens on that port)",
+                ErrorKind::AddrNotAvailable => " (the address is not this machine's)",
+                _ => "",
+            };
+            address_error(format!("cannot be bound as {bind}: {e}{hint}"))
+        })?;
+    log::debug!(
+        "unique-id exchange: {me} listens on {bind} for {} tasks",
+        roster.ranks.len() - 1
+    );
+
+    let mut joined: Vec<Option<Joined>> = roster.ranks.iter().map(|_| None).collect();
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut notes = Notes::default();
+    loop {
+        let mut progressed = false;
+        loop {
+            match listener.accept() {
+                Ok((stream, peer)) => {
+                    progressed = true;
+                    match stream.set_nonblocking(true) {
+                        Ok(()) => pending.push(Pending {
+                            stream,
+                            peer,
+                            hello: Vec::with_capacity(HELLO_LEN),
+                            since: Instant::now(),
+                        }),
+                        Err(e) => notes.push(format!("dropped {peer}: {e}")),
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                // Out of file descriptors, say: try again after the pause.
+                Err(e) => {
+                    log::warn!("unique-id exchange: {me} failed to accept a connection: {e}");
+                    break;
+                }
+            }
+        }
+        let mut i = 0;
+        while i < pending.len() {
+            let Some(outcome) = pending[i].poll() else {
+                i += 1;
+                continue;
+            };
+            progressed = true;
+            let Pending { stream, peer, .. } = pending.swap_remove(i);
+            let hello = match outcome {
+                Ok(hello) => hello,
+                Err(reason) => {
+                    refuse(&mut notes, me, stream, peer, None, reason);
+                    continue;
+                }
+            };
+            let rank = match roster.admit(&hello) {
+                Ok(rank) => rank,
+                Err(reason) => {
+                    refuse(&mut notes, me, stream, peer, Some(hello.task), reason);
+                    continue;
+                }
+            };
+            match &joined[rank] {
+                Some(first) if first.is_open() => {
+                    let reason = format!("{} already joined from {}", hello.task, first.peer);
+                    refuse(&mut notes, me, stream, peer, Some(hello.task), reason);
+                }
+                _ => {
+                    log::debug!("unique-id exchange: {} joined from {peer}", hello.task);
+                    joined[rank] = Some(Joined { stream, peer });
+                }
+            }
+        }
+
+        let now = Instant::now();
+        let complete = joined.iter().skip(1).all(Option::is_some);
+        if complete || now >= deadline {
+            // A task that gave up (its timeout may be shorter) is missing again; it may come back.
+            for ((task, _), slot) in roster.ranks.iter().zip(&mut joined) {
+                if slot.as_ref().is_some_and(|joined| !joined.is_open())
+                    && let Some(Joined { peer, .. }) = slot.take()
+                {
+                    log::warn!(
+                        "unique-id exchange: {task} from {peer} left before the id was sent"
+                    );
+                    notes.push(format!(
+                        "{task} from {peer} closed its connection before the id was sent"
+                    ));
+                }
+            }
+            if complete && joined.iter().skip(1).all(Option::is_some) {
+                break;
+            }
+        }
+        if now >= deadline {
+            let missing: Vec<String> = roster
+                .ranks
+                .iter()
+                .zip(&joined)
+                .skip(1)
+                .filter(|(_, joined)| joined.is_none())
+                .map(|((task, _), _)| task.to_string())
+                .collect();
+            for joined in joined.iter_mut().flatten() {
+                // Best effort: it fails on its own timeout if this does not reach it.
+                let _ = send(&mut joined.stream, &Reply::Abandoned(missing.clone()));
+            }
+            return Err(CollectiveError::BootstrapTimeout {
+                task: me.to_string(),
+                waited: timeout,
+                waiting_for: format!(
+                    "tasks [{}] to join it at {address}{notes}",
+                    missing.join(", ")
+                ),
+                missing,
+            });
+        }
+        if !progressed {
+            thread::sleep(POLL_PAUSE.min(deadline - now));
+        }
+    }
+
+    let mut failed = Vec::new();
+    for ((task, _), joined) in roster.ranks.iter().zip(&mut joined).skip(1) {
+        let Some(joined) = joined else { continue };
+        if let Err(e) = send(&mut joined.stream, &Reply::Id(id)) {
+            failed.push(format!("{task} at {}: {e}", joined.peer));
+        }
+    }
+    if failed.is_empty() {
+        Ok(id)
+    } else {
+        Err(CollectiveError::BootstrapProtocol {
+            task: me.to_string(),
+            peer: failed.join("; "),
+            reason: "sending the id failed, so that task will not join the communicator".into(),
+        })
+    }
+}
+
+/// A non-leader's side: connects to the leader, says hello and waits for the id.
+fn join(
+    roster: &Roster<'_>,
+    me: TaskId,
+    timeout: Duration,
+) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
+    let start = Instant::now();
+    let deadline = start + timeout;
+    let leader = roster.leader();
+    let address = roster.leader_address();
+    let (host, port) =
+        parse_address(address).map_err(|reason| CollectiveError::BootstrapAddress {
+            task: leader.to_string(),
+            address: address.to_owned(),
+            reason,
+        })?;
+    let timed_out = |missing: Vec<String>, waiting_for: String| CollectiveError::BootstrapTimeout {
+        task: me.to_string(),
+        waited: timeout,
+        missing,
+        waiting_for,
+    };
+    let the_leader = format!("the leader {leader} at {address}");
+    let broken = |reason: String| CollectiveError::BootstrapProtocol {
+        task: me.to_string(),
+        peer: the_leader.clone(),
+        reason,
+    };
+    let mut stream = connect(host, port, deadline).map_err(|last_error| {
+        timed_out(
+            vec![leader.to_string()],
+            format!("{the_leader} to accept a connection (last error: {last_error})"),
+        )
+    })?;
+    let no_reply = || {
+        timed_out(
+            Vec::new(),
+            format!(
+                "the id from {the_leader}, which took the hello but still waits for other tasks"
+            ),
+        )
+    };
+    // Nagle would hold the hello back for nothing; failing to turn it off only costs latency.
+    let _ = stream.set_nodelay(true);
+    let hello = Hello {
+        task: me,
+        world_size: roster.ranks.len() as u32,
+        cluster_hash: roster.hash,
+    };
+    stream
+        .set_write_timeout(Some(io_timeout(deadline)))
+        .and_then(|()| stream.write_all(&hello.encode()))
+        .and_then(|()| stream.flush())
+        .map_err(|e| match e.kind() {
+            ErrorKind::WouldBlock | ErrorKind::TimedOut => no_reply(),
+            _ => broken(format!("sending the hello failed: {e}")),
+        })?;
+    stream
+        .set_read_timeout(Some(io_timeout(deadline)))
+        .map_err(|e| broken(format!("setting a read timeout failed: {e}")))?;
+    match Reply::read(&mut stream) {
+        Ok(Reply::Id(id)) => Ok(id),
+        Ok(Reply::Refused(reason)) => Err(CollectiveError::BootstrapRefused {
+            task: me.to_string(),
+            leader: leader.to_string(),
+            address: address.to_owned(),
+            reason,
+        }),
+        Ok(Reply::Abandoned(missing)) => Err(CollectiveError::BootstrapTimeout {
+            task: me.to_string(),
+            waited: Duration::from_millis(start.elapsed().as_millis() as u64),
+            waiting_for: format!(
+                "tasks [{}] to join {the_leader}, which then gave up",
+                missing.join(", ")
+            ),
+            missing,
+        }),
+        Err(WireError::Timeout) => Err(no_reply()),
+        Err(WireError::Closed(reason) | WireError::Garbage(reason)) => Err(broken(reason)),
+    }
+}
+
+/// What is left of the time until `deadline`, at least 1 ms (a zero socket timeout is an error).
+fn io_timeout(deadline: Instant) -> Duration {
+    deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1))
+}
+
+/// Connects to `host:port`, retrying with growing pauses until `deadline`; the last error when
+/// it passes.
+fn connect(host: &str, port: u16, deadline: Instant) -> Result<TcpStream, String> {
+    let mut last_error = "the timeout passed before the first attempt".to_owned();
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match (host, port).to_socket_addrs() {
+            Ok(addrs) => {
+                for addr in addrs {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    match TcpStream::connect_timeout(&addr, left.min(CONNECT_TIMEOUT)) {
+                        Ok(stream) => return Ok(stream),
+                        Err(e) => last_error = format!("{addr}: {e}"),
+                    }
+                }
+            }
+            Err(e) => last_error = format!("'{host}' does not resolve: {e}"),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(last_error);
+        }
+        thread::sleep(pause.min(left));
+        pause = (pause * 2).min(MAX_RETRY_PAUSE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(json: &str) -> ClusterSpec {
+        ClusterSpec::from_json(json).unwrap()
+    }
+
+    #[test]
+    fn ranks_follow_id_in_cluster() {
+        for json in [
+            r#"{"chief": ["c:1"], "worker": ["w0:1", "w1:1"], "ps": ["p:1"]}"#,
+            r#"{"worker": ["w0:1", "w1:1", "w2:1"], "evaluator": ["e:1"]}"#,
+        ] {
+            let cluster = cluster(json);
+            let roster = Roster::new(&cluster);
+            for (rank, (task, address)) in roster.ranks.iter().enumerate() {
+                assert_eq!(cluster.id_in_cluster(*task).unwrap(), rank);
+                assert_eq!(cluster.tasks(task.task_type)[task.index as usize], *address);
+                let nccl = nccl_rank(&cluster, *task).unwrap();
+                assert_eq!(nccl.rank, rank);
+                assert_eq!(nccl.world_size, roster.ranks.len());
+                assert_eq!(nccl.is_leader(), rank == 0);
+            }
+            let leader = roster.leader();
+            assert_eq!(
+                cluster.collective_leader(leader).unwrap(),
+                format!("/job:{}/replica:0/task:{}", leader.task_type, leader.index)
+            );
+        }
+    }
+
+    #[test]
+    fn ps_and_evaluator_are_no_ranks() {
+        let cluster = cluster(r#"{"worker": ["w0:1"], "ps": ["p:1"], "evaluator": ["e:1"]}"#);
+        for task_type in [TaskType::Ps, TaskType::Evaluator] {
+            let error = nccl_rank(&cluster, TaskId::new(task_type, 0)).unwrap_err();
+            let only = matches!(&error, CollectiveError::InvalidArgument(m) if m.contains("only"));
+            assert!(only, "{error}");
+        }
+    }
+
+    #[test]
+    fn the_cluster_hash_covers_the_ranks_addresses_in_order() {
+        let hash = |json| Roster::new(&cluster(json)).hash;
+        let base = hash(r#"{"chief": ["c:1"], "worker": ["w0:1", "w1:1"]}"#);
+        assert_eq!(
+            base,
+            hash(r#"{"worker": ["w0:1", "w1:1"], "chief": ["c:1"], "ps": ["p:1"]}"#)
+        );
+        for other in [
+            r#"{"chief": ["c:1"], "worker": ["w1:1", "w0:1"]}"#,
+            r#"{"chief": ["c:2"], "worker": ["w0:1", "w1:1"]}"#,
+            r#"{"worker": ["c:1", "w0:1", "w1:1"]}"#,
+        ] {
+            assert_ne!(base, hash(other), "{other}");
+        }
+        // FNV-1a's published value for "a", so the hash is the same on every build.
+        assert_eq!(fnv1a(FNV_OFFSET, b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+
+    #[test]
+    fn hellos_round_trip() {
+        for task in [
+            TaskId::new(TaskType::Chief, 0),
+            TaskId::new(TaskType::Worker, 70_000),
+            TaskId::new(TaskType::Ps, 1),
+            TaskId::new(TaskType::Evaluator, 0),
+        ] {
+            let hello = Hello {
+                task,
+                world_size: 5,
+                cluster_hash: 0x0123_4567_89ab_cdef,
+            };
+            let bytes = hello.encode();
+            assert_eq!(&bytes[..8], b"dst-uid\0");
+            assert_eq!(Hello::decode(&bytes), Ok(hello));
+        }
+    }
+
+    #[test]
+    fn bad_hellos_are_refused_with_a_reason() {
+        let good = Hello {
+            task: TaskId::new(TaskType::Worker, 1),
+            world_size: 2,
+            cluster_hash: 7,
+        }
+        .encode();
+        let mut bad_magic = good;
+        bad_magic[0] = b'G';
+        let mut bad_version = good;
+        bad_version[9] = 2;
+        let mut bad_type = good;
+        bad_type[HEADER_LEN] = 9;
+        for (bytes, expected) in [
+            (bad_magic, "another protocol"),
+            (bad_version, "version 2"),
+            (bad_type, "unknown task type 9"),
+        ] {
+            let error = Hello::decode(&bytes).unwrap_err();
+            assert!(error.contains(expected), "{error}");
+        }
+        // Garbage is caught from its first bytes, a version from its first ten.
+        assert!(check_header(b"GET", "hello").is_err());
+        assert!(check_header(b"dst", "hello").is_ok());
+        assert!(check_header(&bad_version[..HEADER_LEN], "hello").is_err());
+    }
+
+    #[test]
+    fn the_leader_admits_only_its_own_ranks() {
+        let cluster = cluster(r#"{"chief": ["c:1"], "worker": ["w0:1", "w1:1"]}"#);
+        let roster = Roster::new(&cluster);
+        let hello = |task_type, index, world_size, cluster_hash| Hello {
+            task: TaskId::new(task_type, index),
+            world_size,
+            cluster_hash,
+        };
+        let hash = roster.hash;
+        assert_eq!(roster.admit(&hello(TaskType::Worker, 1, 3, hash)), Ok(2));
+        for (hello, expected) in [
+            (
+                hello(TaskType::Worker, 1, 4, hash),
+                "has 4 chief and worker tasks, the leader's has 3",
+            ),
+            (
+                hello(TaskType::Worker, 1, 3, hash ^ 1),
+                "differs from the leader's",
+            ),
+            (
+                hello(TaskType::Worker, 2, 3, hash),
+                "worker:2 is not a chief or worker task",
+            ),
+            (
+                hello(TaskType::Ps, 0, 3, hash),
+                "ps:0 is not a chief or worker task",
+            ),
+            (
+                hello(TaskType::Chief, 0, 3, hash),
+                "chief:0 is the leader itself",
+            ),
+        ] {
+            let error = roster.admit(&hello).unwrap_err();
+            assert!(error.contains(expected), "{error}");
+        }
+    }
+
+    #[test]
+    fn replies_round_trip() {
+        for reply in [
+            Reply::Id(std::array::from_fn(|i| i as u8)),
+            Reply::Refused("no".into()),
+            Reply::Refused(String::new()),
+            Reply::Abandoned(vec!["worker:1".into(), "worker:3".into()]),
+            Reply::Abandoned(Vec::new()),
+        ] {
+            let bytes = reply.encode();
+            assert_eq!(Reply::read(&mut bytes.as_slice()).unwrap(), reply);
+        }
+    }
+
+    #[test]
+    fn long_messages_are_cut_on_a_char_boundary() {
+        let reply = Reply::Refused("é".repeat(MAX_MESSAGE));
+        let Reply::Refused(message) = Reply::read(&mut reply.encode().as_slice()).unwrap() else {
+            panic!("not a refusal");
+        };
+        assert_eq!(message, "é".repeat(MAX_MESSAGE / 2));
+    }
+
+    #[test]
+    fn bad_replies_are_errors() {
+        let id = Reply::Id([1; UNIQUE_ID_BYTES]).encode();
+        let mut unknown_status = Reply::Refused("x".into()).encode();
+        unknown_status[HEADER_LEN] = 9;
+        let mut too_long = Reply::Refused(String::new()).encode();
+        too_long[HEADER_LEN + 1..].copy_from_slice(&2000u16.to_be_bytes());
+        for (bytes, expected) in [
+            (&b"HTTP/1.1 400 Bad Request\r\n\r\n"[..], "another protocol"),
+            (&id[..20], "closed the connection"),
+            (&unknown_status[..], "unknown status 9"),
+            (&too_long[..], "2000 bytes"),
+        ] {
+            let error = match Reply::read(&mut &bytes[..]) {
+                Err(WireError::Garbage(e) | WireError::Closed(e)) => e,
+                other => panic!("{other:?}"),
+            };
+            assert!(error.contains(expected), "{error}");
+        }
+    }
+
+    #[test]
+    fn addresses_parse_as_host_and_port() {
+        assert_eq!(parse_address("10.0.0.1:2222"), Ok(("10.0.0.1", 2222)));
+        assert_eq!(parse_address("worker-0.svc:80"), Ok(("worker-0.svc", 80)));
+        assert_eq!(parse_address("[::1]:2222"), Ok(("::1", 2222)));
+        for (address, expected) in [
+            ("localhost", "is not host:port"),
+            (":2222", "has no host"),
+            ("[]:2222", "has no host"),
+            ("::1:2222", "without brackets"),
+            ("[::1:2222", "unclosed"),
+            ("host:http", "port 'http'"),
+            ("host:0", "port '0'"),
+            ("host:65536", "port '65536'"),
+        ] {
+            let error = parse_address(address).unwrap_err();
+            assert!(error.contains(expected), "{address}: {error}");
+        }
+    }
+}
