@@ -1,0 +1,435 @@
+//! The NCCL unique-id exchange over loopback, each chief and worker task in its own thread.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::mpsc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use distribute_collectives::{CollectiveError, UNIQUE_ID_BYTES, exchange_unique_id, nccl_rank};
+use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
+
+/// Long enough for a loaded machine, short enough that a failing test fails fast.
+const TIMEOUT: Duration = Duration::from_secs(3);
+/// For tests that wait for the leader to give up.
+const SHORT: Duration = Duration::from_millis(1200);
+
+type Outcome = Result<[u8; UNIQUE_ID_BYTES], CollectiveError>;
+
+fn the_id() -> [u8; UNIQUE_ID_BYTES] {
+    std::array::from_fn(|i| (i * 7 + 3) as u8)
+}
+
+/// A loopback address on a port that was free a moment ago.
+fn free_address() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("127.0.0.1:{}", listener.local_addr().unwrap().port())
+}
+
+/// A cluster on loopback: a chief or not, `workers` workers and a parameter server (no rank).
+fn loopback_cluster(chief: bool, workers: usize) -> ClusterSpec {
+    let mut jobs = vec![
+        (
+            TaskType::Worker,
+            (0..workers).map(|_| free_address()).collect(),
+        ),
+        (TaskType::Ps, vec![free_address()]),
+    ];
+    if chief {
+        jobs.push((TaskType::Chief, vec![free_address()]));
+    }
+    ClusterSpec::new(jobs).unwrap()
+}
+
+fn chief() -> TaskId {
+    TaskId::new(TaskType::Chief, 0)
+}
+
+fn worker(index: u32) -> TaskId {
+    TaskId::new(TaskType::Worker, index)
+}
+
+/// The ranks of `cluster` in rank order.
+fn ranks(cluster: &ClusterSpec) -> Vec<TaskId> {
+    let chiefs = cluster.tasks(TaskType::Chief).len() as u32;
+    let workers = cluster.tasks(TaskType::Worker).len() as u32;
+    (0..chiefs)
+        .map(|_| chief())
+        .chain((0..workers).map(worker))
+        .collect()
+}
+
+/// Runs `task`'s side of the exchange in a thread; the leader passes [`the_id`].
+fn spawn(cluster: &ClusterSpec, task: TaskId, timeout: Duration) -> JoinHandle<Outcome> {
+    let cluster = cluster.clone();
+    thread::spawn(move || {
+        let id = nccl_rank(&cluster, task).unwrap().is_leader().then(the_id);
+        exchange_unique_id(&cluster, task, id, timeout)
+    })
+}
+
+fn spawn_all(
+    cluster: &ClusterSpec,
+    tasks: &[TaskId],
+    timeout: Duration,
+) -> Vec<JoinHandle<Outcome>> {
+    tasks
+        .iter()
+        .map(|&task| spawn(cluster, task, timeout))
+        .collect()
+}
+
+fn assert_all_get_the_id(tasks: &[TaskId], handles: Vec<JoinHandle<Outcome>>) {
+    for (task, handle) in tasks.iter().zip(handles) {
+        assert_eq!(handle.join().unwrap(), Ok(the_id()), "{task}");
+    }
+}
+
+/// Connects to `address`, retrying while its listener is not up yet.
+fn connect(address: &str) -> TcpStream {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        match TcpStream::connect(address) {
+            Ok(stream) => return stream,
+            Err(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(10)),
+            Err(e) => panic!("{address}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn every_task_gets_the_chiefs_id() {
+    let cluster = loopback_cluster(true, 3);
+    let tasks = ranks(&cluster);
+    assert_eq!(tasks[0], chief());
+    let handles = spawn_all(&cluster, &tasks, TIMEOUT);
+    assert_all_get_the_id(&tasks, handles);
+}
+
+#[test]
+fn without_a_chief_worker_0_leads() {
+    let cluster = loopback_cluster(false, 4);
+    let tasks = ranks(&cluster);
+    assert!(nccl_rank(&cluster, worker(0)).unwrap().is_leader());
+    assert_eq!(nccl_rank(&cluster, worker(3)).unwrap().rank, 3);
+    let handles = spawn_all(&cluster, &tasks, TIMEOUT);
+    assert_all_get_the_id(&tasks, handles);
+}
+
+#[test]
+fn the_others_wait_for_a_leader_that_starts_last() {
+    let cluster = loopback_cluster(true, 2);
+    let tasks = ranks(&cluster);
+    let mut handles = spawn_all(&cluster, &tasks[1..], TIMEOUT);
+    thread::sleep(Duration::from_millis(300));
+    handles.insert(0, spawn(&cluster, chief(), TIMEOUT));
+    assert_all_get_the_id(&tasks, handles);
+}
+
+#[test]
+fn a_single_task_gets_its_own_id_without_networking() {
+    // The address could not be bound: nothing listens.
+    let cluster = ClusterSpec::new([(TaskType::Worker, vec!["no-such-host.invalid:1".into()])]);
+    let outcome = exchange_unique_id(&cluster.unwrap(), worker(0), Some(the_id()), TIMEOUT);
+    assert_eq!(outcome, Ok(the_id()));
+}
+
+#[test]
+fn the_leader_names_the_task_that_never_came() {
+    let cluster = loopback_cluster(true, 3);
+    let present = [chief(), worker(0), worker(1)];
+    let mut handles = spawn_all(&cluster, &present, SHORT);
+    let leader = handles.remove(0).join().unwrap().unwrap_err();
+    let CollectiveError::BootstrapTimeout { task, missing, .. } = &leader else {
+        panic!("{leader}");
+    };
+    assert_eq!(
+        (task.as_str(), missing.as_slice()),
+        ("chief:0", &["worker:2".to_owned()][..])
+    );
+    assert!(
+        leader
+            .to_string()
+            .contains("tasks [worker:2] to join it at 127.0.0.1:"),
+        "{leader}"
+    );
+    // The others learn it from the leader, or time out on their own: never a hang.
+    for handle in handles {
+        let error = handle.join().unwrap().unwrap_err();
+        assert!(
+            matches!(error, CollectiveError::BootstrapTimeout { .. }),
+            "{error}"
+        );
+    }
+}
+
+#[test]
+fn a_task_without_a_leader_names_the_leaders_address() {
+    let cluster = loopback_cluster(false, 2);
+    let address = &cluster.tasks(TaskType::Worker)[0];
+    let error = spawn(&cluster, worker(1), Duration::from_millis(500))
+        .join()
+        .unwrap()
+        .unwrap_err();
+    let CollectiveError::BootstrapTimeout { task, missing, .. } = &error else {
+        panic!("{error}");
+    };
+    assert_eq!(
+        (task.as_str(), missing.as_slice()),
+        ("worker:1", &["worker:0".to_owned()][..])
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains(&format!("the leader worker:0 at {address}")),
+        "{message}"
+    );
+    assert!(message.contains("Connection refused"), "{message}");
+}
+
+#[test]
+fn only_the_leader_passes_an_id() {
+    let cluster = loopback_cluster(true, 1);
+    for (task, id, expected) in [
+        (
+            worker(0),
+            Some(the_id()),
+            "worker:0 is rank 1, not the leader of the unique-id exchange (chief:0 is)",
+        ),
+        (
+            chief(),
+            None,
+            "chief:0 leads the unique-id exchange of this cluster",
+        ),
+    ] {
+        let error = exchange_unique_id(&cluster, task, id, TIMEOUT).unwrap_err();
+        assert!(
+            matches!(&error, CollectiveError::InvalidArgument(m) if m.contains(expected)),
+            "{error}"
+        );
+    }
+}
+
+#[test]
+fn tasks_outside_the_ranks_are_refused() {
+    let cluster = loopback_cluster(true, 2);
+    let ps = TaskId::new(TaskType::Ps, 0);
+    let evaluator = TaskId::new(TaskType::Evaluator, 0);
+    for (task, expected) in [
+        (worker(2), "index 2"),
+        (ps, "ps:0 takes no part in the NCCL unique-id exchange"),
+        (evaluator, "evaluator:0 takes no part"),
+    ] {
+        let error = exchange_unique_id(&cluster, task, None, TIMEOUT).unwrap_err();
+        assert!(error.to_string().contains(expected), "{task}: {error}");
+        assert!(
+            matches!(
+                error,
+                CollectiveError::Device(_) | CollectiveError::InvalidArgument(_)
+            ),
+            "{error}"
+        );
+    }
+}
+
+/// Worker 1 runs with `its_cluster` instead of the leader's: it is refused, and the leader times
+/// out naming it and saying why it refused the impostor.
+fn refused_with_another_cluster(leaders: &ClusterSpec, its_cluster: &ClusterSpec, expected: &str) {
+    let leader = spawn(leaders, chief(), SHORT);
+    let worker_0 = spawn(leaders, worker(0), TIMEOUT);
+    let impostor = spawn(its_cluster, worker(1), TIMEOUT)
+        .join()
+        .unwrap()
+        .unwrap_err();
+    let CollectiveError::BootstrapRefused {
+        task,
+        leader: led_by,
+        reason,
+        ..
+    } = &impostor
+    else {
+        panic!("{impostor}");
+    };
+    assert_eq!((task.as_str(), led_by.as_str()), ("worker:1", "chief:0"));
+    assert!(reason.contains(expected), "{impostor}");
+
+    let error = leader.join().unwrap().unwrap_err();
+    assert!(
+        matches!(&error, CollectiveError::BootstrapTimeout { missing, .. }
+            if missing == &["worker:1"]),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("meanwhile: refused worker:1 from 127.0.0.1:"),
+        "{error}"
+    );
+    assert!(error.to_string().contains(expected), "{error}");
+    assert!(worker_0.join().unwrap().is_err());
+}
+
+#[test]
+fn a_task_with_other_addresses_is_refused() {
+    let cluster = loopback_cluster(true, 2);
+    let mut workers = cluster.tasks(TaskType::Worker).to_vec();
+    workers[1] = free_address();
+    let other = ClusterSpec::new([
+        (TaskType::Chief, cluster.tasks(TaskType::Chief).to_vec()),
+        (TaskType::Worker, workers),
+    ]);
+    refused_with_another_cluster(
+        &cluster,
+        &other.unwrap(),
+        "its cluster spec differs from the leader's",
+    );
+}
+
+#[test]
+fn a_task_with_more_workers_is_refused() {
+    let cluster = loopback_cluster(true, 2);
+    let mut workers = cluster.tasks(TaskType::Worker).to_vec();
+    workers.push(free_address());
+    let other = ClusterSpec::new([
+        (TaskType::Chief, cluster.tasks(TaskType::Chief).to_vec()),
+        (TaskType::Worker, workers),
+    ]);
+    refused_with_another_cluster(
+        &cluster,
+        &other.unwrap(),
+        "its cluster spec has 4 chief and worker tasks, the leader's has 3",
+    );
+}
+
+#[test]
+fn garbage_and_silent_connections_do_not_hold_up_the_others() {
+    let cluster = loopback_cluster(true, 2);
+    let address = cluster.tasks(TaskType::Chief)[0].clone();
+    let leader = spawn(&cluster, chief(), TIMEOUT);
+
+    let (connected, all_connected) = mpsc::channel();
+    let (done, release) = mpsc::channel::<()>();
+    let strays = thread::spawn(move || {
+        let mut junk = connect(&address);
+        junk.write_all(b"GET / HTTP/1.1\r\nHost: leader\r\n\r\n")
+            .unwrap();
+        let mut half_a_hello = connect(&address);
+        half_a_hello.write_all(b"dst-uid\0\0").unwrap();
+        drop(half_a_hello);
+        let silent = connect(&address);
+        connected.send(()).unwrap();
+        // The leader refuses junk (or resets the connection): it never sends it the id.
+        let mut answer = Vec::new();
+        junk.set_read_timeout(Some(TIMEOUT)).unwrap();
+        let _ = junk.read_to_end(&mut answer);
+        assert!(
+            !answer.windows(UNIQUE_ID_BYTES).any(|w| w == the_id()),
+            "junk got the id"
+        );
+        let _ = release.recv_timeout(TIMEOUT);
+        drop(silent);
+    });
+    all_connected.recv_timeout(TIMEOUT).unwrap();
+
+    let tasks = ranks(&cluster);
+    let mut handles = spawn_all(&cluster, &tasks[1..], TIMEOUT);
+    handles.insert(0, leader);
+    assert_all_get_the_id(&tasks, handles);
+    done.send(()).unwrap();
+    strays.join().unwrap();
+}
+
+#[test]
+fn a_task_that_joins_twice_is_refused_the_second_time() {
+    let cluster = loopback_cluster(false, 3);
+    let leader = spawn(&cluster, worker(0), TIMEOUT);
+    let first = spawn(&cluster, worker(1), TIMEOUT);
+    thread::sleep(Duration::from_millis(300));
+    let second = spawn(&cluster, worker(1), TIMEOUT);
+    thread::sleep(Duration::from_millis(300));
+    let last = spawn(&cluster, worker(2), TIMEOUT);
+
+    let mut outcomes = [first.join().unwrap(), second.join().unwrap()];
+    outcomes.sort_by_key(Result::is_err);
+    assert_eq!(outcomes[0], Ok(the_id()));
+    let error = outcomes[1].as_ref().unwrap_err();
+    assert!(
+        matches!(error, CollectiveError::BootstrapRefused { reason, .. }
+            if reason.starts_with("worker:1 already joined from 127.0.0.1:")),
+        "{error}"
+    );
+    assert_eq!(leader.join().unwrap(), Ok(the_id()));
+    assert_eq!(last.join().unwrap(), Ok(the_id()));
+}
+
+#[test]
+fn a_leader_address_that_cannot_be_used_is_named() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_address = taken.local_addr().unwrap().to_string();
+    for (address, expected) in [
+        ("no-port".to_owned(), "'no-port' is not host:port"),
+        ("127.0.0.1:http".to_owned(), "has port 'http'"),
+        // TEST-NET-1: not this machine's.
+        (
+            "192.0.2.1:2222".to_owned(),
+            "cannot be bound as 192.0.2.1:2222",
+        ),
+        (
+            taken_address.clone(),
+            "another process listens on that port",
+        ),
+    ] {
+        let cluster =
+            ClusterSpec::new([(TaskType::Worker, vec![address.clone(), free_address()])]).unwrap();
+        let error = exchange_unique_id(&cluster, worker(0), Some(the_id()), SHORT).unwrap_err();
+        assert!(
+            matches!(&error, CollectiveError::BootstrapAddress { task, .. } if task == "worker:0"),
+            "{address}: {error}"
+        );
+        assert!(error.to_string().contains(expected), "{error}");
+    }
+    // The others check the leader's address too, rather than retrying a hopeless one.
+    let cluster = ClusterSpec::new([(TaskType::Worker, vec!["no-port".into(), free_address()])]);
+    let error = exchange_unique_id(&cluster.unwrap(), worker(1), None, SHORT).unwrap_err();
+    assert!(
+        matches!(error, CollectiveError::BootstrapAddress { .. }),
+        "{error}"
+    );
+    drop(taken);
+}
+
+#[test]
+fn a_task_that_gave_up_may_join_again() {
+    let cluster = loopback_cluster(true, 2);
+    let leader = spawn(&cluster, chief(), TIMEOUT);
+    let impatient = spawn(&cluster, worker(0), Duration::from_millis(300));
+    let error = impatient.join().unwrap().unwrap_err();
+    assert!(
+        matches!(error, CollectiveError::BootstrapTimeout { .. }),
+        "{error}"
+    );
+
+    let tasks = ranks(&cluster);
+    let mut handles = spawn_all(&cluster, &tasks[1..], TIMEOUT);
+    handles.insert(0, leader);
+    assert_all_get_the_id(&tasks, handles);
+}
+
+#[test]
+fn the_leader_counts_a_task_that_gave_up_as_missing() {
+    let cluster = loopback_cluster(true, 2);
+    let leader = spawn(&cluster, chief(), SHORT);
+    let impatient = spawn(&cluster, worker(0), Duration::from_millis(300));
+    assert!(impatient.join().unwrap().is_err());
+    let error = leader.join().unwrap().unwrap_err();
+    assert!(
+        matches!(&error, CollectiveError::BootstrapTimeout { missing, .. }
+            if missing == &["worker:0", "worker:1"]),
+        "{error}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("closed its connection before the id was sent"),
+        "{error}"
+    );
+}
