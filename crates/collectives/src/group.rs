@@ -609,12 +609,11 @@ impl Member {
         let plan = FusionPlan::new(tensors, self.group.config().bytes_per_pack);
         let buckets = plan.pack(tensors)?;
         let reduced = self.call(Request::BatchAllReduce(op, buckets, describe(tensors)))?;
-        Ok(plan
-            .unpack(&reduced)?
+        plan.unpack(&reduced)?
             .into_iter()
             .zip(tensors)
             .map(|(r, t)| r.copy_to(t.device()))
-            .collect::<Result<_, _>>()?)
+            .collect()
     }
 
     /// Every replica's `tensor` concatenated along the first axis, in replica order. Tensors may

@@ -26,11 +26,9 @@ fn required(var: &str) -> bool {
 /// The first GPU, when there is one and NCCL loads; else why not (a failure when required).
 fn gpu_with_nccl() -> Option<Gpu> {
     let why = match (gpu_count(), require_nccl(), require_nvrtc()) {
-        (Ok(n), Ok(()), Ok(())) if n > 0 => return Some(Gpu::open(0).expect("GPU 0 opens")),
+        (Err(e), ..) | (_, Err(e), _) | (_, _, Err(e)) => e.to_string(),
         (Ok(0), ..) => "the driver reports no GPU".to_owned(),
-        (Err(e), ..) => e.to_string(),
-        (_, Err(e), _) => e.to_string(),
-        (_, _, Err(e)) => e.to_string(),
+        (Ok(_), Ok(()), Ok(())) => return Some(Gpu::open(0).expect("GPU 0 opens")),
     };
     assert!(
         !required("DISTRIBUTE_REQUIRE_GPU") && !required("DISTRIBUTE_REQUIRE_NCCL"),
@@ -173,7 +171,7 @@ fn two_processes_share_one_gpu() {
         })
         .collect();
     let start = Instant::now();
-    let mut statuses = vec![None; 2];
+    let mut statuses = [None; 2];
     while statuses.iter().any(Option::is_none) {
         for (child, status) in children.iter_mut().zip(statuses.iter_mut()) {
             if status.is_none() {

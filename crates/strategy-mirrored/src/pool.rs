@@ -97,10 +97,10 @@ impl ReplicaPool {
             running: Mutex::new(()),
         };
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        for replica in 0..num_replicas {
+        for (replica, device) in devices.iter().enumerate() {
             let (shared, ops, ready) =
                 (Arc::clone(&pool.shared), Arc::clone(&ops), ready_tx.clone());
-            let device = devices[replica].clone();
+            let device = device.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("replica-{replica}"))
                 .spawn(move || replica_thread(replica, &device, &shared, ops.as_ref(), ready))

@@ -75,10 +75,8 @@ pub fn require_nccl() -> Result<(), GpuError> {
 /// `python3` runs. Only asked when NCCL did not load, to write a useful error.
 fn find_pip_nccl() -> Option<PathBuf> {
     let in_dir = |dir: PathBuf| Some(dir.join("libnccl.so.2")).filter(|p| p.exists());
-    if let Some(dir) = std::env::var_os("NCCL_LIB_DIR") {
-        if let Some(lib) = in_dir(PathBuf::from(dir)) {
-            return Some(lib);
-        }
+    if let Some(lib) = std::env::var_os("NCCL_LIB_DIR").and_then(|dir| in_dir(PathBuf::from(dir))) {
+        return Some(lib);
     }
     let out = Command::new("python3")
         .args([
