@@ -355,13 +355,17 @@ struct Signature {
 
 impl Signature {
     fn of(call: i64, tensors: &[&Tensor]) -> Signature {
-        use std::hash::{Hash, Hasher};
-        let mut dtype = std::collections::hash_map::DefaultHasher::new();
-        let mut rest = std::collections::hash_map::DefaultHasher::new();
+        let (mut dtype, mut rest) = (Fnv::new(), Fnv::new());
+        let batch = tensors.len() > 1;
         for t in tensors {
-            t.dtype().hash(&mut dtype);
-            t.rank().hash(&mut rest);
-            t.shape().iter().skip(1).for_each(|d| d.hash(&mut rest));
+            dtype.word(t.dtype() as u64);
+            rest.word(t.rank() as u64);
+            // A single all-gather input may differ in its first dimension; nothing else may.
+            let skip = usize::from(!batch);
+            t.shape()
+                .iter()
+                .skip(skip)
+                .for_each(|&d| rest.word(d as u64));
         }
         let rows = match tensors {
             [one] => one.shape().first().copied().unwrap_or(0) as i64,
@@ -369,9 +373,24 @@ impl Signature {
         };
         Signature {
             call,
-            dtype: dtype.finish() as i64,
+            dtype: dtype.0 as i64,
             rows,
-            rest: rest.finish() as i64,
+            rest: rest.0 as i64,
+        }
+    }
+}
+
+/// FNV-1a: the same hash in every process and build, unlike std's `DefaultHasher`.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn word(&mut self, word: u64) {
+        for byte in word.to_le_bytes() {
+            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
         }
     }
 }

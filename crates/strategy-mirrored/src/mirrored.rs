@@ -115,10 +115,14 @@ impl MirroredStrategy {
         Self::with_config(devices, MirroredConfig::default())
     }
 
-    /// A strategy over every local GPU, else the CPU. This build detects no GPUs (GPU support is
-    /// a cargo feature of a later release), so that is the CPU: one replica.
+    /// A strategy over every local GPU, else the CPU (one replica). GPUs are counted with the
+    /// `cuda` feature (a machine without a driver has none); without it there are none.
     pub fn with_default_devices() -> Result<Self, StrategyError> {
-        Self::new(&all_local_devices(0, None))
+        #[cfg(feature = "cuda")]
+        let gpus = distribute_collectives::cuda::gpu_count().unwrap_or(0);
+        #[cfg(not(feature = "cuda"))]
+        let gpus = 0;
+        Self::new(&all_local_devices(gpus, None))
     }
 
     /// A strategy over `devices` with `config`.
