@@ -73,7 +73,14 @@ impl Default for GroupConfig {
 fn plan_on_gpu(requests: Vec<Request>, n: usize) -> Result<Outcome, CollectiveError> {
     let reduce_bucket = |op: ReduceOp, b: usize| {
         let inputs: Vec<&Tensor> = requests.iter().map(|r| &r.tensors()[b]).collect();
-        kernel::reduce_tensors(op, &inputs, inputs[0].device(), n)
+        // On the first GPU input's device, so the result stays in GPU memory: each replica then
+        // shares it, copies it to its own GPU, or downloads it for a CPU device.
+        let device = inputs
+            .iter()
+            .find(|t| t.placement() != crate::Placement::Host)
+            .unwrap_or(&inputs[0])
+            .device();
+        kernel::reduce_tensors(op, &inputs, device, n)
     };
     match &requests[0] {
         Request::AllReduce(op, _) => Ok(Outcome::Shared(vec![reduce_bucket(*op, 0)?])),

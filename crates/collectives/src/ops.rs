@@ -328,8 +328,35 @@ pub(crate) fn reduce_and_deliver(
     if let Some(result) = single_value_in_place(values, destinations) {
         return Ok(result);
     }
+    let device = reduce_device_for_placement(values, destinations, device);
     let reduced = reduce_on(op, values, device)?;
     deliver(destinations, |device| reduced.copy_to(device))
+}
+
+/// Where a reduction of `values` runs: `device`, except that GPU values bound for a GPU
+/// destination reduce on that GPU even when `device` is a CPU, so every GPU destination gets a
+/// GPU copy (host results are never uploaded implicitly).
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+fn reduce_device_for_placement<'a>(
+    values: &[AnyTensor],
+    destinations: &'a Destinations,
+    device: &'a str,
+) -> &'a str {
+    #[cfg(feature = "cuda")]
+    {
+        let on_gpu = values.iter().any(|v| match v {
+            AnyTensor::Dense(t) => t.placement() != crate::Placement::Host,
+            AnyTensor::Sparse(_) => false,
+        });
+        let names_gpu = |d: &str| matches!(crate::cuda::Gpu::index_of(d), Ok(Some(_)));
+        if on_gpu
+            && !names_gpu(device)
+            && let Some(gpu_destination) = destinations.as_slice().iter().find(|d| names_gpu(d))
+        {
+            return gpu_destination;
+        }
+    }
+    device
 }
 
 /// [`CrossDeviceOps::batch_reduce`] with fusion: pairs whose values are all dense, on the same
