@@ -452,17 +452,16 @@ fn placement_of(device: &str) -> Placement {
     }
 }
 
-/// Where a reduction of host or GPU values (`on_gpu`) to `dests` delivers to `dest`, when that
-/// is certain: the reduction runs on the GPU and its result is left where the first destination
-/// says (GPU memory for a GPU, host memory for a CPU), then `copy_to` each destination, which never
-/// uploads host data. So a GPU destination after a CPU one gets host memory, labelled as the GPU.
-fn expected_placement(on_gpu: bool, dests: &[&str], dest: &str) -> Option<Placement> {
-    let first_on_gpu = placement_of(dests[0]) != Placement::Host;
-    match (on_gpu, placement_of(dest)) {
-        (false, _) | (_, Placement::Host) => Some(Placement::Host),
-        (true, gpu) if first_on_gpu => Some(gpu),
-        _ => None,
-    }
+/// Where a reduction of host or GPU values (`on_gpu`) to `dests` delivers to `dest`: host values
+/// reduce in host memory and are never uploaded; GPU values reduce on a GPU (a GPU destination's
+/// when there is one) and each destination gets its own placement — GPU memory for a GPU, host
+/// memory for a CPU.
+fn expected_placement(on_gpu: bool, _dests: &[&str], dest: &str) -> Option<Placement> {
+    Some(if on_gpu {
+        placement_of(dest)
+    } else {
+        Placement::Host
+    })
 }
 
 /// The elements' bit patterns and printed values, in row-major order.
@@ -1115,11 +1114,9 @@ fn mixed_host_and_gpu_inputs_reduce_on_the_gpu_bitwise() {
                             format!("{what}, GPU first: {gpu_first}, in-replica, replica {r}");
                         let result = result.unwrap_or_else(|e| panic!("{what}: {e}"));
                         assert_eq!(result.device(), mine.device(), "{what}");
-                        if gpu_first || !on_gpu(r) {
-                            // Replica 0's device holds the reduction; a host tensor is never
-                            // uploaded implicitly, so only this much is certain.
-                            assert_eq!(result.placement(), mine.placement(), "{what}");
-                        }
+                        // The reduction runs on a GPU input's device; each replica gets it
+                        // where its own device says (GPU memory for a GPU, host for a CPU).
+                        assert_eq!(result.placement(), placement_of(mine.device()), "{what}");
                         assert_bitwise(&result, &expected, &host, &what);
                     }
                 }
