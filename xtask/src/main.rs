@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 mod pjrt;
 #[cfg(test)]
 mod tidy;
+mod wheel;
 
 const USAGE: &str = "\
 usage: cargo xtask <command> [args]
