@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
+mod nvrtc;
 mod pjrt;
 #[cfg(test)]
 mod tidy;
@@ -22,6 +23,8 @@ commands:
   ci                          cargo fmt --check, clippy --all-targets -D warnings, then test
   fetch-pjrt                  install the pinned PJRT CPU plugin under target/pjrt/ (pip, sha256
                               checked; a no-op when installed); `test` runs it first
+  fetch-nvrtc                 install the pinned NVRTC (nvidia-cuda-nvrtc==13.0.88, pip, sha256
+                              checked) under target/nvrtc/ and print its lib folder
   bench [SUITE...]            run benchmark suites: device-spec, collectives, input, strategy,
                               tpu (one JSON line per case), or every bench when none is named
   demo [DEMO-ARGS...]         train an MLP on wine-quality data data-parallel (release build);
@@ -50,6 +53,7 @@ fn run(args: &[String]) -> Result<()> {
         "ci" => ci(rest),
         "bench" => bench(rest),
         "fetch-pjrt" => pjrt::fetch(&workspace_root(), rest),
+        "fetch-nvrtc" => nvrtc::command(&workspace_root(), rest),
         "demo" => demo(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
