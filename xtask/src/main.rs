@@ -3,24 +3,41 @@
 //! It only orchestrates `cargo` and the provisioning that tests need; it knows nothing about the
 //! library crates' internals. The tidy tests (layering, module headers) live in [`tidy`].
 
+use std::ffi::OsStr;
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
+mod gpu;
+mod nvrtc;
 mod pjrt;
 #[cfg(test)]
 mod tidy;
+mod wheel;
 
 const USAGE: &str = "\
 usage: cargo xtask <command> [args]
 
 commands:
   test [CARGO-TEST-ARGS...]   run every test of the workspace (unit, integration, benches in
-                              test mode, doc tests); extra args go to the test binaries
-  ci                          cargo fmt --check, clippy --all-targets -D warnings, then test
+                              test mode, doc tests), then the GPU suite that needs only NVRTC
+                              (collectives-nvrtc, with fetch-nvrtc's NVRTC); extra args go to
+                              the test binaries
+  ci                          cargo fmt --check, clippy --all-targets -D warnings, clippy again
+                              with the cuda and nccl features, then test
+  test-gpu                    on a machine with an NVIDIA GPU: run every GPU suite (tests and the
+                              gpu bench) with NVRTC, NCCL (from NCCL_LIB_DIR, the
+                              nvidia-nccl-cu13/-cu12 wheel or the system; skipped with a warning
+                              when missing) and DISTRIBUTE_REQUIRE_{GPU,NVRTC,NCCL}=1
+  test-gpu --build-only DIR   build the GPU suites into DIR (stripped; e.g. target/gpu-bundle)
+                              with DIR/run.sh, which runs them on a GPU machine without Rust:
+                              `DIR/run.sh [SUITE...]`; NCCL_LIB_DIR, NVRTC_LIB_DIR override
   fetch-pjrt                  install the pinned PJRT CPU plugin under target/pjrt/ (pip, sha256
                               checked; a no-op when installed); `test` runs it first
+  fetch-nvrtc                 install the pinned NVRTC (nvidia-cuda-nvrtc==13.0.88, pip, sha256
+                              checked; a no-op when installed) under target/nvrtc/ and print its
+                              lib folder; `test` runs it
   bench [SUITE...]            run benchmark suites: device-spec, collectives, input, strategy,
                               tpu (one JSON line per case), or every bench when none is named
   demo [DEMO-ARGS...]         train an MLP on wine-quality data data-parallel (release build);
@@ -49,6 +66,8 @@ fn run(args: &[String]) -> Result<()> {
         "ci" => ci(rest),
         "bench" => bench(rest),
         "fetch-pjrt" => pjrt::fetch(&workspace_root(), rest),
+        "fetch-nvrtc" => nvrtc::command(&workspace_root(), rest),
+        "test-gpu" => gpu::command(rest),
         "demo" => demo(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
@@ -59,9 +78,11 @@ fn run(args: &[String]) -> Result<()> {
 }
 
 /// Runs every test of the workspace. Doc tests need their own invocation because
-/// `--all-targets` leaves them out.
+/// `--all-targets` leaves them out. Then the GPU suite that needs only NVRTC, with the pinned
+/// NVRTC: the other GPU suites are `test-gpu`'s.
 fn test(extra: &[String]) -> Result<()> {
-    pjrt::fetch(&workspace_root(), &[])?;
+    let root = workspace_root();
+    pjrt::fetch(&root, &[])?;
     let mut all_targets = vec!["test", "--workspace", "--all-targets"];
     let mut doc = vec!["test", "--workspace", "--doc"];
     if !extra.is_empty() {
@@ -71,7 +92,8 @@ fn test(extra: &[String]) -> Result<()> {
         doc.extend(extra.iter().map(String::as_str));
     }
     cargo("tests", &all_targets)?;
-    cargo("doc tests", &doc)
+    cargo("doc tests", &doc)?;
+    gpu::test_nvrtc(&root, extra)
 }
 
 fn ci(rest: &[String]) -> Result<()> {
@@ -90,6 +112,9 @@ fn ci(rest: &[String]) -> Result<()> {
             "warnings",
         ],
     )?;
+    let gpu_clippy = gpu::clippy_args();
+    let gpu_clippy: Vec<&str> = gpu_clippy.iter().map(String::as_str).collect();
+    cargo("clippy (cuda, nccl features)", &gpu_clippy)?;
     test(&[])
 }
 
@@ -142,11 +167,17 @@ fn demo(args: &[String]) -> Result<()> {
 
 /// Runs `cargo ARGS` from the workspace root, echoing the command and its duration.
 fn cargo(what: &str, args: &[&str]) -> Result<()> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    cargo_env(what, args, &[])
+}
+
+/// [`cargo`] with environment variables `env` set for cargo and what it runs.
+fn cargo_env(what: &str, args: &[&str], env: &[(&str, &OsStr)]) -> Result<()> {
+    let cargo = cargo_program();
     eprintln!("xtask: {what}: cargo {}", args.join(" "));
     let start = Instant::now();
     let status = Command::new(&cargo)
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(workspace_root())
         .status()
         .with_context(|| format!("could not start `{cargo}`"))?;
@@ -158,6 +189,11 @@ fn cargo(what: &str, args: &[&str]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The cargo that runs xtask (`$CARGO`), else `cargo` from `PATH`.
+fn cargo_program() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
 }
 
 fn workspace_root() -> std::path::PathBuf {

@@ -7,12 +7,11 @@
 //! is installed; an installed file whose sum matches makes the command a no-op.
 
 use std::fs;
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use sha2::{Digest, Sha256};
+
+use crate::wheel::{self, sha256_file};
 
 /// The PyPI requirement that carries the plugin.
 const REQUIREMENT: &str = "lammps-jax-pjrt-cpu==0.11.2";
@@ -51,40 +50,17 @@ pub(crate) fn fetch(root: &Path, args: &[String]) -> Result<()> {
 fn download_and_install(scratch: &Path, destination: &Path) -> Result<()> {
     fs::create_dir_all(scratch)
         .with_context(|| format!("could not create {}", scratch.display()))?;
-    eprintln!("xtask: fetch-pjrt: python3 -m pip download --no-deps {REQUIREMENT}");
-    let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check"])
-        .args(["--only-binary", ":all:", "--dest"])
-        .arg(scratch)
-        .arg(REQUIREMENT)
-        .status()
-        .context("could not run `python3 -m pip`; install Python 3 with pip, or set PJRT_PLUGIN to a plugin .so")?;
-    if !status.success() {
-        bail!(
-            "`pip download {REQUIREMENT}` failed ({status}); the wheel exists for Linux x86_64 \
-             only: elsewhere set PJRT_PLUGIN to a plugin .so"
-        );
-    }
-    let wheel = single_wheel(scratch)?;
-    check_sha256(&wheel, WHEEL_SHA256)?;
-    let status = Command::new("python3")
-        .args([
-            "-c",
-            "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])",
-        ])
-        .arg(&wheel)
-        .arg(MEMBER)
-        .arg(scratch)
-        .status()
-        .context("could not run python3 to unzip the wheel")?;
-    if !status.success() {
-        bail!(
-            "could not extract {MEMBER} from {} ({status})",
-            wheel.display()
-        );
-    }
+    let wheel = wheel::pip_download(
+        "fetch-pjrt",
+        REQUIREMENT,
+        &[],
+        scratch,
+        "the wheel exists for Linux x86_64 only: elsewhere set PJRT_PLUGIN to a plugin .so",
+    )?;
+    wheel::check_sha256(&wheel, WHEEL_SHA256, "fetch-pjrt")?;
+    wheel::extract(&wheel, &[MEMBER], scratch)?;
     let unpacked = scratch.join(MEMBER);
-    check_sha256(&unpacked, PLUGIN_SHA256)?;
+    wheel::check_sha256(&unpacked, PLUGIN_SHA256, "fetch-pjrt")?;
     // A rename within one folder tree is atomic: a reader never sees half a plugin.
     fs::rename(&unpacked, destination).with_context(|| {
         format!(
@@ -95,53 +71,6 @@ fn download_and_install(scratch: &Path, destination: &Path) -> Result<()> {
     })?;
     eprintln!("xtask: fetch-pjrt: installed {}", destination.display());
     Ok(())
-}
-
-fn single_wheel(folder: &Path) -> Result<PathBuf> {
-    let wheels: Vec<PathBuf> = fs::read_dir(folder)?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| path.extension().is_some_and(|ext| ext == "whl"))
-        .collect();
-    match wheels.as_slice() {
-        [wheel] => Ok(wheel.clone()),
-        _ => bail!(
-            "expected one wheel in {}, found {wheels:?}",
-            folder.display()
-        ),
-    }
-}
-
-fn check_sha256(path: &Path, expected: &str) -> Result<()> {
-    let actual = sha256_file(path)?;
-    if actual != expected {
-        bail!(
-            "{} has SHA-256 {actual}, expected the pinned {expected}; the download is corrupt or \
-             was replaced: delete it and run `cargo xtask fetch-pjrt` again",
-            path.display()
-        );
-    }
-    Ok(())
-}
-
-fn sha256_file(path: &Path) -> Result<String> {
-    let mut file =
-        fs::File::open(path).with_context(|| format!("could not open {}", path.display()))?;
-    let mut hasher = Sha256::new();
-    let mut chunk = vec![0u8; 1 << 20];
-    loop {
-        let read = file
-            .read(&mut chunk)
-            .with_context(|| format!("could not read {}", path.display()))?;
-        if read == 0 {
-            break;
-        }
-        hasher.update(&chunk[..read]);
-    }
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect())
 }
 
 #[cfg(test)]
@@ -156,21 +85,5 @@ mod tests {
             plugin_rs.contains(&format!("\"{INSTALL_PATH}\"")),
             "crates/pjrt/src/plugin.rs must name {INSTALL_PATH}"
         );
-    }
-
-    #[test]
-    fn sha256_matches_a_known_digest() {
-        let dir = std::env::temp_dir().join(format!("xtask-sha-{}", std::process::id()));
-        fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("abc");
-        fs::write(&file, b"abc").unwrap();
-        let digest = sha256_file(&file).unwrap();
-        fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(
-            digest,
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
-        let err = check_sha256(Path::new("/nonexistent"), WHEEL_SHA256).unwrap_err();
-        assert!(format!("{err:#}").contains("could not open"), "{err:#}");
     }
 }
