@@ -3,7 +3,8 @@
 //!
 //! - `cargo xtask test` runs the one suite a machine without a GPU can run, [`NVRTC_SUITE`]
 //!   (kernels compiled to PTX), with the NVRTC of `fetch-nvrtc` ([`test_nvrtc`]).
-//! - `cargo xtask ci` also runs clippy with the GPU features on ([`clippy_args`]).
+//! - `cargo xtask ci` also runs clippy with the GPU features on (`cuda`, then `cuda` + `nccl`;
+//!   [`clippy_args`]).
 //! - `cargo xtask test-gpu` runs every suite here on a machine with an NVIDIA GPU, or with
 //!   `--build-only DIR` builds them into `DIR` with a `run.sh` that runs them on another
 //!   machine that has no Rust ([`command`]).
@@ -172,16 +173,17 @@ fn suite(name: &str) -> &'static Suite {
         .unwrap_or_else(|| panic!("no GPU suite named {name}"))
 }
 
-/// `cargo clippy` arguments that lint every target of [`FEATURE_PACKAGES`] with `cuda` and
-/// `nccl` on, warnings denied.
-pub(crate) fn clippy_args() -> Vec<String> {
+/// `cargo clippy` arguments that lint every target of [`FEATURE_PACKAGES`] with `features` (such
+/// as `cuda`, or `cuda` and `nccl`) on, warnings denied. CI lints both sets: code gated on one
+/// feature alone can warn where the pair does not.
+pub(crate) fn clippy_args(features: &[&str]) -> Vec<String> {
     let mut args = vec!["clippy".to_owned(), "--all-targets".to_owned()];
     for package in FEATURE_PACKAGES {
         args.extend(["--package".to_owned(), (*package).to_owned()]);
     }
     let features: Vec<String> = FEATURE_PACKAGES
         .iter()
-        .flat_map(|package| [format!("{package}/cuda"), format!("{package}/nccl")])
+        .flat_map(|package| features.iter().map(move |f| format!("{package}/{f}")))
         .collect();
     args.extend([
         "--features".to_owned(),
@@ -823,7 +825,7 @@ mod tests {
 
     #[test]
     fn clippy_lints_every_feature_package_with_cuda_and_nccl() {
-        let args = clippy_args().join(" ");
+        let args = clippy_args(&["cuda", "nccl"]).join(" ");
         assert!(
             args.starts_with("clippy --all-targets --package distribute-collectives --package"),
             "{args}"

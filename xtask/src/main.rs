@@ -112,9 +112,14 @@ fn ci(rest: &[String]) -> Result<()> {
             "warnings",
         ],
     )?;
-    let gpu_clippy = gpu::clippy_args();
-    let gpu_clippy: Vec<&str> = gpu_clippy.iter().map(String::as_str).collect();
-    cargo("clippy (cuda, nccl features)", &gpu_clippy)?;
+    for features in [&["cuda"][..], &["cuda", "nccl"]] {
+        let gpu_clippy = gpu::clippy_args(features);
+        let gpu_clippy: Vec<&str> = gpu_clippy.iter().map(String::as_str).collect();
+        cargo(
+            &format!("clippy (features {})", features.join(", ")),
+            &gpu_clippy,
+        )?;
+    }
     test(&[])
 }
 

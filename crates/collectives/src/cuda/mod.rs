@@ -28,6 +28,7 @@ pub use kernels::{compile_reduction_kernels, kernel_source};
 pub use memory::PinnedUploader;
 pub use probe::{gpu_count, nccl_available, nvrtc_available, require_nccl, require_nvrtc};
 
+#[cfg(feature = "nccl")]
 pub(crate) use device::driver_error;
 pub(crate) use kernels::reduce_on_gpu;
 pub(crate) use memory::GpuArray;
