@@ -71,6 +71,8 @@ struct Communicator {
     gpu: Gpu,
     rank: usize,
     world: usize,
+    /// Set once `comm` was aborted (released).
+    aborted: AtomicBool,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as no two threads use it at
@@ -78,10 +80,24 @@ struct Communicator {
 // `ReplicaCollectives` handle that owns it is not Send).
 unsafe impl Send for Communicator {}
 
+impl Communicator {
+    /// Aborts the communicator (frees it, and ends NCCL kernels still waiting for peers); later
+    /// calls do nothing. NCCL cannot use it again.
+    fn abort(&self) {
+        if !self.aborted.swap(true, Ordering::SeqCst) {
+            // SAFETY: `comm` came from ncclCommInit* and is released exactly once, here.
+            let _ = unsafe { nccl::comm_abort(self.comm) };
+        }
+    }
+
+    fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+}
+
 impl Drop for Communicator {
     fn drop(&mut self) {
-        // SAFETY: `comm` came from ncclCommInit* and is released exactly once, here.
-        let _ = unsafe { nccl::comm_abort(self.comm) };
+        self.abort();
     }
 }
 
@@ -150,6 +166,7 @@ impl NcclAllReduce {
                     gpu,
                     rank,
                     world,
+                    aborted: AtomicBool::new(false),
                 })
             })
             .collect();
@@ -299,6 +316,7 @@ impl CrossDeviceOps for NcclAllReduce {
                     gpu,
                     rank,
                     world: *world,
+                    aborted: AtomicBool::new(false),
                 }
             }
         };
@@ -306,7 +324,6 @@ impl CrossDeviceOps for NcclAllReduce {
             replica,
             comm,
             shared: self.shared.clone(),
-            dead: AtomicBool::new(false),
         }))
     }
 
@@ -329,8 +346,6 @@ struct NcclMember {
     replica: usize,
     comm: Communicator,
     shared: Arc<Shared>,
-    /// Set once the communicator was aborted (deadline, NCCL error): NCCL cannot continue then.
-    dead: AtomicBool,
 }
 
 impl std::fmt::Debug for NcclMember {
@@ -407,7 +422,7 @@ impl NcclMember {
 
     /// Fails when the backend was aborted or this communicator is dead.
     fn check_usable(&self) -> Result<(), CollectiveError> {
-        if self.dead.load(Ordering::SeqCst) {
+        if self.comm.is_aborted() {
             return Err(CollectiveError::Aborted {
                 reason: "this replica's NCCL communicator was aborted after an earlier failure; \
                          NCCL cannot continue on it — build a new strategy"
@@ -437,7 +452,8 @@ impl NcclMember {
         self.gpu().bind_to_thread()?;
         let stream = self.gpu().stream();
         if let Err(e) = enqueue(self.comm.comm, stream.cu_stream() as sys::cudaStream_t) {
-            self.dead.store(true, Ordering::SeqCst);
+            // A failed enqueue may leave the communicator half way through a call.
+            self.comm.abort();
             return Err(nccl_error(what, e).into());
         }
         let done = stream
@@ -476,9 +492,7 @@ impl NcclMember {
             if let Some(error) = failure {
                 // NCCL kernels waiting for a peer never finish: aborting the communicator is
                 // the only way to free the stream.
-                // SAFETY: a live communicator; it is not used again (`dead`).
-                let _ = unsafe { nccl::comm_abort(self.comm.comm) };
-                self.dead.store(true, Ordering::SeqCst);
+                self.comm.abort();
                 return Err(error);
             }
             spins += 1;
