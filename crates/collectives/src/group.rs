@@ -89,20 +89,23 @@ fn plan_on_gpu(requests: Vec<Request>, n: usize) -> Result<Outcome, CollectiveEr
                 .map(|b| reduce_bucket(*op, b))
                 .collect::<Result<_, _>>()?,
         )),
-        Request::Broadcast { root, .. } => {
-            let tensor = requests[*root].tensors().first().cloned().ok_or_else(|| {
-                CollectiveError::InvalidArgument(format!(
-                    "broadcast: the root replica {root} passed no tensor"
-                ))
-            })?;
-            Ok(Outcome::Shared(vec![tensor]))
-        }
+        Request::Broadcast { root, .. } => broadcast_outcome(&requests, *root),
         Request::AllGather(_) | Request::ReduceScatter(..) => Err(CollectiveError::Unimplemented(
             "all_gather and reduce_scatter of GPU tensors need the NCCL backend (feature `nccl`); \
              copy the tensors to the host, or use NcclAllReduce"
                 .into(),
         )),
     }
+}
+
+/// Every replica gets the root's tensor, wherever it lives.
+fn broadcast_outcome(requests: &[Request], root: usize) -> Result<Outcome, CollectiveError> {
+    let tensor = requests[root].tensors().first().cloned().ok_or_else(|| {
+        CollectiveError::InvalidArgument(format!(
+            "broadcast: the root replica {root} passed no tensor"
+        ))
+    })?;
+    Ok(Outcome::Shared(vec![tensor]))
 }
 
 /// What one replica asked for.
@@ -407,14 +410,7 @@ impl Shared {
                     rows_per_replica: rows / n,
                 })
             }
-            Request::Broadcast { root, .. } => {
-                let tensor = requests[*root].tensors().first().cloned().ok_or_else(|| {
-                    CollectiveError::InvalidArgument(format!(
-                        "broadcast: the root replica {root} passed no tensor"
-                    ))
-                })?;
-                Ok(Outcome::Shared(vec![tensor]))
-            }
+            Request::Broadcast { root, .. } => broadcast_outcome(&requests, *root),
         }
     }
 
