@@ -15,6 +15,12 @@
 //! reported as an error rather than hanging the others: every call first gathers each rank's
 //! dtype and shape (a 32-byte all-gather) and fails on every rank when they disagree.
 //!
+//! Not covered by the deadline: NCCL's own blocking steps — joining a communicator
+//! (`ncclCommInitRank` waits for every rank) and, with NCCL's default lazy connection setup
+//! (`NCCL_RUNTIME_CONNECT=1`), connecting peers inside the first collective. A rank that never
+//! starts can hang the others there; set `NCCL_RUNTIME_CONNECT=0` to connect at init. A replica
+//! that skips a call is caught by the deadline (`GroupConfig::deadline`), not at once.
+//!
 //! NCCL reduces in its own order (rings, trees), so results are not bitwise equal to the
 //! replica-order host kernel beyond two ranks; use [`ReductionToOneDevice`](crate::ReductionToOneDevice)
 //! on GPUs where bits matter more than bandwidth.
@@ -96,8 +102,21 @@ impl Communicator {
 }
 
 impl Drop for Communicator {
+    /// A clean end finalizes (flushing what NCCL still sends to peers, which abort would cut off)
+    /// and then destroys; every call has completed by now, so finalizing waits for nothing.
     fn drop(&mut self) {
-        self.abort();
+        if self.aborted.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let _ = self.gpu.bind_to_thread();
+        // SAFETY: a live communicator, released exactly once, here.
+        unsafe {
+            if nccl::comm_finalize(self.comm).is_ok() {
+                let _ = nccl::comm_destroy(self.comm);
+            } else {
+                let _ = nccl::comm_abort(self.comm);
+            }
+        }
     }
 }
 
@@ -361,15 +380,22 @@ impl std::fmt::Debug for NcclMember {
 /// What a rank passes to a call, gathered from every rank before the call itself.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 struct Signature {
+    /// The collective and its reduce op: `kind * 16 + op`.
     call: i64,
+    /// The dtypes, hashed (broadcast: the root).
     dtype: i64,
-    /// The shape, hashed, with the first dimension apart (all-gather lets it differ).
+    /// The first dimension (all-gather lets it differ); for a batch, the element count.
     rows: i64,
+    /// The rest of the shapes, hashed.
     rest: i64,
+    /// 1 when this rank refused its own arguments: every rank then fails the call alike.
+    refused: i64,
 }
 
 impl Signature {
-    fn of(call: i64, tensors: &[&Tensor]) -> Signature {
+    const WORDS: usize = 5;
+
+    fn of(kind: i64, op: Option<ReduceOp>, tensors: &[&Tensor]) -> Signature {
         let (mut dtype, mut rest) = (Fnv::new(), Fnv::new());
         let batch = tensors.len() > 1;
         for t in tensors {
@@ -387,11 +413,30 @@ impl Signature {
             many => many.iter().map(|t| t.num_elements() as i64).sum(),
         };
         Signature {
-            call,
+            call: kind * 16 + op.map_or(0, |op| op as i64 + 1),
             dtype: dtype.0 as i64,
             rows,
             rest: rest.0 as i64,
+            refused: 0,
         }
+    }
+
+    fn words(&self) -> [i64; Signature::WORDS] {
+        [self.call, self.dtype, self.rows, self.rest, self.refused]
+    }
+
+    fn from_words(w: &[i64]) -> Signature {
+        Signature {
+            call: w[0],
+            dtype: w[1],
+            rows: w[2],
+            rest: w[3],
+            refused: w[4],
+        }
+    }
+
+    fn kind(&self) -> i64 {
+        self.call / 16
     }
 }
 
@@ -504,53 +549,53 @@ impl NcclMember {
         }
     }
 
-    /// Gathers every rank's signature and fails on every rank alike when they differ.
-    fn agree(&self, what: &str, mine: Signature) -> Result<Vec<Signature>, CollectiveError> {
+    /// Gathers every rank's signature and fails on every rank alike when they differ, or when
+    /// any rank refused its own arguments (`local`, checked before: a rank that returned early
+    /// would leave the others waiting in this very call).
+    fn agree(
+        &self,
+        what: &str,
+        mut mine: Signature,
+        local: Result<(), CollectiveError>,
+    ) -> Result<Vec<Signature>, CollectiveError> {
+        const W: usize = Signature::WORDS;
         let world = self.comm.world;
-        let words = [mine.call, mine.dtype, mine.rows, mine.rest];
-        let send = self
-            .gpu()
-            .stream()
-            .clone_htod(&words)
+        mine.refused = i64::from(local.is_err());
+        let stream = self.gpu().stream();
+        let send = stream
+            .clone_htod(&mine.words())
             .map_err(crate::cuda::driver_error)?;
-        let mut recv = self
-            .gpu()
-            .stream()
-            .alloc_zeros::<i64>(4 * world)
+        let mut recv = stream
+            .alloc_zeros::<i64>(W * world)
             .map_err(crate::cuda::driver_error)?;
-        self.run(&format!("{what} (agreement)"), |comm, stream| {
-            let s = self.gpu().stream();
-            let (src, _g1) = send.device_ptr(s);
-            let (dst, _g2) = recv.device_ptr_mut(s);
-            // SAFETY: 4 i64 sent, 4 per rank received.
+        self.run(&format!("{what} (agreement)"), |comm, raw| {
+            let (src, _g1) = send.device_ptr(stream);
+            let (dst, _g2) = recv.device_ptr_mut(stream);
+            // SAFETY: W i64 sent, W per rank received.
             unsafe {
                 nccl::all_gather(
                     src as *const c_void,
                     dst as *mut c_void,
-                    4,
+                    W,
                     sys::ncclDataType_t::ncclInt64,
                     comm,
-                    stream,
+                    raw,
                 )
             }
             .map(|_| ())
         })?;
-        let all = self
-            .gpu()
-            .stream()
+        let all = stream
             .clone_dtoh(&recv)
             .map_err(crate::cuda::driver_error)?;
-        let signatures: Vec<Signature> = all
-            .chunks(4)
-            .map(|w| Signature {
-                call: w[0],
-                dtype: w[1],
-                rows: w[2],
-                rest: w[3],
-            })
-            .collect();
+        let signatures: Vec<Signature> = all.chunks(W).map(Signature::from_words).collect();
+        local?;
+        if let Some(rank) = signatures.iter().position(|s| s.refused != 0) {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "NCCL {what}: rank {rank} refused its arguments, so every rank fails this call"
+            )));
+        }
         let first = signatures[0];
-        let gather = mine.call == CALL_ALL_GATHER;
+        let gather = first.kind() == CALL_ALL_GATHER;
         if let Some((other, sig)) = signatures.iter().enumerate().find(|(_, s)| {
             s.call != first.call
                 || s.dtype != first.dtype
@@ -601,10 +646,14 @@ impl NcclMember {
         op: ReduceOp,
         tensors: &[&Tensor],
     ) -> Result<Vec<Tensor>, CollectiveError> {
-        for t in tensors {
-            kernel::check_op(op, t.dtype())?;
-        }
-        self.agree("all_reduce", Signature::of(CALL_ALL_REDUCE, tensors))?;
+        let local = tensors
+            .iter()
+            .try_for_each(|t| kernel::check_op(op, t.dtype()));
+        self.agree(
+            "all_reduce",
+            Signature::of(CALL_ALL_REDUCE, Some(op), tensors),
+            local,
+        )?;
         let inputs = tensors
             .iter()
             .map(|t| self.input(t))
@@ -615,6 +664,9 @@ impl NcclMember {
             .collect::<Result<Vec<_>, _>>()?;
         self.run("all_reduce", |comm, stream| {
             let s = self.gpu().stream();
+            // The guards record each buffer's use when dropped, so they must outlive group_end,
+            // where NCCL actually queues the work.
+            let mut guards = Vec::with_capacity(2 * inputs.len());
             nccl::group_start()?;
             let mut result = Ok(());
             for (input, output) in inputs.iter().zip(outputs.iter_mut()) {
@@ -622,8 +674,9 @@ impl NcclMember {
                 if count == 0 {
                     continue;
                 }
-                let (src, _g1) = input.bytes.device_ptr(s);
-                let (dst, _g2) = output.device_ptr_mut(s);
+                let (src, g1) = input.bytes.device_ptr(s);
+                let (dst, g2) = output.device_ptr_mut(s);
+                guards.extend([g1, g2]);
                 // SAFETY: both buffers hold `count` elements of the dtype.
                 result = unsafe {
                     nccl::all_reduce(
@@ -642,6 +695,7 @@ impl NcclMember {
                 }
             }
             nccl::group_end()?;
+            drop(guards);
             result
         })?;
         tensors
@@ -653,17 +707,28 @@ impl NcclMember {
 }
 
 fn describe(s: &Signature) -> String {
-    let call = match s.call {
-        CALL_ALL_REDUCE => "all_reduce",
-        CALL_ALL_GATHER => "all_gather",
-        CALL_REDUCE_SCATTER => "reduce_scatter",
-        CALL_BROADCAST => "broadcast",
-        _ => "an unknown call",
+    let op = match s.call % 16 {
+        1 => "(SUM)",
+        2 => "(MEAN)",
+        3 => "(MIN)",
+        4 => "(MAX)",
+        _ => "",
     };
-    format!(
-        "{call} (dtype hash {:x}, rows {}, shape hash {:x})",
-        s.dtype, s.rows, s.rest
-    )
+    match s.kind() {
+        CALL_BROADCAST => format!("broadcast from root {}", s.dtype),
+        kind => {
+            let call = match kind {
+                CALL_ALL_REDUCE => "all_reduce",
+                CALL_ALL_GATHER => "all_gather",
+                CALL_REDUCE_SCATTER => "reduce_scatter",
+                _ => "an unknown call",
+            };
+            format!(
+                "{call}{op} (dtype hash {:x}, rows {}, shape hash {:x})",
+                s.dtype, s.rows, s.rest
+            )
+        }
+    }
 }
 
 impl ReplicaCollectives for NcclMember {
@@ -688,12 +753,18 @@ impl ReplicaCollectives for NcclMember {
     }
 
     fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
-        if tensor.rank() == 0 {
-            return Err(CollectiveError::InvalidArgument(
+        let local = if tensor.rank() == 0 {
+            Err(CollectiveError::InvalidArgument(
                 "all_gather concatenates along the first axis: a rank-0 tensor has none".into(),
-            ));
-        }
-        let signatures = self.agree("all_gather", Signature::of(CALL_ALL_GATHER, &[tensor]))?;
+            ))
+        } else {
+            Ok(())
+        };
+        let signatures = self.agree(
+            "all_gather",
+            Signature::of(CALL_ALL_GATHER, None, &[tensor]),
+            local,
+        )?;
         let rows: Vec<usize> = signatures.iter().map(|s| s.rows as usize).collect();
         let max_rows = rows.iter().copied().max().unwrap_or(0);
         let row_elems: usize = tensor.shape()[1..].iter().product();
@@ -757,19 +828,22 @@ impl ReplicaCollectives for NcclMember {
     }
 
     fn reduce_scatter(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
-        kernel::check_op(op, tensor.dtype())?;
         let world = self.comm.world;
         let rows = tensor.shape().first().copied().unwrap_or(0);
-        if tensor.rank() == 0 || rows % world != 0 {
-            return Err(CollectiveError::InvalidArgument(format!(
-                "reduce_scatter needs a first dimension divisible by the {world} ranks, got shape \
-                 {:?}",
-                tensor.shape()
-            )));
-        }
+        let local = kernel::check_op(op, tensor.dtype()).and_then(|()| {
+            if tensor.rank() == 0 || rows % world != 0 {
+                return Err(CollectiveError::InvalidArgument(format!(
+                    "reduce_scatter needs a first dimension divisible by the {world} ranks, got \
+                     shape {:?}",
+                    tensor.shape()
+                )));
+            }
+            Ok(())
+        });
         self.agree(
             "reduce_scatter",
-            Signature::of(CALL_REDUCE_SCATTER, &[tensor]),
+            Signature::of(CALL_REDUCE_SCATTER, Some(op), &[tensor]),
+            local,
         )?;
         let input = self.input(tensor)?;
         let mut shape = tensor.shape().to_vec();
@@ -801,30 +875,37 @@ impl ReplicaCollectives for NcclMember {
     }
 
     fn broadcast(&self, root: usize, tensor: Option<&Tensor>) -> Result<Tensor, CollectiveError> {
-        let world = self.comm.world;
-        if root >= world {
-            return Err(CollectiveError::InvalidArgument(format!(
-                "broadcast root {root} is out of range for {world} ranks"
-            )));
-        }
-        let is_root = self.comm.rank == root;
-        let tensor = match (is_root, tensor) {
-            (true, None) => {
-                return Err(CollectiveError::InvalidArgument(format!(
-                    "broadcast: the root rank {root} passed no tensor"
-                )));
-            }
-            (_, t) => t.filter(|_| is_root),
-        };
         // The root's dtype and shape go first (the others do not know them): rank, dtype, dims.
         const MAX_RANK: usize = 14;
+        let world = self.comm.world;
+        let is_root = self.comm.rank == root;
+        let tensor = tensor.filter(|_| is_root);
+        let local = if root >= world {
+            Err(CollectiveError::InvalidArgument(format!(
+                "broadcast root {root} is out of range for {world} ranks"
+            )))
+        } else if is_root && tensor.is_none() {
+            Err(CollectiveError::InvalidArgument(format!(
+                "broadcast: the root rank {root} passed no tensor"
+            )))
+        } else if tensor.is_some_and(|t| t.rank() > MAX_RANK) {
+            Err(CollectiveError::InvalidArgument(format!(
+                "NCCL broadcast supports tensors of rank up to {MAX_RANK}"
+            )))
+        } else {
+            Ok(())
+        };
+        // Every rank must name the same root: the root goes where the dtype hash would.
+        let signature = Signature {
+            call: CALL_BROADCAST * 16,
+            dtype: root as i64,
+            rows: 0,
+            rest: 0,
+            refused: 0,
+        };
+        self.agree("broadcast", signature, local)?;
         let mut header = [0i64; MAX_RANK + 2];
         if let Some(t) = tensor {
-            if t.rank() > MAX_RANK {
-                return Err(CollectiveError::InvalidArgument(format!(
-                    "NCCL broadcast supports tensors of rank up to {MAX_RANK}"
-                )));
-            }
             header[0] = t.rank() as i64;
             header[1] = t.dtype() as i64;
             for (slot, &d) in header[2..].iter_mut().zip(t.shape()) {
@@ -854,7 +935,12 @@ impl ReplicaCollectives for NcclMember {
         let header = stream
             .clone_dtoh(&meta)
             .map_err(crate::cuda::driver_error)?;
-        let rank = header[0] as usize;
+        let rank = usize::try_from(header[0])
+            .ok()
+            .filter(|&r| r <= MAX_RANK)
+            .ok_or_else(|| {
+                CollectiveError::Invariant(format!("broadcast header names rank {}", header[0]))
+            })?;
         let dtype = [
             DType::F16,
             DType::BF16,

@@ -244,6 +244,12 @@ impl HostArray {
     pub(crate) fn from_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> HostArray {
         fn build<T: Element>(shape: &[usize], bytes: &[u8]) -> HostArray {
             let n = bytes.len() / std::mem::size_of::<T>();
+            // The copy below writes exactly `bytes.len()` bytes into `n` elements.
+            assert_eq!(
+                n * std::mem::size_of::<T>(),
+                bytes.len(),
+                "whole elements only"
+            );
             let mut v = vec![T::zero(); n];
             // SAFETY: `v` holds exactly `bytes.len()` bytes of plain-old-data elements, every bit
             // pattern of which is a valid element.

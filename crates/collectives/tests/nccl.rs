@@ -149,8 +149,14 @@ fn two_processes_share_one_gpu() {
     };
     let cluster = format!(r#"{{"worker": ["127.0.0.1:{port}", "127.0.0.1:1"]}}"#);
     let exe = std::env::current_exe().unwrap();
+    // Output goes to files, not pipes: a chatty rank (NCCL_DEBUG=INFO) must not block on a full
+    // pipe that is read only after it exits.
+    let logs = tempfile::tempdir().unwrap();
+    let log = |rank: usize| logs.path().join(format!("rank-{rank}.log"));
     let mut children: Vec<_> = (0..2)
         .map(|rank| {
+            let out = std::fs::File::create(log(rank)).unwrap();
+            let err = out.try_clone().unwrap();
             Command::new(&exe)
                 .args([
                     "--exact",
@@ -164,8 +170,8 @@ fn two_processes_share_one_gpu() {
                 .env("NCCL_HOSTID", format!("distribute-test-host-{rank}"))
                 .env("NCCL_SOCKET_IFNAME", "lo")
                 .env("NCCL_IB_DISABLE", "1")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
+                .stdout(Stdio::from(out))
+                .stderr(Stdio::from(err))
                 .spawn()
                 .unwrap()
         })
@@ -186,15 +192,10 @@ fn two_processes_share_one_gpu() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    for (rank, child) in children.into_iter().enumerate() {
-        let out = child.wait_with_output().unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+    for (rank, status) in statuses.into_iter().enumerate() {
+        let text = std::fs::read_to_string(log(rank)).unwrap();
         eprintln!("--- rank {rank} ---\n{text}");
-        assert!(out.status.success(), "rank {rank} failed");
+        assert!(status.unwrap().success(), "rank {rank} failed");
         assert!(
             text.contains("RANK OK"),
             "rank {rank} did not finish its checks"

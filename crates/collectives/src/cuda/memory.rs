@@ -30,13 +30,18 @@ impl GpuArray {
     }
 
     /// An uninitialised buffer of `len` bytes; the caller fills all of it.
+    ///
+    /// An empty buffer still takes one byte: the driver's handling of zero-byte allocations is
+    /// not something to depend on. Sizes are always taken from the shape, never from the buffer.
     pub(crate) fn alloc_bytes(gpu: &Gpu, len: usize) -> Result<CudaSlice<u8>, GpuError> {
-        if len == 0 {
-            return gpu.stream().null::<u8>().map_err(driver_error);
-        }
-        // SAFETY: every caller writes the whole buffer (a copy, a kernel or a collective) before
-        // it is read.
-        unsafe { gpu.stream().alloc::<u8>(len) }.map_err(driver_error)
+        // SAFETY: every caller writes the whole logical buffer (a copy, a kernel or a collective)
+        // before it is read.
+        unsafe { gpu.stream().alloc::<u8>(len.max(1)) }.map_err(driver_error)
+    }
+
+    /// The bytes the elements take (the buffer may be one byte longer for an empty array).
+    pub(crate) fn num_bytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.size_in_bytes()
     }
 
     pub(crate) fn new(gpu: &Gpu, dtype: DType, shape: &[usize], bytes: CudaSlice<u8>) -> GpuArray {
@@ -64,11 +69,11 @@ impl GpuArray {
 
     /// The elements copied back to host memory.
     pub(crate) fn download(&self) -> Result<HostArray, GpuError> {
-        let mut out = vec![0u8; self.bytes.len()];
+        let mut out = vec![0u8; self.num_bytes()];
         if !out.is_empty() {
             let stream = self.gpu.stream();
             stream
-                .memcpy_dtoh(self.bytes.as_ref(), out.as_mut_slice())
+                .memcpy_dtoh(&self.bytes.slice(..out.len()), out.as_mut_slice())
                 .map_err(driver_error)?;
             stream.synchronize().map_err(driver_error)?;
         }
@@ -82,9 +87,17 @@ impl GpuArray {
             return Ok(self.clone());
         }
         let mut bytes = GpuArray::alloc(gpu, self.dtype, &self.shape)?;
-        if !bytes.is_empty() {
+        let len = self.num_bytes();
+        if len > 0 {
             gpu.stream()
-                .memcpy_dtod(self.bytes.as_ref(), &mut bytes)
+                .memcpy_dtod(&self.bytes.slice(..len), &mut bytes.slice_mut(..len))
+                .map_err(driver_error)?;
+            // cudarc records the source's read on the source's own stream, which a peer copy
+            // queued on `gpu`'s stream does not cover: make the source stream wait for the copy,
+            // so the source is not freed (and its memory reused) while the copy still reads it.
+            self.bytes
+                .stream()
+                .join(gpu.stream())
                 .map_err(driver_error)?;
         }
         Ok(GpuArray::new(gpu, self.dtype, &self.shape, bytes))
@@ -138,7 +151,7 @@ impl PinnedUploader {
                 .copy_from_slice(&src);
             self.gpu
                 .stream()
-                .memcpy_htod(&*staging, &mut bytes)
+                .memcpy_htod(&*staging, &mut bytes.slice_mut(..src.len()))
                 .map_err(driver_error)?;
         }
         let array = GpuArray::new(&self.gpu, host.dtype(), host.shape(), bytes);
