@@ -50,6 +50,6 @@ pub use destinations::Destinations;
 pub use error::{CollectiveError, GpuError};
 pub use fusion::FusionPlan;
 pub use ops::{CrossDeviceOps, ReplicaCollectives, StepLifecycle};
-pub use rendezvous::Rendezvous;
+pub use rendezvous::{Rendezvous, lock_ignoring_poison};
 pub use sparse::{AnyTensor, IndexedSlices};
 pub use tensor::{DType, Element, Placement, Tensor};

@@ -22,7 +22,7 @@ use distribute_values::ReduceOp;
 use ndarray::{Array, IxDyn};
 
 use crate::kernel::{self, Arith};
-use crate::rendezvous::{Rendezvous, lock};
+use crate::rendezvous::{Rendezvous, lock_ignoring_poison as lock};
 use crate::tensor::with_dtype;
 use crate::{CollectiveError, DType, FusionPlan, ReplicaCollectives, Tensor};
 

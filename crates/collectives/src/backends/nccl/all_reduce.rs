@@ -17,6 +17,7 @@ use crate::cross_replica::reduce_and_deliver;
 use crate::cuda::{Gpu, require_nccl};
 use crate::{
     AnyTensor, CollectiveError, CrossDeviceOps, Destinations, ReplicaCollectives, StepLifecycle,
+    lock_ignoring_poison,
 };
 
 /// How replica threads get their communicators.
@@ -203,9 +204,7 @@ impl CrossDeviceOps for NcclAllReduce {
             )));
         };
         let comm = match &shared.setup {
-            Setup::Local(slots) => slots
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+            Setup::Local(slots) => lock_ignoring_poison(slots)
                 .get_mut(replica)
                 .and_then(Option::take)
                 .ok_or_else(|| {
@@ -252,7 +251,7 @@ impl CrossDeviceOps for NcclAllReduce {
 
 impl StepLifecycle for NcclAllReduce {
     fn abort(&self, reason: &str) {
-        *self.shared.reason.lock().unwrap_or_else(|p| p.into_inner()) = reason.to_owned();
+        *lock_ignoring_poison(&self.shared.reason) = reason.to_owned();
         self.shared.aborted.store(true, Ordering::SeqCst);
     }
 

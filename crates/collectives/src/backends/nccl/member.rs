@@ -17,7 +17,9 @@ use super::communicator::{Communicator, nccl_dtype, nccl_error, nccl_op};
 use super::signature::Signature;
 use crate::cuda::Gpu;
 use crate::gpu::GpuArray;
-use crate::{CollectiveError, DType, Placement, ReplicaCollectives, Tensor, kernel};
+use crate::{
+    CollectiveError, DType, Placement, ReplicaCollectives, Tensor, kernel, lock_ignoring_poison,
+};
 
 /// A replica's NCCL handle: its communicator and stream.
 pub(super) struct NcclMember {
@@ -57,12 +59,7 @@ impl NcclMember {
         }
         if self.shared.aborted.load(Ordering::SeqCst) {
             return Err(CollectiveError::Aborted {
-                reason: self
-                    .shared
-                    .reason
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone(),
+                reason: lock_ignoring_poison(&self.shared.reason).clone(),
             });
         }
         Ok(())
