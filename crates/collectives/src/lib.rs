@@ -7,7 +7,7 @@
 //! Shared files: [`Tensor`] and [`AnyTensor`], the backend traits ([`CrossDeviceOps`],
 //! [`StepLifecycle`], [`ReplicaCollectives`]), [`Destinations`], the cross-replica reductions every
 //! backend shares, [`FusionPlan`] and [`choose_the_best`]. Each backend lives in a module of its
-//! own under `backends/`; GPU memory and kernels live in [`cuda`] (feature `cuda`), and the shared
+//! own under `backends/`; GPU memory and kernels live in `cuda` (feature `cuda`), and the shared
 //! files reach them through one small API that a build without `cuda` provides too, so `cfg`
 //! appears only on `mod` lines.
 

@@ -362,7 +362,7 @@ impl Tensor {
 
     /// The tensor on `device`, moving memory only where it must: a host tensor is relabelled
     /// (host memory serves every device of a build without GPU storage, and host data is never
-    /// uploaded behind the caller's back — use [`Tensor::to_gpu`] for that); a GPU tensor is
+    /// uploaded behind the caller's back — use `Tensor::to_gpu` (feature `cuda`) for that); a GPU tensor is
     /// shared when `device` names its GPU, copied to the GPU `device` names, or copied to host
     /// memory for any other device.
     pub fn copy_to(&self, device: &str) -> Result<Tensor, CollectiveError> {

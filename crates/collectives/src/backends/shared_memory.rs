@@ -10,7 +10,7 @@ use crate::{AnyTensor, CollectiveError, CrossDeviceOps, Destinations};
 
 /// The in-process shared-memory all-reduce: for large tensors every replica thread reduces one
 /// slice of all inputs in parallel and all replicas share the result buffer; small tensors are
-/// reduced by the last replica to arrive. Falls back to [`ReductionToOneDevice`]'s path when the
+/// reduced by the last replica to arrive. Falls back to [`ReductionToOneDevice`](crate::ReductionToOneDevice)'s path when the
 /// values' devices differ from the destinations or values are sparse, as TF's
 /// `AllReduceCrossDeviceOps` does.
 #[derive(Debug)]
