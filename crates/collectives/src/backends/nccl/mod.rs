@@ -24,7 +24,6 @@
 //! NCCL reduces in its own order (rings, trees), so results are not bitwise equal to the
 //! replica-order host kernel beyond two ranks; use [`ReductionToOneDevice`](crate::ReductionToOneDevice)
 //! on GPUs where bits matter more than bandwidth.
-
 //!
 //! Files: [`bootstrap`] (the unique-id exchange over TCP: only bytes, so always compiled and
 //! tested), `fnv` (the hash both sides agree through); with feature `nccl` `all_reduce` (the
