@@ -1,8 +1,8 @@
-//! Flat (1-D) views of tensors: reshape, split into pieces, join, zero-pad.
+//! Flat (1-D) views of tensors: reshape, split into pieces, join.
 //!
-//! The packers and the all-reduce algorithms all move data as 1-D runs of elements; this is the
-//! one place that knows how. Host tensors of standard layout reshape and split without copying
-//! (they share the `ArcArray` buffer); only joins and pads allocate.
+//! The fusion plan and the batched all-reduce move data as 1-D runs of elements; this is the one
+//! place that knows how. Host tensors of standard layout reshape and split without copying (they
+//! share the `ArcArray` buffer); only joins allocate.
 
 use ndarray::IxDyn;
 
@@ -77,16 +77,6 @@ pub(crate) fn concat(device: &str, pieces: &[Tensor]) -> Result<Tensor, Collecti
     Tensor::concat_rows(device, pieces)
 }
 
-/// A 1-D tensor with `pad` zeros appended.
-pub(crate) fn zero_pad(tensor: &Tensor, pad: usize) -> Result<Tensor, CollectiveError> {
-    require_1d(tensor, "zero_pad")?;
-    if pad == 0 {
-        return Ok(tensor.clone());
-    }
-    let zeros = Tensor::zeros(tensor.device(), tensor.dtype(), &[pad]);
-    Tensor::concat_rows(tensor.device(), &[tensor.clone(), zeros])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,7 +93,7 @@ mod tests {
     }
 
     #[test]
-    fn split_concat_and_pad_round_trip() {
+    fn split_and_concat_round_trip() {
         let t = Tensor::from_vec("/cpu:0", &[5], vec![1.0f32, 2., 3., 4., 5.]).unwrap();
         let parts = split_lengths(&t, &[2, 0, 3]).unwrap();
         assert_eq!(
@@ -115,11 +105,6 @@ mod tests {
         assert_eq!(
             (joined.device(), joined.to_vec::<f32>().unwrap()),
             ("/cpu:1", t.to_vec().unwrap())
-        );
-        let padded = zero_pad(&t, 2).unwrap();
-        assert_eq!(
-            padded.to_vec::<f32>().unwrap(),
-            [1., 2., 3., 4., 5., 0., 0.]
         );
     }
 }

@@ -14,7 +14,7 @@ use half::{bf16, f16};
 use ndarray::{ArcArray, IxDyn};
 
 use crate::tensor::{Element, with_dtype};
-use crate::{CollectiveError, DType, Tensor};
+use crate::{CollectiveError, DType, Tensor, gpu};
 
 /// Elements per block: 16 KiB of f32 accumulators, well inside L1 together with the inputs'
 /// cache lines.
@@ -224,36 +224,11 @@ pub(crate) fn reduce_tensors(
         reduce_slices(op, &slices, &mut out, divisor);
         Tensor::from_vec(device, &shape, out)
     }
-    #[cfg(feature = "cuda")]
-    if let Some(gpu) = gpu_for_reduction(inputs, device)? {
-        let array = crate::cuda::reduce_on_gpu(op, inputs, &gpu, divisor)?;
-        let reduced = Tensor::from_gpu_array(device.into(), array);
-        // The reduction ran on a GPU because an input lives there; a destination that names no
-        // GPU gets the result in host memory.
-        return match crate::cuda::Gpu::index_of(device)? {
-            Some(_) => Ok(reduced),
-            None => reduced.to_host(),
-        };
+    // An input in GPU memory makes the reduction run on a GPU.
+    if let Some(reduced) = gpu::reduce_if_on_gpu(op, inputs, device, divisor)? {
+        return Ok(reduced);
     }
     with_dtype!(first.dtype(), T => typed::<T>(op, inputs, device, divisor))
-}
-
-/// The GPU a reduction runs on: none when every input is in host memory (host data is never
-/// uploaded implicitly); else the GPU `device` names, or the first GPU input's.
-#[cfg(feature = "cuda")]
-fn gpu_for_reduction(
-    inputs: &[&Tensor],
-    device: &str,
-) -> Result<Option<crate::cuda::Gpu>, CollectiveError> {
-    let first_gpu = inputs.iter().find_map(|t| match t.placement() {
-        crate::Placement::Cuda { ordinal } => Some(ordinal),
-        _ => None,
-    });
-    let Some(first_gpu) = first_gpu else {
-        return Ok(None);
-    };
-    let ordinal = crate::cuda::Gpu::index_of(device)?.unwrap_or(first_gpu);
-    Ok(Some(crate::cuda::Gpu::open(ordinal)?))
 }
 
 /// `a - b` element-wise; dtypes and shapes must match.

@@ -3,51 +3,53 @@
 //!
 //! Knows device names (layer 1) and distributed values (layer 2); knows nothing about strategies,
 //! input pipelines or how replica threads are scheduled.
+//!
+//! Shared files: [`Tensor`] and [`AnyTensor`], the backend traits ([`CrossDeviceOps`],
+//! [`StepLifecycle`], [`ReplicaCollectives`]), [`Destinations`], the cross-replica reductions every
+//! backend shares, [`FusionPlan`] and [`choose_the_best`]. Each backend lives in a module of its
+//! own under `backends/`; GPU memory and kernels live in `cuda` (feature `cuda`), and the shared
+//! files reach them through one small API that a build without `cuda` provides too, so `cfg`
+//! appears only on `mod` lines.
 
-mod aggregate;
-pub mod algorithms;
-mod all_reduce_spec;
-mod bootstrap;
-#[cfg(feature = "cuda")]
-pub mod cuda;
+mod backends;
+mod choose;
+mod cross_replica;
+mod destinations;
 mod distributed;
 mod error;
 mod flat;
-mod group;
+mod fusion;
 mod kernel;
-mod keys;
-#[cfg(feature = "nccl")]
-mod nccl;
 mod ops;
-mod packing;
 mod rendezvous;
 mod sparse;
+// `with_host!` reaches the `cuda` module below by textual scope.
+#[macro_use]
 mod tensor;
 
-pub use aggregate::{
-    AggregatedGradient, aggregate_single_gradient_using_copy, aggregate_tensors_or_indexed_slices,
-    divide_by_n, has_inf_or_nan,
-};
-pub use all_reduce_spec::{AllReduceSpec, SpecLimit, assign_grads_to_specs, split_grads_by_size};
-pub use bootstrap::{NcclRank, UNIQUE_ID_BYTES, exchange_unique_id, nccl_rank};
-pub use error::{CollectiveError, GpuError};
-pub use group::{CollectiveGroup, GroupConfig, Member, ReducePlan};
-pub use keys::{
-    CollectiveKeys, DEFAULT_RANGE_SIZE_LIMIT, INSTANCE_KEY_START, extract_ranges,
-    group_device_names,
-};
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(not(feature = "cuda"))]
+mod no_cuda;
+
+/// What the shared files need of GPUs: `cuda::bridge` with feature `cuda`, `no_cuda` without.
+#[cfg(feature = "cuda")]
+use cuda::bridge as gpu;
+#[cfg(not(feature = "cuda"))]
+use no_cuda as gpu;
+
 #[cfg(feature = "nccl")]
-pub use nccl::{NCCL_ID_BYTES, NcclAllReduce};
-pub use ops::{
-    CrossDeviceOps, Destinations, ReductionToOneDevice, ReplicaCollectives, SharedMemoryAllReduce,
-    choose_the_best, reduce_non_distributed_value, simple_broadcast,
+pub use backends::nccl::NcclAllReduce;
+pub use backends::nccl::bootstrap::{NcclRank, UNIQUE_ID_BYTES, exchange_unique_id, nccl_rank};
+pub use backends::{
+    CollectiveGroup, GroupConfig, Member, ReducePlan, ReductionToOneDevice, SharedMemoryAllReduce,
 };
-pub use packing::{
-    ConcatAndSplitPacker, ConcatAndSplitPacking, FusionPlan, NumPacks, SmallTensorPacking,
-    SparsitySplit, contains_indexed_slices, group_by_size, is_indexed_slices, pack_small_tensors,
-    pack_split_sizes, pack_tensors, split_by_sparsity, stitch_values, unpack_small_tensors,
-    unpack_tensors,
-};
-pub use rendezvous::Rendezvous;
+pub use choose::choose_the_best;
+pub use cross_replica::reduce_non_distributed_value;
+pub use destinations::Destinations;
+pub use error::{CollectiveError, GpuError};
+pub use fusion::FusionPlan;
+pub use ops::{CrossDeviceOps, ReplicaCollectives, StepLifecycle};
+pub use rendezvous::{Rendezvous, lock_ignoring_poison};
 pub use sparse::{AnyTensor, IndexedSlices};
 pub use tensor::{DType, Element, Placement, Tensor};

@@ -68,9 +68,10 @@ pub struct Rendezvous {
     spin_limit: u32,
 }
 
-/// Locks a mutex whose data stays consistent even if a holder panicked: the abort flag, not lock
-/// poisoning, is what tells replicas a peer failed.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Locks a mutex whose data stays consistent even if a holder panicked. Replica threads share
+/// such mutexes (abort reasons, slots, handles): an abort flag, not lock poisoning, is what tells
+/// them a peer failed, so one replica's panic must not make every later lock panic too.
+pub fn lock_ignoring_poison<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -193,7 +194,7 @@ impl Rendezvous {
     /// reason given is kept. A barrier every replica has already reached still completes.
     pub fn abort(&self, reason: impl Into<String>) {
         {
-            let mut current = lock(&self.abort_reason);
+            let mut current = lock_ignoring_poison(&self.abort_reason);
             current.get_or_insert_with(|| reason.into());
             self.state.fetch_or(ABORTED, Ordering::SeqCst);
         }
@@ -202,7 +203,7 @@ impl Rendezvous {
 
     /// Why the rendezvous was aborted, if it was.
     pub fn abort_reason(&self) -> Option<String> {
-        lock(&self.abort_reason).clone()
+        lock_ignoring_poison(&self.abort_reason).clone()
     }
 
     /// True once aborted, until reset.
@@ -213,7 +214,7 @@ impl Rendezvous {
     /// Makes an aborted rendezvous usable again. Call it only when no replica is waiting (a
     /// strategy does, after every replica has finished its step).
     pub fn reset(&self) {
-        let mut reason = lock(&self.abort_reason);
+        let mut reason = lock_ignoring_poison(&self.abort_reason);
         let generation = generation_of(self.state.load(Ordering::SeqCst));
         self.state
             .store(generation << GENERATION_SHIFT, Ordering::SeqCst);
@@ -226,7 +227,7 @@ impl Rendezvous {
     /// completed or is completing (every replica arrived); setting the aborted flag in the same
     /// atomic step makes sure no late arrival can complete the barrier afterwards.
     fn give_up(&self, generation: u64, error: &CollectiveError) -> Give {
-        let mut reason = lock(&self.abort_reason);
+        let mut reason = lock_ignoring_poison(&self.abort_reason);
         let mut state = self.state.load(Ordering::SeqCst);
         loop {
             if generation_of(state) != generation {
@@ -257,7 +258,7 @@ impl Rendezvous {
 
     fn wake_all(&self) {
         if self.sleepers.load(Ordering::SeqCst) > 0 {
-            let _guard = lock(&self.sleep_lock);
+            let _guard = lock_ignoring_poison(&self.sleep_lock);
             self.wake.notify_all();
         }
     }
@@ -338,7 +339,7 @@ impl Rendezvous {
                 std::thread::yield_now();
                 continue;
             }
-            let guard = lock(&self.sleep_lock);
+            let guard = lock_ignoring_poison(&self.sleep_lock);
             self.sleepers.fetch_add(1, Ordering::SeqCst);
             if !released() && !self.is_aborted() {
                 let nap = self

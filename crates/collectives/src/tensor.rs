@@ -165,12 +165,12 @@ host_array! {
 macro_rules! with_host {
     ($host:expr, $a:ident => $body:expr) => {
         match $host {
-            HostArray::F16($a) => $body,
-            HostArray::BF16($a) => $body,
-            HostArray::F32($a) => $body,
-            HostArray::F64($a) => $body,
-            HostArray::I32($a) => $body,
-            HostArray::I64($a) => $body,
+            $crate::tensor::HostArray::F16($a) => $body,
+            $crate::tensor::HostArray::BF16($a) => $body,
+            $crate::tensor::HostArray::F32($a) => $body,
+            $crate::tensor::HostArray::F64($a) => $body,
+            $crate::tensor::HostArray::I32($a) => $body,
+            $crate::tensor::HostArray::I64($a) => $body,
         }
     };
 }
@@ -212,62 +212,6 @@ impl HostArray {
     pub(crate) fn shape(&self) -> &[usize] {
         with_host!(self, a => a.shape())
     }
-
-    /// The elements' bytes in row-major order, borrowed when the layout is standard.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn to_bytes(&self) -> Cow<'_, [u8]> {
-        fn bytes<T: Element>(a: &ArcArray<T, IxDyn>) -> Cow<'_, [u8]> {
-            match a.as_slice() {
-                // SAFETY: every Element is plain old data (numbers, or u16 bit patterns for
-                // f16/bf16) without padding, so its memory is valid as bytes.
-                Some(s) => Cow::Borrowed(unsafe {
-                    std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s))
-                }),
-                None => {
-                    let v: Vec<T> = a.iter().copied().collect();
-                    // SAFETY: as above.
-                    let b = unsafe {
-                        std::slice::from_raw_parts(
-                            v.as_ptr().cast::<u8>(),
-                            std::mem::size_of_val(&v[..]),
-                        )
-                    };
-                    Cow::Owned(b.to_vec())
-                }
-            }
-        }
-        with_host!(self, a => bytes(a))
-    }
-
-    /// Elements of `dtype` and `shape` from their bytes in row-major order.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn from_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> HostArray {
-        fn build<T: Element>(shape: &[usize], bytes: &[u8]) -> HostArray {
-            let n = bytes.len() / std::mem::size_of::<T>();
-            // The copy below writes exactly `bytes.len()` bytes into `n` elements.
-            assert_eq!(
-                n * std::mem::size_of::<T>(),
-                bytes.len(),
-                "whole elements only"
-            );
-            let mut v = vec![T::zero(); n];
-            // SAFETY: `v` holds exactly `bytes.len()` bytes of plain-old-data elements, every bit
-            // pattern of which is a valid element.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    bytes.as_ptr(),
-                    v.as_mut_ptr().cast::<u8>(),
-                    bytes.len(),
-                )
-            };
-            T::wrap(
-                ArrayD::from_shape_vec(shape, v)
-                    .expect("byte count matches the shape")
-                    .into_shared(),
-            )
-        }
-        with_dtype!(dtype, T => build::<T>(shape, bytes))
-    }
 }
 
 /// Where a tensor's elements live.
@@ -283,12 +227,16 @@ pub enum Placement {
     },
 }
 
-/// A tensor's elements: host memory, or (feature `cuda`) one GPU's memory.
+/// A tensor's elements: host memory, or (feature `cuda`) one GPU's memory. Without `cuda` the
+/// GPU buffer type has no values, so no tensor is on a GPU and the arms below need no `cfg`.
 #[derive(Clone)]
-enum Storage {
+pub(crate) enum Storage {
     Host(HostArray),
-    #[cfg(feature = "cuda")]
-    Gpu(crate::cuda::GpuArray),
+    #[allow(
+        dead_code,
+        reason = "built only by the `cuda` module; without it the buffer type has no values"
+    )]
+    Gpu(crate::gpu::GpuArray),
 }
 
 /// A dense array of [`Element`]s with a shape, placed on a device.
@@ -305,8 +253,8 @@ enum Storage {
 /// ```
 #[derive(Clone)]
 pub struct Tensor {
-    storage: Storage,
-    device: Arc<str>,
+    pub(crate) storage: Storage,
+    pub(crate) device: Arc<str>,
 }
 
 impl Tensor {
@@ -360,8 +308,7 @@ impl Tensor {
     pub fn dtype(&self) -> DType {
         match &self.storage {
             Storage::Host(host) => host.dtype(),
-            #[cfg(feature = "cuda")]
-            Storage::Gpu(gpu) => gpu.dtype,
+            Storage::Gpu(gpu) => gpu.dtype(),
         }
     }
 
@@ -369,8 +316,7 @@ impl Tensor {
     pub fn shape(&self) -> &[usize] {
         match &self.storage {
             Storage::Host(host) => host.shape(),
-            #[cfg(feature = "cuda")]
-            Storage::Gpu(gpu) => &gpu.shape,
+            Storage::Gpu(gpu) => gpu.shape(),
         }
     }
 
@@ -398,7 +344,6 @@ impl Tensor {
     pub fn placement(&self) -> Placement {
         match &self.storage {
             Storage::Host(_) => Placement::Host,
-            #[cfg(feature = "cuda")]
             Storage::Gpu(gpu) => Placement::Cuda {
                 ordinal: gpu.ordinal(),
             },
@@ -417,19 +362,17 @@ impl Tensor {
 
     /// The tensor on `device`, moving memory only where it must: a host tensor is relabelled
     /// (host memory serves every device of a build without GPU storage, and host data is never
-    /// uploaded behind the caller's back — use [`Tensor::to_gpu`] for that); a GPU tensor is
+    /// uploaded behind the caller's back — use `Tensor::to_gpu` (feature `cuda`) for that); a GPU tensor is
     /// shared when `device` names its GPU, copied to the GPU `device` names, or copied to host
     /// memory for any other device.
     pub fn copy_to(&self, device: &str) -> Result<Tensor, CollectiveError> {
         match &self.storage {
             Storage::Host(_) => Ok(self.to_device(device)),
-            #[cfg(feature = "cuda")]
-            Storage::Gpu(array) => match crate::cuda::Gpu::index_of(device)? {
-                Some(ordinal) if ordinal == array.ordinal() => Ok(self.to_device(device)),
-                Some(ordinal) => {
-                    let gpu = crate::cuda::Gpu::open(ordinal)?;
-                    Ok(Tensor::from_gpu_array(device.into(), array.copy_to(&gpu)?))
-                }
+            Storage::Gpu(array) => match array.for_device(device)? {
+                Some(array) => Ok(Tensor {
+                    storage: Storage::Gpu(array),
+                    device: device.into(),
+                }),
                 None => Ok(self.to_host()?.to_device(device)),
             },
         }
@@ -440,7 +383,6 @@ impl Tensor {
     pub fn to_host(&self) -> Result<Tensor, CollectiveError> {
         match &self.storage {
             Storage::Host(_) => Ok(self.clone()),
-            #[cfg(feature = "cuda")]
             Storage::Gpu(array) => Ok(Tensor {
                 storage: Storage::Host(array.download()?),
                 device: self.device.clone(),
@@ -452,7 +394,6 @@ impl Tensor {
     pub(crate) fn host_storage(&self) -> Option<&HostArray> {
         match &self.storage {
             Storage::Host(host) => Some(host),
-            #[cfg(feature = "cuda")]
             Storage::Gpu(_) => None,
         }
     }
@@ -472,13 +413,10 @@ impl Tensor {
     }
 
     /// The typed elements for writing; a buffer shared with other tensors is copied first.
-    // Without GPU storage the match below has one arm.
-    #[cfg_attr(not(feature = "cuda"), allow(clippy::infallible_destructuring_match))]
     pub fn array_mut<T: Element>(&mut self) -> Result<&mut ArcArray<T, IxDyn>, CollectiveError> {
         let actual = self.dtype();
         let host = match &mut self.storage {
             Storage::Host(host) => host,
-            #[cfg(feature = "cuda")]
             Storage::Gpu(_) => {
                 return Err(CollectiveError::OnGpu {
                     device: self.device.to_string(),
@@ -508,9 +446,7 @@ impl Tensor {
                     && with_host!(a, a => a.as_ptr() as *const u8)
                         == with_host!(b, b => b.as_ptr() as *const u8)
             }
-            #[cfg(feature = "cuda")]
-            (Storage::Gpu(a), Storage::Gpu(b)) => std::sync::Arc::ptr_eq(&a.bytes, &b.bytes),
-            #[cfg(feature = "cuda")]
+            (Storage::Gpu(a), Storage::Gpu(b)) => a.shares_buffer_with(b),
             _ => false,
         }
     }
@@ -537,7 +473,6 @@ impl Tensor {
     fn host_view(&self) -> Result<Cow<'_, HostArray>, CollectiveError> {
         match &self.storage {
             Storage::Host(host) => Ok(Cow::Borrowed(host)),
-            #[cfg(feature = "cuda")]
             Storage::Gpu(array) => Ok(Cow::Owned(array.download()?)),
         }
     }
@@ -634,51 +569,7 @@ impl fmt::Display for Tensor {
         )?;
         match &self.storage {
             Storage::Host(host) => with_host!(host, a => fmt::Display::fmt(a, f)),
-            #[cfg(feature = "cuda")]
             Storage::Gpu(array) => write!(f, "(in the memory of GPU {})", array.ordinal()),
         }
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl Tensor {
-    /// A tensor over GPU storage.
-    pub(crate) fn from_gpu_array(device: Arc<str>, array: crate::cuda::GpuArray) -> Tensor {
-        Tensor {
-            storage: Storage::Gpu(array),
-            device,
-        }
-    }
-
-    /// The label a copy on `gpu` gets: this tensor's own when it names that GPU, else the GPU's
-    /// canonical name.
-    pub(crate) fn gpu_label(&self, gpu: &crate::cuda::Gpu) -> Arc<str> {
-        match crate::cuda::Gpu::index_of(&self.device) {
-            Ok(Some(ordinal)) if ordinal == gpu.ordinal() => self.device.clone(),
-            _ => gpu.device_name().into(),
-        }
-    }
-
-    /// The GPU storage on `gpu`'s device: shared if it is there, else copied there (uploaded
-    /// from the host, or a peer copy from another GPU).
-    pub(crate) fn gpu_array_on(
-        &self,
-        gpu: &crate::cuda::Gpu,
-    ) -> Result<crate::cuda::GpuArray, CollectiveError> {
-        Ok(match &self.storage {
-            Storage::Host(host) => crate::cuda::GpuArray::upload(host, gpu)?,
-            Storage::Gpu(array) => array.copy_to(gpu)?,
-        })
-    }
-
-    /// The tensor in the memory of `gpu` (feature `cuda`): uploaded from the host, copied from
-    /// another GPU, or shared when it is already there. It keeps its label when that names `gpu`,
-    /// else takes the GPU's canonical name. Input batches upload faster through a
-    /// [`PinnedUploader`](crate::cuda::PinnedUploader).
-    pub fn to_gpu(&self, gpu: &crate::cuda::Gpu) -> Result<Tensor, CollectiveError> {
-        Ok(Tensor::from_gpu_array(
-            self.gpu_label(gpu),
-            self.gpu_array_on(gpu)?,
-        ))
     }
 }

@@ -38,6 +38,7 @@ mod api;
 mod error;
 mod options;
 mod plugin;
+pub mod protobuf;
 mod runtime;
 pub mod stablehlo;
 mod sys;

@@ -8,6 +8,8 @@
 //! `device_assignment = 9`; `DeviceAssignmentProto.replica_count = 1`, `computation_count = 2`,
 //! `computation_devices = 3` (each `replica_device_ids = 1`).
 
+use crate::protobuf::{WIRE_LEN, put_key, put_varint, put_varint_field};
+
 /// How to compile a program: how many replicas (one per device) and partitions it runs on.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CompileOptions {
@@ -62,26 +64,6 @@ impl CompileOptions {
         options.extend_from_slice(&build);
         options
     }
-}
-
-const WIRE_VARINT: u64 = 0;
-const WIRE_LEN: u64 = 2;
-
-fn put_key(out: &mut Vec<u8>, field: u64, wire_type: u64) {
-    put_varint(out, (field << 3) | wire_type);
-}
-
-fn put_varint_field(out: &mut Vec<u8>, field: u64, value: u64) {
-    put_key(out, field, WIRE_VARINT);
-    put_varint(out, value);
-}
-
-fn put_varint(out: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        out.push((value as u8 & 0x7f) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
 }
 
 #[cfg(test)]

@@ -5,19 +5,12 @@
 //! shared result. A replica that finishes its step without the merge the others wait in, a replica
 //! that fails, or one that never comes (deadline) ends the wait with an error.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use distribute_collectives::{CollectiveError, Rendezvous};
+use distribute_collectives::{CollectiveError, Rendezvous, lock_ignoring_poison as lock};
 use distribute_strategy::{MergeArgs, MergeResult, StrategyError};
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Slots hold plain values that stay consistent even if a holder panicked.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 /// Replica 0's merge outcome: its result, or the fact that it failed (replica 0 keeps the error).
 type Outcome = Result<MergeResult, ()>;

@@ -13,11 +13,11 @@
 use std::cell::Cell;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-use distribute_collectives::{CrossDeviceOps, ReplicaCollectives};
+use distribute_collectives::{CrossDeviceOps, ReplicaCollectives, lock_ignoring_poison as lock};
 use distribute_strategy::StrategyError;
 
 /// Work for every replica: called once per replica thread with its id and collectives.
@@ -53,13 +53,6 @@ struct Shared {
 /// µs per step; a yield with nothing else runnable costs a fraction of a µs.
 fn pause() {
     std::thread::yield_now();
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The data under these locks is a plain handle that stays valid even if a holder panicked.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Persistent replica threads.

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use distribute_collectives::{
     AnyTensor, CollectiveError, CrossDeviceOps, Destinations, GroupConfig, ReplicaCollectives,
-    SharedMemoryAllReduce, Tensor,
+    SharedMemoryAllReduce, StepLifecycle, Tensor,
 };
 use distribute_mirrored::{MirroredConfig, MirroredStrategy};
 use distribute_strategy::{Strategy, StrategyError};
@@ -263,6 +263,9 @@ impl CrossDeviceOps for Faulty {
         }
         self.inner.replica_collectives(replica)
     }
+}
+
+impl StepLifecycle for Faulty {
     fn abort(&self, reason: &str) {
         self.inner.abort(reason)
     }

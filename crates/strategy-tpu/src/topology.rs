@@ -6,6 +6,8 @@
 //! `TopologyProto` wire format (fields 1–4: `mesh_shape`, `num_tasks`,
 //! `num_tpu_devices_per_task`, `device_coordinates`), hand-encoded like the PJRT compile options.
 
+use distribute_pjrt::protobuf::{WIRE_LEN, put_key, put_varint, put_varint_field};
+
 use crate::TpuError;
 
 /// The rank of every mesh (x, y, z, core).
@@ -703,26 +705,13 @@ fn axis_values(name: &str, values: &[i32]) -> Result<[i32; MESH_RANK], TpuError>
 
 // ---- protobuf wire format (only what TopologyProto needs) --------------------------------------
 
-fn put_varint(out: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        out.push((value as u8 & 0x7f) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
-}
-
-fn put_varint_field(out: &mut Vec<u8>, field: u64, value: u64) {
-    put_varint(out, field << 3);
-    put_varint(out, value);
-}
-
 /// A packed repeated int32 field (negative values as 10-byte varints, as protobuf does).
 fn put_packed(out: &mut Vec<u8>, field: u64, values: impl Iterator<Item = i64>) {
     let mut body = Vec::new();
     for v in values {
         put_varint(&mut body, v as u64);
     }
-    put_varint(out, (field << 3) | 2);
+    put_key(out, field, WIRE_LEN);
     put_varint(out, body.len() as u64);
     out.extend(body);
 }

@@ -16,7 +16,7 @@ use distribute_values::ReduceOp;
 use super::device::{Gpu, driver_error};
 use super::memory::GpuArray;
 use super::probe::require_nvrtc;
-use crate::{CollectiveError, DType, GpuError, Tensor};
+use crate::{CollectiveError, DType, GpuError, Tensor, lock_ignoring_poison};
 
 /// Threads per block of the reduction kernels.
 const THREADS: u32 = 256;
@@ -189,17 +189,14 @@ fn loaded(gpu: &Gpu) -> Result<Arc<Loaded>, GpuError> {
     static PTX: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
     static MODULES: OnceLock<Mutex<HashMap<usize, Arc<Loaded>>>> = OnceLock::new();
     let modules = MODULES.get_or_init(Default::default);
-    let mut modules = modules.lock().unwrap_or_else(|p| p.into_inner());
+    let mut modules = lock_ignoring_poison(modules);
     if let Some(loaded) = modules.get(&gpu.ordinal()) {
         return Ok(loaded.clone());
     }
     let (major, minor) = gpu.compute_capability()?;
     let arch = format!("compute_{major}{minor}");
     let ptx_source = {
-        let mut cache = PTX
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut cache = lock_ignoring_poison(PTX.get_or_init(Default::default));
         match cache.get(&arch) {
             Some(src) => src.clone(),
             None => {

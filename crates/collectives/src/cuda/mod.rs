@@ -18,10 +18,12 @@
 //!   NVRTC ([`compile_reduction_kernels`]); they fold inputs in replica order exactly as the host
 //!   kernel does, so GPU and CPU reductions give the same bits.
 
+pub(crate) mod bridge;
 mod device;
 mod kernels;
 mod memory;
 mod probe;
+mod tensor;
 
 pub use device::{Gpu, current_gpu, set_current_gpu, to_current_gpu};
 pub use kernels::{compile_reduction_kernels, kernel_source};
@@ -30,5 +32,3 @@ pub use probe::{gpu_count, nccl_available, nvrtc_available, require_nccl, requir
 
 #[cfg(feature = "nccl")]
 pub(crate) use device::driver_error;
-pub(crate) use kernels::reduce_on_gpu;
-pub(crate) use memory::GpuArray;

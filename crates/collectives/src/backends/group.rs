@@ -22,9 +22,9 @@ use distribute_values::ReduceOp;
 use ndarray::{Array, IxDyn};
 
 use crate::kernel::{self, Arith};
-use crate::rendezvous::{Rendezvous, lock};
+use crate::rendezvous::{Rendezvous, lock_ignoring_poison as lock};
 use crate::tensor::with_dtype;
-use crate::{CollectiveError, DType, FusionPlan, Tensor};
+use crate::{CollectiveError, DType, FusionPlan, ReplicaCollectives, Tensor};
 
 /// How a [`CollectiveGroup`] reduces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +69,6 @@ impl Default for GroupConfig {
 /// The outcome of a call where some replica passed a GPU tensor: the last arriver reduces on a
 /// GPU (the reduction kernel folds in replica order, as on the host), and every replica copies the
 /// result to its own device. Gathers and scatters of GPU tensors are the NCCL backend's.
-#[cfg(feature = "cuda")]
 fn plan_on_gpu(requests: Vec<Request>, n: usize) -> Result<Outcome, CollectiveError> {
     let reduce_bucket = |op: ReduceOp, b: usize| {
         let inputs: Vec<&Tensor> = requests.iter().map(|r| &r.tensors()[b]).collect();
@@ -353,7 +352,6 @@ impl Shared {
 
     fn plan_checked(&self, requests: Vec<Request>) -> Result<Outcome, CollectiveError> {
         let n = self.num_replicas;
-        #[cfg(feature = "cuda")]
         if requests.iter().any(|r| {
             r.tensors()
                 .iter()
@@ -704,6 +702,31 @@ impl Member {
                 Ok(works.iter().map(|w| w.output.clone()).collect())
             }
         }
+    }
+}
+
+impl ReplicaCollectives for Member {
+    fn replica(&self) -> usize {
+        Member::replica(self)
+    }
+    fn all_reduce(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
+        Member::all_reduce(self, op, tensor)
+    }
+    fn batch_all_reduce(
+        &self,
+        op: ReduceOp,
+        tensors: &[Tensor],
+    ) -> Result<Vec<Tensor>, CollectiveError> {
+        Member::batch_all_reduce(self, op, tensors)
+    }
+    fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
+        Member::all_gather(self, tensor)
+    }
+    fn reduce_scatter(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
+        Member::reduce_scatter(self, op, tensor)
+    }
+    fn broadcast(&self, root: usize, tensor: Option<&Tensor>) -> Result<Tensor, CollectiveError> {
+        Member::broadcast(self, root, tensor)
     }
 }
 

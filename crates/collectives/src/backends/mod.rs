@@ -1,0 +1,76 @@
+//! The backends, one module each; a backend that needs a feature has `cfg` on its `mod` line
+//! only, and what the rest of the crate needs of it has the same name with the feature off.
+//!
+//! - [`reduction_to_one`]: reduce on one device, copy to the destinations (TF's default).
+//! - [`shared_memory`]: the in-process all-reduce, each replica thread reducing a slice.
+//! - [`group`]: the in-process group both meet in (rendezvous, agreement, the reduce plans).
+//! - [`nccl`]: NCCL between GPUs (feature `nccl`), with the unique-id exchange of a multi-process
+//!   run beside it.
+//!
+//! A cross-process backend (MPI next) gets a module of its own here, `#[cfg(feature = "mpi")]`
+//! on its `mod` line, implementing [`CrossDeviceOps`](crate::CrossDeviceOps) and
+//! [`StepLifecycle`](crate::StepLifecycle); [`choose_the_best`](crate::choose_the_best) is where
+//! it gets picked.
+
+pub(crate) mod group;
+pub(crate) mod nccl;
+pub(crate) mod reduction_to_one;
+pub(crate) mod shared_memory;
+
+pub use group::{CollectiveGroup, GroupConfig, Member, ReducePlan};
+pub use reduction_to_one::ReductionToOneDevice;
+pub use shared_memory::SharedMemoryAllReduce;
+
+/// The [`CrossDeviceOps`](crate::CrossDeviceOps) methods of a backend whose replica collectives
+/// meet in its `group: CollectiveGroup`: fused batches, per-replica handles and the replica count.
+macro_rules! group_backed_ops {
+    () => {
+        fn batch_reduce(
+            &self,
+            op: ReduceOp,
+            pairs: &[(&[AnyTensor], &Destinations)],
+        ) -> Result<Vec<Leaf<AnyTensor>>, CollectiveError> {
+            let bytes = self.group.config().bytes_per_pack;
+            $crate::cross_replica::fused_batch_reduce(op, pairs, bytes, |values, destinations| {
+                self.reduce(op, values, destinations)
+            })
+        }
+
+        fn replica_collectives(
+            &self,
+            replica: usize,
+        ) -> Result<Box<dyn $crate::ReplicaCollectives>, CollectiveError> {
+            Ok(Box::new(self.group.member(replica)?))
+        }
+
+        fn num_replicas(&self) -> Option<usize> {
+            Some(self.group.num_replicas())
+        }
+    };
+}
+pub(crate) use group_backed_ops;
+
+/// The [`StepLifecycle`](crate::StepLifecycle) of a backend whose replica collectives meet in its
+/// `group: CollectiveGroup`: the group's abort, reset and rendezvous step hooks.
+macro_rules! group_lifecycle {
+    ($backend:ty) => {
+        impl $crate::StepLifecycle for $backend {
+            fn abort(&self, reason: &str) {
+                self.group.abort(reason);
+            }
+
+            fn reset(&self) {
+                self.group.reset();
+            }
+
+            fn begin_step(&self) {
+                self.group.rendezvous().begin_step();
+            }
+
+            fn replica_finished(&self, replica: usize) {
+                self.group.rendezvous().finish(replica);
+            }
+        }
+    };
+}
+pub(crate) use group_lifecycle;

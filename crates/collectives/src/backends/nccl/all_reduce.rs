@@ -1,0 +1,280 @@
+//! [`NcclAllReduce`]: how communicators are made (all in this process, or one rank per process
+//! from a shared unique id), and the cross-replica side of the backend.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cudarc::nccl::result::{self as nccl};
+use cudarc::nccl::sys;
+use distribute_values::{Leaf, ReduceOp};
+
+use super::bootstrap::UNIQUE_ID_BYTES;
+use super::communicator::{Communicator, nccl_error};
+use super::member::NcclMember;
+use crate::backends::GroupConfig;
+use crate::cross_replica::reduce_and_deliver;
+use crate::cuda::{Gpu, require_nccl};
+use crate::{
+    AnyTensor, CollectiveError, CrossDeviceOps, Destinations, ReplicaCollectives, StepLifecycle,
+    lock_ignoring_poison,
+};
+
+/// How replica threads get their communicators.
+pub(super) enum Setup {
+    /// Made together on construction; replica `r` takes slot `r`.
+    Local(Mutex<Vec<Option<Communicator>>>),
+    /// Each replica thread joins the world with its rank.
+    Ranked {
+        id: [u8; UNIQUE_ID_BYTES],
+        world: usize,
+        first_rank: usize,
+    },
+}
+
+pub(super) struct Shared {
+    pub(super) gpus: Vec<usize>,
+    pub(super) setup: Setup,
+    pub(super) aborted: AtomicBool,
+    pub(super) reason: Mutex<String>,
+    pub(super) deadline: Duration,
+}
+
+/// The NCCL backend (TF's `NcclAllReduce`): replica threads reduce GPU tensors with NCCL; values
+/// reduced in cross-replica context go through the reduction kernel on the destination GPU, as
+/// with [`ReductionToOneDevice`](crate::ReductionToOneDevice).
+pub struct NcclAllReduce {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for NcclAllReduce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclAllReduce")
+            .field("gpus", &self.shared.gpus)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NcclAllReduce {
+    /// One replica per GPU of `gpus` (indices), all in this process: the communicators are made
+    /// now with `ncclCommInitAll`. NCCL before 2.30 refuses the same GPU twice.
+    pub fn new(gpus: &[usize], deadline: Duration) -> Result<NcclAllReduce, CollectiveError> {
+        require_nccl()?;
+        if gpus.is_empty() {
+            return Err(CollectiveError::InvalidArgument(
+                "NcclAllReduce needs at least one GPU".into(),
+            ));
+        }
+        let handles = gpus
+            .iter()
+            .map(|&g| Gpu::open(g)?.with_new_stream())
+            .collect::<Result<Vec<_>, _>>()?;
+        let ordinals: Vec<i32> = gpus.iter().map(|&g| g as i32).collect();
+        let mut comms = vec![std::ptr::null_mut(); gpus.len()];
+        // SAFETY: `comms` has room for one communicator per listed device.
+        unsafe { nccl::comm_init_all(comms.as_mut_ptr(), gpus.len() as i32, ordinals.as_ptr()) }
+            .map_err(|e| nccl_error("ncclCommInitAll", e))?;
+        let world = gpus.len();
+        let communicators = comms
+            .into_iter()
+            .zip(handles)
+            .enumerate()
+            .map(|(rank, (comm, gpu))| {
+                Some(Communicator {
+                    comm,
+                    gpu,
+                    rank,
+                    world,
+                    aborted: AtomicBool::new(false),
+                })
+            })
+            .collect();
+        Ok(NcclAllReduce::with_setup(
+            gpus,
+            Setup::Local(Mutex::new(communicators)),
+            deadline,
+        ))
+    }
+
+    /// A fresh NCCL unique id, made by the one task (the leader) that hands it to the others.
+    pub fn new_unique_id() -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
+        require_nccl()?;
+        let id = nccl::get_uniqueid().map_err(|e| nccl_error("ncclGetUniqueId", e))?;
+        Ok(id.internal.map(|c| c as u8))
+    }
+
+    /// This process's replicas in a world of `world` ranks: local replica `r` runs on GPU
+    /// `gpus[r]` as rank `first_rank + r`. Every process passes the same `id`; each replica thread
+    /// joins when it takes its collectives handle, and the join waits until every rank has.
+    pub fn from_unique_id(
+        id: [u8; UNIQUE_ID_BYTES],
+        world: usize,
+        first_rank: usize,
+        gpus: &[usize],
+        deadline: Duration,
+    ) -> Result<NcclAllReduce, CollectiveError> {
+        require_nccl()?;
+        if gpus.is_empty() || first_rank + gpus.len() > world {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "ranks {first_rank}..{} do not fit a world of {world}",
+                first_rank + gpus.len()
+            )));
+        }
+        for &g in gpus {
+            Gpu::open(g)?;
+        }
+        Ok(NcclAllReduce::with_setup(
+            gpus,
+            Setup::Ranked {
+                id,
+                world,
+                first_rank,
+            },
+            deadline,
+        ))
+    }
+
+    /// This task's replicas of a multi-process run over `cluster` (chief and workers; every task
+    /// drives `gpus.len()` GPUs, the same count everywhere): task rank `t` owns NCCL ranks
+    /// `t·k .. t·k + k`. The leader (chief, else worker 0) makes the NCCL unique id and hands it
+    /// to the other tasks through [`exchange_unique_id`](crate::exchange_unique_id), waiting at
+    /// most `deadline` for them.
+    pub fn for_cluster(
+        cluster: &distribute_device_spec::ClusterSpec,
+        me: distribute_device_spec::TaskId,
+        gpus: &[usize],
+        deadline: Duration,
+    ) -> Result<NcclAllReduce, CollectiveError> {
+        require_nccl()?;
+        let task = super::bootstrap::nccl_rank(cluster, me)?;
+        let id = if task.is_leader() {
+            Some(NcclAllReduce::new_unique_id()?)
+        } else {
+            None
+        };
+        let id = super::bootstrap::exchange_unique_id(cluster, me, id, deadline)?;
+        let k = gpus.len();
+        NcclAllReduce::from_unique_id(id, task.world_size * k, task.rank * k, gpus, deadline)
+    }
+
+    fn with_setup(gpus: &[usize], setup: Setup, deadline: Duration) -> NcclAllReduce {
+        NcclAllReduce {
+            shared: Arc::new(Shared {
+                gpus: gpus.to_vec(),
+                setup,
+                aborted: AtomicBool::new(false),
+                reason: Mutex::new(String::new()),
+                deadline,
+            }),
+        }
+    }
+
+    /// The NCCL library's version, e.g. 22809 for 2.28.9.
+    pub fn nccl_version() -> Result<i32, CollectiveError> {
+        require_nccl()?;
+        Ok(nccl::get_nccl_version().map_err(|e| nccl_error("ncclGetVersion", e))?)
+    }
+}
+
+impl CrossDeviceOps for NcclAllReduce {
+    fn name(&self) -> &'static str {
+        "NcclAllReduce"
+    }
+
+    fn reduce(
+        &self,
+        op: ReduceOp,
+        values: &[AnyTensor],
+        destinations: &Destinations,
+    ) -> Result<Leaf<AnyTensor>, CollectiveError> {
+        // In cross-replica context one thread holds every value: the communicators belong to
+        // the replica threads, so this reduces with the kernel on the first destination's GPU.
+        reduce_and_deliver(op, values, destinations, None)
+    }
+
+    fn replica_collectives(
+        &self,
+        replica: usize,
+    ) -> Result<Box<dyn ReplicaCollectives>, CollectiveError> {
+        let shared = &self.shared;
+        let Some(&ordinal) = shared.gpus.get(replica) else {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "replica {replica} is out of range for {} replicas",
+                shared.gpus.len()
+            )));
+        };
+        let comm = match &shared.setup {
+            Setup::Local(slots) => lock_ignoring_poison(slots)
+                .get_mut(replica)
+                .and_then(Option::take)
+                .ok_or_else(|| {
+                    CollectiveError::InvalidArgument(format!(
+                        "replica {replica}'s NCCL communicator is already taken: one strategy \
+                         per NcclAllReduce"
+                    ))
+                })?,
+            Setup::Ranked {
+                id,
+                world,
+                first_rank,
+            } => {
+                let gpu = Gpu::open(ordinal)?.with_new_stream()?;
+                gpu.bind_to_thread()?;
+                let rank = first_rank + replica;
+                let mut comm = std::ptr::null_mut();
+                let id = sys::ncclUniqueId {
+                    internal: id.map(|b| b as std::ffi::c_char),
+                };
+                // SAFETY: `comm` receives the new communicator; the id is the world's.
+                unsafe { nccl::comm_init_rank(&mut comm, *world as i32, id, rank as i32) }
+                    .map_err(|e| nccl_error("ncclCommInitRank", e))?;
+                Communicator {
+                    comm,
+                    gpu,
+                    rank,
+                    world: *world,
+                    aborted: AtomicBool::new(false),
+                }
+            }
+        };
+        Ok(Box::new(NcclMember {
+            replica,
+            comm,
+            shared: self.shared.clone(),
+        }))
+    }
+
+    fn num_replicas(&self) -> Option<usize> {
+        Some(self.shared.gpus.len())
+    }
+}
+
+impl StepLifecycle for NcclAllReduce {
+    fn abort(&self, reason: &str) {
+        *lock_ignoring_poison(&self.shared.reason) = reason.to_owned();
+        self.shared.aborted.store(true, Ordering::SeqCst);
+    }
+
+    fn reset(&self) {
+        self.shared.aborted.store(false, Ordering::SeqCst);
+    }
+}
+
+/// The NCCL backend for `gpus` (two or more GPU indices of this process), and why it was
+/// chosen; or why NCCL could not be used.
+pub(crate) fn nccl_backend(
+    gpus: &[usize],
+    config: &GroupConfig,
+) -> Result<(Arc<dyn CrossDeviceOps>, String), String> {
+    match NcclAllReduce::new(gpus, config.deadline) {
+        Ok(ops) => Ok((
+            Arc::new(ops),
+            format!(
+                "NcclAllReduce: {} GPUs of this process and NCCL loads, so replicas reduce with \
+                 NCCL",
+                gpus.len()
+            ),
+        )),
+        Err(e) => Err(format!("NCCL could not be used: {e}")),
+    }
+}

@@ -1,0 +1,96 @@
+//! What the shared files (`tensor`, `kernel`, `cross_replica`) need of GPUs, with feature
+//! `cuda`. `crate::no_cuda` has the same API for builds without it; the crate root names
+//! whichever is built `crate::gpu`, so the shared files carry no `cfg`.
+
+use std::sync::Arc;
+
+use distribute_values::ReduceOp;
+
+use super::device::Gpu;
+use super::kernels::reduce_on_gpu;
+pub(crate) use super::memory::GpuArray;
+use crate::{AnyTensor, CollectiveError, DType, Destinations, Placement, Tensor};
+
+impl GpuArray {
+    /// The element type.
+    pub(crate) fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The size of each dimension.
+    pub(crate) fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// True when both read the same GPU buffer.
+    pub(crate) fn shares_buffer_with(&self, other: &GpuArray) -> bool {
+        Arc::ptr_eq(&self.bytes, &other.bytes)
+    }
+
+    /// The storage of a copy labelled `device`: shared when `device` names this array's GPU,
+    /// copied to the GPU it names, `None` when it names no GPU (the copy goes to the host).
+    pub(crate) fn for_device(&self, device: &str) -> Result<Option<GpuArray>, CollectiveError> {
+        Ok(match Gpu::index_of(device)? {
+            Some(ordinal) if ordinal == self.ordinal() => Some(self.clone()),
+            Some(ordinal) => Some(self.copy_to(&Gpu::open(ordinal)?)?),
+            None => None,
+        })
+    }
+}
+
+/// The reduction of `inputs` when one of them is in GPU memory, on a GPU (placed on `device`, or
+/// in host memory when `device` names no GPU); `None` when every input is in host memory.
+pub(crate) fn reduce_if_on_gpu(
+    op: ReduceOp,
+    inputs: &[&Tensor],
+    device: &str,
+    divisor: usize,
+) -> Result<Option<Tensor>, CollectiveError> {
+    let Some(gpu) = gpu_for_reduction(inputs, device)? else {
+        return Ok(None);
+    };
+    let array = reduce_on_gpu(op, inputs, &gpu, divisor)?;
+    let reduced = Tensor::from_gpu_array(device.into(), array);
+    // The reduction ran on a GPU because an input lives there; a destination that names no
+    // GPU gets the result in host memory.
+    match Gpu::index_of(device)? {
+        Some(_) => Ok(Some(reduced)),
+        None => reduced.to_host().map(Some),
+    }
+}
+
+/// The GPU a reduction runs on: none when every input is in host memory (host data is never
+/// uploaded implicitly); else the GPU `device` names, or the first GPU input's.
+fn gpu_for_reduction(inputs: &[&Tensor], device: &str) -> Result<Option<Gpu>, CollectiveError> {
+    let first_gpu = inputs.iter().find_map(|t| match t.placement() {
+        Placement::Cuda { ordinal } => Some(ordinal),
+        _ => None,
+    });
+    let Some(first_gpu) = first_gpu else {
+        return Ok(None);
+    };
+    let ordinal = Gpu::index_of(device)?.unwrap_or(first_gpu);
+    Ok(Some(Gpu::open(ordinal)?))
+}
+
+/// Where a reduction of `values` runs: `device`, except that GPU values bound for a GPU
+/// destination reduce on that GPU even when `device` is a CPU, so every GPU destination gets a
+/// GPU copy (host results are never uploaded implicitly).
+pub(crate) fn reduce_device_for_placement<'a>(
+    values: &[AnyTensor],
+    destinations: &'a Destinations,
+    device: &'a str,
+) -> &'a str {
+    let on_gpu = values.iter().any(|v| match v {
+        AnyTensor::Dense(t) => t.placement() != Placement::Host,
+        AnyTensor::Sparse(_) => false,
+    });
+    let names_gpu = |d: &str| matches!(Gpu::index_of(d), Ok(Some(_)));
+    if on_gpu
+        && !names_gpu(device)
+        && let Some(gpu_destination) = destinations.as_slice().iter().find(|d| names_gpu(d))
+    {
+        return gpu_destination;
+    }
+    device
+}

@@ -1,0 +1,57 @@
+//! A build without feature `cuda`: no tensor is in GPU memory. The same API as `cuda::bridge`
+//! (the crate root names whichever is built `crate::gpu`), with a GPU buffer type that has no
+//! values, so the shared files' `match` arms on GPU storage need no `cfg` and compile away.
+
+use distribute_values::ReduceOp;
+
+use crate::tensor::HostArray;
+use crate::{AnyTensor, CollectiveError, DType, Destinations, GpuError, Tensor};
+
+/// GPU storage, of which a build without `cuda` has none.
+#[derive(Clone)]
+pub(crate) enum GpuArray {}
+
+impl GpuArray {
+    pub(crate) fn dtype(&self) -> DType {
+        match *self {}
+    }
+
+    pub(crate) fn shape(&self) -> &[usize] {
+        match *self {}
+    }
+
+    pub(crate) fn ordinal(&self) -> usize {
+        match *self {}
+    }
+
+    pub(crate) fn download(&self) -> Result<HostArray, GpuError> {
+        match *self {}
+    }
+
+    pub(crate) fn shares_buffer_with(&self, _other: &GpuArray) -> bool {
+        match *self {}
+    }
+
+    pub(crate) fn for_device(&self, _device: &str) -> Result<Option<GpuArray>, CollectiveError> {
+        match *self {}
+    }
+}
+
+/// Every input is in host memory, so no reduction runs on a GPU.
+pub(crate) fn reduce_if_on_gpu(
+    _op: ReduceOp,
+    _inputs: &[&Tensor],
+    _device: &str,
+    _divisor: usize,
+) -> Result<Option<Tensor>, CollectiveError> {
+    Ok(None)
+}
+
+/// No value is on a GPU, so a reduction runs where it was asked to.
+pub(crate) fn reduce_device_for_placement<'a>(
+    _values: &[AnyTensor],
+    _destinations: &'a Destinations,
+    device: &'a str,
+) -> &'a str {
+    device
+}
