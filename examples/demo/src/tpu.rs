@@ -189,7 +189,7 @@ fn wide_matmul(b: &mut StepBuilder<'_>, lhs: &Value, rhs: &Value) -> Result<Valu
 
 /// Trains the MLP on `data.train` with `TpuStrategy`, one replica per PJRT device
 /// (`config.devices.len()` of them), from the same global batches, initial weights and
-/// hyperparameters as [`train`].
+/// hyperparameters as [`crate::mirrored::train`].
 pub fn train_tpu(config: &Config, data: &WineData) -> Result<TpuTrained> {
     ensure!(
         config.steps > 0 && config.global_batch > 0 && config.hidden > 0 && config.eval_every > 0,
