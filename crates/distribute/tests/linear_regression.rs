@@ -45,9 +45,10 @@ fn the_full_run_learns_the_generating_weights() {
         .zip(true_weights())
         .map(|(a, b)| (a - b).abs())
         .fold((trained.bias - TRUE_BIAS).abs(), f32::max);
-    // The noise is below 1/128, so the fit lands within a few hundredths of the truth.
+    // The noise is below 1/128 and averages out over 51,200 rows: the fit lands about 2e-4 from
+    // the truth.
     assert!(
-        worst < 0.05,
+        worst < 2e-3,
         "weights {worst} away from the generating ones"
     );
     assert!(trained.loss < 1e-3, "final loss {}", trained.loss);
