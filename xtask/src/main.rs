@@ -155,14 +155,14 @@ fn bench(suites: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Runs the training demo (`crates/distribute/examples/demo.rs`) in release, with `args`.
+/// Runs the training demo (the `demo` binary of `examples/demo`) in release, with `args`.
 fn demo(args: &[String]) -> Result<()> {
     let mut cargo_args = vec![
         "run",
         "--release",
         "--package",
-        "distribute",
-        "--example",
+        "distribute-demo",
+        "--bin",
         "demo",
         "--",
     ];

@@ -12,6 +12,8 @@ use serde_json::Value;
 
 /// The crate map, bottom-up: a crate may depend only on crates listed before it.
 const LAYERS: &[&str] = &[
+    // Dev-only and depending on no workspace crate: any crate's tests and benches may use it.
+    "distribute-test-support",
     "distribute-device-spec",
     "distribute-values",
     "distribute-collectives",
@@ -21,6 +23,8 @@ const LAYERS: &[&str] = &[
     "distribute-pjrt",
     "distribute-tpu",
     "distribute",
+    // An application on top of the facade; nothing depends on it.
+    "distribute-demo",
 ];
 
 struct Package {

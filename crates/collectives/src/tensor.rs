@@ -429,6 +429,23 @@ impl Tensor {
         })
     }
 
+    /// The elements as an ndarray view of a fixed rank, `D` being `Ix1`, `Ix2`, …: the way
+    /// to compute on a tensor with ndarray (`x.view::<f32, Ix2>()?.dot(&w)`). Fails when `T`
+    /// is not the tensor's dtype, the tensor is on a GPU, or its rank is not `D`'s.
+    pub fn view<T: Element, D: Dimension>(
+        &self,
+    ) -> Result<ndarray::ArrayView<'_, T, D>, CollectiveError> {
+        let array = self.array::<T>()?;
+        array.view().into_dimensionality::<D>().map_err(|_| {
+            CollectiveError::InvalidArgument(format!(
+                "a tensor of shape {:?} (rank {}) is not a rank-{} array",
+                array.shape(),
+                array.ndim(),
+                D::NDIM.map_or_else(|| "any".to_owned(), |n| n.to_string())
+            ))
+        })
+    }
+
     /// The elements in row-major order.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, CollectiveError> {
         Ok(self.array::<T>()?.iter().copied().collect())
@@ -571,5 +588,43 @@ impl fmt::Display for Tensor {
             Storage::Host(host) => with_host!(host, a => fmt::Display::fmt(a, f)),
             Storage::Gpu(array) => write!(f, "(in the memory of GPU {})", array.ordinal()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ndarray::{Ix1, Ix2, IxDyn, array};
+
+    use super::*;
+
+    #[test]
+    fn a_view_has_the_tensors_elements_at_a_fixed_rank() {
+        let t = Tensor::from_array("/cpu:0", array![[1.0f32, 2.0, 3.0], [4.0, 5.0, 6.0]]);
+        let matrix = t.view::<f32, Ix2>().unwrap();
+        assert_eq!(matrix.dim(), (2, 3));
+        assert_eq!(matrix.row(1).to_vec(), [4.0, 5.0, 6.0]);
+        // Shares the tensor's buffer rather than copying it.
+        assert_eq!(matrix.as_ptr(), t.array::<f32>().unwrap().as_ptr());
+        assert_eq!(t.view::<f32, IxDyn>().unwrap().shape(), [2, 3]);
+        // Round trip: an ndarray result becomes a tensor again with `from_array`.
+        let doubled = Tensor::from_array("/cpu:0", &matrix * 2.0);
+        assert_eq!(
+            doubled.to_vec::<f32>().unwrap(),
+            [2.0, 4.0, 6.0, 8.0, 10.0, 12.0]
+        );
+    }
+
+    #[test]
+    fn a_view_of_the_wrong_rank_or_dtype_fails() {
+        let t = Tensor::from_vec("/cpu:0", &[2, 3], vec![0.0f32; 6]).unwrap();
+        let err = t.view::<f32, Ix1>().unwrap_err().to_string();
+        assert!(
+            err.contains("shape [2, 3] (rank 2) is not a rank-1 array"),
+            "{err}"
+        );
+        assert!(matches!(
+            t.view::<f64, Ix2>(),
+            Err(CollectiveError::DTypeMismatch { .. })
+        ));
     }
 }

@@ -5,7 +5,8 @@
 //! - `merge_call`: one `merge_call` round trip inside a run, 2 replicas;
 //! - `all_reduce_in_run`: one `run` whose step all-reduces (SUM) an f32 tensor of 4 KiB or 1 MiB
 //!   made beforehand, 2 replicas;
-//! - `linear_regression_step`: targets.md's SGD step (64 features, global batch 256), 2 replicas.
+//! - `linear_regression_step`: the reference linear-regression SGD step of
+//!   `distribute-test-support` (64 features, global batch 256, lr 0.1), 2 replicas.
 //!
 //! Without `--bench` (as `cargo test --all-targets` runs it) it does a quick smoke run that still
 //! checks the results.
@@ -16,6 +17,9 @@ use std::time::{Duration, Instant};
 use distribute_collectives::Tensor;
 use distribute_mirrored::MirroredStrategy;
 use distribute_strategy::Strategy;
+use distribute_test_support::linear_regression::{
+    self, FEATURES as LR_FEATURES, GLOBAL_BATCH as LR_BATCH,
+};
 use distribute_values::{Leaf, ReduceOp};
 use serde_json::json;
 
@@ -74,7 +78,8 @@ fn main() {
                "run_with_merges_s": with, "run_without_s": without})
     );
 
-    // targets.md's linear-regression step on 2 replicas (TF: 530-740 steps/s).
+    // The reference linear-regression step (distribute-test-support) on 2 replicas (TF:
+    // 530-740 steps/s).
     let w = strategy
         .create_variable(
             "w",
@@ -83,16 +88,20 @@ fn main() {
         )
         .unwrap();
     let inputs = regression_inputs(&strategy);
-    let loss = |w: &Tensor| -> f32 {
+    let true_weights = linear_regression::true_weights();
+    let distance = |w: &Tensor| -> f32 {
         let w = w.to_vec::<f32>().unwrap();
-        w.iter().map(|x| (x - 1.0) * (x - 1.0)).sum()
+        w.iter()
+            .zip(&true_weights)
+            .map(|(x, t)| (x - t) * (x - t))
+            .sum()
     };
-    let before = loss(&w.component(0).unwrap().read());
+    let before = distance(&w.component(0).unwrap().read());
     for _ in 0..20 {
         regression_step(&strategy, &w, &inputs);
     }
-    // The targets are the row sums, so the weights move toward all ones.
-    assert!(loss(&w.component(0).unwrap().read()) < before);
+    // The weights move toward the ones the rows were generated with.
+    assert!(distance(&w.component(0).unwrap().read()) < 0.5 * before);
     let t = median_s(&budget, || regression_step(&strategy, &w, &inputs));
     println!(
         "{}",
@@ -114,18 +123,10 @@ fn main() {
     }
 }
 
-/// targets.md's linear regression: 64 features, global batch 256, SGD with lr 0.1.
-const LR_FEATURES: usize = 64;
-const LR_BATCH: usize = 256;
-
-/// Each replica's contiguous chunk of a fixed synthetic batch: (features, targets).
+/// Each replica's contiguous chunk of the first global batch of the reference rows:
+/// (features, targets).
 fn regression_inputs(strategy: &MirroredStrategy) -> (Leaf<Tensor>, Leaf<Tensor>) {
-    let x: Vec<f32> = (0..LR_BATCH * LR_FEATURES)
-        .map(|k| ((k * 7919 + 13) % 1000) as f32 / 1000.0 - 0.5)
-        .collect();
-    let y: Vec<f32> = (0..LR_BATCH)
-        .map(|i| x[i * LR_FEATURES..(i + 1) * LR_FEATURES].iter().sum())
-        .collect();
+    let (x, y) = linear_regression::rows(LR_BATCH);
     let x = Tensor::from_vec("/cpu:0", &[LR_BATCH, LR_FEATURES], x).unwrap();
     let y = Tensor::from_vec("/cpu:0", &[LR_BATCH], y).unwrap();
     let map = std::sync::Arc::clone(strategy.extended().device_map());

@@ -1,7 +1,8 @@
 //! Data parallelism changes nothing but speed: a linear-regression SGD step over 1, 2, 4 and 8
 //! replicas — each replica takes its contiguous chunk of the global batch, sums its gradient,
 //! all-reduces the sums and applies `lr / global_batch` of the total — gives one replica's
-//! weights on the whole batch, and the same replica count gives the same bits every time.
+//! weights on the whole batch, and the same replica count gives the same bits every time. The
+//! rows are the reference linear-regression workload's (`distribute-test-support`).
 
 use std::sync::Arc;
 
@@ -12,29 +13,21 @@ use distribute_values::{
     DistributedVariable, Leaf, PerReplica, ReduceOp, UpdateOp, VariableAggregation,
 };
 
+use distribute_test_support::linear_regression::{
+    self, FEATURES, GLOBAL_BATCH as BATCH, LEARNING_RATE,
+};
+
 use super::cpus;
 
-const FEATURES: usize = 16;
-const BATCH: usize = 64;
 const STEPS: usize = 20;
-/// The learning rate 0.1 over the global batch: each step subtracts `gradient_sum / 640`.
-const LR_DIVISOR: usize = 640;
+/// The reference learning rate 0.1 over the global batch of 256: each step subtracts
+/// `gradient_sum / 2560`.
+const LR_DIVISOR: usize = 2560;
 
-/// Deterministic synthetic data: features in [-0.5, 0.5), targets from fixed true weights plus
-/// a little noise.
+/// One global batch of the reference rows (the model has no bias; it fits the rows' bias of
+/// 0.5 as well as it can).
 fn dataset() -> (Vec<f32>, Vec<f32>) {
-    let x: Vec<f32> = (0..BATCH * FEATURES)
-        .map(|k| ((k * 7919 + 13) % 1000) as f32 / 1000.0 - 0.5)
-        .collect();
-    let w_true: Vec<f32> = (0..FEATURES).map(|j| (j as f32 - 7.5) / 8.0).collect();
-    let y = (0..BATCH)
-        .map(|i| {
-            let row = &x[i * FEATURES..(i + 1) * FEATURES];
-            let clean: f32 = row.iter().zip(&w_true).map(|(a, b)| a * b).sum();
-            clean + ((i * 31 % 17) as f32 - 8.0) / 100.0
-        })
-        .collect();
-    (x, y)
+    linear_regression::rows(BATCH)
 }
 
 /// Each replica's contiguous chunk of the global batch, on its device: (features, targets).
@@ -139,6 +132,11 @@ fn train(replicas: usize, update: Update) -> (Vec<Tensor>, f32, f32) {
         .collect();
     let after = loss(&copies[0]);
     (copies, before, after)
+}
+
+#[test]
+fn the_divisor_is_the_reference_learning_rate_over_the_batch() {
+    assert_eq!(LEARNING_RATE * LR_DIVISOR as f32 / BATCH as f32, 1.0);
 }
 
 #[test]

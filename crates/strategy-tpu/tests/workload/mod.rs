@@ -1,6 +1,6 @@
-//! The linear-regression workload that the TPU tests and the `tpu` bench both train: data, the
-//! traced SGD step, the device variable, per-replica shards, and the same training on a
-//! `MirroredStrategy` as the reference.
+//! The linear-regression workload that the TPU tests and the `tpu` bench both train: the
+//! reference rows of `distribute-test-support`, the traced SGD step, the device variable,
+//! per-replica shards, and the same training on a `MirroredStrategy` as the reference.
 
 use std::sync::Arc;
 
@@ -12,24 +12,14 @@ use distribute_tpu::{StepBuilder, TpuError, TpuStrategy, TpuVariable};
 use distribute_values::{DistributedValues, Leaf, PerReplica, ReduceOp};
 use ndarray::{Array1, Array2, s};
 
-pub(crate) const FEATURES: usize = 64;
-pub(crate) const GLOBAL_BATCH: usize = 256;
-pub(crate) const LEARNING_RATE: f32 = 0.1;
+pub(crate) use distribute_test_support::linear_regression::FEATURES;
+use distribute_test_support::linear_regression::{self, GLOBAL_BATCH, LEARNING_RATE};
 
-/// Deterministic data: x in [-1, 1), y = x·w* + small noise.
+/// One global batch of the reference linear-regression rows (the first 256); the model here
+/// has no bias, so it fits the rows' bias of 0.5 as well as it can, which is all an
+/// equivalence between strategies needs.
 pub(crate) fn data() -> (Array2<f32>, Array1<f32>) {
-    let mut state = 0x2545_f491_u64;
-    let mut next = || {
-        state = state
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    };
-    let x = Array2::from_shape_fn((GLOBAL_BATCH, FEATURES), |_| next());
-    let w_true = Array1::from_shape_fn(FEATURES, |i| (i as f32 / FEATURES as f32) - 0.5);
-    let noise = Array1::from_shape_fn(GLOBAL_BATCH, |_| 0.01 * next());
-    let y = x.dot(&w_true) + noise;
-    (x, y)
+    linear_regression::arrays(GLOBAL_BATCH)
 }
 
 /// The traced SGD step on (w, x, y): the global-batch mean-squared-error gradient, summed across

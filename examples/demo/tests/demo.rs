@@ -3,31 +3,30 @@
 //! a compiled TpuStrategy step, its loss goes down, and its command line refuses what this build
 //! cannot run.
 
-// The demo itself, so the test checks the code users run; its `main` is unused here.
-#[path = "../examples/demo.rs"]
-#[allow(dead_code)]
-mod demo;
+use distribute_demo::data::{FEATURES, load_wine};
+use distribute_demo::model::{Params, evaluate, max_weight_difference};
+use distribute_demo::{Config, StrategyKind, TOLERANCE, TPU_MIRRORED_TOLERANCE, mirrored, tpu};
 
 /// A short run with a small hidden layer, so the test takes seconds in debug. The global batch
 /// of 30 does not divide by 4, so 4 replicas get uneven chunks (8, 8, 8, 6).
-fn short_run(replicas: usize) -> demo::Config {
-    demo::Config {
+fn short_run(replicas: usize) -> Config {
+    Config {
         steps: 60,
         global_batch: 30,
         hidden: 8,
         eval_every: 20,
         progress: false,
-        ..demo::Config::new((0..replicas).map(|r| format!("/cpu:{r}")).collect())
+        ..Config::new((0..replicas).map(|r| format!("/cpu:{r}")).collect())
     }
 }
 
 #[test]
 fn one_two_and_four_replicas_learn_the_same_weights() {
-    let data = demo::load_wine(7).unwrap();
+    let data = load_wine(7).unwrap();
     assert_eq!(data.train.rows() + data.validation.rows(), 1599);
     assert_eq!(data.validation.rows(), 320);
 
-    let one = demo::train(&short_run(1), &data).unwrap();
+    let one = mirrored::train(&short_run(1), &data).unwrap();
     let first = one.losses[0];
     let last: f32 = one.losses[50..].iter().sum::<f32>() / 10.0;
     assert!(
@@ -35,11 +34,7 @@ fn one_two_and_four_replicas_learn_the_same_weights() {
         "the training loss did not go down: {first} at the start, {last} at the end"
     );
     let (_, validation_loss) = *one.validation.last().unwrap();
-    let start = demo::evaluate(
-        &demo::Params::init(8, mean(&data.train.y), 7),
-        &data.validation,
-    )
-    .unwrap();
+    let start = evaluate(&Params::init(8, mean(&data.train.y), 7), &data.validation).unwrap();
     assert!(
         validation_loss < start.mse,
         "validation loss {validation_loss} is not below the untrained model's {}",
@@ -47,10 +42,10 @@ fn one_two_and_four_replicas_learn_the_same_weights() {
     );
 
     for replicas in [2, 4] {
-        let many = demo::train(&short_run(replicas), &data).unwrap();
-        let difference = demo::max_weight_difference(&one.params, &many.params);
+        let many = mirrored::train(&short_run(replicas), &data).unwrap();
+        let difference = max_weight_difference(&one.params, &many.params);
         assert!(
-            difference <= demo::TOLERANCE,
+            difference <= TOLERANCE,
             "{replicas} replicas differ from 1 by {difference}"
         );
         assert_eq!(many.losses.len(), one.losses.len());
@@ -60,21 +55,21 @@ fn one_two_and_four_replicas_learn_the_same_weights() {
         );
     }
     // The comparison can tell models apart: another seed trains other weights.
-    let other = demo::train(
-        &demo::Config {
+    let other = mirrored::train(
+        &Config {
             seed: 8,
             ..short_run(2)
         },
         &data,
     )
     .unwrap();
-    assert!(demo::max_weight_difference(&one.params, &other.params) > 1e-2);
+    assert!(max_weight_difference(&one.params, &other.params) > 1e-2);
 }
 
 #[test]
 fn tpu_replicas_learn_the_one_replica_and_the_mirrored_weights() {
-    let data = demo::load_wine(7).unwrap();
-    let one = demo::train_tpu(&short_run(1), &data).unwrap();
+    let data = load_wine(7).unwrap();
+    let one = tpu::train_tpu(&short_run(1), &data).unwrap();
     let first = one.losses[0];
     let last: f32 = one.losses[50..].iter().sum::<f32>() / 10.0;
     assert!(
@@ -91,20 +86,20 @@ fn tpu_replicas_learn_the_one_replica_and_the_mirrored_weights() {
     // 4 replicas cut the batch of 30 unevenly: the last replica's 6 rows are padded to 8 and
     // masked, so this also checks that padding adds nothing to the gradients.
     for replicas in [2, 4] {
-        let many = demo::train_tpu(&short_run(replicas), &data).unwrap();
-        let difference = demo::max_weight_difference(&one.params, &many.params);
+        let many = tpu::train_tpu(&short_run(replicas), &data).unwrap();
+        let difference = max_weight_difference(&one.params, &many.params);
         assert!(
-            difference <= demo::TOLERANCE,
+            difference <= TOLERANCE,
             "{replicas} TPU replicas differ from 1 by {difference}"
         );
         assert_eq!(
             many.copy_difference, 0.0,
             "{replicas} TPU replicas' device copies drifted apart"
         );
-        let mirrored = demo::train(&short_run(replicas), &data).unwrap();
-        let difference = demo::max_weight_difference(&many.params, &mirrored.params);
+        let mirrored = mirrored::train(&short_run(replicas), &data).unwrap();
+        let difference = max_weight_difference(&many.params, &mirrored.params);
         assert!(
-            difference <= demo::TPU_MIRRORED_TOLERANCE,
+            difference <= TPU_MIRRORED_TOLERANCE,
             "{replicas} TPU replicas differ from {replicas} mirrored replicas by {difference}"
         );
         // Step by step, the losses are the same model's too (the first is before any update).
@@ -125,8 +120,8 @@ fn tpu_replicas_learn_the_one_replica_and_the_mirrored_weights() {
 fn without_a_plugin_the_tpu_demo_says_how_to_get_one() {
     const CHILD: &str = "DEMO_TEST_NO_PLUGIN_CHILD";
     if std::env::var_os(CHILD).is_some() {
-        let data = demo::load_wine(7).unwrap();
-        let err = demo::train_tpu(&short_run(2), &data).unwrap_err();
+        let data = load_wine(7).unwrap();
+        let err = tpu::train_tpu(&short_run(2), &data).unwrap_err();
         let message = format!("{err:#}");
         assert!(message.contains("--strategy tpu"), "{message}");
         assert!(message.contains("cargo xtask fetch-pjrt"), "{message}");
@@ -154,9 +149,9 @@ fn without_a_plugin_the_tpu_demo_says_how_to_get_one() {
 fn replica_r_gets_the_r_th_contiguous_chunk_of_each_global_batch() {
     use distribute::prelude::DistributedValues;
 
-    let data = demo::load_wine(7).unwrap();
-    let one = demo::input_pipeline(&short_run(1), &data.train, "/cpu:0").unwrap();
-    let four = demo::input_pipeline(&short_run(4), &data.train, "/cpu:0").unwrap();
+    let data = load_wine(7).unwrap();
+    let one = mirrored::input_pipeline(&short_run(1), &data.train, "/cpu:0").unwrap();
+    let four = mirrored::input_pipeline(&short_run(4), &data.train, "/cpu:0").unwrap();
     let mut steps = 0;
     for (whole, parts) in one.iter().zip(four.iter()).take(50) {
         let (whole, parts) = (whole.unwrap(), parts.unwrap());
@@ -183,7 +178,7 @@ fn replica_r_gets_the_r_th_contiguous_chunk_of_each_global_batch() {
 
 #[test]
 fn a_diverged_run_never_matches() {
-    let good = demo::Params::init(4, 5.5, 7);
+    let good = Params::init(4, 5.5, 7);
     let mut diverged = good.clone();
     diverged.w2[1] = f32::NAN;
     for (a, b) in [
@@ -191,27 +186,27 @@ fn a_diverged_run_never_matches() {
         (&diverged, &good),
         (&diverged, &diverged),
     ] {
-        let difference = demo::max_weight_difference(a, b);
+        let difference = max_weight_difference(a, b);
         assert!(difference.is_nan(), "NaN weights passed as {difference}");
     }
-    assert_eq!(demo::max_weight_difference(&good, &good), 0.0);
+    assert_eq!(max_weight_difference(&good, &good), 0.0);
 }
 
 #[test]
 fn the_split_is_seeded_and_standardized_with_training_statistics() {
-    let a = demo::load_wine(7).unwrap();
-    let b = demo::load_wine(7).unwrap();
-    let c = demo::load_wine(8).unwrap();
+    let a = load_wine(7).unwrap();
+    let b = load_wine(7).unwrap();
+    let c = load_wine(8).unwrap();
     assert_eq!((&a.train.x, &a.validation.y), (&b.train.x, &b.validation.y));
     assert_ne!(a.validation.y, c.validation.y);
     // Training features have mean 0 and deviation 1; validation ones only roughly.
-    for j in 0..demo::FEATURES {
+    for j in 0..FEATURES {
         let column: Vec<f32> = a
             .train
             .x
             .iter()
             .skip(j)
-            .step_by(demo::FEATURES)
+            .step_by(FEATURES)
             .copied()
             .collect();
         let m = mean(&column);
@@ -225,16 +220,11 @@ fn the_split_is_seeded_and_standardized_with_training_statistics() {
 
 #[test]
 fn the_command_line_refuses_what_this_build_cannot_run() {
-    let parse = |line: &str| {
-        let args: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
-        demo::parse_args(&args)
-    };
-    let defaults = parse("").unwrap().unwrap();
+    let parse = |line: &str| distribute_demo::parse_args(line.split_whitespace());
+    let defaults = parse("").unwrap();
     assert_eq!(defaults.config.devices, ["/cpu:0", "/cpu:1"]);
-    assert_eq!(defaults.strategy, demo::StrategyKind::Mirrored);
-    let four = parse("--replicas 4 --steps 10 --batch 64 --lr 0.1 --hidden 4")
-        .unwrap()
-        .unwrap();
+    assert_eq!(defaults.strategy, StrategyKind::Mirrored);
+    let four = parse("--replicas 4 --steps 10 --batch 64 --lr 0.1 --hidden 4").unwrap();
     assert_eq!(four.config.devices.len(), 4);
     assert_eq!(
         (
@@ -251,14 +241,15 @@ fn the_command_line_refuses_what_this_build_cannot_run() {
         ("--replicas 0", "positive"),
         ("--momentum 1", "below 1"),
         ("--batch 2 --replicas 3", "no rows"),
-        ("--frobnicate 1", "unknown argument"),
-        ("--strategy xla", "unknown strategy"),
+        // clap's wording for what it does not know.
+        ("--frobnicate 1", "unexpected argument '--frobnicate'"),
+        ("--strategy xla", "possible values: mirrored, tpu"),
     ] {
         let err = parse(line).unwrap_err().to_string();
         assert!(err.contains(expected), "{line}: {err}");
     }
-    let tpu = parse("--strategy tpu --replicas 4").unwrap().unwrap();
-    assert_eq!(tpu.strategy, demo::StrategyKind::Tpu);
+    let tpu = parse("--strategy tpu --replicas 4").unwrap();
+    assert_eq!(tpu.strategy, StrategyKind::Tpu);
     assert_eq!(tpu.config.devices.len(), 4);
     for (line, expected) in [
         (
@@ -277,7 +268,7 @@ fn the_loss_curve_is_a_png() {
     let dir = std::env::temp_dir().join(format!("distribute-demo-test-{}", std::process::id()));
     let path = dir.join("loss.png");
     let losses: Vec<f32> = (0..120).map(|i| 1.0 / (1.0 + i as f32 / 10.0)).collect();
-    demo::plot_losses(&path, &losses, &[(60, 0.3), (120, 0.2)], "test").unwrap();
+    distribute_demo::report::plot_losses(&path, &losses, &[(60, 0.3), (120, 0.2)], "test").unwrap();
     let bytes = std::fs::read(&path).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");

@@ -1,0 +1,190 @@
+//! The demo's command line (clap): the options, their defaults (the ones of
+//! [`Config::DEFAULT`]) and the checks that refuse what this build cannot run, with a message
+//! that says what to use instead.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::{Parser, ValueEnum};
+use distribute::device_spec::DeviceSpec;
+
+use crate::Config;
+
+/// Which strategy `--strategy` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StrategyKind {
+    /// `MirroredStrategy`: one thread per device.
+    Mirrored,
+    /// `TpuStrategy`: one compiled XLA step over the devices of the PJRT plugin (`cargo xtask
+    /// fetch-pjrt` installs the pinned CPU plugin).
+    Tpu,
+}
+
+/// The command line, parsed and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Args {
+    /// The training to run.
+    pub config: Config,
+    /// The strategy asked for.
+    pub strategy: StrategyKind,
+    /// Where the loss curve goes; `None`: `target/demo/loss.png`.
+    pub plot: Option<PathBuf>,
+}
+
+/// The options as clap reads them, before the checks that involve more than one of them.
+#[derive(Debug, Parser)]
+#[command(
+    name = "demo",
+    about = "Trains an MLP on wine-quality data, data-parallel, and checks it against one replica \
+             (`cargo xtask demo [options]`)"
+)]
+pub struct Options {
+    /// Replicas on /cpu:0 … /cpu:N-1, or on N PJRT devices with --strategy tpu [default: 2]
+    #[arg(long, value_name = "N", value_parser = positive)]
+    pub replicas: Option<usize>,
+    /// Comma-separated replica devices, e.g. /cpu:0,/cpu:1 (mirrored only)
+    #[arg(long, value_name = "LIST")]
+    pub devices: Option<String>,
+    /// The strategy to train with
+    #[arg(long, value_enum, default_value_t = StrategyKind::Mirrored)]
+    pub strategy: StrategyKind,
+    /// Optimizer steps
+    #[arg(long, value_name = "N", value_parser = positive, default_value_t = Config::DEFAULT.steps)]
+    pub steps: usize,
+    /// Global batch: rows per step over all replicas
+    #[arg(long, value_name = "N", value_parser = positive,
+          default_value_t = Config::DEFAULT.global_batch)]
+    pub batch: usize,
+    /// Learning rate
+    #[arg(long, value_name = "X", value_parser = non_negative,
+          default_value_t = Config::DEFAULT.learning_rate)]
+    pub lr: f32,
+    /// SGD momentum, 0 for plain SGD
+    #[arg(long, value_name = "X", value_parser = non_negative,
+          default_value_t = Config::DEFAULT.momentum)]
+    pub momentum: f32,
+    /// Hidden units
+    #[arg(long, value_name = "N", value_parser = positive, default_value_t = Config::DEFAULT.hidden)]
+    pub hidden: usize,
+    /// Seed of the split, the initial weights and the shuffle
+    #[arg(long, default_value_t = Config::DEFAULT.seed)]
+    pub seed: u64,
+    /// Where the loss curve PNG goes [default: target/demo/loss.png]
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+}
+
+/// A whole number above 0.
+fn positive(value: &str) -> Result<usize, String> {
+    value
+        .parse::<usize>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("a positive whole number is needed, got '{value}'"))
+}
+
+/// A finite number ≥ 0.
+fn non_negative(value: &str) -> Result<f32, String> {
+    value
+        .parse::<f32>()
+        .ok()
+        .filter(|x| x.is_finite() && *x >= 0.0)
+        .ok_or_else(|| format!("a number ≥ 0 is needed, got '{value}'"))
+}
+
+/// Parses and checks the demo's arguments (without the program name). `--help` comes back as
+/// an error whose text is the help.
+pub fn parse_args<I, T>(args: I) -> Result<Args>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let program = std::iter::once(OsString::from("demo"));
+    let options = Options::try_parse_from(program.chain(args.into_iter().map(Into::into)))?;
+    options.check()
+}
+
+impl Options {
+    /// The checks that involve more than one option, and the device list.
+    pub fn check(self) -> Result<Args> {
+        ensure!(
+            self.momentum < 1.0,
+            "--momentum must be below 1 (got {}): with 1 or more the steps never shrink",
+            self.momentum
+        );
+        let devices = self.devices.as_deref().map(parse_devices).transpose()?;
+        if self.strategy == StrategyKind::Tpu && devices.is_some() {
+            bail!(
+                "--strategy tpu puts one replica on each device of the PJRT plugin; choose how \
+                 many with --replicas N instead of --devices"
+            );
+        }
+        let devices = match (devices, self.replicas) {
+            (Some(devices), Some(n)) if devices.len() != n => bail!(
+                "--replicas {n} disagrees with --devices, which lists {} devices; give one of them",
+                devices.len()
+            ),
+            (Some(devices), _) => devices,
+            (None, n) => (0..n.unwrap_or(2)).map(|r| format!("/cpu:{r}")).collect(),
+        };
+        ensure!(
+            self.batch >= devices.len(),
+            "--batch {} gives some of the {} replicas no rows at all; use a batch of at least one \
+             row per replica",
+            self.batch,
+            devices.len()
+        );
+        Ok(Args {
+            config: Config {
+                steps: self.steps,
+                global_batch: self.batch,
+                learning_rate: self.lr,
+                momentum: self.momentum,
+                hidden: self.hidden,
+                seed: self.seed,
+                ..Config::new(devices)
+            },
+            strategy: self.strategy,
+            plot: self.plot,
+        })
+    }
+}
+
+/// Checks a `--devices` list: CPU devices only, since the MLP computes in host memory and TPU
+/// devices are `--strategy tpu`'s.
+fn parse_devices(list: &str) -> Result<Vec<String>> {
+    let devices: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(str::to_owned)
+        .collect();
+    ensure!(
+        !devices.is_empty(),
+        "--devices needs at least one device, e.g. /cpu:0,/cpu:1"
+    );
+    for device in &devices {
+        let spec: DeviceSpec = device
+            .parse()
+            .with_context(|| format!("--devices: '{device}' is not a device name"))?;
+        match spec.device_type().map(str::to_ascii_uppercase).as_deref() {
+            Some("CPU") => {}
+            Some("GPU") => bail!(
+                "device '{device}': the demo's MLP computes with ndarray in host memory and has \
+                 no GPU kernels, so it will not run on the CPU under a GPU's name. GPU replicas \
+                 (cargo features `cuda`/`nccl`) reduce GPU tensors; see `cargo xtask test-gpu`. \
+                 Use CPU devices here, e.g. --devices /cpu:0,/cpu:1"
+            ),
+            Some("TPU") => bail!(
+                "device '{device}': TPU replicas come with --strategy tpu, one per PJRT device; \
+                 use --strategy tpu --replicas N"
+            ),
+            other => bail!(
+                "device '{device}': give a CPU device such as /cpu:0 (device type: {})",
+                other.unwrap_or("none")
+            ),
+        }
+    }
+    Ok(devices)
+}

@@ -1,0 +1,380 @@
+//! What the demo prints and draws: each strategy's run with its speed, the time per step by
+//! phase, the metrics table, the loss curve (PNG), and the checks against one replica and
+//! between strategies that make the demo fail when the replicas did not train the same model.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, ensure};
+use indicatif::{ProgressBar, ProgressStyle};
+use ndarray::Array1;
+
+use crate::cli::{Args, StrategyKind};
+use crate::data::{FEATURES, WineData, load_wine};
+use crate::model::{Params, evaluate, max_weight_difference};
+use crate::{Config, TOLERANCE, TPU_MIRRORED_TOLERANCE, mirrored, tpu};
+
+/// Loads the data, trains as `args` asks, prints the report and draws the loss curve; fails
+/// when the replicas did not train the same model as one replica (or, with `--strategy tpu`,
+/// as MirroredStrategy).
+pub fn run(args: &Args) -> Result<()> {
+    let config = &args.config;
+    let data = load_wine(config.seed)?;
+    println!(
+        "wine quality (red): {} training and {} validation wines, {FEATURES} standardized features",
+        data.train.rows(),
+        data.validation.rows()
+    );
+    println!(
+        "model: {FEATURES} → {} tanh → 1, SGD lr {} momentum {}, {} steps of global batch {}",
+        config.hidden, config.learning_rate, config.momentum, config.steps, config.global_batch
+    );
+    match args.strategy {
+        StrategyKind::Mirrored => run_mirrored(args, &data),
+        StrategyKind::Tpu => run_tpu(args, &data),
+    }
+}
+
+/// `--strategy mirrored`: trains, reports, and checks against one replica.
+fn run_mirrored(args: &Args, data: &WineData) -> Result<()> {
+    let config = &args.config;
+    let replicas = config.devices.len();
+    let trained = mirrored::train(config, data)?;
+    println!(
+        "MirroredStrategy on {replicas} replicas [{}], cross-device ops: {}",
+        config.devices.join(", "),
+        trained.cross_device_ops
+    );
+    let t = trained.times;
+    let total = micros(t.total());
+    let share = |d: Duration| 100.0 * micros(d) / total;
+    print_speed(config, trained.steps_per_s, &trained.losses);
+    println!(
+        "time per step {total:.1} µs: compute {:.1} µs ({:.0} %), communication {:.1} µs ({:.0} %), \
+         input {:.1} µs ({:.0} %), dispatch {:.1} µs ({:.0} %)",
+        micros(t.compute),
+        share(t.compute),
+        micros(t.communication()),
+        share(t.communication()),
+        micros(t.input),
+        share(t.input),
+        micros(t.dispatch),
+        share(t.dispatch),
+    );
+    println!("  compute: read variables, forward, backward (mean over replicas)");
+    println!(
+        "  communication: gradient all-reduce {:.1} µs + merge_call with the momentum update {:.1} µs",
+        micros(t.all_reduce),
+        micros(t.merge_call)
+    );
+    println!("  input: waiting for the next per-replica batch; dispatch: the rest of run()");
+    print_metrics(config, data, &trained.params)?;
+    write_plot(
+        args,
+        "loss.png",
+        &trained.losses,
+        &trained.validation,
+        &format!(
+            "wine quality MLP, {replicas} replicas, global batch {}",
+            config.global_batch
+        ),
+    )?;
+
+    println!(
+        "mirrored copies on the {replicas} replicas: max |difference| = {:.1e}",
+        trained.copy_difference
+    );
+    ensure!(
+        trained.copy_difference <= TOLERANCE,
+        "the replicas' copies of the weights differ by {:e}: a mirrored variable was not kept \
+         in sync",
+        trained.copy_difference
+    );
+    let reference = mirrored::train(&config.one_replica(), data)?;
+    let difference = max_weight_difference(&trained.params, &reference.params);
+    println!(
+        "1 replica, same global batch and data order: {:.0} steps/s; max |weight difference| = \
+         {difference:.1e} (limit {TOLERANCE:.0e}){}",
+        reference.steps_per_s,
+        bit_identical(&trained.params, &reference.params)
+    );
+    ensure!(
+        difference <= TOLERANCE,
+        "the {replicas}-replica weights differ from the 1-replica weights by {difference:e}, \
+         more than {TOLERANCE:e}: the replicas did not train the same model"
+    );
+    Ok(())
+}
+
+/// `--strategy tpu`: trains with the compiled step, reports, and checks against one TPU
+/// replica (the same program's arithmetic) and against MirroredStrategy (other arithmetic).
+fn run_tpu(args: &Args, data: &WineData) -> Result<()> {
+    let config = &args.config;
+    let replicas = config.devices.len();
+    let trained = tpu::train_tpu(config, data)?;
+    println!(
+        "TpuStrategy on {replicas} replicas [{}] of the PJRT {} plugin, gradient all-reduce \
+         inside the compiled step",
+        trained.devices.join(", "),
+        trained.platform
+    );
+    let t = trained.times;
+    let total = micros(t.total());
+    let share = |d: Duration| 100.0 * micros(d) / total;
+    print_speed(config, trained.steps_per_s, &trained.losses);
+    println!(
+        "time per step {total:.1} µs: step launch + wait {:.1} µs ({:.0} %), input {:.1} µs \
+         ({:.0} %)",
+        micros(t.step),
+        share(t.step),
+        micros(t.input),
+        share(t.input),
+    );
+    println!(
+        "  step: one XLA program per replica (forward, backward, gradient all-reduce, momentum \
+         update), launched and waited for"
+    );
+    println!("  input: waiting for the next per-replica batch, padded and copied to the devices");
+    println!(
+        "  compile: {:.0} ms before the timed steps (trace to StableHLO, XLA compile, one run \
+         whose outputs are dropped)",
+        trained.compile.as_secs_f64() * 1e3
+    );
+    print_metrics(config, data, &trained.params)?;
+    write_plot(
+        args,
+        "loss-tpu.png",
+        &trained.losses,
+        &trained.validation,
+        &format!(
+            "wine quality MLP, TpuStrategy, {replicas} replicas, global batch {}",
+            config.global_batch
+        ),
+    )?;
+
+    println!(
+        "device copies on the {replicas} replicas: max |difference| = {:.1e}",
+        trained.copy_difference
+    );
+    ensure!(
+        trained.copy_difference <= TOLERANCE,
+        "the replicas' device copies of the weights differ by {:e}: the all-reduce inside the \
+         step did not give every replica the same update",
+        trained.copy_difference
+    );
+    let reference = tpu::train_tpu(&config.one_replica(), data)?;
+    let difference = max_weight_difference(&trained.params, &reference.params);
+    println!(
+        "1 TPU replica, same global batch and data order: {:.0} steps/s; max |weight \
+         difference| = {difference:.1e} (limit {TOLERANCE:.0e}){}",
+        reference.steps_per_s,
+        bit_identical(&trained.params, &reference.params)
+    );
+    ensure!(
+        difference <= TOLERANCE,
+        "the {replicas}-replica TPU weights differ from the 1-replica TPU weights by \
+         {difference:e}, more than {TOLERANCE:e}: the replicas did not train the same model"
+    );
+    let mirrored = mirrored::train(config, data)?;
+    let difference = max_weight_difference(&trained.params, &mirrored.params);
+    println!(
+        "MirroredStrategy, {replicas} CPU replicas, same data and hyperparameters: {:.0} \
+         steps/s; max |weight difference| = {difference:.1e} (limit \
+         {TPU_MIRRORED_TOLERANCE:.0e}: the step's dot products and tanh round from f64, \
+         ndarray's and libm's from f32)",
+        mirrored.steps_per_s
+    );
+    ensure!(
+        difference <= TPU_MIRRORED_TOLERANCE,
+        "the TPU weights differ from MirroredStrategy's by {difference:e}, more than \
+         {TPU_MIRRORED_TOLERANCE:e}: the compiled step does not train the same model"
+    );
+    Ok(())
+}
+
+/// The line with the training speed and the first and last batch losses.
+fn print_speed(config: &Config, steps_per_s: f64, losses: &[f32]) {
+    println!(
+        "trained: {:.0} steps/s, {:.0} samples/s; loss {:.4} → {:.4}",
+        steps_per_s,
+        steps_per_s * config.global_batch as f64,
+        losses[0],
+        losses.last().expect("at least one step")
+    );
+}
+
+/// The metrics table: the trained model on both splits, and the mean predictor to beat.
+fn print_metrics(config: &Config, data: &WineData, params: &Params) -> Result<()> {
+    // The baseline to beat: the training rows' mean score for every wine (no output weights).
+    let constant = Params {
+        w2: Array1::zeros(config.hidden),
+        b2: data.train.y.iter().sum::<f32>() / data.train.rows() as f32,
+        ..params.clone()
+    };
+    println!("{:<28}{:>8}{:>8}{:>14}", "", "MSE", "MAE", "|error| < 0.5");
+    for (name, params, split) in [
+        ("train", params, &data.train),
+        ("validation", params, &data.validation),
+        ("validation, mean predictor", &constant, &data.validation),
+    ] {
+        let m = evaluate(params, split)?;
+        println!(
+            "{name:<28}{:>8.4}{:>8.4}{:>13.1} %",
+            m.mse,
+            m.mae,
+            100.0 * m.within_half
+        );
+    }
+    Ok(())
+}
+
+/// Draws the loss curve to `--plot`, or `target/demo/<default_file>`, and says where.
+fn write_plot(
+    args: &Args,
+    default_file: &str,
+    losses: &[f32],
+    validation: &[(usize, f32)],
+    title: &str,
+) -> Result<()> {
+    let plot = args
+        .plot
+        .clone()
+        .unwrap_or_else(|| default_plot_path(default_file));
+    plot_losses(&plot, losses, validation, title)?;
+    // Relative to the working directory when it is inside it: `target/demo/loss.png`.
+    let shown = std::env::current_dir()
+        .ok()
+        .and_then(|dir| plot.strip_prefix(dir).ok().map(Path::to_path_buf))
+        .unwrap_or_else(|| plot.clone());
+    println!("loss curve: {}", shown.display());
+    Ok(())
+}
+
+/// `", bit-identical weights"` when two runs' parameters agree in every bit.
+fn bit_identical(a: &Params, b: &Params) -> &'static str {
+    let identical = a
+        .flat()
+        .iter()
+        .zip(b.flat())
+        .all(|(x, y)| x.to_bits() == y.to_bits());
+    if identical {
+        ", bit-identical weights"
+    } else {
+        ""
+    }
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// `target/demo/<file>` next to the running binary (`target/release/demo`), so
+/// `CARGO_TARGET_DIR` is respected; `target/demo/` in the current directory otherwise.
+fn default_plot_path(file: &str) -> PathBuf {
+    let target = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.to_path_buf()))
+        .unwrap_or_else(|| PathBuf::from("target"));
+    target.join("demo").join(file)
+}
+
+pub(crate) fn progress_bar(config: &Config) -> ProgressBar {
+    if !config.progress {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(config.steps as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{prefix} [{elapsed_precise}] {bar:32.cyan/blue} {pos}/{len} steps · {msg}",
+        )
+        .expect("the template is valid")
+        .progress_chars("=> "),
+    );
+    bar.set_prefix(match config.devices.len() {
+        1 => "1 replica".to_owned(),
+        n => format!("{n} replicas"),
+    });
+    bar
+}
+
+/// Draws the training loss (each step's batch, and its mean over 50 steps) and the validation
+/// loss against the step, as a PNG.
+pub fn plot_losses(
+    path: &Path,
+    losses: &[f32],
+    validation: &[(usize, f32)],
+    title: &str,
+) -> Result<()> {
+    use plotters::prelude::*;
+    use plotters::style::{FontStyle, register_font};
+
+    // plotters' ab_glyph text needs a registered font: the one embedded in the binary, so
+    // nothing has to be installed on the machine.
+    register_font(
+        "sans-serif",
+        FontStyle::Normal,
+        epaint_default_fonts::UBUNTU_LIGHT,
+    )
+    .map_err(|_| anyhow!("the embedded font is not a valid TrueType font"))?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    const WINDOW: usize = 50;
+    let smoothed: Vec<(usize, f32)> = (WINDOW..=losses.len())
+        .map(|end| {
+            let window = &losses[end - WINDOW..end];
+            (end, window.iter().sum::<f32>() / WINDOW as f32)
+        })
+        .collect();
+    let top = losses
+        .iter()
+        .chain(validation.iter().map(|(_, l)| l))
+        .copied()
+        .fold(0.0f32, f32::max)
+        * 1.05;
+
+    let root = BitMapBackend::new(path, (800, 450)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0..losses.len(), 0f32..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("mean squared error")
+        .label_style(("sans-serif", 14))
+        .light_line_style(WHITE)
+        .draw()?;
+    let light = RGBColor(170, 190, 225);
+    chart
+        .draw_series(LineSeries::new(
+            losses.iter().enumerate().map(|(i, l)| (i + 1, *l)),
+            light,
+        ))?
+        .label("training batch")
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], light));
+    chart
+        .draw_series(LineSeries::new(smoothed, BLUE.stroke_width(2)))?
+        .label(format!("training, mean of {WINDOW} steps"))
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE.stroke_width(2)));
+    chart
+        .draw_series(LineSeries::new(
+            validation.iter().copied(),
+            RED.stroke_width(2),
+        ))?
+        .label("validation")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(2)));
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font(("sans-serif", 14))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
