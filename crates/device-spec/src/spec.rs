@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::DeviceSpecError;
+use crate::{DeviceKind, DeviceSpecError};
 
 /// Device types that the legacy short form (`/cpu:0`, `/GPU:*`, `tpu`) recognises,
 /// case-insensitively; they are stored upper-case.
@@ -66,6 +66,20 @@ impl DeviceSpec {
     /// The device type, e.g. `GPU`.
     pub fn device_type(&self) -> Option<&str> {
         self.device_type.as_deref()
+    }
+
+    /// The device type as a [`DeviceKind`], to match on instead of comparing strings.
+    ///
+    /// ```
+    /// use distribute_device_spec::{DeviceKind, DeviceSpec};
+    ///
+    /// let spec: DeviceSpec = "/job:worker/gpu:1".parse()?;
+    /// assert_eq!(spec.device_kind(), Some(DeviceKind::Gpu));
+    /// assert_eq!(DeviceSpec::new().device_kind(), None);
+    /// # Ok::<(), distribute_device_spec::DeviceSpecError>(())
+    /// ```
+    pub fn device_kind(&self) -> Option<DeviceKind> {
+        self.device_type().map(DeviceKind::from_valid_name)
     }
 
     /// The device index; `None` when unset or `*`.
@@ -357,6 +371,12 @@ mod tests {
         for n in [0, 7, 10, 99, 4_294_967_295] {
             assert_eq!(Decimal::new(n).as_str(), n.to_string());
         }
+    }
+
+    #[test]
+    fn short_form_types_are_the_known_kinds() {
+        let known: Vec<String> = DeviceKind::KNOWN.iter().map(ToString::to_string).collect();
+        assert_eq!(known, SHORT_FORM_DEVICE_TYPES);
     }
 
     #[test]
