@@ -102,7 +102,10 @@ mod tests {
         for kind in DeviceKind::KNOWN {
             assert_eq!(kind.to_string().parse::<DeviceKind>().unwrap(), kind);
             assert_eq!(
-                kind.to_string().to_ascii_lowercase().parse::<DeviceKind>().unwrap(),
+                kind.to_string()
+                    .to_ascii_lowercase()
+                    .parse::<DeviceKind>()
+                    .unwrap(),
                 kind
             );
         }

@@ -125,7 +125,10 @@ fn invalid_entries_keep_the_parse_error() {
     };
     assert_eq!((position, device.as_str()), (1, "/gpu:x"));
     assert!(
-        matches!(*error, DeviceSpecError::InvalidNumber { field: "index", .. }),
+        matches!(
+            *error,
+            DeviceSpecError::InvalidNumber { field: "index", .. }
+        ),
         "{error:?}"
     );
 }
@@ -137,6 +140,9 @@ fn the_list_prints_its_canonical_names() {
         devices.to_string(),
         "[/job:localhost/replica:0/task:0/device:CPU:0, /job:localhost/replica:0/task:0/device:GPU:1]"
     );
-    assert_eq!(devices.host(), "/job:localhost/replica:0/task:0/device:CPU:0");
+    assert_eq!(
+        devices.host(),
+        "/job:localhost/replica:0/task:0/device:CPU:0"
+    );
     assert!(!devices.is_remote());
 }

@@ -125,7 +125,7 @@ pub(crate) fn train(replicas: usize, steps: usize) -> Result<Trained, Box<dyn st
                 let w = ctx.read_variable(&weights)?;
                 let b = ctx.read_variable(&bias)?;
                 let (grad_w, grad_b, loss_sum) = gradient_sums(&xs, &ys, &w, &b)?;
-                let device = &ctx.devices()[0];
+                let device = ctx.device();
                 let sums = (
                     Tensor::from_vec(device, &[FEATURES], grad_w)?,
                     Tensor::from_vec(device, &[2], vec![grad_b, loss_sum])?,
