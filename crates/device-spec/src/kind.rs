@@ -40,7 +40,8 @@ pub enum DeviceKind {
 }
 
 impl DeviceKind {
-    /// The kinds TF's short form (`/cpu:0`, `/tpu:1`) names: every kind but [`DeviceKind::Other`].
+    /// The kinds TF's legacy short form (`/cpu:0`, `/GPU:*`, `/tpu:1`) names, in any case: every
+    /// kind but [`DeviceKind::Other`].
     pub const KNOWN: [DeviceKind; 5] = [
         DeviceKind::Cpu,
         DeviceKind::Gpu,

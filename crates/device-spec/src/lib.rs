@@ -47,4 +47,4 @@ pub use device_list::{
 pub use error::DeviceSpecError;
 pub use kind::DeviceKind;
 pub use local_devices::{LocalDevice, LocalDevices};
-pub use spec::{DeviceSpec, SHORT_FORM_DEVICE_TYPES};
+pub use spec::DeviceSpec;
