@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use distribute_device_spec::DeviceSpec;
+use distribute_device_spec::{DeviceKind, LocalDevice, LocalDevices};
 
 use crate::backends::{GroupConfig, ReductionToOneDevice, SharedMemoryAllReduce, nccl};
 use crate::{CollectiveError, CrossDeviceOps};
@@ -16,66 +16,48 @@ use crate::{CollectiveError, CrossDeviceOps};
 ///
 /// ```
 /// use distribute_collectives::{choose_the_best, GroupConfig};
+/// use distribute_device_spec::LocalDevices;
 ///
-/// let (ops, why) = choose_the_best(&["/cpu:0", "/cpu:1"], GroupConfig::default())?;
+/// let devices = LocalDevices::new(["/cpu:0", "/cpu:1"])?;
+/// let (ops, why) = choose_the_best(&devices, GroupConfig::default())?;
 /// assert_eq!(ops.name(), "SharedMemoryAllReduce");
 /// assert!(why.contains("CPUs of this process"));
-/// # Ok::<(), distribute_collectives::CollectiveError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub fn choose_the_best<S: AsRef<str>>(
-    devices: &[S],
+pub fn choose_the_best(
+    devices: &LocalDevices,
     config: GroupConfig,
 ) -> Result<(Arc<dyn CrossDeviceOps>, String), CollectiveError> {
-    let specs = devices
-        .iter()
-        .map(|d| d.as_ref().parse::<DeviceSpec>())
-        .collect::<Result<Vec<_>, _>>()?;
-    if specs.is_empty() {
-        return Err(CollectiveError::InvalidArgument(
-            "choose_the_best needs at least one device".into(),
-        ));
-    }
-    if let Some(remote) = specs.iter().find(|d| !d.is_local()) {
+    if devices.is_remote() {
         return Err(CollectiveError::Unimplemented(format!(
-            "device '{remote}' belongs to another worker; cross-process collectives (MPI or NCCL \
-             across hosts) are not part of this build"
+            "device '{}' belongs to another worker; cross-process collectives (MPI or NCCL \
+             across hosts) are not part of this build",
+            devices[0]
         )));
     }
-    let n = specs.len();
-    let kinds: Vec<&str> = specs
-        .iter()
-        .map(|d| d.device_type().unwrap_or("CPU"))
-        .collect();
-    let (ops, reason): (Arc<dyn CrossDeviceOps>, String) = if kinds.iter().all(|k| *k == "CPU") {
-        (
+    let n = devices.len();
+    let not_cpu = devices.iter().find(|d| *d.kind() != DeviceKind::Cpu);
+    let (ops, reason): (Arc<dyn CrossDeviceOps>, String) = match not_cpu {
+        None => (
             Arc::new(SharedMemoryAllReduce::new(n, config)?),
             format!(
                 "SharedMemoryAllReduce: all {n} devices are CPUs of this process, so replicas \
                  reduce in shared memory, each a slice in parallel"
             ),
-        )
-    } else {
-        let other = kinds
-            .iter()
-            .find(|k| **k != "CPU")
-            .copied()
-            .unwrap_or_default();
-        let gpus: Option<Vec<usize>> = specs
-            .iter()
-            .map(|d| match (d.device_type(), d.device_index()) {
-                (Some(k), Some(i)) if k.eq_ignore_ascii_case("GPU") => Some(i as usize),
-                _ => None,
-            })
-            .collect();
-        match nccl_backend(gpus.as_deref(), &config) {
-            Ok((ops, why)) => (ops, why),
-            Err(why_not) => (
-                Arc::new(ReductionToOneDevice::new(n, config)?),
-                format!(
-                    "ReductionToOneDevice: the devices include {other} and {why_not}; values are \
-                     reduced on one device"
+        ),
+        Some(other) => {
+            let other = other.kind();
+            let gpus: Option<Vec<usize>> = devices.iter().map(LocalDevice::gpu_index).collect();
+            match nccl_backend(gpus.as_deref(), &config) {
+                Ok((ops, why)) => (ops, why),
+                Err(why_not) => (
+                    Arc::new(ReductionToOneDevice::new(n, config)?),
+                    format!(
+                        "ReductionToOneDevice: the devices include {other} and {why_not}; values \
+                         are reduced on one device"
+                    ),
                 ),
-            ),
+            }
         }
     };
     log::info!("choose_the_best: {reason}");

@@ -8,6 +8,7 @@ use distribute_collectives::{
     ReductionToOneDevice, SharedMemoryAllReduce, Tensor, choose_the_best,
     reduce_non_distributed_value,
 };
+use distribute_device_spec::LocalDevices;
 use distribute_values::{DistributedValues, Leaf, ReduceOp};
 
 const CPU: &str = "/job:localhost/replica:0/task:0/device:CPU:0";
@@ -386,24 +387,27 @@ fn col30_concurrent_batch_reduces_do_not_interfere() {
 
 #[test]
 fn col31_choose_the_best() {
-    let (ops, why) = choose_the_best(&["/cpu:0"], GroupConfig::default()).unwrap();
+    let choose = |devices: &[&str]| {
+        choose_the_best(&LocalDevices::new(devices).unwrap(), GroupConfig::default())
+    };
+    let (ops, why) = choose(&["/cpu:0"]).unwrap();
     assert_eq!(ops.name(), "SharedMemoryAllReduce");
     assert!(why.contains("all 1 devices are CPUs"), "{why}");
-    let (ops, why) = choose_the_best(&["/gpu:0", "/gpu:1"], GroupConfig::default()).unwrap();
+    let (ops, why) = choose(&["/gpu:0", "/gpu:1"]).unwrap();
     assert_eq!(ops.name(), "ReductionToOneDevice");
     // Without feature `nccl`: "no NCCL backend"; with it, on a machine without NCCL or GPUs,
     // why NCCL could not be used.
     assert!(why.contains("GPU") && why.contains("NCCL"), "{why}");
-    let (ops, _) = choose_the_best(&["/cpu:0", "/gpu:0"], GroupConfig::default()).unwrap();
+    let (ops, _) = choose(&["/cpu:0", "/gpu:0"]).unwrap();
     assert_eq!(ops.name(), "ReductionToOneDevice");
-    let remote =
-        choose_the_best(&["/job:worker/task:1/cpu:0"], GroupConfig::default()).unwrap_err();
+    let remote = choose(&["/job:worker/task:1/cpu:0"]).unwrap_err();
     assert!(
         matches!(remote, CollectiveError::Unimplemented(_)),
         "{remote:?}"
     );
-    assert!(choose_the_best(&["/gpu:x"], GroupConfig::default()).is_err());
-    assert!(choose_the_best::<&str>(&[], GroupConfig::default()).is_err());
+    // Invalid and empty lists never reach `choose_the_best`: its device list is validated.
+    assert!(LocalDevices::new(["/gpu:x"]).is_err());
+    assert!(LocalDevices::new::<&str>([]).is_err());
 }
 
 #[test]

@@ -13,7 +13,7 @@ use distribute_collectives::{
     AnyTensor, CollectiveError, CrossDeviceOps, Destinations, GroupConfig, NcclAllReduce,
     Placement, ReductionToOneDevice, Tensor, choose_the_best,
 };
-use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
+use distribute_device_spec::{ClusterSpec, LocalDevices, TaskId, TaskType};
 use distribute_values::{Leaf, ReduceOp};
 use half::bf16;
 
@@ -125,11 +125,13 @@ fn choose_the_best_says_why_one_gpu_gets_no_nccl() {
     if gpu_with_nccl().is_none() {
         return;
     }
-    let (ops, why) = choose_the_best(&["/gpu:0"], GroupConfig::default()).unwrap();
+    let one_gpu = LocalDevices::new(["/gpu:0"]).unwrap();
+    let (ops, why) = choose_the_best(&one_gpu, GroupConfig::default()).unwrap();
     assert_eq!(ops.name(), "ReductionToOneDevice");
     assert!(why.contains("only one GPU"), "{why}");
     if gpu_count().unwrap() >= 2 {
-        let (ops, why) = choose_the_best(&["/gpu:0", "/gpu:1"], GroupConfig::default()).unwrap();
+        let two_gpus = LocalDevices::new(["/gpu:0", "/gpu:1"]).unwrap();
+        let (ops, why) = choose_the_best(&two_gpus, GroupConfig::default()).unwrap();
         assert_eq!(ops.name(), "NcclAllReduce", "{why}");
     }
 }

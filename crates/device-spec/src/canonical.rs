@@ -123,7 +123,7 @@ pub fn all_local_devices(available_gpus: usize, limit: Option<usize>) -> Vec<Str
 
 /// The canonical spec of `device`: each field from `device` if set, else from `default`, else
 /// from the host when it names a job, else the built-in default.
-fn canonical_spec(
+pub(crate) fn canonical_spec(
     device: &DeviceSpec,
     default: Option<&DeviceSpec>,
     host: &DeviceSpec,

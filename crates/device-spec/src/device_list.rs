@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::{ClusterSpec, DeviceSpec, DeviceSpecError, TaskType};
+use crate::{ClusterSpec, DeviceKind, DeviceSpec, DeviceSpecError, TaskType};
 
 /// Parses every device of a list, failing on the first invalid one.
 ///
@@ -118,7 +118,7 @@ pub fn group_by_job_task(
 /// # Ok::<(), distribute_device_spec::DeviceSpecError>(())
 /// ```
 pub fn infer_num_gpus_per_worker(devices: &[DeviceSpec]) -> Result<usize, DeviceSpecError> {
-    let is_gpu = |d: &&DeviceSpec| d.device_type() == Some("GPU");
+    let is_gpu = |d: &&DeviceSpec| d.device_kind() == Some(DeviceKind::Gpu);
     if is_device_list_single_worker(devices)? {
         return Ok(devices.iter().filter(is_gpu).count());
     }

@@ -77,6 +77,41 @@ pub enum DeviceSpecError {
         /// The device missing a task.
         device: String,
     },
+    /// A device list with no device, where at least one is needed.
+    #[error("device list is empty; give at least one device, e.g. /cpu:0")]
+    EmptyDeviceList,
+    /// An entry of a device list that does not parse or canonicalize.
+    #[error("device list entry {position} ('{device}') is invalid: {error}")]
+    InvalidListEntry {
+        /// The entry's position in the list, from 0.
+        position: usize,
+        /// The entry as given.
+        device: String,
+        /// What is wrong with it.
+        error: Box<DeviceSpecError>,
+    },
+    /// Two entries of a device list that name the same device, perhaps spelled differently.
+    #[error(
+        "device list must have no duplicates: '{first}' and '{second}' are both {canonical}; \
+         name each device once"
+    )]
+    DuplicateDevice {
+        /// The first entry, as given.
+        first: String,
+        /// The later entry naming the same device, as given.
+        second: String,
+        /// The canonical name of both.
+        canonical: String,
+    },
+    /// A device list of several workers where one worker's devices were required.
+    #[error(
+        "the devices {devices:?} belong to several workers; give the devices of one worker (one \
+         machine)"
+    )]
+    SeveralWorkers {
+        /// The list as given.
+        devices: Vec<String>,
+    },
     /// A device list of one worker where several were required.
     #[error("device list is a single worker's; grouping by job and task needs a multi-worker list")]
     NotMultiWorker,

@@ -6,6 +6,9 @@
 //!   `device_util` does (eager semantics).
 //! - [`ClusterSpec`] and [`TfConfig`] read multi-worker clusters from `TF_CONFIG`, with TF's
 //!   `multi_worker_util` helpers.
+//! - [`DeviceKind`] is a device's type as a value to match on (`CPU`, `GPU`, `TPU`, …).
+//! - [`LocalDevices`] is one worker's device list, parsed, canonicalized and checked once (each
+//!   device named once, one worker): what a strategy over one machine is built from.
 //! - [`is_device_list_single_worker`], [`group_by_job_task`], [`infer_num_gpus_per_worker`] and
 //!   [`cluster_spec_to_device_list`] handle the device lists strategies are built from.
 //!
@@ -28,6 +31,8 @@ mod canonical;
 mod cluster;
 mod device_list;
 mod error;
+mod kind;
+mod local_devices;
 mod spec;
 
 pub use canonical::{
@@ -40,4 +45,6 @@ pub use device_list::{
     is_device_list_single_worker, parse_device_list,
 };
 pub use error::DeviceSpecError;
-pub use spec::{DeviceSpec, SHORT_FORM_DEVICE_TYPES};
+pub use kind::DeviceKind;
+pub use local_devices::{LocalDevice, LocalDevices};
+pub use spec::DeviceSpec;

@@ -3,20 +3,16 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::DeviceSpecError;
-
-/// Device types that the legacy short form (`/cpu:0`, `/GPU:*`, `tpu`) recognises,
-/// case-insensitively; they are stored upper-case.
-pub const SHORT_FORM_DEVICE_TYPES: [&str; 5] = ["CPU", "GPU", "TPU", "CUSTOM", "EPU"];
+use crate::{DeviceKind, DeviceSpecError};
 
 /// A device name such as `/job:worker/replica:0/task:1/device:GPU:3`, any field of which may be
 /// unset.
 ///
 /// Parsing accepts TF's syntax: components in any order, the leading `/` optional, empty
-/// components ignored, the last of a repeated key winning, the legacy short form `/cpu:0` (types
-/// in [`SHORT_FORM_DEVICE_TYPES`], upper-cased), and `*` for "any". Printing always uses the
-/// canonical order `/job:J/replica:R/task:T/device:TYPE:INDEX`, leaving unset fields out and
-/// printing an unset index of a set type as `*`.
+/// components ignored, the last of a repeated key winning, the legacy short form `/cpu:0` (the
+/// types of [`DeviceKind::KNOWN`] in any case, stored upper-case), and `*` for "any". Printing
+/// always uses the canonical order `/job:J/replica:R/task:T/device:TYPE:INDEX`, leaving unset
+/// fields out and printing an unset index of a set type as `*`.
 ///
 /// A spec is an immutable value: the `with_*` builders return a new spec. Two specs are equal
 /// exactly when they print the same.
@@ -66,6 +62,20 @@ impl DeviceSpec {
     /// The device type, e.g. `GPU`.
     pub fn device_type(&self) -> Option<&str> {
         self.device_type.as_deref()
+    }
+
+    /// The device type as a [`DeviceKind`], to match on instead of comparing strings.
+    ///
+    /// ```
+    /// use distribute_device_spec::{DeviceKind, DeviceSpec};
+    ///
+    /// let spec: DeviceSpec = "/job:worker/gpu:1".parse()?;
+    /// assert_eq!(spec.device_kind(), Some(DeviceKind::Gpu));
+    /// assert_eq!(DeviceSpec::new().device_kind(), None);
+    /// # Ok::<(), distribute_device_spec::DeviceSpecError>(())
+    /// ```
+    pub fn device_kind(&self) -> Option<DeviceKind> {
+        self.device_type().map(DeviceKind::from_valid_name)
     }
 
     /// The device index; `None` when unset or `*`.
@@ -269,9 +279,9 @@ impl FromStr for DeviceSpec {
 }
 
 fn is_short_form(name: &str) -> bool {
-    SHORT_FORM_DEVICE_TYPES
+    DeviceKind::KNOWN
         .iter()
-        .any(|t| t.eq_ignore_ascii_case(name))
+        .any(|kind| kind.as_str().eq_ignore_ascii_case(name))
 }
 
 impl fmt::Display for DeviceSpec {
@@ -357,6 +367,18 @@ mod tests {
         for n in [0, 7, 10, 99, 4_294_967_295] {
             assert_eq!(Decimal::new(n).as_str(), n.to_string());
         }
+    }
+
+    #[test]
+    fn short_forms_are_the_known_kinds_in_any_case() {
+        for kind in DeviceKind::KNOWN {
+            for name in [kind.to_string(), kind.to_string().to_ascii_lowercase()] {
+                let spec = parse(&format!("/{name}:1"));
+                assert_eq!(spec.device_kind(), Some(kind.clone()), "{name}");
+                assert_eq!(spec.device_type(), Some(kind.as_str()), "{name}");
+            }
+        }
+        assert!("/xla_cpu:0".parse::<DeviceSpec>().is_err());
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub(crate) fn train(replicas: usize, steps: usize) -> Result<Trained, Box<dyn st
         let inputs = per_replica_inputs(batch?)?;
         let step_loss: Leaf<f32> = strategy.run::<(Tensor, Tensor), f32, _>(
             |ctx, (xs, ys)| {
-                let device = &ctx.devices()[0];
+                let device = ctx.device();
                 let w = ctx.read_variable(&weights)?;
                 let b = ctx.read_variable(&bias)?.to_vec::<f32>()?[0];
                 let x = xs.view::<f32, Ix2>()?;

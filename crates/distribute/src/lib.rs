@@ -9,7 +9,7 @@
 //! let strategy = MirroredStrategy::new(&["/cpu:0", "/cpu:1"])?;
 //! let sums: Leaf<Tensor> = strategy.run::<(), Tensor, _>(
 //!     |ctx, ()| {
-//!         let mine = Tensor::scalar(&ctx.devices()[0], ctx.replica_id() as f32);
+//!         let mine = Tensor::scalar(ctx.device(), ctx.replica_id() as f32);
 //!         ctx.all_reduce(ReduceOp::Sum, &mine)
 //!     },
 //!     &(),

@@ -231,7 +231,7 @@ fn all_reduce_inputs(strategy: &MirroredStrategy, bytes: usize) -> Leaf<Tensor> 
             |ctx, ()| {
                 let value = ctx.replica_id() as f32 + 1.0;
                 Ok(Tensor::from_vec(
-                    &ctx.devices()[0],
+                    ctx.device(),
                     &[bytes / 4],
                     vec![value; bytes / 4],
                 )?)

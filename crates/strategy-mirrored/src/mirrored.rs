@@ -7,10 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distribute_collectives::{CrossDeviceOps, GroupConfig, ReplicaCollectives, choose_the_best};
-use distribute_device_spec::{
-    DeviceSpec, all_local_devices, canonicalize, host_for_device, is_device_list_single_worker,
-    parse_device_list,
-};
+use distribute_device_spec::{DeviceSpecError, LocalDevices, all_local_devices};
 use distribute_strategy::{
     MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
 };
@@ -77,7 +74,7 @@ impl fmt::Debug for MirroredConfig {
 /// // Each replica contributes its id + 1; all_reduce sums them on every replica.
 /// let sums: Leaf<Tensor> = strategy.run::<(), Tensor, _>(
 ///     |ctx, ()| {
-///         let mine = Tensor::scalar(&ctx.devices()[0], ctx.replica_id() as f32 + 1.0);
+///         let mine = Tensor::scalar(ctx.device(), ctx.replica_id() as f32 + 1.0);
 ///         ctx.all_reduce(ReduceOp::Sum, &mine)
 ///     },
 ///     &(),
@@ -134,9 +131,8 @@ impl MirroredStrategy {
         devices: &[S],
         config: MirroredConfig,
     ) -> Result<Self, StrategyError> {
-        let devices = validate_devices(devices)?;
+        let devices = LocalDevices::new(devices).map_err(invalid_devices)?;
         let n = devices.len();
-        let host = canonicalize(&host_for_device(&devices[0])?, None)?;
         let (ops, ops_reason) = match config.cross_device_ops {
             Some(ops) => (ops, "given in the configuration".to_owned()),
             None => {
@@ -155,10 +151,10 @@ impl MirroredStrategy {
             )));
         }
         let pool = ReplicaPool::start(Arc::clone(&ops), &devices, config.idle_spin)?;
-        log::info!("MirroredStrategy over {devices:?}: {ops_reason}");
+        log::info!("MirroredStrategy over {devices}: {ops_reason}");
         Ok(MirroredStrategy {
-            devices: Arc::new(ReplicaDeviceMap::new(devices)?),
-            host,
+            devices: Arc::new(ReplicaDeviceMap::new(devices.names())?),
+            host: devices.host().to_owned(),
             merge: MergeRendezvous::new(n, config.deadline)?,
             ops,
             pool,
@@ -173,35 +169,23 @@ impl MirroredStrategy {
     }
 }
 
-/// The canonical names of a valid device list (SM-10, SM-02, SM-03, SM-11).
-fn validate_devices<S: AsRef<str>>(devices: &[S]) -> Result<Vec<String>, StrategyError> {
-    if devices.is_empty() {
-        return Err(StrategyError::Invariant(
-            "MirroredStrategy needs at least one device".into(),
-        ));
-    }
-    let specs: Vec<DeviceSpec> = parse_device_list(devices.iter().map(AsRef::as_ref))?;
-    if !is_device_list_single_worker(&specs)? {
-        return Err(StrategyError::Runtime(format!(
-            "the devices {:?} belong to several workers; this MirroredStrategy runs on one \
-             machine (multi-worker training needs a cross-process backend)",
-            devices.iter().map(AsRef::as_ref).collect::<Vec<_>>()
-        )));
-    }
-    let canonical = devices
-        .iter()
-        .map(|d| canonicalize(d.as_ref(), None))
-        .collect::<Result<Vec<_>, _>>()?;
-    for (i, device) in canonical.iter().enumerate() {
-        if let Some(j) = canonical[..i].iter().position(|d| d == device) {
-            return Err(StrategyError::Invariant(format!(
-                "MirroredStrategy devices must have no duplicates: '{}' and '{}' are both {device}",
-                devices[j].as_ref(),
-                devices[i].as_ref()
-            )));
+/// The strategy's error for a device list it cannot run on (SM-10, SM-02, SM-03, SM-11): an
+/// empty or repeating list breaks the strategy's invariant of one replica per device; several
+/// workers need a cross-process backend; anything else is the device list's own error.
+fn invalid_devices(error: DeviceSpecError) -> StrategyError {
+    match error {
+        DeviceSpecError::EmptyDeviceList => {
+            StrategyError::Invariant("MirroredStrategy needs at least one device".into())
         }
+        DeviceSpecError::DuplicateDevice { .. } => {
+            StrategyError::Invariant(format!("MirroredStrategy devices: {error}"))
+        }
+        DeviceSpecError::SeveralWorkers { devices } => StrategyError::Runtime(format!(
+            "the devices {devices:?} belong to several workers; this MirroredStrategy runs on \
+             one machine (multi-worker training needs a cross-process backend)"
+        )),
+        other => StrategyError::Device(other),
     }
-    Ok(canonical)
 }
 
 impl StrategyExtended for MirroredStrategy {

@@ -18,6 +18,7 @@ use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
 use distribute_collectives::{CrossDeviceOps, ReplicaCollectives, lock_ignoring_poison as lock};
+use distribute_device_spec::{LocalDevice, LocalDevices};
 use distribute_strategy::StrategyError;
 
 /// Work for every replica: called once per replica thread with its id and collectives.
@@ -70,7 +71,7 @@ impl ReplicaPool {
     /// makes it the thread's current GPU before anything else (NCCL communicators need it).
     pub(crate) fn start(
         ops: Arc<dyn CrossDeviceOps>,
-        devices: &[String],
+        devices: &LocalDevices,
         idle_spin: Duration,
     ) -> Result<ReplicaPool, StrategyError> {
         let num_replicas = devices.len();
@@ -189,11 +190,11 @@ impl Drop for ReplicaPool {
     }
 }
 
-/// Makes the GPU `device` names (if any) the thread's current GPU, with a stream of its own.
+/// Makes `device`, when it is a GPU, the thread's current GPU, with a stream of its own.
 #[cfg(feature = "cuda")]
-fn own_device(device: &str) -> Result<(), StrategyError> {
+fn own_device(device: &LocalDevice) -> Result<(), StrategyError> {
     use distribute_collectives::cuda::{Gpu, set_current_gpu};
-    if let Some(ordinal) = Gpu::index_of(device)? {
+    if let Some(ordinal) = device.gpu_index() {
         let gpu = Gpu::open(ordinal)
             .and_then(|gpu| gpu.with_new_stream())
             .map_err(distribute_collectives::CollectiveError::from)?;
@@ -204,13 +205,13 @@ fn own_device(device: &str) -> Result<(), StrategyError> {
 
 /// Without feature `cuda`, every device's values live in host memory.
 #[cfg(not(feature = "cuda"))]
-fn own_device(_device: &str) -> Result<(), StrategyError> {
+fn own_device(_device: &LocalDevice) -> Result<(), StrategyError> {
     Ok(())
 }
 
 fn replica_thread(
     replica: usize,
-    device: &str,
+    device: &LocalDevice,
     shared: &Shared,
     ops: &dyn CrossDeviceOps,
     ready: std::sync::mpsc::Sender<Result<(), StrategyError>>,

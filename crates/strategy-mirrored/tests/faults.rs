@@ -30,7 +30,7 @@ fn strategy(n: usize, deadline: Duration) -> MirroredStrategy {
 }
 
 fn one(ctx: &distribute_strategy::ReplicaContext<'_>) -> Tensor {
-    Tensor::scalar(&ctx.devices()[0], 1.0f32)
+    Tensor::scalar(ctx.device(), 1.0f32)
 }
 
 /// The strategy still runs a normal step and all-reduces correctly.

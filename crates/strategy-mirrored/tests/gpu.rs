@@ -37,7 +37,7 @@ fn input(replica: usize) -> Vec<f32> {
 fn step_results(strategy: &MirroredStrategy) -> Result<Vec<(Tensor, Tensor)>, StrategyError> {
     let out: (Leaf<Tensor>, Leaf<Tensor>) = strategy.run::<(), (Tensor, Tensor), _>(
         |ctx, ()| {
-            let device = &ctx.devices()[0];
+            let device = ctx.device();
             let x = Tensor::from_vec(device, &[1000], input(ctx.replica_id()))?;
             let x = to_current_gpu(&x)?;
             let sum = ctx.all_reduce(ReduceOp::Sum, &x)?;
@@ -67,7 +67,7 @@ fn replica_threads_own_their_gpu_and_stream() {
                 assert_eq!(gpu.ordinal(), 0);
                 // Its own stream, not the process-wide handle's.
                 assert_ne!(gpu, Gpu::open(0).unwrap());
-                let x = Tensor::from_vec(&ctx.devices()[0], &[3], vec![1.0f32, 2.0, 3.0])?;
+                let x = Tensor::from_vec(ctx.device(), &[3], vec![1.0f32, 2.0, 3.0])?;
                 let on_gpu = to_current_gpu(&x)?;
                 assert_eq!(on_gpu.placement(), Placement::Cuda { ordinal: 0 });
                 Ok(on_gpu)

@@ -258,7 +258,7 @@ fn eager_steps_run_through_the_strategy_trait() {
     let sums: Leaf<Tensor> = s
         .run::<(), Tensor, _>(
             |ctx, ()| {
-                let mine = Tensor::scalar(&ctx.devices()[0], ctx.replica_id() as f32 + 1.0);
+                let mine = Tensor::scalar(ctx.device(), ctx.replica_id() as f32 + 1.0);
                 ctx.all_reduce(ReduceOp::Sum, &mine)
             },
             &(),

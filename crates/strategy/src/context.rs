@@ -145,6 +145,12 @@ impl<'a> ReplicaContext<'a> {
         self.extended.num_replicas()
     }
 
+    /// This replica's device, where its values live (its first device when it spans several
+    /// logical devices): `ctx.device()` is where a replica creates its tensors.
+    pub fn device(&self) -> &str {
+        &self.devices()[0]
+    }
+
     /// This replica's devices (more than one for a replica over several logical devices).
     pub fn devices(&self) -> &[String] {
         self.extended

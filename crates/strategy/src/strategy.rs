@@ -120,7 +120,7 @@ pub trait Strategy: Send + Sync {
     /// let ctx = strategy.run_steps_on_iterator(
     ///     |ctx, x: f32| {
     ///         let loss = strategy.run::<f32, Tensor, _>(
-    ///             |replica, x| Ok(Tensor::scalar(&replica.devices()[0], x * x)),
+    ///             |replica, x| Ok(Tensor::scalar(replica.device(), x * x)),
     ///             &distribute_values::Leaf::Same(x),
     ///         )?;
     ///         ctx.set_last_step_output("loss", loss, Some(ReduceOp::Sum));

@@ -57,7 +57,7 @@ fn default_strategy_identity_semantics() {
     let out: Leaf<Tensor> = strategy
         .run::<(), Tensor, _>(
             |ctx, ()| {
-                let t = Tensor::from_vec(&ctx.devices()[0], &[2], vec![1.0f32, 2.0])?;
+                let t = Tensor::from_vec(ctx.device(), &[2], vec![1.0f32, 2.0])?;
                 // One replica: an all-reduce is the value itself.
                 ctx.all_reduce(ReduceOp::Sum, &t)
             },

@@ -139,7 +139,7 @@ pub fn train(config: &Config, data: &WineData) -> Result<Trained> {
         (config.learning_rate, config.momentum, config.global_batch);
     let step_fn = |ctx: &ReplicaContext<'_>, (x, y): Rows| -> Result<_, StrategyError> {
         let started = Instant::now();
-        let device = ctx.devices()[0].clone();
+        let device = ctx.device().to_owned();
         let current = weights
             .iter()
             .map(|w| ctx.read_variable(w))

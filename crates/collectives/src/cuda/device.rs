@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaContext, CudaStream, DriverError};
-use distribute_device_spec::DeviceSpec;
+use distribute_device_spec::{DeviceKind, DeviceSpec};
 
 use super::probe::gpu_count;
 use crate::{CollectiveError, GpuError};
@@ -56,8 +56,8 @@ impl Gpu {
     /// for any other device.
     pub fn index_of(device: &str) -> Result<Option<usize>, CollectiveError> {
         let spec: DeviceSpec = device.parse()?;
-        Ok(match (spec.device_type(), spec.device_index()) {
-            (Some(kind), Some(index)) if kind.eq_ignore_ascii_case("GPU") => Some(index as usize),
+        Ok(match (spec.device_kind(), spec.device_index()) {
+            (Some(DeviceKind::Gpu), Some(index)) => Some(index as usize),
             _ => None,
         })
     }

@@ -1,6 +1,6 @@
 //! SM-10..SM-13: building the strategy, and multi-worker device lists.
 
-use distribute_device_spec::{ClusterSpec, TaskId, TaskType, TfConfig};
+use distribute_device_spec::{ClusterSpec, DeviceSpecError, TaskId, TaskType, TfConfig};
 use distribute_mirrored::{InferredCrossDeviceOps, MirroredStrategy, MultiWorkerDevices};
 use distribute_strategy::{Strategy, StrategyError};
 
@@ -28,6 +28,19 @@ fn sm10_construction() {
     );
     insta::assert_debug_snapshot!("sm10_gpu_and_cpu", strategy);
     insta::assert_debug_snapshot!("sm10_two_cpus", super::cpus(2));
+}
+
+#[test]
+fn sm10_an_invalid_device_is_named_by_its_position() {
+    let err = MirroredStrategy::new(&["/cpu:0", "/gpu:x"]).unwrap_err();
+    let message = err.to_string();
+    match err {
+        StrategyError::Device(DeviceSpecError::InvalidListEntry {
+            position, device, ..
+        }) => assert_eq!((position, device.as_str()), (1, "/gpu:x")),
+        other => panic!("expected an invalid list entry, got {other:?}"),
+    }
+    assert!(message.contains("entry 1 ('/gpu:x')"), "{message}");
 }
 
 #[test]

@@ -75,7 +75,7 @@ where
         .run::<(), Tensor, _>(
             |ctx, ()| {
                 let v = value(ctx.replica_id());
-                Ok(Tensor::from_vec(&ctx.devices()[0], &[v.len()], v)?)
+                Ok(Tensor::from_vec(ctx.device(), &[v.len()], v)?)
             },
             &(),
         )
@@ -94,7 +94,7 @@ fn sm46_reductions_with_and_without_an_axis() {
         let strategy = cpus(n);
         let ids: Leaf<Tensor> = strategy
             .run::<(), Tensor, _>(
-                |ctx, ()| Ok(Tensor::scalar(&ctx.devices()[0], ctx.replica_id() as f32)),
+                |ctx, ()| Ok(Tensor::scalar(ctx.device(), ctx.replica_id() as f32)),
                 &(),
             )
             .unwrap();
@@ -130,7 +130,7 @@ fn sm46_reductions_with_and_without_an_axis() {
             |ctx, ()| {
                 let i = ctx.replica_id() as i64;
                 Ok(Tensor::from_vec(
-                    &ctx.devices()[0],
+                    ctx.device(),
                     &[ctx.replica_id() + 1],
                     vec![i; ctx.replica_id() + 1],
                 )?)
@@ -155,7 +155,7 @@ fn sm47_all_reduce_in_replica_context() {
             .run::<(), (Tensor, Tensor), _>(
                 |ctx, ()| {
                     let (s, v) = inputs[ctx.replica_id()];
-                    let device = &ctx.devices()[0];
+                    let device = ctx.device();
                     let value = (
                         Tensor::scalar(device, s),
                         Tensor::from_vec(device, &[2], v.to_vec())?,
@@ -185,7 +185,7 @@ fn sm47_all_reduce_in_replica_context() {
     let (s, v): (Leaf<Tensor>, Leaf<Tensor>) = one
         .run::<(), (Tensor, Tensor), _>(
             |ctx, ()| {
-                let device = &ctx.devices()[0];
+                let device = ctx.device();
                 let four = ctx.all_reduce(ReduceOp::Sum, &Tensor::scalar(device, 4.0f32))?;
                 assert_eq!(four.to_vec::<f32>()?, [4.0]);
                 let value = (
@@ -207,12 +207,7 @@ fn sm49_reduce_ops_from_strings() {
     let strategy = cpus(2);
     let ids: Leaf<Tensor> = strategy
         .run::<(), Tensor, _>(
-            |ctx, ()| {
-                Ok(Tensor::scalar(
-                    &ctx.devices()[0],
-                    ctx.replica_id() as f32 + 1.0,
-                ))
-            },
+            |ctx, ()| Ok(Tensor::scalar(ctx.device(), ctx.replica_id() as f32 + 1.0)),
             &(),
         )
         .unwrap();
@@ -243,7 +238,7 @@ fn sm46_integer_means_are_float64_and_plain_values_count_per_replica() {
             |ctx, ()| {
                 let i = ctx.replica_id();
                 Ok(Tensor::from_vec(
-                    &ctx.devices()[0],
+                    ctx.device(),
                     &[i + 1],
                     vec![i as i64; i + 1],
                 )?)

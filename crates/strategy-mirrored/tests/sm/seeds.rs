@@ -99,7 +99,7 @@ fn run_steps_on_iterator_keeps_the_last_steps_outputs() {
         .run_steps_on_iterator(
             |ctx, x: Leaf<f32>| {
                 let out: Leaf<Tensor> = strategy.run::<f32, Tensor, _>(
-                    |replica, x| Ok(Tensor::scalar(&replica.devices()[0], x)),
+                    |replica, x| Ok(Tensor::scalar(replica.device(), x)),
                     &x,
                 )?;
                 ctx.set_last_step_output("sum", out.clone(), Some(ReduceOp::Sum));

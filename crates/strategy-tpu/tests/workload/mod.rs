@@ -78,10 +78,7 @@ pub(crate) fn train_mirrored(
                     let ys = y.slice(s![r * per..(r + 1) * per]);
                     let error = xs.dot(&current) - ys;
                     let gradient = xs.t().dot(&error) / GLOBAL_BATCH as f32;
-                    ctx.all_reduce(
-                        ReduceOp::Sum,
-                        &Tensor::from_array(&ctx.devices()[0], gradient),
-                    )
+                    ctx.all_reduce(ReduceOp::Sum, &Tensor::from_array(ctx.device(), gradient))
                 },
                 &(),
             )
