@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, ValueEnum};
-use distribute::device_spec::DeviceSpec;
+use distribute::device_spec::{DeviceKind, LocalDevices};
 
 use crate::Config;
 
@@ -164,26 +164,24 @@ fn parse_devices(list: &str) -> Result<Vec<String>> {
         !devices.is_empty(),
         "--devices needs at least one device, e.g. /cpu:0,/cpu:1"
     );
-    for device in &devices {
-        let spec: DeviceSpec = device
-            .parse()
-            .with_context(|| format!("--devices: '{device}' is not a device name"))?;
-        match spec.device_type().map(str::to_ascii_uppercase).as_deref() {
-            Some("CPU") => {}
-            Some("GPU") => bail!(
+    let local = LocalDevices::new(&devices).context("--devices")?;
+    // Messages name each device as the user spelled it.
+    for (device, parsed) in devices.iter().zip(local.iter()) {
+        match parsed.kind() {
+            DeviceKind::Cpu => {}
+            DeviceKind::Gpu => bail!(
                 "device '{device}': the demo's MLP computes with ndarray in host memory and has \
                  no GPU kernels, so it will not run on the CPU under a GPU's name. GPU replicas \
                  (cargo features `cuda`/`nccl`) reduce GPU tensors; see `cargo xtask test-gpu`. \
                  Use CPU devices here, e.g. --devices /cpu:0,/cpu:1"
             ),
-            Some("TPU") => bail!(
+            DeviceKind::Tpu => bail!(
                 "device '{device}': TPU replicas come with --strategy tpu, one per PJRT device; \
                  use --strategy tpu --replicas N"
             ),
-            other => bail!(
-                "device '{device}': give a CPU device such as /cpu:0 (device type: {})",
-                other.unwrap_or("none")
-            ),
+            other => {
+                bail!("device '{device}': give a CPU device such as /cpu:0 (device type: {other})")
+            }
         }
     }
     Ok(devices)
