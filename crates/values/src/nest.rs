@@ -267,7 +267,8 @@ pub trait Nest: Sized {
     }
 }
 
-/// `leaf` as a `T`, or the error naming its path and its type.
+/// `leaf` as a `T`, or the error naming its path and its type: the check the typed adapters
+/// make, for hand-written visitors that expect one leaf type.
 pub fn leaf_as<'l, T: 'static, L: 'static>(
     path: &Path<'_>,
     leaf: &'l L,
