@@ -56,7 +56,7 @@ pub(crate) fn train(replicas: usize, steps: usize) -> Result<Trained, Box<dyn st
     let start = Instant::now();
     for batch in &dataset {
         let inputs = per_replica_inputs(batch?)?;
-        let step_loss: Leaf<f32> = strategy.run::<(Tensor, Tensor), f32, _>(
+        let step_loss: Leaf<f32> = strategy.run(
             |ctx, (xs, ys)| {
                 let device = ctx.device();
                 let w = ctx.read_variable(&weights)?;

@@ -219,7 +219,7 @@ pub fn train(config: &Config, data: &WineData) -> Result<Trained> {
         let batch = per_replica_inputs(batch)?;
         let running = Instant::now();
         let (loss, compute, all_reduce, merge_call) =
-            strategy.run::<Rows, (f32, f64, f64, f64), _>(&step_fn, &batch)?;
+            strategy.run(step_fn, &batch)?;
         let ran = Instant::now();
         let compute = mean_seconds(&compute);
         let (all_reduce, merge_call) = (mean_seconds(&all_reduce), mean_seconds(&merge_call));
