@@ -1,10 +1,10 @@
 //! Tensors as distributed values: [`Regroup`] (a tensor is a leaf, collapsed only when every
-//! replica returned the very same tensor) and [`VariableValue`] (so mirrored and sync-on-read
-//! variables can hold tensors).
+//! replica returned the very same tensor), [`Nest`] (a tensor is one leaf of a nested
+//! structure) and [`VariableValue`] (so mirrored and sync-on-read variables can hold tensors).
 
 use distribute_values::{
-    Leaf, Mirrored, Path, PerReplica, Regroup, RegroupContext, Selection, ValuesError,
-    VariableValue, Wrap,
+    Leaf, LeafMapper, LeafVisitor, LeafZipper, Mirrored, Nest, Path, PerReplica, Regroup,
+    RegroupContext, Selection, ValuesError, VariableValue, Wrap,
 };
 use std::sync::Arc;
 
@@ -45,6 +45,30 @@ impl Regroup for Tensor {
         path: &Path<'_>,
     ) -> Result<Tensor, ValuesError> {
         regrouped.select_leaf(selection, path)
+    }
+}
+
+/// A tensor is a leaf: walks over nested structures (the fused all-reduce, a dataset's batches)
+/// see it whole.
+impl Nest for Tensor {
+    fn visit_leaves<V: LeafVisitor>(
+        &self,
+        path: &Path<'_>,
+        visitor: &mut V,
+    ) -> Result<(), V::Error> {
+        visitor.leaf(path, self)
+    }
+
+    fn map_leaves<M: LeafMapper>(&self, path: &Path<'_>, mapper: &mut M) -> Result<Self, M::Error> {
+        mapper.leaf(path, self)
+    }
+
+    fn zip_leaves<Z: LeafZipper>(
+        parts: &[&Self],
+        path: &Path<'_>,
+        zipper: &mut Z,
+    ) -> Result<Self, Z::Error> {
+        zipper.leaf(path, parts)
     }
 }
 
@@ -142,4 +166,29 @@ fn int_divide(tensor: &Tensor, count: usize) -> Result<Tensor, ValuesError> {
         other => unreachable!("{other} is floating, handled by the caller"),
     };
     Ok(divided)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensors_are_leaves_of_nested_structures() {
+        let value = (
+            Tensor::scalar("/cpu:0", 1.0f32),
+            vec![Tensor::scalar("/cpu:0", 2.0f32)],
+            None::<Tensor>,
+        );
+        let leaves = value.leaves::<Tensor>().unwrap();
+        assert_eq!(leaves.len(), 2);
+        let doubled = value
+            .try_map_leaves(|_, t: &Tensor| Ok::<_, ValuesError>(t.divided_by(2).unwrap()))
+            .unwrap();
+        assert_eq!(doubled.1[0].to_vec::<f32>().unwrap(), [1.0]);
+        let err = (Tensor::scalar("/cpu:0", 1.0f32), 3i32)
+            .leaves::<Tensor>()
+            .unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("Tensor at .1, found a i32"), "{message}");
+    }
 }

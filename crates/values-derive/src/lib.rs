@@ -1,7 +1,7 @@
 //! Layer 2 of `distribute` (companion of distribute-values): `#[derive(Regroup)]`.
 //!
-//! Generates the field-by-field `Regroup` impl and the regrouped companion struct, so that users
-//! write no per-field code. Knows nothing beyond the shape of the struct it is given; the
+//! Generates, field by field, the `Regroup` and `Nest` impls, the regrouped companion struct and
+//! its `Distributed` impl (which names the struct back), so that users write no per-field code. Knows nothing beyond the shape of the struct it is given; the
 //! generated code names `::distribute_values`, which re-exports this macro.
 
 use proc_macro::TokenStream;
@@ -56,7 +56,35 @@ fn expand_leaf(input: &DeriveInput) -> TokenStream2 {
         param.bounds.push(parse_quote!(::core::cmp::PartialEq));
     }
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
+    let nest_generics = with_bound(&input.generics, quote!('static));
+    let (nest_impl, _, nest_where) = nest_generics.split_for_impl();
     quote! {
+        impl #nest_impl ::distribute_values::Nest for #name #ty_generics #nest_where {
+            fn visit_leaves<__V: ::distribute_values::LeafVisitor>(
+                &self,
+                path: &::distribute_values::Path<'_>,
+                visitor: &mut __V,
+            ) -> ::core::result::Result<(), __V::Error> {
+                visitor.leaf(path, self)
+            }
+
+            fn map_leaves<__M: ::distribute_values::LeafMapper>(
+                &self,
+                path: &::distribute_values::Path<'_>,
+                mapper: &mut __M,
+            ) -> ::core::result::Result<Self, __M::Error> {
+                mapper.leaf(path, self)
+            }
+
+            fn zip_leaves<__Z: ::distribute_values::LeafZipper>(
+                parts: &[&Self],
+                path: &::distribute_values::Path<'_>,
+                zipper: &mut __Z,
+            ) -> ::core::result::Result<Self, __Z::Error> {
+                zipper.leaf(path, parts)
+            }
+        }
+
         impl #impl_generics ::distribute_values::Regroup for #name #ty_generics #where_clause {
             type Regrouped = ::distribute_values::Leaf<Self>;
 
@@ -155,12 +183,66 @@ fn expand_struct(input: &DeriveInput, fields: &Fields) -> syn::Result<TokenStrea
 
     let companion_impls = companion_impls(&generics, &companion, fields, &members, &labels, &types);
 
+    let visited: Vec<TokenStream2> = (0..members.len())
+        .map(|i| {
+            let (ty, member, label) = (types[i], &members[i], &labels[i]);
+            quote!(<#ty as ::distribute_values::Nest>::visit_leaves(&self.#member, &path.field(#label), visitor)?;)
+        })
+        .collect();
+    let mapped_value = build(&|i| {
+        let (ty, member, label) = (types[i], &members[i], &labels[i]);
+        quote!(<#ty as ::distribute_values::Nest>::map_leaves(&self.#member, &path.field(#label), mapper)?)
+    });
+    let zipped_value = build(&|i| {
+        let (ty, member, label) = (types[i], &members[i], &labels[i]);
+        quote!({
+            let __column: ::std::vec::Vec<&#ty> = parts.iter().map(|p| &p.#member).collect();
+            <#ty as ::distribute_values::Nest>::zip_leaves(&__column, &path.field(#label), zipper)?
+        })
+    });
+    let nest_generics = with_bound(&input.generics, quote!(::distribute_values::Nest));
+    let (nest_impl, _, nest_where) = nest_generics.split_for_impl();
+
     Ok(quote! {
         #[doc = #companion_doc]
         #[allow(missing_docs)]
         #vis struct #companion #impl_generics #declaration_where #companion_body
 
         #companion_impls
+
+        impl #impl_generics ::distribute_values::Distributed for #companion #ty_generics #where_clause {
+            type Local = #name #ty_generics;
+        }
+
+        impl #nest_impl ::distribute_values::Nest for #name #ty_generics #nest_where {
+            fn visit_leaves<__V: ::distribute_values::LeafVisitor>(
+                &self,
+                path: &::distribute_values::Path<'_>,
+                visitor: &mut __V,
+            ) -> ::core::result::Result<(), __V::Error> {
+                let _ = (path, &visitor);
+                #( #visited )*
+                ::core::result::Result::Ok(())
+            }
+
+            fn map_leaves<__M: ::distribute_values::LeafMapper>(
+                &self,
+                path: &::distribute_values::Path<'_>,
+                mapper: &mut __M,
+            ) -> ::core::result::Result<Self, __M::Error> {
+                let _ = (path, &mapper);
+                ::core::result::Result::Ok(#name #mapped_value)
+            }
+
+            fn zip_leaves<__Z: ::distribute_values::LeafZipper>(
+                parts: &[&Self],
+                path: &::distribute_values::Path<'_>,
+                zipper: &mut __Z,
+            ) -> ::core::result::Result<Self, __Z::Error> {
+                let _ = (parts, path, &zipper);
+                ::core::result::Result::Ok(#name #zipped_value)
+            }
+        }
 
         impl #impl_generics ::distribute_values::Regroup for #name #ty_generics #where_clause {
             type Regrouped = #companion #ty_generics;
@@ -188,6 +270,15 @@ fn expand_struct(input: &DeriveInput, fields: &Fields) -> syn::Result<TokenStrea
             }
         }
     })
+}
+
+/// `generics` with `bound` added to every type parameter.
+fn with_bound(generics: &Generics, bound: TokenStream2) -> Generics {
+    let mut generics = generics.clone();
+    for param in generics.type_params_mut() {
+        param.bounds.push(parse_quote!(#bound));
+    }
+    generics
 }
 
 /// `Debug`, `Clone` and `PartialEq` for the companion, bounded on the fields' regrouped types:
@@ -295,6 +386,28 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("path . field (\"loss\")"), "{out}");
+        assert!(
+            out.contains("impl :: distribute_values :: Nest for Spec"),
+            "{out}"
+        );
+        assert!(
+            out.contains("impl :: distribute_values :: Distributed for SpecRegrouped"),
+            "{out}"
+        );
+        assert!(out.contains("type Local = Spec"), "{out}");
+    }
+
+    #[test]
+    fn generic_parameters_get_each_trait_as_their_bound() {
+        let out = expand_str("struct Pair<T> { a: T, b: Vec<T> }").unwrap();
+        assert!(
+            out.contains("impl < T : :: distribute_values :: Nest > :: distribute_values :: Nest for Pair < T >"),
+            "{out}"
+        );
+        assert!(
+            out.contains("impl < T : :: distribute_values :: Regroup > :: distribute_values :: Regroup for Pair < T >"),
+            "{out}"
+        );
     }
 
     #[test]
@@ -302,6 +415,8 @@ mod tests {
         let out = expand_str("#[regroup(leaf)] struct Token<T>(T);").unwrap();
         assert!(!out.contains("TokenRegrouped"), "{out}");
         assert!(out.contains("Leaf < Self >"), "{out}");
+        assert!(out.contains("visitor . leaf (path , self)"), "{out}");
+        assert!(out.contains("impl < T : 'static >"), "{out}");
     }
 
     #[test]

@@ -146,6 +146,19 @@ pub enum ValuesError {
         /// Which variables were seen.
         detail: String,
     },
+    /// A typed walk over a nested structure met a leaf of another type.
+    #[error(
+        "expected a leaf of type {expected} at {path}, found a {found}; every leaf of this \
+         structure must be a {expected}"
+    )]
+    UnexpectedLeaf {
+        /// Where the leaf is.
+        path: String,
+        /// The type every leaf must have.
+        expected: &'static str,
+        /// The leaf's type.
+        found: &'static str,
+    },
     /// `select_replica_mirrored` met a value that is not mirrored.
     #[error(
         "expected a value mirrored across replicas at {path}, found {found}; use select_replica \
@@ -263,7 +276,7 @@ impl ValuesError {
             | SumOfNonDistributed { .. }
             | Arithmetic(_) => ErrorKind::InvalidArgument,
             StructureMismatch { .. } | DifferentVariables { .. } => ErrorKind::Invariant,
-            NotMirrored { .. } => ErrorKind::TypeError,
+            NotMirrored { .. } | UnexpectedLeaf { .. } => ErrorKind::TypeError,
             NeedsAllReplicas { .. } => ErrorKind::Runtime,
             Unimplemented { .. } => ErrorKind::Unimplemented,
         }

@@ -2,10 +2,11 @@
 //!
 //! Owns [`ReduceOp`], [`VariableAggregation`], [`VariableSynchronization`],
 //! [`ReplicaDeviceMap`], the distributed values [`PerReplica`] and [`Mirrored`] behind
-//! [`DistributedValues`], nested structures with [`regroup`] / [`select_replica`] /
-//! [`select_device_mirrored`] / [`update_regroup`] (and `#[derive(Regroup)]` for users'
-//! structs), the distributed variables [`MirroredVariable`] and [`SyncOnReadVariable`], and
-//! their checkpoint values.
+//! [`DistributedValues`], nested structures — walked leaf by leaf with [`Nest`], regrouped
+//! across replicas with [`regroup`] / [`select_replica`] / [`select_device_mirrored`] /
+//! [`update_regroup`], named from their regrouped side with [`Distributed`], and
+//! `#[derive(Regroup)]` for users' structs — the distributed variables [`MirroredVariable`] and
+//! [`SyncOnReadVariable`], and their checkpoint values.
 //!
 //! Element types are generic. This crate knows nothing about device memory, threads or
 //! collectives: device names are opaque strings, reductions of tensors belong to
@@ -52,10 +53,12 @@ extern crate self as distribute_values;
 
 mod aggregation;
 mod checkpoint;
+mod containers;
 mod device_map;
 mod distributed;
 mod element;
 mod error;
+mod nest;
 mod regroup;
 mod variable;
 
@@ -65,18 +68,22 @@ pub use device_map::ReplicaDeviceMap;
 pub use distributed::{DistributedValues, Mirrored, PerReplica};
 pub use element::{UpdateOp, VariableValue};
 pub use error::{ErrorKind, ValuesError};
+pub use nest::{LeafMapper, LeafVisitor, LeafZipper, Nest, Path, leaf_as};
 pub use regroup::{
-    Leaf, Path, Regroup, RegroupContext, RegroupOptions, Selection, UpdateGrouping, Wrap, regroup,
-    regroup_with, select_device_mirrored, select_replica, select_replica_mirrored, update_regroup,
+    Distributed, Leaf, Regroup, RegroupContext, RegroupOptions, Selection, UpdateGrouping, Wrap,
+    regroup, regroup_with, select_device_mirrored, select_replica, select_replica_mirrored,
+    update_regroup,
 };
 pub use variable::{DistributedVariable, MirroredVariable, SyncOnReadVariable, VariableComponent};
 
-/// `#[derive(Regroup)]`: regroup and select a struct field by field.
+/// `#[derive(Regroup)]`: regroup, select and walk a struct field by field.
 ///
 /// For `struct Name { … }` it declares `NameRegrouped` with the same fields (and visibility),
-/// each of the field's regrouped type, deriving `Debug`, `Clone` and `PartialEq`. Tuple and unit
-/// structs work too; generic parameters get a `Regroup` bound. With `#[regroup(leaf)]` the type
-/// is a leaf instead: it regroups to [`Leaf<Self>`] and needs `Clone + PartialEq`. Enums can
+/// each of the field's regrouped type, deriving `Debug`, `Clone` and `PartialEq`, and implements
+/// [`Regroup`] and [`Nest`] for `Name` and [`Distributed`] for `NameRegrouped` (so `run` infers
+/// `Name` from a `NameRegrouped` input). Tuple and unit structs work too; generic parameters get
+/// a `Regroup` (or `Nest`) bound. With `#[regroup(leaf)]` the type is a leaf instead: it regroups
+/// to [`Leaf<Self>`], needs `Clone + PartialEq`, and is one leaf of a [`Nest`] walk. Enums can
 /// only be leaves: their variants are not regrouped field by field.
 ///
 /// ```

@@ -6,13 +6,16 @@
 //! [`Leaf<T>`], and containers (tuples, `Vec`, arrays, maps, `Option`, `Box`) keep their shape
 //! with regrouped contents. Users' own structs get it from `#[derive(Regroup)]`, which also
 //! declares the regrouped companion struct; `#[regroup(leaf)]` makes a type a leaf instead.
+//! [`Distributed`] goes the other way, from a regrouped type to its per-replica structure, so
+//! that a strategy's `run` infers what each replica gets from the inputs it is given.
+//!
+//! The container impls of [`Regroup`], [`Distributed`] and [`Nest`](crate::Nest) live together
+//! in `containers.rs`.
 
-use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::hash::{BuildHasher, Hash};
 use std::sync::Arc;
 
-use crate::{DistributedValues, Mirrored, PerReplica, ReplicaDeviceMap, ValuesError};
+use crate::{DistributedValues, Mirrored, Path, PerReplica, ReplicaDeviceMap, ValuesError};
 
 /// Which distributed type wraps leaves that differ between replicas.
 ///
@@ -123,105 +126,15 @@ impl fmt::Display for Selection<'_> {
     }
 }
 
-/// Where a value sits inside a nested structure, for error messages: `.1[2]["c"]`. Built on the
-/// stack while descending and printed only when something fails.
-///
-/// ```
-/// use distribute_values::Path;
-///
-/// let root = Path::ROOT;
-/// let field = root.field("loss");
-/// let key = "c";
-/// assert_eq!(field.index(2).key(&key).to_string(), r#".loss[2]["c"]"#);
-/// assert_eq!(root.to_string(), "the top level");
-/// ```
-#[derive(Clone, Copy)]
-pub struct Path<'a> {
-    parent: Option<&'a Path<'a>>,
-    segment: Segment<'a>,
-}
-
-#[derive(Clone, Copy)]
-enum Segment<'a> {
-    Root,
-    Index(usize),
-    Field(&'static str),
-    Key(&'a dyn fmt::Debug),
-}
-
-impl<'a> Path<'a> {
-    /// The whole value.
-    pub const ROOT: Path<'static> = Path {
-        parent: None,
-        segment: Segment::Root,
-    };
-
-    /// Element `index` of a sequence.
-    pub fn index(&'a self, index: usize) -> Path<'a> {
-        self.child(Segment::Index(index))
-    }
-
-    /// A named or positional field of a struct or tuple.
-    pub fn field(&'a self, name: &'static str) -> Path<'a> {
-        self.child(Segment::Field(name))
-    }
-
-    /// The entry of a map under `key`.
-    pub fn key(&'a self, key: &'a dyn fmt::Debug) -> Path<'a> {
-        self.child(Segment::Key(key))
-    }
-
-    fn child(&'a self, segment: Segment<'a>) -> Path<'a> {
-        Path {
-            parent: Some(self),
-            segment,
-        }
-    }
-
-    /// A structure-mismatch error at this path.
-    pub fn mismatch(&self, detail: impl Into<String>) -> ValuesError {
-        ValuesError::StructureMismatch {
-            path: self.to_string(),
-            detail: detail.into(),
-        }
-    }
-
-    fn write_segments(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(parent) = self.parent {
-            parent.write_segments(f)?;
-        }
-        match self.segment {
-            Segment::Root => Ok(()),
-            Segment::Index(i) => write!(f, "[{i}]"),
-            Segment::Field(name) => write!(f, ".{name}"),
-            Segment::Key(key) => write!(f, "[{key:?}]"),
-        }
-    }
-}
-
-impl fmt::Display for Path<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.parent.is_none() {
-            return f.write_str("the top level");
-        }
-        self.write_segments(f)
-    }
-}
-
-impl fmt::Debug for Path<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Path({self})")
-    }
-}
-
 /// A structure that can be regrouped across replicas and selected back.
 ///
 /// Implemented for leaves (numbers, `bool`, `char`, `String`, `&'static str`, `()`), for
 /// containers of `Regroup` types (tuples up to 8, `Vec`, arrays, `BTreeMap`, `HashMap`,
 /// `Option`, `Box`), for distributed variables and their components, and by
-/// `#[derive(Regroup)]` for users' structs. Hand-written impls follow the container impls:
-/// split the replicas' values field by field, regroup each field with its own path, and select
-/// field by field.
+/// `#[derive(Regroup)]` for users' structs. Hand-written impls follow the container impls
+/// (`containers.rs`): split the replicas' values field by field, regroup each field with its
+/// own path, and select field by field; implement [`Nest`](crate::Nest) and [`Distributed`]
+/// beside it.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -262,6 +175,36 @@ pub trait Regroup: Sized {
         selection: Selection<'_>,
         path: &Path<'_>,
     ) -> Result<Self, ValuesError>;
+}
+
+/// A structure of distributed values that names its per-replica structure: the inverse of
+/// [`Regroup::Regrouped`]. Implemented for [`Leaf<T>`], `()`, distributed variables (whose
+/// replicas get their components), the containers (tuples up to 8, `Vec`, arrays, `BTreeMap`,
+/// `HashMap`, `Option`, `Box`) and the companion structs `#[derive(Regroup)]` declares.
+///
+/// A strategy's `run` takes its inputs as a `Distributed` value and hands replica `r` the
+/// [`Distributed::Local`] it selects, so the step's input type is inferred from the inputs.
+///
+/// ```
+/// use std::sync::Arc;
+/// use distribute_values::{Distributed, Leaf, PerReplica, ReplicaDeviceMap, select_replica};
+///
+/// fn replica_input<D: Distributed>(inputs: &D, replica: usize) -> D::Local {
+///     select_replica::<D::Local>(replica, inputs).unwrap()
+/// }
+///
+/// let map = Arc::new(ReplicaDeviceMap::new(["/cpu:0", "/cpu:1"])?);
+/// let inputs = (Leaf::PerReplica(PerReplica::new(map, vec![1, 2])?), Leaf::Same("x"));
+/// assert_eq!(replica_input(&inputs, 1), (2, "x"));
+/// # Ok::<(), distribute_values::ValuesError>(())
+/// ```
+pub trait Distributed {
+    /// The structure one replica holds.
+    type Local: Regroup<Regrouped = Self>;
+}
+
+impl<T: Regroup<Regrouped = Leaf<T>>> Distributed for Leaf<T> {
+    type Local = T;
 }
 
 /// A regrouped leaf: the value itself when it is the same on every replica, otherwise a
@@ -509,365 +452,14 @@ pub fn update_regroup<S: Regroup>(
     regroup_with(devices, updates, options)
 }
 
-macro_rules! leaf_impls {
-    ($($ty:ty),* $(,)?) => {$(
-        impl Regroup for $ty {
-            type Regrouped = Leaf<$ty>;
-
-            fn regroup_replicas(
-                replicas: Vec<Self>,
-                cx: &RegroupContext<'_>,
-                path: &Path<'_>,
-            ) -> Result<Leaf<$ty>, ValuesError> {
-                Leaf::regroup_leaf(replicas, cx, path)
-            }
-
-            fn select(
-                regrouped: &Leaf<$ty>,
-                selection: Selection<'_>,
-                path: &Path<'_>,
-            ) -> Result<Self, ValuesError> {
-                regrouped.select_leaf(selection, path)
-            }
-        }
-    )*};
-}
-
-leaf_impls!(
-    bool,
-    char,
-    i8,
-    i16,
-    i32,
-    i64,
-    i128,
-    isize,
-    u8,
-    u16,
-    u32,
-    u64,
-    u128,
-    usize,
-    f32,
-    f64,
-    String,
-    &'static str,
-);
-
-impl Regroup for () {
-    type Regrouped = ();
-
-    fn regroup_replicas(
-        _: Vec<()>,
-        _: &RegroupContext<'_>,
-        _: &Path<'_>,
-    ) -> Result<(), ValuesError> {
-        Ok(())
-    }
-
-    fn select(_: &(), _: Selection<'_>, _: &Path<'_>) -> Result<(), ValuesError> {
-        Ok(())
-    }
-}
-
-macro_rules! tuple_impls {
-    ($(($($name:ident $column:ident $index:tt),+))+) => {$(
-        impl<$($name: Regroup),+> Regroup for ($($name,)+) {
-            type Regrouped = ($($name::Regrouped,)+);
-
-            fn regroup_replicas(
-                replicas: Vec<Self>,
-                cx: &RegroupContext<'_>,
-                path: &Path<'_>,
-            ) -> Result<Self::Regrouped, ValuesError> {
-                $(let mut $column = Vec::with_capacity(replicas.len());)+
-                for replica in replicas {
-                    $($column.push(replica.$index);)+
-                }
-                Ok(($($name::regroup_replicas($column, cx, &path.field(stringify!($index)))?,)+))
-            }
-
-            fn select(
-                regrouped: &Self::Regrouped,
-                selection: Selection<'_>,
-                path: &Path<'_>,
-            ) -> Result<Self, ValuesError> {
-                Ok(($($name::select(&regrouped.$index, selection, &path.field(stringify!($index)))?,)+))
-            }
-        }
-    )+};
-}
-
-tuple_impls! {
-    (A a 0)
-    (A a 0, B b 1)
-    (A a 0, B b 1, C c 2)
-    (A a 0, B b 1, C c 2, D d 3)
-    (A a 0, B b 1, C c 2, D d 3, E e 4)
-    (A a 0, B b 1, C c 2, D d 3, E e 4, F f 5)
-    (A a 0, B b 1, C c 2, D d 3, E e 4, F f 5, G g 6)
-    (A a 0, B b 1, C c 2, D d 3, E e 4, F f 5, G g 6, H h 7)
-}
-
-/// Splits equal-length sequences (one per replica) into one column per position.
-fn transpose<S>(
-    replicas: Vec<Vec<S>>,
-    what: &str,
-    path: &Path<'_>,
-) -> Result<Vec<Vec<S>>, ValuesError> {
-    let len = replicas.first().map_or(0, Vec::len);
-    if let Some((replica, other)) = replicas.iter().enumerate().find(|(_, r)| r.len() != len) {
-        return Err(path.mismatch(format!(
-            "replica 0 returned a {what} of {len} elements, replica {replica} a {what} of {}",
-            other.len()
-        )));
-    }
-    let mut columns: Vec<Vec<S>> = (0..len)
-        .map(|_| Vec::with_capacity(replicas.len()))
-        .collect();
-    for replica in replicas {
-        for (column, value) in columns.iter_mut().zip(replica) {
-            column.push(value);
-        }
-    }
-    Ok(columns)
-}
-
-impl<S: Regroup> Regroup for Vec<S> {
-    type Regrouped = Vec<S::Regrouped>;
-
-    fn regroup_replicas(
-        replicas: Vec<Self>,
-        cx: &RegroupContext<'_>,
-        path: &Path<'_>,
-    ) -> Result<Self::Regrouped, ValuesError> {
-        transpose(replicas, "list", path)?
-            .into_iter()
-            .enumerate()
-            .map(|(i, column)| S::regroup_replicas(column, cx, &path.index(i)))
-            .collect()
-    }
-
-    fn select(
-        regrouped: &Self::Regrouped,
-        selection: Selection<'_>,
-        path: &Path<'_>,
-    ) -> Result<Self, ValuesError> {
-        regrouped
-            .iter()
-            .enumerate()
-            .map(|(i, r)| S::select(r, selection, &path.index(i)))
-            .collect()
-    }
-}
-
-impl<S: Regroup, const N: usize> Regroup for [S; N] {
-    type Regrouped = [S::Regrouped; N];
-
-    fn regroup_replicas(
-        replicas: Vec<Self>,
-        cx: &RegroupContext<'_>,
-        path: &Path<'_>,
-    ) -> Result<Self::Regrouped, ValuesError> {
-        let vecs = replicas.into_iter().map(Vec::from).collect();
-        let regrouped = <Vec<S>>::regroup_replicas(vecs, cx, path)?;
-        <[S::Regrouped; N]>::try_from(regrouped)
-            .map_err(|v| path.mismatch(format!("expected {N} elements, regrouped {}", v.len())))
-    }
-
-    fn select(
-        regrouped: &Self::Regrouped,
-        selection: Selection<'_>,
-        path: &Path<'_>,
-    ) -> Result<Self, ValuesError> {
-        let selected = regrouped
-            .iter()
-            .enumerate()
-            .map(|(i, r)| S::select(r, selection, &path.index(i)))
-            .collect::<Result<Vec<S>, _>>()?;
-        <[S; N]>::try_from(selected)
-            .map_err(|v| path.mismatch(format!("expected {N} elements, selected {}", v.len())))
-    }
-}
-
-impl<S: Regroup> Regroup for Option<S> {
-    type Regrouped = Option<S::Regrouped>;
-
-    fn regroup_replicas(
-        replicas: Vec<Self>,
-        cx: &RegroupContext<'_>,
-        path: &Path<'_>,
-    ) -> Result<Self::Regrouped, ValuesError> {
-        let first_is_some = replicas.first().is_some_and(Option::is_some);
-        if let Some(replica) = replicas.iter().position(|r| r.is_some() != first_is_some) {
-            let (first, other) = if first_is_some {
-                ("Some", "None")
-            } else {
-                ("None", "Some")
-            };
-            return Err(path.mismatch(format!(
-                "replica 0 returned {first}, replica {replica} returned {other}"
-            )));
-        }
-        if !first_is_some {
-            return Ok(None);
-        }
-        let values = replicas.into_iter().flatten().collect();
-        S::regroup_replicas(values, cx, path).map(Some)
-    }
-
-    fn select(
-        regrouped: &Self::Regrouped,
-        selection: Selection<'_>,
-        path: &Path<'_>,
-    ) -> Result<Self, ValuesError> {
-        regrouped
-            .as_ref()
-            .map(|r| S::select(r, selection, path))
-            .transpose()
-    }
-}
-
-impl<S: Regroup> Regroup for Box<S> {
-    type Regrouped = Box<S::Regrouped>;
-
-    fn regroup_replicas(
-        replicas: Vec<Self>,
-        cx: &RegroupContext<'_>,
-        path: &Path<'_>,
-    ) -> Result<Self::Regrouped, ValuesError> {
-        let values = replicas.into_iter().map(|b| *b).collect();
-        S::regroup_replicas(values, cx, path).map(Box::new)
-    }
-
-    fn select(
-        regrouped: &Self::Regrouped,
-        selection: Selection<'_>,
-        path: &Path<'_>,
-    ) -> Result<Self, ValuesError> {
-        S::select(regrouped, selection, path).map(Box::new)
-    }
-}
-
-/// The first key present on one replica and missing on another, as an error.
-fn key_mismatch<K: fmt::Debug>(path: &Path<'_>, key: &K, has: usize, lacks: usize) -> ValuesError {
-    path.mismatch(format!(
-        "key {key:?} is in replica {has}'s map but not in replica {lacks}'s"
-    ))
-}
-
-impl<K, V> Regroup for BTreeMap<K, V>
-where
-    K: Ord + Clone + fmt::Debug,
-    V: Regroup,
-{
-    type Regrouped = BTreeMap<K, V::Regrouped>;
-
-    fn regroup_replicas(
-        replicas: Vec<Self>,
-        cx: &RegroupContext<'_>,
-        path: &Path<'_>,
-    ) -> Result<Self::Regrouped, ValuesError> {
-        let mut columns: BTreeMap<K, Vec<V>> = match replicas.first() {
-            Some(first) => first.keys().map(|k| (k.clone(), Vec::new())).collect(),
-            None => BTreeMap::new(),
-        };
-        for (replica, map) in replicas.into_iter().enumerate() {
-            if let Some(k) = columns.keys().find(|k| !map.contains_key(*k)) {
-                return Err(key_mismatch(path, k, 0, replica));
-            }
-            for (k, v) in map {
-                match columns.get_mut(&k) {
-                    Some(column) => column.push(v),
-                    None => return Err(key_mismatch(path, &k, replica, 0)),
-                }
-            }
-        }
-        columns
-            .into_iter()
-            .map(|(k, column)| {
-                let regrouped = V::regroup_replicas(column, cx, &path.key(&k))?;
-                Ok((k, regrouped))
-            })
-            .collect()
-    }
-
-    fn select(
-        regrouped: &Self::Regrouped,
-        selection: Selection<'_>,
-        path: &Path<'_>,
-    ) -> Result<Self, ValuesError> {
-        regrouped
-            .iter()
-            .map(|(k, r)| Ok((k.clone(), V::select(r, selection, &path.key(k))?)))
-            .collect()
-    }
-}
-
-impl<K, V, H> Regroup for HashMap<K, V, H>
-where
-    K: Eq + Hash + Clone + fmt::Debug,
-    V: Regroup,
-    H: BuildHasher + Default,
-{
-    type Regrouped = HashMap<K, V::Regrouped, H>;
-
-    fn regroup_replicas(
-        replicas: Vec<Self>,
-        cx: &RegroupContext<'_>,
-        path: &Path<'_>,
-    ) -> Result<Self::Regrouped, ValuesError> {
-        let mut columns: HashMap<K, Vec<V>, H> = match replicas.first() {
-            Some(first) => first.keys().map(|k| (k.clone(), Vec::new())).collect(),
-            None => HashMap::default(),
-        };
-        for (replica, map) in replicas.into_iter().enumerate() {
-            if let Some(k) = columns.keys().find(|k| !map.contains_key(*k)) {
-                return Err(key_mismatch(path, k, 0, replica));
-            }
-            for (k, v) in map {
-                match columns.get_mut(&k) {
-                    Some(column) => column.push(v),
-                    None => return Err(key_mismatch(path, &k, replica, 0)),
-                }
-            }
-        }
-        columns
-            .into_iter()
-            .map(|(k, column)| {
-                let regrouped = V::regroup_replicas(column, cx, &path.key(&k))?;
-                Ok((k, regrouped))
-            })
-            .collect()
-    }
-
-    fn select(
-        regrouped: &Self::Regrouped,
-        selection: Selection<'_>,
-        path: &Path<'_>,
-    ) -> Result<Self, ValuesError> {
-        regrouped
-            .iter()
-            .map(|(k, r)| Ok((k.clone(), V::select(r, selection, &path.key(k))?)))
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     fn map(n: usize) -> Arc<ReplicaDeviceMap> {
         Arc::new(ReplicaDeviceMap::new((0..n).map(|i| format!("/cpu:{i}"))).unwrap())
-    }
-
-    #[test]
-    fn paths_print_every_segment() {
-        let root = Path::ROOT;
-        let a = root.field("0");
-        let b = a.index(3);
-        let k = 7;
-        assert_eq!(b.key(&k).to_string(), ".0[3][7]");
     }
 
     #[test]

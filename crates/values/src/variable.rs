@@ -11,10 +11,11 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use crate::regroup::{Path, RegroupContext, Selection};
+use crate::regroup::{RegroupContext, Selection};
 use crate::{
-    DistributedValues, Leaf, Mirrored, PerReplica, Regroup, ReplicaDeviceMap, SyncKind, UpdateOp,
-    ValuesError, VariableAggregation, VariableValue,
+    Distributed, DistributedValues, Leaf, LeafMapper, LeafVisitor, LeafZipper, Mirrored, Nest,
+    Path, PerReplica, Regroup, ReplicaDeviceMap, SyncKind, UpdateOp, ValuesError,
+    VariableAggregation, VariableValue,
 };
 
 struct VarCore<T> {
@@ -803,6 +804,50 @@ macro_rules! variable_leaf_impls {
 }
 
 variable_leaf_impls!(DistributedVariable, MirroredVariable, SyncOnReadVariable);
+
+/// A replica handed a distributed variable gets its own component.
+impl<T> Distributed for DistributedVariable<T> {
+    type Local = VariableComponent<T>;
+}
+
+/// Variables and their components are leaves of a nested structure: walks see the handle, not
+/// its value.
+macro_rules! variable_nest_impls {
+    ($($ty:ident),*) => {$(
+        impl<T: 'static> Nest for $ty<T> {
+            fn visit_leaves<V: LeafVisitor>(
+                &self,
+                path: &Path<'_>,
+                visitor: &mut V,
+            ) -> Result<(), V::Error> {
+                visitor.leaf(path, self)
+            }
+
+            fn map_leaves<M: LeafMapper>(
+                &self,
+                path: &Path<'_>,
+                mapper: &mut M,
+            ) -> Result<Self, M::Error> {
+                mapper.leaf(path, self)
+            }
+
+            fn zip_leaves<Z: LeafZipper>(
+                parts: &[&Self],
+                path: &Path<'_>,
+                zipper: &mut Z,
+            ) -> Result<Self, Z::Error> {
+                zipper.leaf(path, parts)
+            }
+        }
+    )*};
+}
+
+variable_nest_impls!(
+    DistributedVariable,
+    MirroredVariable,
+    SyncOnReadVariable,
+    VariableComponent
+);
 
 impl<T> MirroredVariable<T> {
     fn core(&self) -> &Arc<VarCore<T>> {

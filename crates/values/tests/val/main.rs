@@ -4,6 +4,7 @@
 mod checkpoint;
 mod device_map;
 mod distributed;
+mod nest;
 mod properties;
 mod regroup;
 mod variables;
