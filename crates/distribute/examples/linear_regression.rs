@@ -120,7 +120,7 @@ pub(crate) fn train(replicas: usize, steps: usize) -> Result<Trained, Box<dyn st
     let mut loss = f32::NAN;
     let start = Instant::now();
     for batch in &batches {
-        let step_loss: Leaf<f32> = strategy.run::<Chunk, f32, _>(
+        let step_loss: Leaf<f32> = strategy.run(
             |ctx, (xs, ys)| {
                 let w = ctx.read_variable(&weights)?;
                 let b = ctx.read_variable(&bias)?;

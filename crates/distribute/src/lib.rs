@@ -7,7 +7,7 @@
 //! use distribute::prelude::*;
 //!
 //! let strategy = MirroredStrategy::new(&["/cpu:0", "/cpu:1"])?;
-//! let sums: Leaf<Tensor> = strategy.run::<(), Tensor, _>(
+//! let sums = strategy.run(
 //!     |ctx, ()| {
 //!         let mine = Tensor::scalar(&ctx.devices()[0], ctx.replica_id() as f32);
 //!         ctx.all_reduce(ReduceOp::Sum, &mine)

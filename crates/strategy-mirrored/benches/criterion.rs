@@ -8,11 +8,7 @@ use distribute_strategy::Strategy;
 fn run_trivial(c: &mut Criterion) {
     let strategy = MirroredStrategy::new(&["/cpu:0", "/cpu:1"]).unwrap();
     c.bench_function("run_trivial/2", |b| {
-        b.iter(|| {
-            strategy
-                .run::<(), usize, _>(|ctx, ()| Ok(ctx.replica_id()), &())
-                .unwrap()
-        })
+        b.iter(|| strategy.run(|ctx, ()| Ok(ctx.replica_id()), &()).unwrap())
     });
 }
 

@@ -150,7 +150,7 @@ fn regression_step(
     inputs: &(Leaf<Tensor>, Leaf<Tensor>),
 ) {
     strategy
-        .run::<(Tensor, Tensor), Tensor, _>(
+        .run(
             |ctx, (x, y)| {
                 let weights = ctx.read_variable(w)?.to_vec::<f32>()?;
                 let (xs, ys) = (x.array::<f32>()?, y.array::<f32>()?);
@@ -179,9 +179,7 @@ fn cpus(n: usize) -> MirroredStrategy {
 }
 
 fn run_trivial(strategy: &MirroredStrategy) -> Leaf<usize> {
-    strategy
-        .run::<(), usize, _>(|ctx, ()| Ok(ctx.replica_id()), &())
-        .unwrap()
+    strategy.run(|ctx, ()| Ok(ctx.replica_id()), &()).unwrap()
 }
 
 fn check_trivial(strategy: &MirroredStrategy) {
@@ -199,7 +197,7 @@ fn check_trivial(strategy: &MirroredStrategy) {
 /// A run whose step makes `merges` merge calls, each summing the replicas' ids plus the round.
 fn run_with_merges(strategy: &MirroredStrategy, merges: usize) -> Leaf<usize> {
     strategy
-        .run::<(), usize, _>(
+        .run(
             |ctx, ()| {
                 let mut total = 0;
                 for round in 0..merges {
@@ -226,7 +224,7 @@ fn check_merges(strategy: &MirroredStrategy, merges: usize) {
 /// Each replica's tensor of `bytes` bytes of f32, on its device, made once.
 fn all_reduce_inputs(strategy: &MirroredStrategy, bytes: usize) -> Leaf<Tensor> {
     strategy
-        .run::<(), Tensor, _>(
+        .run(
             |ctx, ()| {
                 let value = ctx.replica_id() as f32 + 1.0;
                 Ok(Tensor::from_vec(
@@ -242,7 +240,7 @@ fn all_reduce_inputs(strategy: &MirroredStrategy, bytes: usize) -> Leaf<Tensor> 
 
 fn run_all_reduce(strategy: &MirroredStrategy, inputs: &Leaf<Tensor>) -> Leaf<Tensor> {
     strategy
-        .run::<Tensor, Tensor, _>(|ctx, t| ctx.all_reduce(ReduceOp::Sum, &t), inputs)
+        .run(|ctx, t| ctx.all_reduce(ReduceOp::Sum, &t), inputs)
         .unwrap()
 }
 

@@ -14,7 +14,7 @@ use distribute_device_spec::{
 use distribute_strategy::{
     MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
 };
-use distribute_values::{Regroup, ReplicaDeviceMap, regroup, select_replica};
+use distribute_values::{Distributed, Regroup, ReplicaDeviceMap, regroup, select_replica};
 
 use crate::merge::MergeRendezvous;
 use crate::pool::ReplicaPool;
@@ -75,7 +75,7 @@ impl fmt::Debug for MirroredConfig {
 ///
 /// let strategy = MirroredStrategy::new(&["/cpu:0", "/cpu:1"])?;
 /// // Each replica contributes its id + 1; all_reduce sums them on every replica.
-/// let sums: Leaf<Tensor> = strategy.run::<(), Tensor, _>(
+/// let sums = strategy.run(
 ///     |ctx, ()| {
 ///         let mine = Tensor::scalar(&ctx.devices()[0], ctx.replica_id() as f32 + 1.0);
 ///         ctx.all_reduce(ReduceOp::Sum, &mine)
@@ -232,12 +232,11 @@ impl Strategy for MirroredStrategy {
         self
     }
 
-    fn run<I, O, F>(&self, step: F, inputs: &I::Regrouped) -> Result<O::Regrouped, StrategyError>
+    fn run<D, O, F>(&self, step: F, inputs: &D) -> Result<O::Regrouped, StrategyError>
     where
-        I: Regroup,
-        I::Regrouped: Sync,
+        D: Distributed + Sync,
         O: Regroup + Send,
-        F: Fn(&ReplicaContext<'_>, I) -> Result<O, StrategyError> + Sync,
+        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<O, StrategyError> + Sync,
     {
         if ReplicaPool::on_replica_thread() {
             return Err(StrategyError::Runtime(
@@ -258,7 +257,7 @@ impl Strategy for MirroredStrategy {
         self.merge.begin_step();
         let job = |replica: usize, collectives: &dyn ReplicaCollectives| {
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                let input = select_replica::<I>(replica, inputs)?;
+                let input = select_replica::<D::Local>(replica, inputs)?;
                 let ctx = ReplicaContext::new(replica, self, collectives);
                 step(&ctx, input)
             }))

@@ -37,7 +37,7 @@ fn one(ctx: &distribute_strategy::ReplicaContext<'_>) -> Tensor {
 fn still_works(strategy: &MirroredStrategy) {
     let n = strategy.num_replicas_in_sync() as f32;
     let out: Leaf<Tensor> = strategy
-        .run::<(), Tensor, _>(|ctx, ()| ctx.all_reduce(ReduceOp::Sum, &one(ctx)), &())
+        .run(|ctx, ()| ctx.all_reduce(ReduceOp::Sum, &one(ctx)), &())
         .unwrap();
     for t in out.local_results() {
         assert_eq!(t.to_vec::<f32>().unwrap(), [n]);
@@ -48,7 +48,7 @@ fn still_works(strategy: &MirroredStrategy) {
 fn sm15_different_numbers_of_merge_calls_fail_fast() {
     let strategy = strategy(3, Duration::from_secs(60));
     let err = strategy
-        .run::<(), (), _>(
+        .run(
             |ctx, ()| {
                 if ctx.replica_id() != 2 {
                     ctx.merge_call::<i32, (), _>(1, |_, _| Ok(()))?;
@@ -78,7 +78,7 @@ fn sm15_different_numbers_of_merge_calls_fail_fast() {
 fn sm16_a_step_error_reaches_the_caller_with_its_original_type() {
     let strategy = strategy(2, Duration::from_secs(60));
     let err = strategy
-        .run::<(), Tensor, _>(
+        .run(
             |ctx, ()| {
                 if ctx.replica_id() == 1 {
                     return Err(StrategyError::step(std::io::Error::other("disk on fire")));
@@ -103,7 +103,7 @@ fn sm16_a_step_error_reaches_the_caller_with_its_original_type() {
 fn sm16_a_merge_function_error_reaches_the_caller() {
     let strategy = strategy(2, Duration::from_secs(60));
     let err = strategy
-        .run::<(), (), _>(
+        .run(
             |ctx, ()| {
                 ctx.merge_call::<i32, (), _>(ctx.replica_id() as i32, |_, _| {
                     Err(StrategyError::InvalidArgument("merge refused".into()))
@@ -123,7 +123,7 @@ fn sm16_a_merge_function_error_reaches_the_caller() {
 fn sm16_a_panicking_replica_releases_the_others() {
     let strategy = strategy(3, Duration::from_secs(60));
     let err = strategy
-        .run::<(), Tensor, _>(
+        .run(
             |ctx, ()| {
                 if ctx.replica_id() == 1 {
                     panic!("replica 1 divides by zero");
@@ -151,7 +151,7 @@ fn sm16_a_panicking_replica_releases_the_others() {
 fn a_panic_inside_a_merge_function_releases_the_others() {
     let strategy = strategy(2, Duration::from_secs(60));
     let err = strategy
-        .run::<(), (), _>(
+        .run(
             |ctx, ()| ctx.merge_call::<(), (), _>((), |_, _| panic!("merge function bug")),
             &(),
         )
@@ -167,7 +167,7 @@ fn a_panic_inside_a_merge_function_releases_the_others() {
 fn a_replica_that_skips_a_collective_fails_the_others_at_once() {
     let strategy = strategy(2, Duration::from_secs(60));
     let err = strategy
-        .run::<(), (), _>(
+        .run(
             |ctx, ()| {
                 if ctx.replica_id() == 0 {
                     ctx.all_reduce(ReduceOp::Sum, &one(ctx))?;
@@ -191,7 +191,7 @@ fn a_slow_replica_is_named_when_the_deadline_passes() {
     let strategy = strategy(2, Duration::from_millis(200));
     let replica_0_gave_up = AtomicBool::new(false);
     let err = strategy
-        .run::<(), Tensor, _>(
+        .run(
             |ctx, ()| {
                 if ctx.replica_id() == 1 {
                     while !replica_0_gave_up.load(Ordering::SeqCst) {
@@ -221,7 +221,7 @@ fn a_swallowed_collective_error_does_not_poison_the_next_step() {
     // Replica 1 skips the collective; replica 0 ignores the error it gets. The step succeeds,
     // and the aborted group must be usable again in the next one.
     strategy
-        .run::<(), (), _>(
+        .run(
             |ctx, ()| {
                 if ctx.replica_id() == 0 {
                     let _ignored = ctx.all_reduce(ReduceOp::Sum, &one(ctx));
@@ -311,7 +311,7 @@ fn a_backend_that_panics_while_starting_is_an_error_not_a_hang() {
 #[test]
 fn a_backend_hook_that_panics_after_the_step_fails_the_step_not_the_thread() {
     let strategy = with_ops(faulty(None, true)).unwrap();
-    let err = strategy.run::<(), (), _>(|_, ()| Ok(()), &()).unwrap_err();
+    let err = strategy.run(|_, ()| Ok(()), &()).unwrap_err();
     assert!(
         matches!(err, StrategyError::ReplicaPanicked { .. }),
         "{err:?}"
@@ -347,9 +347,9 @@ fn backends_built_for_another_replica_count_are_refused() {
 #[test]
 fn run_inside_a_step_is_refused() {
     let strategy = strategy(2, Duration::from_secs(60));
-    let err = strategy.run::<(), (), _>(
+    let err = strategy.run(
         |_, ()| {
-            let inner = strategy.run::<(), (), _>(|_, ()| Ok(()), &());
+            let inner = strategy.run(|_, ()| Ok(()), &());
             match inner {
                 Err(StrategyError::Runtime(m)) if m.contains("inside a replica's step") => Ok(()),
                 other => Err(StrategyError::Runtime(format!("nested run gave {other:?}"))),
@@ -365,7 +365,7 @@ fn hundreds_of_steps_with_merges_and_collectives_back_to_back() {
     let strategy = strategy(4, Duration::from_secs(60));
     for step in 0..300 {
         let out: Leaf<f32> = strategy
-            .run::<(), f32, _>(
+            .run(
                 |ctx, ()| {
                     let sum = ctx.all_reduce(ReduceOp::Sum, &one(ctx))?;
                     let mine = sum.to_vec::<f32>()?[0] + ctx.replica_id() as f32;

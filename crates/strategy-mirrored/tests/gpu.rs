@@ -35,7 +35,7 @@ fn input(replica: usize) -> Vec<f32> {
 
 /// One step: upload the input to the replica's device, all-reduce sum and mean, bring back.
 fn step_results(strategy: &MirroredStrategy) -> Result<Vec<(Tensor, Tensor)>, StrategyError> {
-    let out: (Leaf<Tensor>, Leaf<Tensor>) = strategy.run::<(), (Tensor, Tensor), _>(
+    let out: (Leaf<Tensor>, Leaf<Tensor>) = strategy.run(
         |ctx, ()| {
             let device = &ctx.devices()[0];
             let x = Tensor::from_vec(device, &[1000], input(ctx.replica_id()))?;
@@ -61,7 +61,7 @@ fn replica_threads_own_their_gpu_and_stream() {
     }
     let strategy = MirroredStrategy::new(&["/gpu:0"]).unwrap();
     let seen: Leaf<Tensor> = strategy
-        .run::<(), Tensor, _>(
+        .run(
             |ctx, ()| {
                 let gpu = current_gpu().expect("a GPU replica thread has a current GPU");
                 assert_eq!(gpu.ordinal(), 0);

@@ -21,7 +21,7 @@ fn replicas_get_their_chunks_and_all_reduce_the_global_batch() {
     for step in &dataset {
         let inputs = per_replica_inputs(step.unwrap()).unwrap();
         let (totals, rows, devices): (Leaf<i64>, Leaf<usize>, Leaf<String>) = strategy
-            .run::<Tensor, (i64, usize, String), _>(
+            .run(
                 |ctx, batch| {
                     let local: i64 = batch.to_vec::<i64>()?.iter().sum();
                     let mine = Tensor::scalar(batch.device(), local);

@@ -14,7 +14,9 @@ use distribute_strategy::VariableOptions;
 use distribute_strategy::{
     MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
 };
-use distribute_values::{DistributedValues, Leaf, PerReplica, Regroup, ReplicaDeviceMap};
+use distribute_values::{
+    Distributed, DistributedValues, Leaf, PerReplica, Regroup, ReplicaDeviceMap,
+};
 
 use crate::TpuError;
 use crate::function::{DeviceValue, StepBuilder, StepInput, TpuFunction};
@@ -327,14 +329,13 @@ impl Strategy for TpuStrategy {
     /// Runs an eager step on the host, one thread per replica (a Rust closure over concrete
     /// tensors cannot be compiled); use [`TpuStrategy::function`] for steps that run as one
     /// replicated XLA program.
-    fn run<I, O, F>(&self, step: F, inputs: &I::Regrouped) -> Result<O::Regrouped, StrategyError>
+    fn run<D, O, F>(&self, step: F, inputs: &D) -> Result<O::Regrouped, StrategyError>
     where
-        I: Regroup,
-        I::Regrouped: Sync,
+        D: Distributed + Sync,
         O: Regroup + Send,
-        F: Fn(&ReplicaContext<'_>, I) -> Result<O, StrategyError> + Sync,
+        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<O, StrategyError> + Sync,
     {
-        self.eager.run::<I, O, F>(step, inputs)
+        self.eager.run(step, inputs)
     }
 
     /// A global-batch dataset fed to the replicas: input workers grouped by host (TPU-14),

@@ -256,7 +256,7 @@ fn two_hundred_runs_back_to_back() {
 fn eager_steps_run_through_the_strategy_trait() {
     let s = strategy(2);
     let sums: Leaf<Tensor> = s
-        .run::<(), Tensor, _>(
+        .run(
             |ctx, ()| {
                 let mine = Tensor::scalar(&ctx.devices()[0], ctx.replica_id() as f32 + 1.0);
                 ctx.all_reduce(ReduceOp::Sum, &mine)
@@ -268,8 +268,8 @@ fn eager_steps_run_through_the_strategy_trait() {
         assert_eq!(t.to_vec::<f32>().unwrap(), [3.0]);
     }
     let err = s
-        .run::<(), (), _>(
-            |_, ()| Err(StrategyError::InvalidArgument("bad".into())),
+        .run(
+            |_, ()| Err::<(), _>(StrategyError::InvalidArgument("bad".into())),
             &(),
         )
         .unwrap_err();

@@ -7,7 +7,7 @@
 //! use distribute_values::ReduceOp;
 //!
 //! let strategy = DefaultStrategy::new().unwrap();
-//! strategy.run::<(), (), _>(|ctx, ()| {
+//! strategy.run(|ctx, ()| {
 //!     // A replica context has no `reduce_to`: reduce with `all_reduce`, or in a `merge_call`.
 //!     ctx.reduce_to(ReduceOp::Sum, todo!(), todo!())?;
 //!     Ok(())
@@ -44,12 +44,11 @@ use distribute_collectives::{
     reduce_non_distributed_value,
 };
 use distribute_values::{
-    DistributedValues, DistributedVariable, Leaf, PerReplica, ReduceOp, Regroup, ReplicaDeviceMap,
-    UpdateOp, VariableAggregation, VariableValue, regroup, select_replica,
+    DistributedValues, DistributedVariable, Leaf, Nest, PerReplica, ReduceOp, Regroup,
+    ReplicaDeviceMap, UpdateOp, VariableAggregation, VariableValue, regroup, select_replica,
 };
 
 use crate::StrategyError;
-use crate::tree::TensorTree;
 use crate::variables::{
     VariableCreator, VariableOptions, canonicalize_variable_name, create_distributed_variable,
 };
@@ -158,15 +157,21 @@ impl<'a> ReplicaContext<'a> {
         self.collectives
     }
 
-    /// The reduction of `value` (a tensor or a nested structure of tensors) across replicas; every
-    /// replica gets the result, on its own devices. All tensors travel in one fused rendezvous.
-    pub fn all_reduce<V: TensorTree>(&self, op: ReduceOp, value: &V) -> Result<V, StrategyError> {
-        let mut flat = Vec::new();
-        value.flatten_into(&mut flat);
+    /// The reduction of `value` (a tensor or a nested structure of tensors: tuples, `Vec`s,
+    /// maps, `Option`s, `#[derive(Regroup)]` structs) across replicas; every replica gets the
+    /// result, on its own devices. All tensors travel in one fused rendezvous. Every leaf must be
+    /// a tensor; another leaf is a `TypeError` naming its path.
+    pub fn all_reduce<V: Nest>(&self, op: ReduceOp, value: &V) -> Result<V, StrategyError> {
+        let flat = value.leaves::<Tensor>()?;
         let reduced = self.collectives.batch_all_reduce(op, &flat)?;
-        let mut reduced = reduced.into_iter();
-        let rebuilt = value.rebuild(&mut reduced)?;
-        Ok(rebuilt)
+        if reduced.len() != flat.len() {
+            return Err(StrategyError::Invariant(format!(
+                "{} tensors were all-reduced but {} came back",
+                flat.len(),
+                reduced.len()
+            )));
+        }
+        Ok(value.with_leaves(reduced)?)
     }
 
     /// Pauses every replica, runs replica 0's `merge_fn` once in cross-replica context on all

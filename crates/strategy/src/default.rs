@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use distribute_collectives::{CrossDeviceOps, GroupConfig, ReductionToOneDevice};
 use distribute_device_spec::DEFAULT_HOST;
-use distribute_values::{Regroup, ReplicaDeviceMap, regroup, select_replica};
+use distribute_values::{Distributed, Regroup, ReplicaDeviceMap, regroup, select_replica};
 
 use crate::context::{MergeArgs, MergeResult, ReplicaContext, StrategyExtended};
 use crate::{Strategy, StrategyError};
@@ -18,11 +18,14 @@ use crate::{Strategy, StrategyError};
 /// use distribute_values::Leaf;
 ///
 /// let strategy = DefaultStrategy::new()?;
-/// let out: Leaf<String> = strategy.run::<(), String, _>(
-///     |ctx, ()| ctx.merge_call("bar".to_owned(), |_, s: Leaf<String>| {
-///         let Leaf::Same(s) = s else { unreachable!("one replica") };
-///         Ok(Leaf::Same(format!("foo_{s}")))
-///     }),
+/// let out = strategy.run(
+///     |ctx, ()| {
+///         let merged: String = ctx.merge_call("bar".to_owned(), |_, s: Leaf<String>| {
+///             let Leaf::Same(s) = s else { unreachable!("one replica") };
+///             Ok(Leaf::Same(format!("foo_{s}")))
+///         })?;
+///         Ok(merged)
+///     },
 ///     &(),
 /// )?;
 /// assert_eq!(out, Leaf::Same("foo_bar".to_owned()));
@@ -72,14 +75,13 @@ impl Strategy for DefaultStrategy {
         self
     }
 
-    fn run<I, O, F>(&self, step: F, inputs: &I::Regrouped) -> Result<O::Regrouped, StrategyError>
+    fn run<D, O, F>(&self, step: F, inputs: &D) -> Result<O::Regrouped, StrategyError>
     where
-        I: Regroup,
-        I::Regrouped: Sync,
+        D: Distributed + Sync,
         O: Regroup + Send,
-        F: Fn(&ReplicaContext<'_>, I) -> Result<O, StrategyError> + Sync,
+        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<O, StrategyError> + Sync,
     {
-        let input = select_replica::<I>(0, inputs)?;
+        let input = select_replica::<D::Local>(0, inputs)?;
         // The step runs on the caller's thread, so its collectives handle is made here.
         let collectives = self.ops.replica_collectives(0)?;
         let ctx = ReplicaContext::new(0, self, collectives.as_ref());

@@ -2,7 +2,8 @@
 //! contexts step functions see.
 //!
 //! - [`ReplicaContext`]: inside one replica — its id, collectives with the other replicas
-//!   ([`ReplicaContext::all_reduce`] on nested tensors), [`ReplicaContext::merge_call`] into
+//!   ([`ReplicaContext::all_reduce`] on any nested structure of tensors, walked with
+//!   `distribute_values::Nest`), [`ReplicaContext::merge_call`] into
 //!   cross-replica context, and variable creation and updates.
 //! - [`CrossReplicaContext`]: outside the replicas — `reduce_to`, `batch_reduce_to`,
 //!   `broadcast_to`, `update`, `read_var`. Replica code cannot reach it except through
@@ -22,7 +23,6 @@ mod default;
 mod error;
 mod steps;
 mod strategy;
-mod tree;
 mod variables;
 
 pub use context::{
@@ -32,7 +32,6 @@ pub use default::DefaultStrategy;
 pub use error::StrategyError;
 pub use steps::{LastStepOutput, MultiStepContext};
 pub use strategy::{Strategy, per_replica_inputs};
-pub use tree::TensorTree;
 pub use variables::{
     VariableCreator, VariableOptions, canonicalize_variable_name, create_distributed_variable,
     replica_variable_name,

@@ -8,8 +8,8 @@ use distribute_input::{
     distribute_datasets_from_function,
 };
 use distribute_values::{
-    DistributedValues, DistributedVariable, Leaf, PerReplica, ReduceOp, Regroup, RegroupOptions,
-    VariableValue, regroup_with,
+    Distributed, DistributedValues, DistributedVariable, Leaf, PerReplica, ReduceOp, Regroup,
+    RegroupOptions, VariableValue, regroup_with,
 };
 
 use crate::StrategyError;
@@ -29,14 +29,14 @@ pub trait Strategy: Send + Sync {
     /// Runs `step` once on every replica and regroups the results.
     ///
     /// Replica `r` gets `select_replica(r, inputs)`: its own value of every per-replica leaf, and
-    /// plain values as they are. If any replica fails or panics, the others are released from
+    /// plain values as they are. What a replica gets, `D::Local`, is named by the inputs' type
+    /// ([`Distributed`]), so `strategy.run(step, &inputs)` needs no type annotations. If any replica fails or panics, the others are released from
     /// their collectives and `merge_call`s, and the first root-cause error is returned.
-    fn run<I, O, F>(&self, step: F, inputs: &I::Regrouped) -> Result<O::Regrouped, StrategyError>
+    fn run<D, O, F>(&self, step: F, inputs: &D) -> Result<O::Regrouped, StrategyError>
     where
-        I: Regroup,
-        I::Regrouped: Sync,
+        D: Distributed + Sync,
         O: Regroup + Send,
-        F: Fn(&ReplicaContext<'_>, I) -> Result<O, StrategyError> + Sync;
+        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<O, StrategyError> + Sync;
 
     /// The number of replicas that run each step.
     fn num_replicas_in_sync(&self) -> usize {
@@ -119,7 +119,7 @@ pub trait Strategy: Send + Sync {
     /// let mut batches = [1.0f32, 2.0, 3.0].into_iter();
     /// let ctx = strategy.run_steps_on_iterator(
     ///     |ctx, x: f32| {
-    ///         let loss = strategy.run::<f32, Tensor, _>(
+    ///         let loss = strategy.run(
     ///             |replica, x| Ok(Tensor::scalar(&replica.devices()[0], x * x)),
     ///             &distribute_values::Leaf::Same(x),
     ///         )?;
@@ -265,8 +265,8 @@ pub trait Strategy: Send + Sync {
 /// let mut sums = Vec::new();
 /// for step in &dataset {
 ///     let inputs = per_replica_inputs(step?)?;
-///     let sum: Leaf<i64> = strategy.run::<Tensor, i64, _>(
-///         |_, batch| Ok(batch.to_vec::<i64>()?.iter().sum()),
+///     let sum = strategy.run(
+///         |_, batch: Tensor| Ok(batch.to_vec::<i64>()?.iter().sum::<i64>()),
 ///         &inputs,
 ///     )?;
 ///     sums.push(sum.local_results().into_iter().copied().sum::<i64>());

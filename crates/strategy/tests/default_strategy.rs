@@ -2,7 +2,9 @@
 //! the host, TF's identity semantics.
 
 use distribute_collectives::Tensor;
-use distribute_strategy::{DefaultStrategy, Strategy, VariableOptions, canonicalize_variable_name};
+use distribute_strategy::{
+    DefaultStrategy, Strategy, StrategyError, VariableOptions, canonicalize_variable_name,
+};
 use distribute_values::{DistributedValues, Leaf, ReduceOp, UpdateOp};
 
 #[test]
@@ -10,8 +12,8 @@ fn sm18_merge_call_in_the_default_replica_context() {
     let strategy = DefaultStrategy::new().unwrap();
     let merges = std::sync::atomic::AtomicUsize::new(0);
     let out: Leaf<String> = strategy
-        .run::<(), String, _>(
-            |ctx, ()| {
+        .run(
+            |ctx, ()| -> Result<String, StrategyError> {
                 assert_eq!((ctx.replica_id(), ctx.num_replicas_in_sync()), (0, 1));
                 ctx.merge_call("bar".to_owned(), |cross, s: Leaf<String>| {
                     merges.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -29,9 +31,7 @@ fn sm18_merge_call_in_the_default_replica_context() {
     assert_eq!(out, Leaf::Same("foo_bar".to_owned()));
     assert_eq!(merges.into_inner(), 1);
     // Afterwards the strategy is as before: another step runs.
-    let again: Leaf<usize> = strategy
-        .run::<(), usize, _>(|ctx, ()| Ok(ctx.replica_id()), &())
-        .unwrap();
+    let again: Leaf<usize> = strategy.run(|ctx, ()| Ok(ctx.replica_id()), &()).unwrap();
     assert_eq!(again, Leaf::Same(0));
 }
 
@@ -55,7 +55,7 @@ fn sm53_canonical_shared_variable_names() {
 fn default_strategy_identity_semantics() {
     let strategy = DefaultStrategy::new().unwrap();
     let out: Leaf<Tensor> = strategy
-        .run::<(), Tensor, _>(
+        .run(
             |ctx, ()| {
                 let t = Tensor::from_vec(&ctx.devices()[0], &[2], vec![1.0f32, 2.0])?;
                 // One replica: an all-reduce is the value itself.

@@ -131,7 +131,7 @@ fn train(replicas: usize, update: Update) -> (Vec<Tensor>, f32, f32) {
     let before = loss(&w.component(0).unwrap().read());
     for _ in 0..STEPS {
         strategy
-            .run::<(Tensor, Tensor), Tensor, _>(|ctx, batch| step(ctx, &w, batch, update), &inputs)
+            .run(|ctx, batch| step(ctx, &w, batch, update), &inputs)
             .unwrap();
     }
     let copies: Vec<Tensor> = (0..replicas)

@@ -4,6 +4,7 @@
 
 mod construction;
 mod equivalence;
+mod nested;
 mod reductions;
 mod replicas;
 mod seeds;

@@ -72,7 +72,7 @@ where
     F: Fn(usize) -> Vec<f32> + Sync,
 {
     strategy
-        .run::<(), Tensor, _>(
+        .run(
             |ctx, ()| {
                 let v = value(ctx.replica_id());
                 Ok(Tensor::from_vec(&ctx.devices()[0], &[v.len()], v)?)
@@ -93,7 +93,7 @@ fn sm46_reductions_with_and_without_an_axis() {
     for n in [1, 2, 3, 4] {
         let strategy = cpus(n);
         let ids: Leaf<Tensor> = strategy
-            .run::<(), Tensor, _>(
+            .run(
                 |ctx, ()| Ok(Tensor::scalar(&ctx.devices()[0], ctx.replica_id() as f32)),
                 &(),
             )
@@ -126,7 +126,7 @@ fn sm46_reductions_with_and_without_an_axis() {
 
     // Integers too.
     let ints: Leaf<Tensor> = strategy
-        .run::<(), Tensor, _>(
+        .run(
             |ctx, ()| {
                 let i = ctx.replica_id() as i64;
                 Ok(Tensor::from_vec(
@@ -152,7 +152,7 @@ fn sm47_all_reduce_in_replica_context() {
     ];
     for (op, scalar_out, vector_out) in expected {
         let (scalars, vectors): (Leaf<Tensor>, Leaf<Tensor>) = strategy
-            .run::<(), (Tensor, Tensor), _>(
+            .run(
                 |ctx, ()| {
                     let (s, v) = inputs[ctx.replica_id()];
                     let device = &ctx.devices()[0];
@@ -183,7 +183,7 @@ fn sm47_all_reduce_in_replica_context() {
 
     let one = cpus(1);
     let (s, v): (Leaf<Tensor>, Leaf<Tensor>) = one
-        .run::<(), (Tensor, Tensor), _>(
+        .run(
             |ctx, ()| {
                 let device = &ctx.devices()[0];
                 let four = ctx.all_reduce(ReduceOp::Sum, &Tensor::scalar(device, 4.0f32))?;
@@ -206,7 +206,7 @@ fn sm47_all_reduce_in_replica_context() {
 fn sm49_reduce_ops_from_strings() {
     let strategy = cpus(2);
     let ids: Leaf<Tensor> = strategy
-        .run::<(), Tensor, _>(
+        .run(
             |ctx, ()| {
                 Ok(Tensor::scalar(
                     &ctx.devices()[0],
@@ -239,7 +239,7 @@ fn sm46_integer_means_are_float64_and_plain_values_count_per_replica() {
     // Replica i returns [i] * (i + 1) as int64: the mean along axis 0 is 2/3, as TF's true
     // division gives it, not the integer 0.
     let ints: Leaf<Tensor> = strategy
-        .run::<(), Tensor, _>(
+        .run(
             |ctx, ()| {
                 let i = ctx.replica_id();
                 Ok(Tensor::from_vec(

@@ -17,7 +17,7 @@ fn sm14_every_replica_id_once() {
         let strategy = cpus(n);
         let seen = Mutex::new(Vec::new());
         let ids: Leaf<usize> = strategy
-            .run::<(), usize, _>(
+            .run(
                 |ctx, ()| {
                     seen.lock().unwrap().push(ctx.replica_id());
                     assert_eq!(ctx.num_replicas_in_sync(), n);
@@ -41,10 +41,10 @@ fn sm16_a_merge_function_cannot_start_another_run() {
     // merge function may not start a step, and saying so is the error the caller gets.
     let strategy = cpus(2);
     let err = strategy
-        .run::<(), (), _>(
+        .run(
             |ctx, ()| {
                 ctx.merge_call::<(), (), _>((), |_, _| {
-                    strategy.run::<(), (), _>(|_, ()| Ok(()), &())?;
+                    strategy.run(|_, ()| Ok(()), &())?;
                     Ok(())
                 })
             },
@@ -56,9 +56,7 @@ fn sm16_a_merge_function_cannot_start_another_run() {
         other => panic!("expected Runtime, got {other:?}"),
     }
     // Still usable.
-    let out: Leaf<usize> = strategy
-        .run::<(), usize, _>(|ctx, ()| Ok(ctx.replica_id()), &())
-        .unwrap();
+    let out: Leaf<usize> = strategy.run(|ctx, ()| Ok(ctx.replica_id()), &()).unwrap();
     assert_eq!(out.local_results(), [&0, &1]);
 }
 
@@ -67,7 +65,7 @@ fn sm17_merge_call_protocol() {
     let strategy = cpus(3);
     let merges = AtomicUsize::new(0);
     let received: (Leaf<i32>, Leaf<String>) = strategy
-        .run::<(), (i32, String), _>(
+        .run(
             |ctx, ()| {
                 let args = (ctx.replica_id() as i32, "same".to_owned());
                 ctx.merge_call::<(i32, String), (i32, String), _>(args, |cross, (ids, same)| {
@@ -101,11 +99,11 @@ struct Squares {
 fn sm24_run_semantics() {
     let strategy = cpus(2);
     let x: Leaf<f32> = strategy
-        .run::<(), f32, _>(|ctx, ()| Ok(ctx.replica_id() as f32 + 1.0), &())
+        .run(|ctx, ()| Ok(ctx.replica_id() as f32 + 1.0), &())
         .unwrap();
     assert_eq!(x.local_results(), [&1.0, &2.0]);
     let squares: SquaresRegrouped = strategy
-        .run::<f32, Squares, _>(
+        .run(
             |_, x| {
                 Ok(Squares {
                     a: 2.0 * x,
@@ -117,13 +115,13 @@ fn sm24_run_semantics() {
         .unwrap();
     insta::assert_debug_snapshot!("sm24_two_replicas_struct", squares);
     let out: Leaf<f32> = strategy
-        .run::<Squares, f32, _>(|_, Squares { a, b }| Ok(a + 2.0 * b + 2.0), &squares)
+        .run(|_, Squares { a, b }| Ok(a + 2.0 * b + 2.0), &squares)
         .unwrap();
     assert_eq!(out.local_results(), [&6.0, &14.0]);
 
     // The same through a map of named outputs, TF's dict.
     let dict: BTreeMap<String, Leaf<f32>> = strategy
-        .run::<f32, BTreeMap<String, f32>, _>(
+        .run(
             |_, x| Ok(BTreeMap::from([("a".into(), 2.0 * x), ("b".into(), x * x)])),
             &x,
         )
@@ -133,7 +131,7 @@ fn sm24_run_semantics() {
 
     let one = cpus(1);
     let squares: SquaresRegrouped = one
-        .run::<f32, Squares, _>(
+        .run(
             |_, x| {
                 Ok(Squares {
                     a: 2.0 * x,
@@ -148,7 +146,7 @@ fn sm24_run_semantics() {
         (&Leaf::Same(8.0), &Leaf::Same(16.0))
     );
     let out: Leaf<f32> = one
-        .run::<Squares, f32, _>(|_, Squares { a, b }| Ok(a + 2.0 * b + 2.0), &squares)
+        .run(|_, Squares { a, b }| Ok(a + 2.0 * b + 2.0), &squares)
         .unwrap();
     assert_eq!(out, Leaf::Same(42.0));
 }
@@ -162,7 +160,7 @@ fn sm25_per_replica_inputs_times_a_variable() {
     let map = Arc::clone(strategy.extended().device_map());
     let factors = Leaf::PerReplica(PerReplica::new(map, vec![5.0f32, 3.0]).unwrap());
     let out: Leaf<f32> = strategy
-        .run::<f32, f32, _>(|ctx, x| Ok(x * ctx.read_variable(&v)?), &factors)
+        .run(|ctx, x| Ok(x * ctx.read_variable(&v)?), &factors)
         .unwrap();
     assert_eq!(out.local_results(), [&6.25, &3.75]);
 }
@@ -205,7 +203,7 @@ fn sm54_replicas_share_variables_in_creation_order() {
     let strategy = cpus(3);
     let created = Mutex::new(Vec::new());
     strategy
-        .run::<(), (), _>(
+        .run(
             |ctx, ()| {
                 // Each replica names its variables its own way; the canonical names match.
                 let suffix = if ctx.replica_id() == 0 {
@@ -247,7 +245,7 @@ fn sm54_replicas_share_variables_in_creation_order() {
 
     // A replica asking for more variables than replica 0 made is refused.
     let err = strategy
-        .run::<(), (), _>(
+        .run(
             |ctx, ()| {
                 ctx.create_variable(Some("a"), 0.0f32, VariableOptions::default())?;
                 if ctx.replica_id() == 1 {

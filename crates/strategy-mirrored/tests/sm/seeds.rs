@@ -98,7 +98,7 @@ fn run_steps_on_iterator_keeps_the_last_steps_outputs() {
     let ctx = strategy
         .run_steps_on_iterator(
             |ctx, x: Leaf<f32>| {
-                let out: Leaf<Tensor> = strategy.run::<f32, Tensor, _>(
+                let out: Leaf<Tensor> = strategy.run(
                     |replica, x| Ok(Tensor::scalar(&replica.devices()[0], x)),
                     &x,
                 )?;

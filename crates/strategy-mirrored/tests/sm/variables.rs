@@ -48,7 +48,7 @@ where
     T: distribute_values::VariableValue + Send + Sync + 'static,
 {
     let made = Mutex::new(None);
-    strategy.run::<(), (), _>(
+    strategy.run(
         |ctx, ()| {
             let v = create(ctx)?;
             if ctx.replica_id() == 0 {
@@ -66,7 +66,7 @@ fn sm26_one_variable_per_replica_is_one_mirrored_variable() {
     let strategy = gpu_and_cpu();
     let seen = Mutex::new(Vec::new());
     strategy
-        .run::<(), (), _>(
+        .run(
             |ctx, ()| {
                 let v = ctx.create_variable(Some("foo"), 1.0f32, VariableOptions::default())?;
                 ctx.merge_call::<(), (), _>((), |_, _| Ok(()))?;
@@ -103,7 +103,7 @@ fn sm27_variable_names() {
     let names = ["foo/bar", "foo_1/bar", "foo_1/bar_1", "foo/bar_1"];
     let made = Mutex::new(Vec::new());
     strategy
-        .run::<(), (), _>(
+        .run(
             |ctx, ()| {
                 let mut mine = Vec::new();
                 for i in 0..5 {
@@ -273,7 +273,7 @@ fn in_replicas(
     v: &DistributedVariable<f32>,
     update: impl Fn(&ReplicaContext<'_>, &DistributedVariable<f32>) -> Result<f32, StrategyError> + Sync,
 ) -> Result<Vec<f32>, StrategyError> {
-    let out: Leaf<f32> = strategy.run::<(), f32, _>(|ctx, ()| update(ctx, v), &())?;
+    let out: Leaf<f32> = strategy.run(|ctx, ()| update(ctx, v), &())?;
     let n = strategy.num_replicas_in_sync();
     Ok(match out {
         Leaf::Same(x) => vec![x; n],
@@ -437,7 +437,7 @@ fn sm39_only_first_replica() {
         .unwrap();
     let step = |a: f32, b: f32| {
         strategy
-            .run::<(), (), _>(
+            .run(
                 |ctx, ()| {
                     let k = ctx.replica_id() as f32 + 1.0;
                     ctx.update_variable(&v0, UpdateOp::AssignAdd, a * k)?;
@@ -473,7 +473,7 @@ fn sm40_global_step() {
         )
         .unwrap();
     let read: Leaf<i64> = strategy
-        .run::<(), i64, _>(
+        .run(
             |ctx, ()| {
                 ctx.update_variable(&step, UpdateOp::AssignAdd, 1)?;
                 ctx.read_variable(&step)
@@ -509,7 +509,7 @@ fn sm42_sync_on_read_in_replica_context() {
     let cross = strategy.cross_replica();
     let made = Mutex::new(Vec::new());
     strategy
-        .run::<(), (), _>(
+        .run(
             |ctx, ()| {
                 let r = ctx.replica_id() as f32;
                 let v_sum =

@@ -81,7 +81,7 @@ pub(crate) fn train_mirrored(
     for _ in 0..steps {
         let current = w.clone();
         let gradient: Leaf<Tensor> = strategy
-            .run::<(), Tensor, _>(
+            .run(
                 |ctx, ()| {
                     let r = ctx.replica_id();
                     let xs = x.slice(s![r * per..(r + 1) * per, ..]);
