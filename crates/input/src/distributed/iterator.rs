@@ -11,6 +11,8 @@ use crate::{Batch, InputError, Masked};
 /// The steps of a [`DistributedDataset`]: one [`PerReplica`] batch per step, `None` at the end
 /// of data (TF's `OutOfRange`), an `Err` for bad data, after which iteration ends. Dropping it
 /// stops and joins its prefetch threads.
+///
+/// [`DistributedDataset`]: crate::DistributedDataset
 pub struct DistributedIterator<B: Batch> {
     pub(super) steps: Steps<B>,
     /// Processes feeding replicas of each step, this one included.
@@ -31,6 +33,9 @@ impl<B: Batch> Iterator for DistributedIterator<B> {
 
 /// The steps of a [`DistributedDataset`] with each replica's batch paired with its mask; see
 /// [`DistributedDataset::iter_masked`].
+///
+/// [`DistributedDataset`]: crate::DistributedDataset
+/// [`DistributedDataset::iter_masked`]: crate::DistributedDataset::iter_masked
 pub struct MaskedDistributedIterator<B: Batch> {
     pub(super) steps: Steps<B>,
 }

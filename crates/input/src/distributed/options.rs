@@ -42,7 +42,7 @@ pub enum PartialBatch {
     /// step. The global batch must then divide evenly by the number of pieces.
     DropRemainder,
     /// Pad every replica's batch with zero rows to the full size; read the mask with
-    /// [`DistributedDataset::iter_masked`].
+    /// [`DistributedDataset::iter_masked`](crate::DistributedDataset::iter_masked).
     PadWithMask,
 }
 
