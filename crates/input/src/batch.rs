@@ -305,7 +305,8 @@ fn pad_tensor(path: &Path<'_>, t: &Tensor, rows: usize) -> Result<Tensor, InputE
 
 /// A batch padded to a fixed number of rows, with a mask that tells real rows (1.0) from
 /// padding (0.0): what `PartialBatch::PadWithMask` hands each replica. Its leaves are the
-/// batch's, then the mask.
+/// batch's, then the mask. Derived like a user's struct, a step of them regroups (to
+/// [`MaskedRegrouped`]) into a strategy's per-replica inputs.
 ///
 /// ```
 /// use distribute_collectives::Tensor;
