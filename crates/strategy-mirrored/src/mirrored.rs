@@ -71,7 +71,7 @@ impl fmt::Debug for MirroredConfig {
 /// use distribute_collectives::Tensor;
 /// use distribute_mirrored::MirroredStrategy;
 /// use distribute_strategy::Strategy;
-/// use distribute_values::{Leaf, ReduceOp};
+/// use distribute_values::ReduceOp;
 ///
 /// let strategy = MirroredStrategy::new(&["/cpu:0", "/cpu:1"])?;
 /// // Each replica contributes its id + 1; all_reduce sums them on every replica.

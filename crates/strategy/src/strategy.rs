@@ -254,10 +254,8 @@ pub trait Strategy: Send + Sync {
 /// gets its own chunk), even where chunks happen to be equal.
 ///
 /// ```
-/// use distribute_collectives::Tensor;
 /// use distribute_input::{Dataset, InputOptions};
 /// use distribute_strategy::{per_replica_inputs, DefaultStrategy, Strategy};
-/// use distribute_values::Leaf;
 ///
 /// let strategy = DefaultStrategy::new()?;
 /// let dataset = Dataset::range(8).batch(4, false)?;
@@ -266,7 +264,7 @@ pub trait Strategy: Send + Sync {
 /// for step in &dataset {
 ///     let inputs = per_replica_inputs(step?)?;
 ///     let sum = strategy.run(
-///         |_, batch: Tensor| Ok(batch.to_vec::<i64>()?.iter().sum::<i64>()),
+///         |_, batch| Ok(batch.to_vec::<i64>()?.iter().sum::<i64>()),
 ///         &inputs,
 ///     )?;
 ///     sums.push(sum.local_results().into_iter().copied().sum::<i64>());
