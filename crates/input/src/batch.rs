@@ -1,14 +1,15 @@
-//! [`Batch`]: a tensor, or a nested structure of tensors, whose leaves share a leading batch
-//! dimension, with the row operations input pipelines need (slice, stride, join, pad, place).
+//! [`Batch`]: the row operations input pipelines need (count, slice, stride, select, join, pad,
+//! place) on any nested structure ([`Nest`]) whose leaves are tensors sharing a leading batch
+//! dimension; and [`Masked`], a batch padded to a fixed size with its mask.
 //!
+//! The structure walk is the values crate's; this file only says what happens to each tensor.
 //! The row operations are built on `Tensor`'s public API; strided rows share the buffer, so a
 //! sharded in-memory dataset copies nothing until batches are joined or padded.
 
-use std::collections::BTreeMap;
-use std::fmt;
 use std::ops::Range;
 
 use distribute_collectives::{DType, Tensor};
+use distribute_values::{Nest, Path, Regroup, ValuesError};
 use ndarray::{Axis, Slice};
 
 use crate::InputError;
@@ -45,57 +46,53 @@ macro_rules! typed {
     };
 }
 
-/// A batch of examples: every leaf tensor has the same size along axis 0, the rows.
+/// A batch of examples: a [`Nest`] whose every leaf is a [`Tensor`] with the same size along
+/// axis 0, the rows.
 ///
-/// Implemented for [`Tensor`], tuples of up to 4 batches, `Vec` and `BTreeMap<String, _>` of
-/// batches, and [`Masked`]. A user's struct implements the three required methods by visiting,
-/// mapping and zipping its fields in a fixed order; everything else is provided.
+/// Implemented for every `Nest` that is `Clone + Send + Sync + 'static`: a tensor, tuples,
+/// `Vec`s, maps and `Option`s of batches, [`Masked`], and users' `#[derive(Regroup)]` structs.
+/// A leaf that is not a tensor is an [`InputError::NotATensor`] naming its path, reported by
+/// the first operation that meets it ([`rows`](Self::rows), which every source's block goes
+/// through).
 ///
 /// ```
 /// use distribute_collectives::Tensor;
 /// use distribute_input::Batch;
+/// use distribute_values::Regroup;
 ///
-/// let features = Tensor::from_vec("/cpu:0", &[4, 2], (0..8).map(|x| x as f32).collect())?;
-/// let labels = Tensor::from_vec("/cpu:0", &[4], vec![0i64, 1, 0, 1])?;
-/// let batch = (features, labels);
+/// #[derive(Debug, Clone, Regroup)]
+/// struct Example {
+///     features: Tensor,
+///     labels: Tensor,
+///     weights: Option<Tensor>,
+/// }
+///
+/// let batch = Example {
+///     features: Tensor::from_vec("/cpu:0", &[4, 2], (0..8).map(|x| x as f32).collect())?,
+///     labels: Tensor::from_vec("/cpu:0", &[4], vec![0i64, 1, 0, 1])?,
+///     weights: None,
+/// };
 /// assert_eq!(batch.rows("example")?, 4);
 /// let half = batch.slice_rows(2..4)?;
-/// assert_eq!(half.1.to_vec::<i64>()?, [0, 1]);
+/// assert_eq!(half.labels.to_vec::<i64>()?, [0, 1]);
 /// let padded = half.pad_rows(3)?;
-/// assert_eq!(padded.0.shape(), [3, 2]);
+/// assert_eq!(padded.features.shape(), [3, 2]);
 /// # Ok::<(), distribute_input::InputError>(())
 /// ```
-pub trait Batch: Clone + Send + Sync + 'static {
-    /// Calls `f` with each leaf and its path (`.0`, `[2]`, `["x"]`, empty for the top level),
-    /// in a fixed order. A container passes each part a child of `path`
-    /// ([`LeafPath::field`], [`index`](LeafPath::index), [`key`](LeafPath::key),
-    /// [`name`](LeafPath::name)); building one costs nothing until it is printed.
-    fn for_each_leaf(&self, path: &LeafPath<'_>, f: &mut dyn FnMut(&LeafPath<'_>, &Tensor));
-
-    /// The same structure with `f` applied to every leaf.
-    fn try_map_leaves(
-        &self,
-        f: &mut dyn FnMut(&Tensor) -> Result<Tensor, InputError>,
-    ) -> Result<Self, InputError>;
-
-    /// One structure from several of the same shape, leaf `i` being `f` of every part's leaf
-    /// `i`. Parts whose structures differ (vector lengths, map keys) are an error.
-    fn try_zip_leaves(
-        parts: &[&Self],
-        f: &mut dyn FnMut(&[&Tensor]) -> Result<Tensor, InputError>,
-    ) -> Result<Self, InputError>;
-
-    /// The number of rows. `origin` names where the batch came from, for the errors: a rank-0
-    /// leaf, leaves with different row counts, or no leaf at all.
+pub trait Batch: Nest + Clone + Send + Sync + 'static {
+    /// The number of rows. `origin` names where the batch came from, for the errors: a leaf
+    /// that is not a tensor, a rank-0 leaf, leaves with different row counts, or no leaf at all.
     fn rows(&self, origin: &str) -> Result<usize, InputError> {
-        // Every step calls this, so the paths are only printed when something is wrong.
+        // Every step calls this, so paths are only printed when something is wrong.
         let mut first: Option<Option<usize>> = None;
         let mut wrong = false;
-        self.for_each_leaf(&LeafPath::ROOT, &mut |_, t| {
+        self.for_each_leaf(|_, t: &Tensor| {
             let rows = t.shape().first().copied();
             wrong |= rows.is_none() || first.is_some_and(|first| first != rows);
             first.get_or_insert(rows);
-        });
+            Ok::<_, InputError>(())
+        })
+        .map_err(|e| not_a_tensor(e, origin))?;
         match first {
             None => Err(InputError::Mismatch {
                 origin: origin.to_owned(),
@@ -108,13 +105,17 @@ pub trait Batch: Clone + Send + Sync + 'static {
 
     /// Rows `range` of every leaf, sharing the buffers.
     fn slice_rows(&self, range: Range<usize>) -> Result<Self, InputError> {
-        self.try_map_leaves(&mut |t| Ok(t.slice_rows(range.clone())?))
+        map_tensors(self, "slicing rows", |path, t| {
+            slice_onto(path, t, range.clone(), t.device())
+        })
     }
 
     /// Rows `range` of every leaf placed on `device`, sharing the buffers: `slice_rows` then
     /// `to_device` without the intermediate batch.
     fn slice_rows_onto(&self, range: Range<usize>, device: &str) -> Result<Self, InputError> {
-        self.try_map_leaves(&mut |t| slice_onto(t, range.clone(), device))
+        map_tensors(self, "slicing rows", |path, t| {
+            slice_onto(path, t, range.clone(), device)
+        })
     }
 
     /// Rows `start`, `start + step`, `start + 2·step`, … of every leaf, sharing the buffers.
@@ -124,36 +125,77 @@ pub trait Batch: Clone + Send + Sync + 'static {
                 "a row stride must be at least 1".into(),
             ));
         }
-        self.try_map_leaves(&mut |t| stride_tensor(t, start, step))
+        map_tensors(self, "striding rows", |path, t| {
+            stride_tensor(path, t, start, step)
+        })
     }
 
     /// Rows `indices` of every leaf, in that order (a copy).
     fn select_rows(&self, indices: &[usize]) -> Result<Self, InputError> {
-        self.try_map_leaves(&mut |t| select_tensor(t, indices))
+        map_tensors(self, "selecting rows", |path, t| {
+            select_tensor(path, t, indices)
+        })
     }
 
-    /// The parts joined along the rows, on the first part's devices.
+    /// The parts joined along the rows, on the first part's devices. Parts whose structures
+    /// differ (list lengths, map keys, `Some` and `None`) are an error naming where.
     fn concat_rows(parts: &[&Self]) -> Result<Self, InputError> {
         if parts.len() == 1 {
             return Ok(parts[0].clone());
         }
-        Self::try_zip_leaves(parts, &mut |leaves| {
+        Self::try_zip_leaves(parts, |_, leaves: &[&Tensor]| {
             let device = leaves.first().map_or("", |t| t.device());
             let owned: Vec<Tensor> = leaves.iter().map(|t| (*t).clone()).collect();
             Ok(Tensor::concat_rows(device, &owned)?)
+        })
+        .map_err(|e| match e {
+            InputError::Values(ValuesError::StructureMismatch { path, detail }) => {
+                InputError::Mismatch {
+                    origin: "joining batches".into(),
+                    detail: format!(
+                        "at {path}, {detail}: every batch of a dataset needs the same structure"
+                    ),
+                }
+            }
+            other => not_a_tensor(other, "joining batches"),
         })
     }
 
     /// Every leaf extended with rows of zeros to `rows` rows; a batch already that long is
     /// returned as it is, a longer one is an error.
     fn pad_rows(&self, rows: usize) -> Result<Self, InputError> {
-        self.try_map_leaves(&mut |t| pad_tensor(t, rows))
+        map_tensors(self, "padding rows", |path, t| pad_tensor(path, t, rows))
     }
 
     /// Every leaf placed on `device`; host tensors share their buffers.
-    fn to_device(&self, device: &str) -> Self {
-        self.try_map_leaves(&mut |t| Ok(t.to_device(device)))
-            .expect("placing a tensor cannot fail")
+    fn to_device(&self, device: &str) -> Result<Self, InputError> {
+        map_tensors(self, "placing a batch", |_, t| Ok(t.to_device(device)))
+    }
+}
+
+impl<B: Nest + Clone + Send + Sync + 'static> Batch for B {}
+
+/// `batch` with `f` applied to every leaf, all of which must be tensors; `doing` names the
+/// operation in the error for a leaf that is not one.
+fn map_tensors<B: Batch>(
+    batch: &B,
+    doing: &str,
+    f: impl FnMut(&Path<'_>, &Tensor) -> Result<Tensor, InputError>,
+) -> Result<B, InputError> {
+    batch.try_map_leaves(f).map_err(|e| not_a_tensor(e, doing))
+}
+
+/// `e`, as [`InputError::NotATensor`] with `origin` when it is a leaf of another type.
+fn not_a_tensor(e: InputError, origin: &str) -> InputError {
+    match e {
+        InputError::Values(ValuesError::UnexpectedLeaf { path, found, .. }) => {
+            InputError::NotATensor {
+                origin: origin.to_owned(),
+                path,
+                found,
+            }
+        }
+        other => other,
     }
 }
 
@@ -161,9 +203,13 @@ pub trait Batch: Clone + Send + Sync + 'static {
 /// rows.
 fn rows_error<B: Batch>(batch: &B, origin: &str) -> InputError {
     let mut leaves: Vec<(String, Option<usize>)> = Vec::new();
-    batch.for_each_leaf(&LeafPath::ROOT, &mut |path, t| {
-        leaves.push((path.describe(), t.shape().first().copied()))
+    let walked = batch.for_each_leaf(|path, t: &Tensor| {
+        leaves.push((path.to_string(), t.shape().first().copied()));
+        Ok::<_, InputError>(())
     });
+    if let Err(e) = walked {
+        return not_a_tensor(e, origin);
+    }
     if let Some((path, _)) = leaves.iter().find(|(_, rows)| rows.is_none()) {
         return InputError::NoBatchDimension {
             origin: origin.to_owned(),
@@ -181,107 +227,28 @@ fn rows_error<B: Batch>(batch: &B, origin: &str) -> InputError {
     }
 }
 
-/// Where a leaf sits inside a [`Batch`]: a chain of steps from the top level, printed only
-/// when an error names the leaf.
-///
-/// ```
-/// use distribute_input::LeafPath;
-///
-/// let root = LeafPath::ROOT;
-/// let features = root.field(0);
-/// let column = features.key("age");
-/// assert_eq!(column.index(3).to_string(), ".0[\"age\"][3]");
-/// assert_eq!(root.name("mask").to_string(), ".mask");
-/// assert_eq!(root.describe(), "the top level");
-/// ```
-#[derive(Debug, Clone, Copy)]
-pub struct LeafPath<'a> {
-    parent: Option<&'a LeafPath<'a>>,
-    step: Step<'a>,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Step<'a> {
-    Root,
-    Field(usize),
-    Index(usize),
-    Key(&'a str),
-    Name(&'a str),
-}
-
-impl LeafPath<'static> {
-    /// The top level: a batch that is a single tensor.
-    pub const ROOT: LeafPath<'static> = LeafPath {
-        parent: None,
-        step: Step::Root,
-    };
-}
-
-impl<'a> LeafPath<'a> {
-    /// Tuple field `i`, printed `.i`.
-    pub fn field(&'a self, i: usize) -> LeafPath<'a> {
-        self.child(Step::Field(i))
-    }
-
-    /// List element `i`, printed `[i]`.
-    pub fn index(&'a self, i: usize) -> LeafPath<'a> {
-        self.child(Step::Index(i))
-    }
-
-    /// Map entry `key`, printed `["key"]`.
-    pub fn key(&'a self, key: &'a str) -> LeafPath<'a> {
-        self.child(Step::Key(key))
-    }
-
-    /// Struct field `name`, printed `.name`.
-    pub fn name(&'a self, name: &'a str) -> LeafPath<'a> {
-        self.child(Step::Name(name))
-    }
-
-    fn child(&'a self, step: Step<'a>) -> LeafPath<'a> {
-        LeafPath {
-            parent: Some(self),
-            step,
-        }
-    }
-
-    /// The path as errors print it: `the top level` for the top level, else as displayed.
-    pub fn describe(&self) -> String {
-        match (self.parent, self.step) {
-            (None, Step::Root) => "the top level".to_owned(),
-            _ => self.to_string(),
-        }
-    }
-}
-
-impl fmt::Display for LeafPath<'_> {
-    /// The steps from the top level, e.g. `.0["x"][2]`; empty for the top level.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(parent) = self.parent {
-            parent.fmt(f)?;
-        }
-        match self.step {
-            Step::Root => Ok(()),
-            Step::Field(i) => write!(f, ".{i}"),
-            Step::Index(i) => write!(f, "[{i}]"),
-            Step::Key(key) => write!(f, "[{key:?}]"),
-            Step::Name(name) => write!(f, ".{name}"),
-        }
-    }
-}
-
-fn slice_onto(t: &Tensor, range: Range<usize>, device: &str) -> Result<Tensor, InputError> {
-    let rows = *t
-        .shape()
+/// The rows of `t`, or the error naming `path` for a rank-0 leaf met while `doing`.
+fn leading(path: &Path<'_>, t: &Tensor, doing: &str) -> Result<usize, InputError> {
+    t.shape()
         .first()
+        .copied()
         .ok_or_else(|| InputError::NoBatchDimension {
-            origin: "slicing rows".into(),
-            path: "the top level".into(),
-        })?;
+            origin: doing.to_owned(),
+            path: path.to_string(),
+        })
+}
+
+fn slice_onto(
+    path: &Path<'_>,
+    t: &Tensor,
+    range: Range<usize>,
+    device: &str,
+) -> Result<Tensor, InputError> {
+    let rows = leading(path, t, "slicing rows")?;
     if range.start > range.end || range.end > rows {
         return Err(InputError::Mismatch {
             origin: "slicing rows".into(),
-            detail: format!("rows {range:?} are out of range for a batch of {rows} rows"),
+            detail: format!("rows {range:?} of {path} are out of range for a batch of {rows} rows"),
         });
     }
     typed!(t.dtype(), T => {
@@ -290,14 +257,13 @@ fn slice_onto(t: &Tensor, range: Range<usize>, device: &str) -> Result<Tensor, I
     })
 }
 
-fn stride_tensor(t: &Tensor, start: usize, step: usize) -> Result<Tensor, InputError> {
-    let rows = *t
-        .shape()
-        .first()
-        .ok_or_else(|| InputError::NoBatchDimension {
-            origin: "striding rows".into(),
-            path: "the top level".into(),
-        })?;
+fn stride_tensor(
+    path: &Path<'_>,
+    t: &Tensor,
+    start: usize,
+    step: usize,
+) -> Result<Tensor, InputError> {
+    let rows = leading(path, t, "striding rows")?;
     let start = start.min(rows);
     let slice = Slice::new(start as isize, None, step as isize);
     typed!(t.dtype(), T => {
@@ -306,18 +272,12 @@ fn stride_tensor(t: &Tensor, start: usize, step: usize) -> Result<Tensor, InputE
     })
 }
 
-fn select_tensor(t: &Tensor, indices: &[usize]) -> Result<Tensor, InputError> {
-    let rows = *t
-        .shape()
-        .first()
-        .ok_or_else(|| InputError::NoBatchDimension {
-            origin: "selecting rows".into(),
-            path: "the top level".into(),
-        })?;
+fn select_tensor(path: &Path<'_>, t: &Tensor, indices: &[usize]) -> Result<Tensor, InputError> {
+    let rows = leading(path, t, "selecting rows")?;
     if let Some(bad) = indices.iter().find(|&&i| i >= rows) {
         return Err(InputError::Mismatch {
             origin: "selecting rows".into(),
-            detail: format!("row {bad} is out of range for a batch of {rows} rows"),
+            detail: format!("row {bad} of {path} is out of range for a batch of {rows} rows"),
         });
     }
     typed!(t.dtype(), T => {
@@ -326,21 +286,15 @@ fn select_tensor(t: &Tensor, indices: &[usize]) -> Result<Tensor, InputError> {
     })
 }
 
-fn pad_tensor(t: &Tensor, rows: usize) -> Result<Tensor, InputError> {
-    let have = *t
-        .shape()
-        .first()
-        .ok_or_else(|| InputError::NoBatchDimension {
-            origin: "padding rows".into(),
-            path: "the top level".into(),
-        })?;
+fn pad_tensor(path: &Path<'_>, t: &Tensor, rows: usize) -> Result<Tensor, InputError> {
+    let have = leading(path, t, "padding rows")?;
     if have == rows {
         return Ok(t.clone());
     }
     if have > rows {
         return Err(InputError::Mismatch {
             origin: "padding rows".into(),
-            detail: format!("cannot pad a batch of {have} rows down to {rows}"),
+            detail: format!("cannot pad {path}, a batch of {have} rows, down to {rows}"),
         });
     }
     let mut shape = t.shape().to_vec();
@@ -349,156 +303,10 @@ fn pad_tensor(t: &Tensor, rows: usize) -> Result<Tensor, InputError> {
     Ok(Tensor::concat_rows(t.device(), &[t.clone(), zeros])?)
 }
 
-impl Batch for Tensor {
-    /// Without the structure walk: a tensor is its own only leaf.
-    fn rows(&self, origin: &str) -> Result<usize, InputError> {
-        self.shape()
-            .first()
-            .copied()
-            .ok_or_else(|| InputError::NoBatchDimension {
-                origin: origin.to_owned(),
-                path: LeafPath::ROOT.describe(),
-            })
-    }
-
-    fn for_each_leaf(&self, path: &LeafPath<'_>, f: &mut dyn FnMut(&LeafPath<'_>, &Tensor)) {
-        f(path, self)
-    }
-
-    fn try_map_leaves(
-        &self,
-        f: &mut dyn FnMut(&Tensor) -> Result<Tensor, InputError>,
-    ) -> Result<Self, InputError> {
-        f(self)
-    }
-
-    fn try_zip_leaves(
-        parts: &[&Self],
-        f: &mut dyn FnMut(&[&Tensor]) -> Result<Tensor, InputError>,
-    ) -> Result<Self, InputError> {
-        f(parts)
-    }
-}
-
-macro_rules! tuple_batch {
-    ($($name:ident $index:tt),+) => {
-        impl<$($name: Batch),+> Batch for ($($name,)+) {
-            fn for_each_leaf(
-                &self,
-                path: &LeafPath<'_>,
-                f: &mut dyn FnMut(&LeafPath<'_>, &Tensor),
-            ) {
-                $(self.$index.for_each_leaf(&path.field($index), f);)+
-            }
-
-            fn try_map_leaves(
-                &self,
-                f: &mut dyn FnMut(&Tensor) -> Result<Tensor, InputError>,
-            ) -> Result<Self, InputError> {
-                Ok(($(self.$index.try_map_leaves(f)?,)+))
-            }
-
-            fn try_zip_leaves(
-                parts: &[&Self],
-                f: &mut dyn FnMut(&[&Tensor]) -> Result<Tensor, InputError>,
-            ) -> Result<Self, InputError> {
-                Ok(($(
-                    $name::try_zip_leaves(
-                        &parts.iter().map(|p| &p.$index).collect::<Vec<_>>(),
-                        f,
-                    )?,
-                )+))
-            }
-        }
-    };
-}
-
-tuple_batch!(A 0);
-tuple_batch!(A 0, B 1);
-tuple_batch!(A 0, B 1, C 2);
-tuple_batch!(A 0, B 1, C 2, D 3);
-
-impl<B: Batch> Batch for Vec<B> {
-    fn for_each_leaf(&self, path: &LeafPath<'_>, f: &mut dyn FnMut(&LeafPath<'_>, &Tensor)) {
-        for (i, b) in self.iter().enumerate() {
-            b.for_each_leaf(&path.index(i), f);
-        }
-    }
-
-    fn try_map_leaves(
-        &self,
-        f: &mut dyn FnMut(&Tensor) -> Result<Tensor, InputError>,
-    ) -> Result<Self, InputError> {
-        self.iter().map(|b| b.try_map_leaves(f)).collect()
-    }
-
-    fn try_zip_leaves(
-        parts: &[&Self],
-        f: &mut dyn FnMut(&[&Tensor]) -> Result<Tensor, InputError>,
-    ) -> Result<Self, InputError> {
-        let len = parts.first().map_or(0, |p| p.len());
-        if let Some(other) = parts.iter().find(|p| p.len() != len) {
-            return Err(InputError::Mismatch {
-                origin: "joining batches".into(),
-                detail: format!(
-                    "lists of {len} and {} tensors cannot be joined: every batch of a dataset \
-                     needs the same structure",
-                    other.len()
-                ),
-            });
-        }
-        (0..len)
-            .map(|i| B::try_zip_leaves(&parts.iter().map(|p| &p[i]).collect::<Vec<_>>(), f))
-            .collect()
-    }
-}
-
-impl<B: Batch> Batch for BTreeMap<String, B> {
-    fn for_each_leaf(&self, path: &LeafPath<'_>, f: &mut dyn FnMut(&LeafPath<'_>, &Tensor)) {
-        for (key, b) in self {
-            b.for_each_leaf(&path.key(key), f);
-        }
-    }
-
-    fn try_map_leaves(
-        &self,
-        f: &mut dyn FnMut(&Tensor) -> Result<Tensor, InputError>,
-    ) -> Result<Self, InputError> {
-        self.iter()
-            .map(|(k, b)| Ok((k.clone(), b.try_map_leaves(f)?)))
-            .collect()
-    }
-
-    fn try_zip_leaves(
-        parts: &[&Self],
-        f: &mut dyn FnMut(&[&Tensor]) -> Result<Tensor, InputError>,
-    ) -> Result<Self, InputError> {
-        let Some(first) = parts.first() else {
-            return Ok(BTreeMap::new());
-        };
-        if let Some(other) = parts.iter().find(|p| !p.keys().eq(first.keys())) {
-            return Err(InputError::Mismatch {
-                origin: "joining batches".into(),
-                detail: format!(
-                    "maps with keys {:?} and {:?} cannot be joined: every batch of a dataset \
-                     needs the same keys",
-                    first.keys().collect::<Vec<_>>(),
-                    other.keys().collect::<Vec<_>>()
-                ),
-            });
-        }
-        first
-            .keys()
-            .map(|k| {
-                let leaves: Vec<&B> = parts.iter().map(|p| &p[k]).collect();
-                Ok((k.clone(), B::try_zip_leaves(&leaves, f)?))
-            })
-            .collect()
-    }
-}
-
 /// A batch padded to a fixed number of rows, with a mask that tells real rows (1.0) from
-/// padding (0.0): what `PartialBatch::PadWithMask` hands each replica.
+/// padding (0.0): what `PartialBatch::PadWithMask` hands each replica. Its leaves are the
+/// batch's, then the mask. Derived like a user's struct, a step of them regroups (to
+/// [`MaskedRegrouped`]) into a strategy's per-replica inputs.
 ///
 /// ```
 /// use distribute_collectives::Tensor;
@@ -509,9 +317,10 @@ impl<B: Batch> Batch for BTreeMap<String, B> {
 /// assert_eq!(m.batch.to_vec::<i64>()?, [7, 8, 0, 0]);
 /// assert_eq!(m.mask.to_vec::<f32>()?, [1.0, 1.0, 0.0, 0.0]);
 /// assert_eq!(m.real_rows()?, 2);
+/// assert_eq!(m.rows("a masked batch")?, 4);
 /// # Ok::<(), distribute_input::InputError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Regroup)]
 pub struct Masked<B> {
     /// The batch, padded with rows of zeros.
     pub batch: B,
@@ -523,18 +332,19 @@ impl<B: Batch> Masked<B> {
     /// `batch` (the first `real_rows` rows real) padded to `rows` rows, with its mask on the
     /// device of the batch's first leaf.
     pub fn pad(batch: &B, real_rows: usize, rows: usize) -> Result<Self, InputError> {
-        let mut device = String::new();
-        batch.for_each_leaf(&LeafPath::ROOT, &mut |_, t| {
-            if device.is_empty() {
-                device = t.device().to_owned();
-            }
-        });
+        let mut device = None;
+        batch
+            .for_each_leaf(|_, t: &Tensor| {
+                device.get_or_insert_with(|| t.device().to_owned());
+                Ok::<_, InputError>(())
+            })
+            .map_err(|e| not_a_tensor(e, "padding rows"))?;
         let mask: Vec<f32> = (0..rows)
             .map(|r| if r < real_rows { 1.0 } else { 0.0 })
             .collect();
         Ok(Masked {
             batch: batch.pad_rows(rows)?,
-            mask: Tensor::from_vec(&device, &[rows], mask)?,
+            mask: Tensor::from_vec(&device.unwrap_or_default(), &[rows], mask)?,
         })
     }
 
@@ -548,36 +358,10 @@ impl<B: Batch> Masked<B> {
             .count())
     }
 }
-
-impl<B: Batch> Batch for Masked<B> {
-    fn for_each_leaf(&self, path: &LeafPath<'_>, f: &mut dyn FnMut(&LeafPath<'_>, &Tensor)) {
-        self.batch.for_each_leaf(&path.name("batch"), f);
-        f(&path.name("mask"), &self.mask);
-    }
-
-    fn try_map_leaves(
-        &self,
-        f: &mut dyn FnMut(&Tensor) -> Result<Tensor, InputError>,
-    ) -> Result<Self, InputError> {
-        Ok(Masked {
-            batch: self.batch.try_map_leaves(f)?,
-            mask: f(&self.mask)?,
-        })
-    }
-
-    fn try_zip_leaves(
-        parts: &[&Self],
-        f: &mut dyn FnMut(&[&Tensor]) -> Result<Tensor, InputError>,
-    ) -> Result<Self, InputError> {
-        Ok(Masked {
-            batch: B::try_zip_leaves(&parts.iter().map(|p| &p.batch).collect::<Vec<_>>(), f)?,
-            mask: f(&parts.iter().map(|p| &p.mask).collect::<Vec<_>>())?,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
 
     fn t(shape: &[usize], data: Vec<i64>) -> Tensor {
@@ -632,7 +416,88 @@ mod tests {
     fn maps_with_different_keys_do_not_join() {
         let a = BTreeMap::from([("x".to_owned(), t(&[1], vec![1]))]);
         let b = BTreeMap::from([("y".to_owned(), t(&[1], vec![1]))]);
-        assert!(BTreeMap::concat_rows(&[&a, &b]).is_err());
+        let err = BTreeMap::concat_rows(&[&a, &b]).unwrap_err();
+        assert!(matches!(err, InputError::Mismatch { .. }), "{err:?}");
         assert_eq!(BTreeMap::concat_rows(&[&a, &a]).unwrap()["x"].shape(), [2]);
+    }
+
+    #[test]
+    fn structures_that_differ_do_not_join_and_the_error_says_where() {
+        let a = (
+            t(&[1], vec![1]),
+            vec![t(&[1], vec![2])],
+            Some(t(&[1], vec![3])),
+        );
+        let b = (t(&[1], vec![1]), vec![t(&[1], vec![2])], None);
+        let err = <(Tensor, Vec<Tensor>, Option<Tensor>)>::concat_rows(&[&a, &b]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "joining batches: at .2, part 0 is Some, part 1 is None: every batch of a dataset \
+             needs the same structure"
+        );
+        let c = (t(&[1], vec![1]), vec![], Some(t(&[1], vec![3])));
+        let err = <(Tensor, Vec<Tensor>, Option<Tensor>)>::concat_rows(&[&a, &c]).unwrap_err();
+        assert!(
+            err.to_string().contains("at .1, part 0 has a list of 1"),
+            "{err}"
+        );
+        let joined = <(Tensor, Vec<Tensor>, Option<Tensor>)>::concat_rows(&[&a, &a]).unwrap();
+        assert_eq!(joined.2.unwrap().to_vec::<i64>().unwrap(), [3, 3]);
+    }
+
+    #[test]
+    fn a_leaf_that_is_not_a_tensor_is_named_by_every_operation() {
+        let batch = (
+            t(&[2], vec![1, 2]),
+            vec![t(&[2], vec![3, 4])],
+            ("label".to_owned(),),
+        );
+        let err = batch.rows("data").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "data: element .2.0 is a alloc::string::String, not a tensor; every leaf of a \
+             dataset element must be a Tensor"
+        );
+        let origin = |e: InputError| match e {
+            InputError::NotATensor { origin, path, .. } => (origin, path),
+            other => panic!("{other:?}"),
+        };
+        let at = (String::from("slicing rows"), String::from(".2.0"));
+        assert_eq!(origin(batch.slice_rows(0..1).unwrap_err()), at);
+        assert_eq!(origin(batch.pad_rows(3).unwrap_err()).1, ".2.0");
+        assert_eq!(origin(batch.select_rows(&[0]).unwrap_err()).1, ".2.0");
+        assert_eq!(origin(batch.to_device("/cpu:1").unwrap_err()).1, ".2.0");
+        assert_eq!(origin(Masked::pad(&batch, 1, 2).unwrap_err()).1, ".2.0");
+    }
+
+    #[test]
+    fn a_rank_zero_leaf_is_named_by_the_operation_that_meets_it() {
+        let batch = vec![t(&[1], vec![1]), Tensor::scalar("/cpu:0", 3i64)];
+        let err = batch.slice_rows(0..1).unwrap_err();
+        assert!(
+            matches!(&err, InputError::NoBatchDimension { origin, path } if origin == "slicing rows" && path == "[1]"),
+            "{err}"
+        );
+        let err = t(&[2], vec![1, 2]).select_rows(&[2]).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("row 2 of the top level is out of range"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn masked_leaves_are_the_batch_then_the_mask() {
+        let m = Masked::pad(&(t(&[1], vec![5]), t(&[1], vec![6])), 1, 2).unwrap();
+        let mut paths = Vec::new();
+        m.for_each_leaf(|path, _: &Tensor| {
+            paths.push(path.to_string());
+            Ok::<_, InputError>(())
+        })
+        .unwrap();
+        assert_eq!(paths, [".batch.0", ".batch.1", ".mask"]);
+        let placed = m.to_device("/cpu:1").unwrap();
+        assert_eq!(placed.mask.device(), "/cpu:1");
+        assert_eq!(placed.rows("masked").unwrap(), 2);
     }
 }

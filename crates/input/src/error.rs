@@ -69,6 +69,19 @@ pub enum InputError {
         /// The leaf's path inside the structure (`the top level` for a plain tensor).
         path: String,
     },
+    /// A leaf of a dataset element that is not a tensor.
+    #[error(
+        "{origin}: element {path} is a {found}, not a tensor; every leaf of a dataset element \
+         must be a Tensor"
+    )]
+    NotATensor {
+        /// Where the element came from, or the operation that met it.
+        origin: String,
+        /// The leaf's path inside the structure.
+        path: String,
+        /// The leaf's type.
+        found: &'static str,
+    },
     /// Batches of one stream that disagree in dtype or trailing shape, so they cannot be joined.
     #[error("{origin}: {detail}")]
     Mismatch {

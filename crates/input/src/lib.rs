@@ -1,7 +1,8 @@
 //! Layer 4 of `distribute`: input pipelines that feed replicas.
 //!
-//! Owns [`InputContext`], [`InputReplicationMode`] and [`InputWorkers`]; the [`Batch`] trait
-//! for tensors and nested structures of them; [`Dataset`]s read from a [`Source`] (in memory,
+//! Owns [`InputContext`], [`InputReplicationMode`] and [`InputWorkers`]; the [`Batch`] row
+//! operations on any nested structure of tensors (a tensor, tuples, `Vec`s, maps, `Option`s,
+//! a user's `#[derive(Regroup)]` struct: the values crate's `Nest`); [`Dataset`]s read from a [`Source`] (in memory,
 //! [`NpySource`] for `.npy` files, [`CsvSource`] for CSV files, [`GeneratorSource`] for
 //! computed data, or a user's own) with repeat, shuffle, shard, batch and rebatch; and
 //! [`DistributedDataset`], which turns a global-batch dataset (or one dataset per pipeline,
@@ -56,7 +57,7 @@ pub mod npy;
 mod prefetch;
 mod split;
 
-pub use batch::{Batch, LeafPath, Masked};
+pub use batch::{Batch, Masked, MaskedRegrouped};
 pub use context::{InputContext, InputReplicationMode, InputWorkers};
 pub use csv_source::{CsvOptions, CsvSource};
 pub use dataset::{

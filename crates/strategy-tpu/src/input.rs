@@ -19,10 +19,10 @@ use std::sync::Arc;
 use distribute_collectives::Tensor;
 use distribute_device_spec::{DeviceSpec, host_for_device};
 use distribute_input::{
-    Batch, InputError, InputOptions, InputReplicationMode, InputWorkers, LeafPath, Masked,
+    Batch, InputError, InputOptions, InputReplicationMode, InputWorkers, Masked,
     MaskedDistributedIterator, PartialBatch,
 };
-use distribute_values::{DistributedValues, PerReplica};
+use distribute_values::{DistributedValues, Nest, PerReplica};
 
 use crate::function::DeviceValue;
 use crate::strategy::TpuStrategy;
@@ -176,13 +176,14 @@ impl<B: Batch> DeviceBatches<'_, B> {
         let mut leaves: Vec<Vec<Tensor>> = Vec::new();
         for masked in step.values() {
             let mut l = 0;
-            masked.for_each_leaf(&LeafPath::ROOT, &mut |_, t| {
+            masked.for_each_leaf(|_, t: &Tensor| {
                 if leaves.len() <= l {
                     leaves.push(Vec::new());
                 }
                 leaves[l].push(t.clone());
                 l += 1;
-            });
+                Ok::<_, InputError>(())
+            })?;
         }
         leaves
             .into_iter()

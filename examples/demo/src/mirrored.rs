@@ -218,8 +218,7 @@ pub fn train(config: &Config, data: &WineData) -> Result<Trained> {
             .ok_or_else(|| anyhow!("the input ended after {step} steps"))??;
         let batch = per_replica_inputs(batch)?;
         let running = Instant::now();
-        let (loss, compute, all_reduce, merge_call) =
-            strategy.run(step_fn, &batch)?;
+        let (loss, compute, all_reduce, merge_call) = strategy.run(step_fn, &batch)?;
         let ran = Instant::now();
         let compute = mean_seconds(&compute);
         let (all_reduce, merge_call) = (mean_seconds(&all_reduce), mean_seconds(&merge_call));

@@ -4,6 +4,7 @@
 mod common;
 mod context;
 mod multi_worker;
+mod nested;
 mod options;
 mod policies;
 mod prefetch;

@@ -98,10 +98,8 @@ fn run_steps_on_iterator_keeps_the_last_steps_outputs() {
     let ctx = strategy
         .run_steps_on_iterator(
             |ctx, x: Leaf<f32>| {
-                let out: Leaf<Tensor> = strategy.run(
-                    |replica, x| Ok(Tensor::scalar(replica.device(), x)),
-                    &x,
-                )?;
+                let out: Leaf<Tensor> =
+                    strategy.run(|replica, x| Ok(Tensor::scalar(replica.device(), x)), &x)?;
                 ctx.set_last_step_output("sum", out.clone(), Some(ReduceOp::Sum));
                 ctx.set_last_step_output("per_replica", out, None);
                 Ok(())
