@@ -1,0 +1,69 @@
+//! [`StrategyExtended`]: the object-safe core of a strategy that both contexts call into, and
+//! the type-erased `merge_call` arguments and results it moves between replicas.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use distribute_collectives::CrossDeviceOps;
+use distribute_values::ReplicaDeviceMap;
+
+use crate::StrategyError;
+
+/// Arguments one replica passes to `merge_call`, type-erased for the rendezvous.
+pub type MergeArgs = Box<dyn Any + Send>;
+
+/// What replica 0's merge function returned, shared with every replica.
+pub type MergeResult = Arc<dyn Any + Send + Sync>;
+
+/// The object-safe core of a strategy, which its contexts call into (TF's `StrategyExtended`).
+pub trait StrategyExtended: Send + Sync {
+    /// The replicas' devices.
+    fn device_map(&self) -> &Arc<ReplicaDeviceMap>;
+
+    /// The number of replicas.
+    fn num_replicas(&self) -> usize {
+        self.device_map().num_replicas()
+    }
+
+    /// How values move between the devices.
+    fn cross_device_ops(&self) -> &dyn CrossDeviceOps;
+
+    /// The host CPU device, where `Strategy::reduce` delivers.
+    fn host_device(&self) -> &str;
+
+    /// Whether this process initializes variables (TF's `experimental_should_init`). Every
+    /// in-process strategy does; a multi-worker strategy answers for its task.
+    fn should_init(&self) -> bool {
+        true
+    }
+
+    /// Whether this process writes checkpoints (TF's `should_checkpoint`): true for the default
+    /// and single-worker mirrored strategies; only the chief in a multi-worker cluster.
+    fn should_checkpoint(&self) -> bool {
+        true
+    }
+
+    /// Whether this process writes summaries (TF's `should_save_summary`): as
+    /// [`should_checkpoint`](Self::should_checkpoint).
+    fn should_save_summary(&self) -> bool {
+        true
+    }
+
+    /// Whether each worker runs its own copy of the program (TF's
+    /// `experimental_between_graph`): false for the default and single-worker mirrored strategies,
+    /// whose one process drives every replica.
+    fn between_graph(&self) -> bool {
+        false
+    }
+
+    /// The `merge_call` rendezvous: `replica` deposits `args` and waits for every replica; replica
+    /// 0 then calls its `merge` with every replica's arguments in replica order, and every replica
+    /// gets the result. Fails (never hangs) when replicas make different numbers of calls or one
+    /// of them fails.
+    fn merge(
+        &self,
+        replica: usize,
+        args: MergeArgs,
+        merge: &mut dyn FnMut(Vec<MergeArgs>) -> Result<MergeResult, StrategyError>,
+    ) -> Result<MergeResult, StrategyError>;
+}

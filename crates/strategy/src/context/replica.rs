@@ -1,0 +1,286 @@
+//! [`ReplicaContext`]: what a step function sees inside one replica.
+
+use std::sync::Arc;
+
+use distribute_collectives::{ReplicaCollectives, Tensor};
+use distribute_values::{
+    DistributedVariable, Leaf, Nest, PerReplica, ReduceOp, Regroup, UpdateOp, VariableAggregation,
+    VariableValue, regroup, select_replica,
+};
+
+use crate::StrategyError;
+use crate::variables::{VariableOptions, canonicalize_variable_name, create_distributed_variable};
+
+use super::cross_replica::CrossReplicaContext;
+use super::{MergeArgs, MergeResult, StrategyExtended};
+
+/// The context of a step function inside one replica: which replica this is, collectives with the
+/// other replicas, and `merge_call` into cross-replica context.
+pub struct ReplicaContext<'a> {
+    replica_id: usize,
+    extended: &'a dyn StrategyExtended,
+    collectives: &'a dyn ReplicaCollectives,
+}
+
+impl<'a> ReplicaContext<'a> {
+    /// The context of replica `replica_id`; strategies build it for each replica's step.
+    pub fn new(
+        replica_id: usize,
+        extended: &'a dyn StrategyExtended,
+        collectives: &'a dyn ReplicaCollectives,
+    ) -> Self {
+        ReplicaContext {
+            replica_id,
+            extended,
+            collectives,
+        }
+    }
+
+    /// This replica's id, in `0..num_replicas_in_sync`.
+    pub fn replica_id(&self) -> usize {
+        self.replica_id
+    }
+
+    /// The number of replicas running the step together.
+    pub fn num_replicas_in_sync(&self) -> usize {
+        self.extended.num_replicas()
+    }
+
+    /// This replica's device, where its values live (its first device when it spans several
+    /// logical devices): `ctx.device()` is where a replica creates its tensors.
+    pub fn device(&self) -> &str {
+        &self.devices()[0]
+    }
+
+    /// This replica's devices (more than one for a replica over several logical devices).
+    pub fn devices(&self) -> &[String] {
+        self.extended
+            .device_map()
+            .devices_for_replica(self.replica_id)
+            .expect("the replica id is in range")
+    }
+
+    /// Collective calls with the other replicas (all-gather, reduce-scatter, broadcast, …).
+    pub fn collectives(&self) -> &dyn ReplicaCollectives {
+        self.collectives
+    }
+
+    /// The reduction of `value` (a tensor or a nested structure of tensors: tuples, `Vec`s,
+    /// maps, `Option`s, `#[derive(Regroup)]` structs) across replicas; every replica gets the
+    /// result, on its own devices. All tensors travel in one fused rendezvous. Every leaf must be
+    /// a tensor; another leaf is a `TypeError` naming its path.
+    pub fn all_reduce<V: Nest>(&self, op: ReduceOp, value: &V) -> Result<V, StrategyError> {
+        let flat = value.leaves::<Tensor>()?;
+        let reduced = self.collectives.batch_all_reduce(op, &flat)?;
+        if reduced.len() != flat.len() {
+            return Err(StrategyError::Invariant(format!(
+                "{} tensors were all-reduced but {} came back",
+                flat.len(),
+                reduced.len()
+            )));
+        }
+        Ok(value.with_leaves(reduced)?)
+    }
+
+    /// Pauses every replica, runs replica 0's `merge_fn` once in cross-replica context on all
+    /// replicas' `args` (regrouped: `PerReplica` where they differ), and gives each replica its
+    /// part of the result (`select_replica`). Every replica must make the same merge calls in the
+    /// same order.
+    pub fn merge_call<A, S, F>(&self, args: A, merge_fn: F) -> Result<S, StrategyError>
+    where
+        A: Regroup + Send + 'static,
+        S: Regroup,
+        S::Regrouped: Send + Sync + 'static,
+        F: FnOnce(&CrossReplicaContext<'_>, A::Regrouped) -> Result<S::Regrouped, StrategyError>,
+    {
+        let extended = self.extended;
+        let mut merge_fn = Some(merge_fn);
+        let mut run = |all: Vec<MergeArgs>| -> Result<MergeResult, StrategyError> {
+            let args = downcast_all::<A>(all, "merge_call arguments")?;
+            let grouped = regroup(extended.device_map(), args)?;
+            let merge_fn = merge_fn
+                .take()
+                .ok_or_else(|| StrategyError::Invariant("a merge function ran twice".into()))?;
+            let result = merge_fn(&CrossReplicaContext::new(extended), grouped)?;
+            Ok(Arc::new(result))
+        };
+        let shared = extended.merge(self.replica_id, Box::new(args), &mut run)?;
+        let result = shared.downcast_ref::<S::Regrouped>().ok_or_else(|| {
+            StrategyError::Runtime(
+                "replica 0's merge function returned another type than this replica's expects; \
+                 every replica must make the same merge_call"
+                    .into(),
+            )
+        })?;
+        Ok(select_replica::<S>(self.replica_id, result)?)
+    }
+
+    /// Creates a distributed variable from inside the step: replica 0 creates it with its name and
+    /// initial value, and every replica gets that same variable (TF's shared variable creator).
+    /// Replicas must create variables in the same order, with names that canonicalize alike
+    /// (`foo_1` and `foo` do; `foo` and `bar` do not).
+    pub fn create_variable<T>(
+        &self,
+        name: Option<&str>,
+        initial: T,
+        options: VariableOptions,
+    ) -> Result<DistributedVariable<T>, StrategyError>
+    where
+        T: VariableValue + Send + Sync + 'static,
+    {
+        let extended = self.extended;
+        let request = (name.map(str::to_owned), initial, options);
+        let mut create = |all: Vec<MergeArgs>| -> Result<MergeResult, StrategyError> {
+            let requests =
+                downcast_all::<(Option<String>, T, VariableOptions)>(all, "variable creation")?;
+            let canonical: Vec<String> = requests
+                .iter()
+                .map(|(name, _, _)| canonicalize_variable_name(name.as_deref()))
+                .collect();
+            if let Some(r) = canonical.iter().position(|c| *c != canonical[0]) {
+                return Err(StrategyError::Runtime(format!(
+                    "replicas created variables whose names do not match: replica 0 '{}', replica \
+                     {r} '{}'; every replica must create the same variables in the same order",
+                    canonical[0], canonical[r]
+                )));
+            }
+            let (name, initial, options) = requests.into_iter().next().expect("replica 0");
+            let name = name.unwrap_or_else(|| "Variable".to_owned());
+            let variable =
+                create_distributed_variable(&name, extended.device_map(), initial, options)?;
+            Ok(Arc::new(variable))
+        };
+        let shared = extended.merge(self.replica_id, Box::new(request), &mut create)?;
+        shared
+            .downcast_ref::<DistributedVariable<T>>()
+            .cloned()
+            .ok_or_else(|| {
+                StrategyError::Runtime(
+                    "replicas created variables of different types at the same point".into(),
+                )
+            })
+    }
+
+    /// This replica's value of `variable`.
+    pub fn read_variable<T: VariableValue>(
+        &self,
+        variable: &DistributedVariable<T>,
+    ) -> Result<T, StrategyError> {
+        Ok(variable.component(self.replica_id)?.read())
+    }
+
+    /// TF's `assign`, `assign_add` and `assign_sub` inside a replica, where `value` is this
+    /// replica's own contribution (a per-replica value); returns the new value this replica sees.
+    ///
+    /// - A sync-on-read variable, or a mirrored one with aggregation `None`, updates only this
+    ///   replica's copy.
+    /// - A mirrored variable with an aggregation gathers every replica's `value` (a `merge_call`),
+    ///   aggregates it (`Sum`, `Mean` or replica 0's for `OnlyFirstReplica`) and applies the
+    ///   result to every copy. Contributions are never merged because they happen to be equal:
+    ///   two replicas adding `1.0` to a `Sum` variable add `2.0`.
+    ///
+    /// For a value that is the same on every replica by construction (TF's Python constant), use
+    /// [`update_variable_with_constant`](Self::update_variable_with_constant).
+    pub fn update_variable<T>(
+        &self,
+        variable: &DistributedVariable<T>,
+        op: UpdateOp,
+        value: T,
+    ) -> Result<T, StrategyError>
+    where
+        T: VariableValue + PartialEq + Send + Sync + 'static,
+    {
+        self.update_gathered(variable, op, value, Contribution::PerReplica)
+    }
+
+    /// Like [`update_variable`](Self::update_variable) for a value that is the same on every
+    /// replica, not one per replica (TF's non-distributed value): `Mean` and `OnlyFirstReplica`
+    /// use it as it is, and `Sum` over several replicas is refused, since it would multiply the
+    /// value by the replica count. Replicas passing different values is an error.
+    pub fn update_variable_with_constant<T>(
+        &self,
+        variable: &DistributedVariable<T>,
+        op: UpdateOp,
+        value: T,
+    ) -> Result<T, StrategyError>
+    where
+        T: VariableValue + PartialEq + Send + Sync + 'static,
+    {
+        self.update_gathered(variable, op, value, Contribution::Constant)
+    }
+
+    fn update_gathered<T>(
+        &self,
+        variable: &DistributedVariable<T>,
+        op: UpdateOp,
+        value: T,
+        contribution: Contribution,
+    ) -> Result<T, StrategyError>
+    where
+        T: VariableValue + PartialEq + Send + Sync + 'static,
+    {
+        let mirrored = match variable {
+            DistributedVariable::SyncOnRead(v) => {
+                return Ok(v.update_local(self.replica_id, op, &value)?);
+            }
+            DistributedVariable::Mirrored(v) if v.aggregation() == VariableAggregation::None => {
+                return Ok(v.update_local(self.replica_id, op, &value)?);
+            }
+            DistributedVariable::Mirrored(v) => v.clone(),
+        };
+        let devices = Arc::clone(self.extended.device_map());
+        let mut apply = |all: Vec<MergeArgs>| -> Result<MergeResult, StrategyError> {
+            let values = downcast_all::<T>(all, "variable update values")?;
+            let gathered = match contribution {
+                Contribution::PerReplica => {
+                    Leaf::PerReplica(PerReplica::new(Arc::clone(&devices), values)?)
+                }
+                Contribution::Constant => {
+                    if let Some(r) = values.iter().position(|v| *v != values[0]) {
+                        return Err(StrategyError::InvalidArgument(format!(
+                            "update of '{}' with a constant: replica 0 passed {:?} but replica {r} passed \
+                             {:?}; pass per-replica values with update_variable",
+                            mirrored.name(),
+                            values[0],
+                            values[r]
+                        )));
+                    }
+                    Leaf::Same(values.into_iter().next().expect("one value per replica"))
+                }
+            };
+            Ok(Arc::new(mirrored.update_aggregated(op, &gathered)?))
+        };
+        let result = self
+            .extended
+            .merge(self.replica_id, Box::new(value), &mut apply)?;
+        result.downcast_ref::<T>().cloned().ok_or_else(|| {
+            StrategyError::Runtime(
+                "replicas updated variables of different types at the same point".into(),
+            )
+        })
+    }
+}
+
+/// How the values replicas pass to a variable update combine.
+#[derive(Debug, Clone, Copy)]
+enum Contribution {
+    /// Each replica's value is its own share.
+    PerReplica,
+    /// Every replica passes the same value.
+    Constant,
+}
+
+/// Moves every replica's boxed arguments back to `A`, or explains which replica passed what.
+fn downcast_all<A: 'static>(all: Vec<MergeArgs>, what: &str) -> Result<Vec<A>, StrategyError> {
+    all.into_iter()
+        .enumerate()
+        .map(|(r, boxed)| {
+            boxed.downcast::<A>().map(|a| *a).map_err(|_| {
+                StrategyError::Runtime(format!(
+                    "replica {r} passed {what} of another type than replica 0; every replica must \
+                     make the same calls in the same order"
+                ))
+            })
+        })
+        .collect()
+}
