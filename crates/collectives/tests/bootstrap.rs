@@ -74,7 +74,8 @@ fn spawn(cluster: &ClusterSpec, task: TaskId, timeout: Duration) -> JoinHandle<O
 
 /// The cluster's key in the tests that have one.
 fn key() -> ClusterKey {
-    ClusterKey::from_hex("6b1f0c9e2d4a87b35e90f1c2a4d6e8f700112233445566778899aabbccddeeff").unwrap()
+    ClusterKey::from_hex("6b1f0c9e2d4a87b35e90f1c2a4d6e8f700112233445566778899aabbccddeeff")
+        .unwrap()
 }
 
 /// Another key, as a stranger or a squatter would have.
@@ -416,8 +417,9 @@ fn a_leader_address_that_cannot_be_used_is_named() {
             ClusterSpec::new([(TaskType::Worker, vec![address.clone(), free_address()])]).unwrap();
         // Not loopback: a cluster across hosts needs a key.
         let key = key();
-        let error = exchange_unique_id_with_key(&cluster, worker(0), Some(the_id()), Some(&key), SHORT)
-            .unwrap_err();
+        let error =
+            exchange_unique_id_with_key(&cluster, worker(0), Some(the_id()), Some(&key), SHORT)
+                .unwrap_err();
         assert!(
             matches!(&error, CollectiveError::BootstrapAddress { task, .. } if task == "worker:0"),
             "{address}: {error}"
@@ -723,7 +725,9 @@ fn an_endless_timeout_waits_without_limit() {
         run(tasks[0]);
         for _ in &tasks {
             // A panicking task never reports: the wait ends with an error, not a hang.
-            let (task, outcome) = results.recv_timeout(TIMEOUT).expect("a task never reported");
+            let (task, outcome) = results
+                .recv_timeout(TIMEOUT)
+                .expect("a task never reported");
             assert_eq!(outcome, Ok(the_id()), "{task}");
         }
     }

@@ -28,8 +28,7 @@ use super::bootstrap::UNIQUE_ID_BYTES;
 use crate::CollectiveError;
 
 /// The environment variable holding the cluster key in hex, read by
-/// [`exchange_unique_id`](crate::exchange_unique_id) and
-/// [`NcclAllReduce::for_cluster`](crate::NcclAllReduce): every chief and worker task of one cluster
+/// [`exchange_unique_id`](crate::exchange_unique_id) and so `NcclAllReduce::for_cluster`: every chief and worker task of one cluster
 /// gets the same random key, e.g. from `openssl rand -hex 32`.
 pub const CLUSTER_KEY_VAR: &str = "DISTRIBUTE_CLUSTER_KEY";
 
@@ -117,14 +116,16 @@ impl ClusterKey {
             .read_to_string(&mut text)
             .map_err(|e| e.to_string())?;
         if text.len() as u64 > cap {
-            return Err(format!("the file is longer than a key ({cap} bytes or more)"));
+            return Err(format!(
+                "the file is longer than a key ({cap} bytes or more)"
+            ));
         }
         Self::parse(&text)
     }
 
     fn parse(hex: &str) -> Result<Self, String> {
         let hex = hex.trim();
-        if hex.len() % 2 != 0 {
+        if !hex.len().is_multiple_of(2) {
             return Err(format!(
                 "a key in hex has an even number of digits, this one {}",
                 hex.len()
@@ -272,7 +273,10 @@ mod tests {
     #[test]
     fn keys_parse_from_hex_of_16_bytes_or_more() {
         assert_eq!(key().0, (0..32).collect::<Vec<u8>>());
-        assert_eq!(ClusterKey::from_hex(&format!(" {}\n", HEX.to_uppercase())).unwrap(), key());
+        assert_eq!(
+            ClusterKey::from_hex(&format!(" {}\n", HEX.to_uppercase())).unwrap(),
+            key()
+        );
         assert!(ClusterKey::from_hex(&HEX[..32]).is_ok());
         for (hex, expected) in [
             (&HEX[..30], "this one 15"),
@@ -293,7 +297,12 @@ mod tests {
     #[test]
     fn the_environment_gives_a_key_in_a_variable_or_a_file() {
         let vars = |pairs: Vec<(&'static str, OsString)>| {
-            move |name: &str| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone())
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| v.clone())
+            }
         };
         assert_eq!(ClusterKey::from_vars(vars(vec![])), Ok(None));
         assert_eq!(
@@ -311,15 +320,24 @@ mod tests {
         std::fs::write(&long, vec![b'a'; 1 << 20]).unwrap();
         for (pairs, expected) in [
             (
-                vec![(CLUSTER_KEY_VAR, HEX.into()), (CLUSTER_KEY_FILE_VAR, file.into())],
+                vec![
+                    (CLUSTER_KEY_VAR, HEX.into()),
+                    (CLUSTER_KEY_FILE_VAR, file.into()),
+                ],
                 "set one",
             ),
-            (vec![(CLUSTER_KEY_VAR, "12".into())], "DISTRIBUTE_CLUSTER_KEY: a key has"),
+            (
+                vec![(CLUSTER_KEY_VAR, "12".into())],
+                "DISTRIBUTE_CLUSTER_KEY: a key has",
+            ),
             (
                 vec![(CLUSTER_KEY_FILE_VAR, dir.path().join("none").into())],
                 "DISTRIBUTE_CLUSTER_KEY_FILE (",
             ),
-            (vec![(CLUSTER_KEY_FILE_VAR, long.into())], "longer than a key"),
+            (
+                vec![(CLUSTER_KEY_FILE_VAR, long.into())],
+                "longer than a key",
+            ),
         ] {
             let error = ClusterKey::from_vars(vars(pairs)).unwrap_err();
             assert!(error.contains(expected), "{error}");
@@ -355,7 +373,14 @@ mod tests {
         let sealed = session.seal(&id);
         assert_eq!(session.open(&sealed), Some(id));
         // No byte of the id shows through in place.
-        assert!(sealed[..UNIQUE_ID_BYTES].iter().zip(&id).filter(|(a, b)| a == b).count() < 8);
+        assert!(
+            sealed[..UNIQUE_ID_BYTES]
+                .iter()
+                .zip(&id)
+                .filter(|(a, b)| a == b)
+                .count()
+                < 8
+        );
         let mut altered = sealed;
         altered[5] ^= 1;
         assert_eq!(session.open(&altered), None);

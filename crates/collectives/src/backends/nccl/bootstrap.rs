@@ -809,7 +809,13 @@ fn bind(host: &str, port: u16) -> Result<Vec<TcpListener>, String> {
             .map_err(|e| format!("does not resolve: {e}"))?
             .collect(),
     };
-    addresses.dedup();
+    // A resolver may name an address twice, which would then be "in use" by this very leader.
+    let mut seen = Vec::new();
+    addresses.retain(|address| {
+        let first = !seen.contains(address);
+        seen.push(*address);
+        first
+    });
     let mut listeners = Vec::new();
     let mut not_here = Vec::new();
     for address in addresses {
@@ -971,8 +977,7 @@ fn advance<'k>(
                     stream,
                     peer,
                     claimed,
-                    reason: "it did not prove it knows the cluster key (it has another key)"
-                        .into(),
+                    reason: "it did not prove it knows the cluster key (it has another key)".into(),
                 }
             }
         }
@@ -1574,9 +1579,15 @@ mod tests {
             assert_eq!(Roster::new(&cluster(json)).remote_task(), None, "{json}");
         }
         for (json, remote) in [
-            (r#"{"chief": ["127.0.0.1:1"], "worker": ["10.0.0.2:1"]}"#, "10.0.0.2:1"),
+            (
+                r#"{"chief": ["127.0.0.1:1"], "worker": ["10.0.0.2:1"]}"#,
+                "10.0.0.2:1",
+            ),
             (r#"{"worker": ["localhost:1", "w1:1"]}"#, "w1:1"),
-            (r#"{"worker": ["localhost:1", "[::ffff:10.0.0.1]:1"]}"#, "[::ffff:10.0.0.1]:1"),
+            (
+                r#"{"worker": ["localhost:1", "[::ffff:10.0.0.1]:1"]}"#,
+                "[::ffff:10.0.0.1]:1",
+            ),
             (r#"{"worker": ["localhost:1", "localhost"]}"#, "localhost"),
         ] {
             let cluster = cluster(json);
