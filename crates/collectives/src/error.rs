@@ -130,6 +130,21 @@ pub enum CollectiveError {
         /// What went wrong.
         reason: String,
     },
+    /// The unique-id exchange has no usable cluster key: a cluster across hosts without one, or a
+    /// key that does not parse or cannot be read.
+    #[error("unique-id exchange: {0}")]
+    BootstrapKey(String),
+    /// A peer of the unique-id exchange did not prove it knows the cluster key: a process other
+    /// than the leader holds the leader's port, or the leader has another key.
+    #[error("unique-id exchange: {task} does not trust {peer}: {reason}")]
+    BootstrapUnauthenticated {
+        /// The task that checked, e.g. `worker:1`.
+        task: String,
+        /// The peer that failed, e.g. `the leader chief:0 at 10.0.0.1:2222`.
+        peer: String,
+        /// What it failed.
+        reason: String,
+    },
     /// A device name that does not parse.
     #[error(transparent)]
     Device(#[from] DeviceSpecError),

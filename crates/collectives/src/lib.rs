@@ -40,7 +40,12 @@ use no_cuda as gpu;
 
 #[cfg(feature = "nccl")]
 pub use backends::nccl::NcclAllReduce;
-pub use backends::nccl::bootstrap::{NcclRank, UNIQUE_ID_BYTES, exchange_unique_id, nccl_rank};
+pub use backends::nccl::auth::{
+    CLUSTER_KEY_FILE_VAR, CLUSTER_KEY_VAR, ClusterKey, MIN_CLUSTER_KEY_BYTES,
+};
+pub use backends::nccl::bootstrap::{
+    NcclRank, UNIQUE_ID_BYTES, exchange_unique_id, exchange_unique_id_with_key, nccl_rank,
+};
 pub use backends::{
     CollectiveGroup, GroupConfig, Member, ReducePlan, ReductionToOneDevice, SharedMemoryAllReduce,
 };

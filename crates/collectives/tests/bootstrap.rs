@@ -1,4 +1,5 @@
-//! The NCCL unique-id exchange over loopback, each chief and worker task in its own thread.
+//! The NCCL unique-id exchange over loopback, each chief and worker task in its own thread; with
+//! a cluster key, without one, and against strangers and a process squatting on the leader's port.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -6,7 +7,10 @@ use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use distribute_collectives::{CollectiveError, UNIQUE_ID_BYTES, exchange_unique_id, nccl_rank};
+use distribute_collectives::{
+    ClusterKey, CollectiveError, UNIQUE_ID_BYTES, exchange_unique_id, exchange_unique_id_with_key,
+    nccl_rank,
+};
 use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
 
 /// Long enough for a loaded machine, short enough that a failing test fails fast.
@@ -65,6 +69,32 @@ fn spawn(cluster: &ClusterSpec, task: TaskId, timeout: Duration) -> JoinHandle<O
     thread::spawn(move || {
         let id = nccl_rank(&cluster, task).unwrap().is_leader().then(the_id);
         exchange_unique_id(&cluster, task, id, timeout)
+    })
+}
+
+/// The cluster's key in the tests that have one.
+fn key() -> ClusterKey {
+    ClusterKey::from_hex("6b1f0c9e2d4a87b35e90f1c2a4d6e8f700112233445566778899aabbccddeeff")
+        .unwrap()
+}
+
+/// Another key, as a stranger or a squatter would have.
+fn wrong_key() -> ClusterKey {
+    ClusterKey::from_hex("00000000000000000000000000000000").unwrap()
+}
+
+/// [`spawn`] with `key`; the leader passes `id`.
+fn spawn_keyed(
+    cluster: &ClusterSpec,
+    task: TaskId,
+    key: Option<ClusterKey>,
+    id: [u8; UNIQUE_ID_BYTES],
+    timeout: Duration,
+) -> JoinHandle<Outcome> {
+    let cluster = cluster.clone();
+    thread::spawn(move || {
+        let id = nccl_rank(&cluster, task).unwrap().is_leader().then_some(id);
+        exchange_unique_id_with_key(&cluster, task, id, key.as_ref(), timeout)
     })
 }
 
@@ -137,9 +167,10 @@ fn a_single_task_gets_its_own_id_without_networking() {
 #[test]
 fn the_leader_names_the_task_that_never_came() {
     let cluster = loopback_cluster(true, 3);
-    let present = [chief(), worker(0), worker(1)];
-    let mut handles = spawn_all(&cluster, &present, SHORT);
-    let leader = handles.remove(0).join().unwrap().unwrap_err();
+    // The others wait longer than the leader, so none has given up when it does.
+    let leader = spawn(&cluster, chief(), SHORT);
+    let handles = spawn_all(&cluster, &[worker(0), worker(1)], TIMEOUT);
+    let leader = leader.join().unwrap().unwrap_err();
     let CollectiveError::BootstrapTimeout { task, missing, .. } = &leader else {
         panic!("{leader}");
     };
@@ -374,13 +405,21 @@ fn a_leader_address_that_cannot_be_used_is_named() {
             "cannot be bound as 192.0.2.1:2222",
         ),
         (
+            "no-such-host.invalid:2222".to_owned(),
+            "'no-such-host.invalid:2222' does not resolve",
+        ),
+        (
             taken_address.clone(),
             "another process listens on that port",
         ),
     ] {
         let cluster =
             ClusterSpec::new([(TaskType::Worker, vec![address.clone(), free_address()])]).unwrap();
-        let error = exchange_unique_id(&cluster, worker(0), Some(the_id()), SHORT).unwrap_err();
+        // Not loopback: a cluster across hosts needs a key.
+        let key = key();
+        let error =
+            exchange_unique_id_with_key(&cluster, worker(0), Some(the_id()), Some(&key), SHORT)
+                .unwrap_err();
         assert!(
             matches!(&error, CollectiveError::BootstrapAddress { task, .. } if task == "worker:0"),
             "{address}: {error}"
@@ -432,4 +471,264 @@ fn the_leader_counts_a_task_that_gave_up_as_missing() {
             .contains("closed its connection before the id was sent"),
         "{error}"
     );
+}
+
+#[test]
+fn with_a_key_every_task_gets_the_id() {
+    for (chief, workers) in [(true, 3), (false, 2)] {
+        let cluster = loopback_cluster(chief, workers);
+        let tasks = ranks(&cluster);
+        let spawn = |task| spawn_keyed(&cluster, task, Some(key()), the_id(), TIMEOUT);
+        // The leader starts last: the others wait for it.
+        let mut handles: Vec<_> = tasks[1..].iter().map(|&task| spawn(task)).collect();
+        thread::sleep(Duration::from_millis(100));
+        handles.insert(0, spawn(tasks[0]));
+        assert_all_get_the_id(&tasks, handles);
+    }
+}
+
+#[test]
+fn a_stranger_without_the_key_gets_nothing_and_the_real_task_still_joins() {
+    let cluster = loopback_cluster(true, 2);
+    let leader = spawn_keyed(&cluster, chief(), Some(key()), the_id(), TIMEOUT);
+    // Strangers with the right cluster spec come first, claiming worker:1: one without a key,
+    // one with another key.
+    let strangers = [None, Some(wrong_key())]
+        .map(|key| spawn_keyed(&cluster, worker(1), key, [0; UNIQUE_ID_BYTES], TIMEOUT));
+    thread::sleep(Duration::from_millis(200));
+    let tasks = ranks(&cluster);
+    let mut handles: Vec<_> = tasks[1..]
+        .iter()
+        .map(|&task| spawn_keyed(&cluster, task, Some(key()), [0; UNIQUE_ID_BYTES], TIMEOUT))
+        .collect();
+    handles.insert(0, leader);
+
+    let [no_key, other_key] = strangers.map(|stranger| stranger.join().unwrap());
+    let no_key = no_key.unwrap_err();
+    assert!(
+        matches!(&no_key, CollectiveError::BootstrapRefused { reason, .. }
+            if reason.contains("this one has no cluster key")),
+        "{no_key}"
+    );
+    // A stranger with another key finds the leader does not know its key either.
+    let other_key = other_key.unwrap_err();
+    assert!(
+        matches!(other_key, CollectiveError::BootstrapUnauthenticated { .. }),
+        "{other_key}"
+    );
+    assert_all_get_the_id(&tasks, handles);
+}
+
+#[test]
+fn a_replayed_hello_with_a_guessed_proof_is_refused() {
+    let cluster = loopback_cluster(true, 2);
+    let hello = recorded_hello(&cluster);
+    let leader = spawn_keyed(&cluster, chief(), Some(key()), the_id(), TIMEOUT);
+    let address = cluster.tasks(TaskType::Chief)[0].clone();
+    let guesser = thread::spawn(move || {
+        let mut stream = connect(&address);
+        stream.set_read_timeout(Some(TIMEOUT)).unwrap();
+        stream.write_all(&hello).unwrap();
+        let mut challenge = [0; 10 + 1 + 64];
+        stream.read_exact(&mut challenge).unwrap();
+        assert_eq!(challenge[10], 3, "not a challenge");
+        stream.write_all(&[0x5a; 32]).unwrap();
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        answer
+    });
+    let answer = guesser.join().unwrap();
+    assert_eq!(answer[10], 1, "not a refusal: {answer:?}");
+    assert!(
+        String::from_utf8_lossy(&answer).contains("did not prove it knows the cluster key"),
+        "{answer:?}"
+    );
+    let tasks = ranks(&cluster);
+    let mut handles: Vec<_> = tasks[1..]
+        .iter()
+        .map(|&task| spawn_keyed(&cluster, task, Some(key()), [0; UNIQUE_ID_BYTES], TIMEOUT))
+        .collect();
+    handles.insert(0, leader);
+    assert_all_get_the_id(&tasks, handles);
+}
+
+/// The 60 bytes worker:1 of `cluster` says first, recorded on the leader's port before the leader
+/// starts, as an eavesdropper could.
+fn recorded_hello(cluster: &ClusterSpec) -> Vec<u8> {
+    let listener = TcpListener::bind(&cluster.tasks(TaskType::Chief)[0]).unwrap();
+    let task = spawn_keyed(cluster, worker(1), Some(key()), [0; UNIQUE_ID_BYTES], SHORT);
+    let (mut stream, _) = listener.accept().unwrap();
+    stream.set_read_timeout(Some(TIMEOUT)).unwrap();
+    let mut hello = vec![0; 60];
+    stream.read_exact(&mut hello).unwrap();
+    drop((stream, listener));
+    assert!(task.join().unwrap().is_err());
+    hello
+}
+
+/// Every worker of `cluster` (with the key) against whatever holds the chief's port: each fails
+/// with an error `check` accepts, and none gets an id.
+fn workers_see_through(cluster: &ClusterSpec, check: impl Fn(&CollectiveError) -> bool) {
+    let workers = ranks(cluster)[1..].to_vec();
+    let handles: Vec<_> = workers
+        .iter()
+        .map(|&task| spawn_keyed(cluster, task, Some(key()), [0; UNIQUE_ID_BYTES], TIMEOUT))
+        .collect();
+    for (task, handle) in workers.iter().zip(handles) {
+        let error = handle.join().unwrap().unwrap_err();
+        assert!(check(&error), "{task}: {error}");
+    }
+}
+
+#[test]
+fn a_fake_leader_with_another_key_is_detected_by_every_worker() {
+    let cluster = loopback_cluster(true, 3);
+    let fake = spawn_keyed(&cluster, chief(), Some(wrong_key()), [9; 128], SHORT);
+    workers_see_through(&cluster, |error| {
+        matches!(error, CollectiveError::BootstrapUnauthenticated { peer, reason, .. }
+            if peer.starts_with("the leader chief:0 at 127.0.0.1:")
+                && reason.contains("did not prove it knows the cluster key"))
+    });
+    assert!(fake.join().unwrap().is_err());
+}
+
+#[test]
+fn a_fake_leader_without_a_key_is_detected_by_every_worker() {
+    let cluster = loopback_cluster(true, 3);
+    let fake = spawn_keyed(&cluster, chief(), None, [9; 128], SHORT);
+    workers_see_through(&cluster, |error| {
+        matches!(error, CollectiveError::BootstrapRefused { reason, .. }
+            if reason.contains("the leader has none")
+                && reason.contains("before the leader proved it knows the cluster key"))
+    });
+    assert!(fake.join().unwrap().is_err());
+}
+
+#[test]
+fn a_process_on_the_leaders_port_handing_out_ids_is_detected_by_every_worker() {
+    let cluster = loopback_cluster(true, 3);
+    let listener = TcpListener::bind(&cluster.tasks(TaskType::Chief)[0]).unwrap();
+    // It answers every hello at once with an id of its own, in clear, as the old protocol did.
+    let squatter = thread::spawn(move || {
+        for _ in 0..3 {
+            let (mut stream, _) = listener.accept().unwrap();
+            stream.set_read_timeout(Some(TIMEOUT)).unwrap();
+            // Whatever the version of the hello, the reply starts like it.
+            let mut hello = [0; 60];
+            assert!(stream.read(&mut hello).unwrap() >= 10);
+            let mut reply = hello[..10].to_vec();
+            reply.push(0);
+            reply.extend_from_slice(&[9; UNIQUE_ID_BYTES]);
+            stream.write_all(&reply).unwrap();
+        }
+    });
+    workers_see_through(&cluster, |error| {
+        matches!(error, CollectiveError::BootstrapUnauthenticated { reason, .. }
+            if reason.contains("sent an id without proving it knows the cluster key"))
+    });
+    squatter.join().unwrap();
+}
+
+#[test]
+fn a_cluster_across_hosts_is_refused_without_a_key() {
+    let cluster = ClusterSpec::new([
+        (TaskType::Chief, vec![free_address()]),
+        (TaskType::Worker, vec!["10.1.2.3:2222".into()]),
+    ])
+    .unwrap();
+    for task in [chief(), worker(0)] {
+        // No networking: a worker that tried would time out instead.
+        let error = spawn_keyed(&cluster, task, None, the_id(), TIMEOUT)
+            .join()
+            .unwrap()
+            .unwrap_err();
+        let CollectiveError::BootstrapKey(message) = &error else {
+            panic!("{task}: {error}");
+        };
+        for expected in [
+            "will not run the exchange across hosts without a cluster key",
+            "worker:0 is at 10.1.2.3:2222",
+            "DISTRIBUTE_CLUSTER_KEY",
+            "openssl rand -hex 32",
+        ] {
+            assert!(message.contains(expected), "{task}: {message}");
+        }
+    }
+}
+
+/// Linux routes all of 127.0.0.0/8 to loopback, so 127.0.0.2 stands for another interface.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_leader_named_localhost_listens_on_loopback_only() {
+    let port = free_address().rsplit_once(':').unwrap().1.to_owned();
+    let cluster = ClusterSpec::new([(
+        TaskType::Worker,
+        vec![format!("localhost:{port}"), free_address()],
+    )])
+    .unwrap();
+    let leader = spawn(&cluster, worker(0), TIMEOUT);
+    drop(connect(&format!("127.0.0.1:{port}")));
+    let elsewhere = TcpStream::connect(format!("127.0.0.2:{port}"));
+    assert!(
+        elsewhere.is_err(),
+        "the leader took a connection on 127.0.0.2: it listens on every interface"
+    );
+    let other = spawn(&cluster, worker(1), TIMEOUT);
+    assert_all_get_the_id(&[worker(0), worker(1)], vec![leader, other]);
+}
+
+#[test]
+fn a_peer_from_another_ip_than_its_tasks_is_refused() {
+    // worker:0 is said to be at 127.0.0.2, but connects from 127.0.0.1.
+    let port = free_address().rsplit_once(':').unwrap().1.to_owned();
+    let cluster = ClusterSpec::new([
+        (TaskType::Chief, vec![free_address()]),
+        (TaskType::Worker, vec![format!("127.0.0.2:{port}")]),
+    ])
+    .unwrap();
+    let leader = spawn(&cluster, chief(), SHORT);
+    let error = spawn(&cluster, worker(0), TIMEOUT)
+        .join()
+        .unwrap()
+        .unwrap_err();
+    let expected = format!(
+        "it connects from 127.0.0.1, but worker:0's address in the cluster spec is \
+         127.0.0.2:{port}"
+    );
+    assert!(
+        matches!(&error, CollectiveError::BootstrapRefused { reason, .. } if *reason == expected),
+        "{error}"
+    );
+    assert!(leader.join().unwrap().is_err());
+}
+
+#[test]
+fn an_endless_timeout_waits_without_limit() {
+    for key in [Some(key()), None] {
+        let cluster = loopback_cluster(true, 2);
+        let tasks = ranks(&cluster);
+        let (done, results) = mpsc::channel();
+        let run = |task: TaskId| {
+            let (cluster, key, done) = (cluster.clone(), key.clone(), done.clone());
+            thread::spawn(move || {
+                let id = nccl_rank(&cluster, task).unwrap().is_leader().then(the_id);
+                let outcome =
+                    exchange_unique_id_with_key(&cluster, task, id, key.as_ref(), Duration::MAX);
+                done.send((task, outcome)).unwrap();
+            })
+        };
+        // The workers wait for a leader that starts later.
+        for &task in &tasks[1..] {
+            run(task);
+        }
+        thread::sleep(Duration::from_millis(100));
+        run(tasks[0]);
+        for _ in &tasks {
+            // A panicking task never reports: the wait ends with an error, not a hang.
+            let (task, outcome) = results
+                .recv_timeout(TIMEOUT)
+                .expect("a task never reported");
+            assert_eq!(outcome, Ok(the_id()), "{task}");
+        }
+    }
 }

@@ -139,6 +139,12 @@ impl NcclAllReduce {
     /// `t·k .. t·k + k`. The leader (chief, else worker 0) makes the NCCL unique id and hands it
     /// to the other tasks through [`exchange_unique_id`](crate::exchange_unique_id), waiting at
     /// most `deadline` for them.
+    ///
+    /// The exchange authenticates every task with the cluster key in the environment variable
+    /// `DISTRIBUTE_CLUSTER_KEY` (hex, at least 16 bytes, e.g. `openssl rand -hex 32`; or a file
+    /// named by `DISTRIBUTE_CLUSTER_KEY_FILE`), the same on every chief and worker task; a cluster
+    /// across hosts without one is a [`CollectiveError::BootstrapKey`]. See
+    /// [`exchange_unique_id`](crate::exchange_unique_id#security).
     pub fn for_cluster(
         cluster: &distribute_device_spec::ClusterSpec,
         me: distribute_device_spec::TaskId,

@@ -13,53 +13,78 @@
 //! `i`. Rank 0 (the cluster's collective leader: the chief, else worker 0) leads the exchange.
 //! Parameter servers and evaluators are no ranks and are refused. See [`nccl_rank`].
 //!
-//! # Protocol (version 1; integers big-endian)
+//! # Protocol (version 2; integers big-endian)
 //!
 //! The leader listens on the port of its own address in the cluster spec: on that IP when the
-//! host is an IP address, on every interface when it is a name (a name often resolves to an
-//! address that is not the machine's own, such as a Kubernetes service's). Every other task
-//! connects to it, retrying with short sleeps until its timeout since the leader may start later,
-//! and sends a hello of 27 bytes: the magic `dst-uid\0`, the version (u16), its task type (u8:
-//! 0 chief, 1 worker, 2 ps, 3 evaluator), its task index (u32), the number of ranks it believes in
-//! (u32) and a hash of its cluster's chief and worker addresses in rank order (u64).
+//! host is an IP address, else on every address its name resolves to (`localhost` binds loopback
+//! only, never every interface; a Kubernetes headless service resolves to the pod's own address).
+//! Every other task connects to it, retrying with short sleeps until its timeout since the leader
+//! may start later, and sends a hello of 60 bytes: the magic `dst-uid\0`, the version (u16), its
+//! task type (u8: 0 chief, 1 worker, 2 ps, 3 evaluator), its task index (u32), the number of ranks
+//! it believes in (u32), a hash of its cluster's chief and worker addresses in rank order (u64),
+//! whether it has a cluster key (u8: 0 no, 1 HMAC-SHA256) and a fresh random nonce (32 bytes).
 //!
-//! The leader refuses a bad hello at once (unknown task, a task already joined, another cluster
-//! spec) and keeps waiting for the right ones. When every rank has joined, it sends each the id;
-//! when its timeout passes first, it tells those that joined which tasks never came and fails
-//! naming them, so that no task goes on into an NCCL initialisation that would hang. A reply is
-//! the magic, the version, a status (u8) and then the id (128 bytes) for status 0, or a UTF-8
-//! message (u16 length, at most 1024 bytes) for status 1 (refused: why) and 2 (abandoned: the
-//! missing tasks, comma-separated).
+//! The leader refuses a bad hello at once (unknown task, another cluster spec, a peer whose IP is
+//! not the one the cluster spec gives its task, a key on one side only). With a key, it answers a
+//! good hello with a challenge: its own fresh nonce and its proof of the key; the task checks that
+//! proof (so a process squatting on the leader's port is found out before the task says anything
+//! it could use) and answers with its own proof (32 bytes); a task whose proof fails is refused.
+//! See [`auth`](super::auth) for what the proofs cover. A task that proved itself joins, unless its
+//! task already joined on a connection still open.
+//!
+//! When every rank has joined, the leader sends each the id: sealed for that connection with a key
+//! derived from the handshake (status 4: ciphertext and tag, 160 bytes), or in clear without a key
+//! (status 0: 128 bytes). When its timeout passes first, it tells those that joined which tasks
+//! never came and fails naming them, so that no task goes on into an NCCL initialisation that
+//! would hang. A reply is the magic, the version, a status (u8) and its body: status 1 (refused:
+//! why) and 2 (abandoned: the missing tasks, comma-separated) carry a UTF-8 message (u16 length, at
+//! most 1024 bytes), status 3 (challenge) the leader's nonce and proof (64 bytes).
+//!
+//! # Security
+//!
+//! The launcher gives every chief and worker task the same random key ([`ClusterKey`]:
+//! `DISTRIBUTE_CLUSTER_KEY` in hex, or a file named by `DISTRIBUTE_CLUSTER_KEY_FILE`). Both sides
+//! then prove they know it, so a stranger that can reach the leader gets nothing (not even the id
+//! in clear on the wire) and cannot take a task's place, and a process on the leader's port is an
+//! error on every task. A cluster whose chief and worker addresses are not all loopback (`127.*`,
+//! `::1`, `localhost`) refuses to run without a key; a loopback-only one runs without, with a
+//! warning (any local process could then take part).
 //!
 //! # Failures
 //!
 //! Every failure is a [`CollectiveError`], never a hang or a panic: every socket operation has a
-//! timeout; the leader reads hellos without blocking, so a connection that sends nothing or
-//! garbage is dropped (after two seconds at most) without holding up the others. Only the
-//! resolution of a host name, done by the system, is not bounded by the timeout.
+//! timeout (none when the timeout is too long to be added to the clock, such as
+//! [`Duration::MAX`]: then the exchange waits without limit); the leader reads hellos and proofs
+//! without blocking, so a connection that sends nothing or garbage is dropped (after two seconds at
+//! most) without holding up the others. Only the resolution of a host name, done by the system, is
+//! not bounded by the timeout.
 
 use std::fmt;
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
 
+use super::auth::{
+    CLUSTER_KEY_FILE_VAR, CLUSTER_KEY_VAR, ClusterKey, NONCE_BYTES, Nonce, PROOF_BYTES, Proof,
+    SEALED_BYTES, Session, nonce,
+};
 use super::fnv::Fnv;
 use crate::CollectiveError;
 
 /// The 128 bytes every rank of an NCCL communicator must share (`NCCL_UNIQUE_ID_BYTES`).
 pub const UNIQUE_ID_BYTES: usize = 128;
 
-/// How long the leader waits for the hello of a connection before it drops it.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the leader waits for the hello and the proof of a connection before it drops it.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
 const MAGIC: [u8; 8] = *b"dst-uid\0";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 /// Magic and version: what both a hello and a reply start with.
 const HEADER_LEN: usize = MAGIC.len() + 2;
-const HELLO_LEN: usize = HEADER_LEN + 1 + 4 + 4 + 8;
+const HELLO_LEN: usize = HEADER_LEN + 1 + 4 + 4 + 8 + 1 + NONCE_BYTES;
 /// The longest message a reply carries; longer ones are cut.
 const MAX_MESSAGE: usize = 1024;
 /// The longest a client waits on one connection attempt before trying again.
@@ -76,6 +101,8 @@ const MAX_NOTES: usize = 8;
 const STATUS_ID: u8 = 0;
 const STATUS_REFUSED: u8 = 1;
 const STATUS_ABANDONED: u8 = 2;
+const STATUS_CHALLENGE: u8 = 3;
+const STATUS_SEALED: u8 = 4;
 
 /// A task's place in the NCCL communicator of a multi-process run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -118,10 +145,26 @@ pub fn nccl_rank(cluster: &ClusterSpec, me: TaskId) -> Result<NcclRank, Collecti
 /// `id` is `Some` exactly on the leader (see [`NcclRank::is_leader`]) and `None` on every other
 /// task; anything else is a [`CollectiveError::InvalidArgument`]. The leader returns once it has
 /// sent every task the id, the others once they have it; a cluster of one task returns the id at
-/// once, without networking. Within `timeout` (give the leader time to start), every task either
-/// has the id or fails: [`CollectiveError::BootstrapTimeout`] names the tasks that never joined on
-/// the leader, and the leader's address on the others; a task the leader refuses (another cluster
-/// spec, a task already joined) gets [`CollectiveError::BootstrapRefused`].
+/// once, without networking. Within `timeout` (give the leader time to start; one too long to add
+/// to the clock, such as [`Duration::MAX`], waits without limit), every task either has the id or
+/// fails: [`CollectiveError::BootstrapTimeout`] names the tasks that never joined on the leader,
+/// and the leader's address on the others; a task the leader refuses (another cluster spec, a task
+/// already joined, no key or the wrong one) gets [`CollectiveError::BootstrapRefused`].
+///
+/// # Security
+///
+/// The tasks authenticate each other with the cluster key the launcher gives every chief and
+/// worker task: the environment variable `DISTRIBUTE_CLUSTER_KEY` ([`CLUSTER_KEY_VAR`]) holding at
+/// least 16 random bytes in hex, made e.g. with `openssl rand -hex 32`, or
+/// `DISTRIBUTE_CLUSTER_KEY_FILE` ([`CLUSTER_KEY_FILE_VAR`]) naming a file that holds it. The
+/// leader sends the id, encrypted, only to a task that proved it knows the key, and a task accepts
+/// an id only from a leader that proved it too: a process on the leader's port is a
+/// [`CollectiveError::BootstrapUnauthenticated`]. Where a task's address in the cluster spec is an
+/// IP, the leader also refuses a connection from any other IP. A cluster whose chief and worker
+/// addresses are not all loopback refuses to run without a key
+/// ([`CollectiveError::BootstrapKey`], which also reports a key that does not parse); a
+/// loopback-only one runs without, logging a warning. [`exchange_unique_id_with_key`] takes the
+/// key as an argument instead.
 ///
 /// ```
 /// use std::time::Duration;
@@ -143,22 +186,110 @@ pub fn exchange_unique_id(
     id: Option<[u8; UNIQUE_ID_BYTES]>,
     timeout: Duration,
 ) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
+    let key = ClusterKey::from_env()?;
+    exchange_unique_id_with_key(cluster, me, id, key.as_ref(), timeout)
+}
+
+/// [`exchange_unique_id`] with the cluster key given rather than read from the environment:
+/// `None` runs without one, which only a loopback-only cluster may (else
+/// [`CollectiveError::BootstrapKey`]).
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use distribute_collectives::{ClusterKey, exchange_unique_id_with_key};
+/// use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
+///
+/// let cluster = ClusterSpec::from_json(r#"{"worker": ["localhost:2222"]}"#)?;
+/// let key = ClusterKey::from_hex("00112233445566778899aabbccddeeff")?;
+/// let me = TaskId::new(TaskType::Worker, 0);
+/// let id = Some([7; 128]);
+/// let shared = exchange_unique_id_with_key(&cluster, me, id, Some(&key), Duration::MAX)?;
+/// assert_eq!(shared, [7; 128]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn exchange_unique_id_with_key(
+    cluster: &ClusterSpec,
+    me: TaskId,
+    id: Option<[u8; UNIQUE_ID_BYTES]>,
+    key: Option<&ClusterKey>,
+    timeout: Duration,
+) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
     let rank = nccl_rank(cluster, me)?;
     let roster = Roster::new(cluster);
-    match (rank.is_leader(), id) {
-        (true, None) => Err(CollectiveError::InvalidArgument(format!(
-            "{me} leads the unique-id exchange of this cluster: pass the id it made with \
-             ncclGetUniqueId"
-        ))),
-        (false, Some(_)) => Err(CollectiveError::InvalidArgument(format!(
-            "{me} is rank {}, not the leader of the unique-id exchange ({} is): pass None and \
-             receive the leader's id",
-            rank.rank,
-            roster.leader()
-        ))),
-        (true, Some(id)) if rank.world_size == 1 => Ok(id),
-        (true, Some(id)) => lead(&roster, id, timeout),
-        (false, None) => join(&roster, me, timeout),
+    let id = match (rank.is_leader(), id) {
+        (true, None) => {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "{me} leads the unique-id exchange of this cluster: pass the id it made with \
+                 ncclGetUniqueId"
+            )));
+        }
+        (false, Some(_)) => {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "{me} is rank {}, not the leader of the unique-id exchange ({} is): pass None and \
+                 receive the leader's id",
+                rank.rank,
+                roster.leader()
+            )));
+        }
+        (true, Some(id)) if rank.world_size == 1 => return Ok(id),
+        (_, id) => id,
+    };
+    let leader_address = roster.leader_address();
+    let (host, port) =
+        parse_address(leader_address).map_err(|reason| CollectiveError::BootstrapAddress {
+            task: roster.leader().to_string(),
+            address: leader_address.to_owned(),
+            reason,
+        })?;
+    if key.is_none() {
+        match roster.remote_task() {
+            Some((task, address)) => {
+                return Err(CollectiveError::BootstrapKey(format!(
+                    "{me} will not run the exchange across hosts without a cluster key ({task} is \
+                     at {address}, not loopback), as any host that reaches the leader could take \
+                     a task's place and join the communicator: give every chief and worker task \
+                     the same random key in {CLUSTER_KEY_VAR} (hex, at least 32 digits, e.g. from \
+                     `openssl rand -hex 32`), or in a file named by {CLUSTER_KEY_FILE_VAR}"
+                )));
+            }
+            None => log::warn!(
+                "unique-id exchange: {me} runs without a cluster key (the cluster is loopback \
+                 only), so any local process could take a task's place; set {CLUSTER_KEY_VAR} \
+                 to authenticate the tasks"
+            ),
+        }
+    }
+    let deadline = Deadline::after(timeout);
+    match id {
+        Some(id) => lead(&roster, (host, port), id, key, timeout, deadline),
+        None => join(&roster, me, (host, port), key, deadline),
+    }
+}
+
+/// When the exchange gives up: `None` for a timeout too long to add to the clock (no limit).
+#[derive(Debug, Clone, Copy)]
+struct Deadline(Option<Instant>);
+
+impl Deadline {
+    fn after(timeout: Duration) -> Self {
+        Self(Instant::now().checked_add(timeout))
+    }
+
+    fn passed(&self) -> bool {
+        self.0.is_some_and(|deadline| Instant::now() >= deadline)
+    }
+
+    /// The time left, `None` without a limit.
+    fn left(&self) -> Option<Duration> {
+        self.0
+            .map(|deadline| deadline.saturating_duration_since(Instant::now()))
+    }
+
+    /// A socket timeout for what is left, at least 1 ms (a zero socket timeout is an error);
+    /// `None` (block) without a limit.
+    fn io_timeout(&self) -> Option<Duration> {
+        self.left().map(|left| left.max(Duration::from_millis(1)))
     }
 }
 
@@ -203,6 +334,43 @@ impl<'a> Roster<'a> {
         self.ranks[0].1
     }
 
+    /// A rank whose host is not loopback (`127.*`, `::1`, `localhost`), with its address: the
+    /// exchange then crosses hosts.
+    fn remote_task(&self) -> Option<(TaskId, &'a str)> {
+        let loopback = |address: &str| match parse_address(address) {
+            Ok((host, _)) => match host.parse::<IpAddr>() {
+                Ok(ip) => ip.to_canonical().is_loopback(),
+                Err(_) => {
+                    let host = host.trim_end_matches('.').to_ascii_lowercase();
+                    host == "localhost" || host.ends_with(".localhost")
+                }
+            },
+            Err(_) => false,
+        };
+        self.ranks
+            .iter()
+            .find(|(_, address)| !loopback(address))
+            .copied()
+    }
+
+    /// Why `peer` may not be rank `rank`: the cluster spec gives that task another IP.
+    fn check_peer(&self, rank: usize, peer: SocketAddr) -> Result<(), String> {
+        let (task, address) = self.ranks[rank];
+        let Ok((host, _)) = parse_address(address) else {
+            return Ok(());
+        };
+        match host.parse::<IpAddr>() {
+            Ok(ip) if !ip.is_unspecified() && ip.to_canonical() != peer.ip().to_canonical() => {
+                Err(format!(
+                    "it connects from {}, but {task}'s address in the cluster spec is {address}",
+                    peer.ip()
+                ))
+            }
+            // A name may resolve to many addresses, or to none of the peer's own.
+            _ => Ok(()),
+        }
+    }
+
     fn rank_of(&self, task: TaskId) -> Option<usize> {
         self.ranks.iter().position(|(t, _)| *t == task)
     }
@@ -243,6 +411,10 @@ struct Hello {
     task: TaskId,
     world_size: u32,
     cluster_hash: u64,
+    /// Whether the task has a cluster key, so the leader must challenge it.
+    keyed: bool,
+    /// The task's fresh random bytes for the handshake (zeros without a key).
+    nonce: Nonce,
 }
 
 impl Hello {
@@ -262,6 +434,8 @@ impl Hello {
             &self.task.index.to_be_bytes(),
             &self.world_size.to_be_bytes(),
             &self.cluster_hash.to_be_bytes(),
+            &[u8::from(self.keyed)],
+            &self.nonce,
         ] {
             let (head, rest) = out.split_at_mut(field.len());
             head.copy_from_slice(field);
@@ -280,10 +454,19 @@ impl Hello {
             other => return Err(format!("its hello has an unknown task type {other}")),
         };
         let u32_at = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+        let keyed = match bytes[HEADER_LEN + 17] {
+            0 => false,
+            1 => true,
+            other => return Err(format!("its hello has an unknown key scheme {other}")),
+        };
         Ok(Self {
             task: TaskId::new(task_type, u32_at(HEADER_LEN + 1)),
             world_size: u32_at(HEADER_LEN + 5),
-            cluster_hash: u64::from_be_bytes(bytes[HEADER_LEN + 9..].try_into().unwrap()),
+            cluster_hash: u64::from_be_bytes(
+                bytes[HEADER_LEN + 9..HEADER_LEN + 17].try_into().unwrap(),
+            ),
+            keyed,
+            nonce: bytes[HEADER_LEN + 18..].try_into().unwrap(),
         })
     }
 }
@@ -312,8 +495,12 @@ fn check_header(prefix: &[u8], what: &str) -> Result<(), String> {
 /// What the leader answers a hello.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Reply {
-    /// Every rank joined: the unique id.
+    /// Every rank joined: the unique id, in clear (no cluster key).
     Id([u8; UNIQUE_ID_BYTES]),
+    /// Every rank joined: the unique id sealed for this connection (see [`Session::seal`]).
+    Sealed([u8; SEALED_BYTES]),
+    /// The leader's nonce and its proof of the cluster key, asking for the task's proof.
+    Challenge { nonce: Nonce, proof: Proof },
     /// This task may not join, and why.
     Refused(String),
     /// The leader gave up: the tasks that never joined.
@@ -328,6 +515,17 @@ impl Reply {
             Self::Id(id) => {
                 bytes.push(STATUS_ID);
                 bytes.extend_from_slice(id);
+                return bytes;
+            }
+            Self::Sealed(sealed) => {
+                bytes.push(STATUS_SEALED);
+                bytes.extend_from_slice(sealed);
+                return bytes;
+            }
+            Self::Challenge { nonce, proof } => {
+                bytes.push(STATUS_CHALLENGE);
+                bytes.extend_from_slice(nonce);
+                bytes.extend_from_slice(proof);
                 return bytes;
             }
             Self::Refused(reason) => {
@@ -353,10 +551,24 @@ impl Reply {
         read_exact(from, &mut header)?;
         check_header(&header, "reply").map_err(WireError::Garbage)?;
         let status = header[HEADER_LEN];
-        if status == STATUS_ID {
-            let mut id = [0; UNIQUE_ID_BYTES];
-            read_exact(from, &mut id)?;
-            return Ok(Self::Id(id));
+        match status {
+            STATUS_ID => {
+                let mut id = [0; UNIQUE_ID_BYTES];
+                read_exact(from, &mut id)?;
+                return Ok(Self::Id(id));
+            }
+            STATUS_SEALED => {
+                let mut sealed = [0; SEALED_BYTES];
+                read_exact(from, &mut sealed)?;
+                return Ok(Self::Sealed(sealed));
+            }
+            STATUS_CHALLENGE => {
+                let (mut nonce, mut proof) = ([0; NONCE_BYTES], [0; PROOF_BYTES]);
+                read_exact(from, &mut nonce)?;
+                read_exact(from, &mut proof)?;
+                return Ok(Self::Challenge { nonce, proof });
+            }
+            _ => {}
         }
         let mut len = [0; 2];
         read_exact(from, &mut len)?;
@@ -431,59 +643,87 @@ fn parse_address(address: &str) -> Result<(&str, u16), String> {
     }
 }
 
-/// A connection whose hello the leader has not read in full.
-struct Pending {
+/// A connection the leader has not admitted yet: it reads the hello, then (with a key) the proof.
+struct Pending<'k> {
     stream: TcpStream,
     peer: SocketAddr,
-    hello: Vec<u8>,
+    /// What has arrived of the message this stage waits for.
+    received: Vec<u8>,
+    /// When the connection was accepted: the whole handshake has [`HANDSHAKE_TIMEOUT`].
     since: Instant,
+    stage: Stage<'k>,
 }
 
-impl Pending {
-    /// Reads what has arrived: `None` while the hello is incomplete, else the hello or why the
-    /// connection is dropped.
-    fn poll(&mut self) -> Option<Result<Hello, String>> {
+/// What the leader waits for on a pending connection.
+enum Stage<'k> {
+    Hello,
+    /// The task's proof of the key, after the leader's challenge.
+    Proof {
+        hello: Hello,
+        rank: usize,
+        session: Session<'k>,
+    },
+}
+
+impl Stage<'_> {
+    fn wants(&self) -> (usize, &'static str) {
+        match self {
+            Self::Hello => (HELLO_LEN, "a hello"),
+            Self::Proof { .. } => (PROOF_BYTES, "a proof of the cluster key"),
+        }
+    }
+}
+
+impl Pending<'_> {
+    /// Reads what has arrived: `None` while this stage's message is incomplete, else the message
+    /// or why the connection is dropped.
+    fn poll(&mut self) -> Option<Result<Vec<u8>, String>> {
+        let (len, what) = self.stage.wants();
         let mut chunk = [0; HELLO_LEN];
         loop {
-            let want = HELLO_LEN - self.hello.len();
+            let want = len - self.received.len();
             match self.stream.read(&mut chunk[..want]) {
                 Ok(0) => {
                     return Some(Err(format!(
-                        "it closed the connection after {} of the {HELLO_LEN} bytes of a hello",
-                        self.hello.len()
+                        "it closed the connection after {} of the {len} bytes of {what}",
+                        self.received.len()
                     )));
                 }
                 Ok(n) => {
-                    self.hello.extend_from_slice(&chunk[..n]);
-                    if let Err(reason) = check_header(&self.hello, "hello") {
+                    self.received.extend_from_slice(&chunk[..n]);
+                    if matches!(self.stage, Stage::Hello)
+                        && let Err(reason) = check_header(&self.received, "hello")
+                    {
                         return Some(Err(reason));
                     }
-                    if let Ok(hello) = <&[u8; HELLO_LEN]>::try_from(self.hello.as_slice()) {
-                        return Some(Hello::decode(hello));
+                    if self.received.len() == len {
+                        return Some(Ok(std::mem::take(&mut self.received)));
                     }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    return (self.since.elapsed() >= HELLO_TIMEOUT).then(|| {
+                    return (self.since.elapsed() >= HANDSHAKE_TIMEOUT).then(|| {
                         Err(format!(
-                            "it sent {} of the {HELLO_LEN} bytes of a hello in {HELLO_TIMEOUT:?}",
-                            self.hello.len()
+                            "it sent {} of the {len} bytes of {what} in {HANDSHAKE_TIMEOUT:?}",
+                            self.received.len()
                         ))
                     });
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Some(Err(format!("reading its hello failed: {e}"))),
+                Err(e) => return Some(Err(format!("reading {what} failed: {e}"))),
             }
         }
     }
 }
 
 /// A task that has joined the leader and waits for the id.
-struct Joined {
+struct Joined<'k> {
     stream: TcpStream,
     peer: SocketAddr,
+    /// Its handshake, which seals the id; `None` without a key.
+    session: Option<Session<'k>>,
 }
 
-impl Joined {
+impl Joined<'_> {
     /// Whether the connection is still open (the task may have given up and restarted).
     fn is_open(&self) -> bool {
         match self.stream.peek(&mut [0]) {
@@ -494,12 +734,17 @@ impl Joined {
     }
 }
 
-/// Writes `reply` and closes the sending side; the stream may be non-blocking.
-fn send(stream: &mut TcpStream, reply: &Reply) -> io::Result<()> {
+/// Writes `reply`; the stream may be non-blocking.
+fn write_reply(stream: &mut TcpStream, reply: &Reply) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_write_timeout(Some(SEND_TIMEOUT))?;
     stream.write_all(&reply.encode())?;
-    stream.flush()?;
+    stream.flush()
+}
+
+/// Writes `reply` and closes the sending side.
+fn send(stream: &mut TcpStream, reply: &Reply) -> io::Result<()> {
+    write_reply(stream, reply)?;
     // The reply is out; a peer that already closed is not this side's failure.
     let _ = stream.shutdown(Shutdown::Write);
     Ok(())
@@ -554,65 +799,244 @@ fn refuse(
     notes.push(format!("refused {who}: {reason}"));
 }
 
-/// The leader's side: waits for every other rank's hello, then sends each the id.
+/// Binds the leader's `host:port`: that IP, or every address the name resolves to that is this
+/// machine's (never every interface).
+fn bind(host: &str, port: u16) -> Result<Vec<TcpListener>, String> {
+    let mut addresses: Vec<SocketAddr> = match host.parse::<IpAddr>() {
+        Ok(ip) => vec![SocketAddr::new(ip, port)],
+        Err(_) => (host, port)
+            .to_socket_addrs()
+            .map_err(|e| format!("does not resolve: {e}"))?
+            .collect(),
+    };
+    // A resolver may name an address twice, which would then be "in use" by this very leader.
+    let mut seen = Vec::new();
+    addresses.retain(|address| {
+        let first = !seen.contains(address);
+        seen.push(*address);
+        first
+    });
+    let mut listeners = Vec::new();
+    let mut not_here = Vec::new();
+    for address in addresses {
+        let bound = TcpListener::bind(address)
+            .and_then(|listener| listener.set_nonblocking(true).map(|()| listener));
+        match bound {
+            Ok(listener) => listeners.push(listener),
+            // A name may also resolve to an address this machine lacks (::1 without IPv6).
+            Err(e) if e.kind() == ErrorKind::AddrNotAvailable => {
+                not_here.push(format!("cannot be bound as {address}: {e}"));
+            }
+            Err(e) => {
+                let hint = match e.kind() {
+                    ErrorKind::AddrInUse => " (another process listens on that port)",
+                    _ => "",
+                };
+                return Err(format!("cannot be bound as {address}: {e}{hint}"));
+            }
+        }
+    }
+    if listeners.is_empty() {
+        return Err(if not_here.is_empty() {
+            "resolves to no address".to_owned()
+        } else {
+            format!(
+                "{} (the address is not this machine's)",
+                not_here.join("; ")
+            )
+        });
+    }
+    Ok(listeners)
+}
+
+/// Where a pending connection goes once its message arrived.
+enum Step<'k> {
+    /// It may join: its stream, its peer, its hello, its rank and its handshake (with a key).
+    Join((TcpStream, SocketAddr, Hello, usize, Option<Session<'k>>)),
+    /// It was challenged and owes its proof.
+    Wait(Pending<'k>),
+    /// It may not join, and why.
+    Refuse {
+        stream: TcpStream,
+        peer: SocketAddr,
+        claimed: Option<TaskId>,
+        reason: String,
+    },
+}
+
+/// Takes a pending connection one step on with the message it sent (or why it failed).
+fn advance<'k>(
+    roster: &Roster<'_>,
+    key: Option<&'k ClusterKey>,
+    pending: Pending<'k>,
+    message: Result<Vec<u8>, String>,
+) -> Step<'k> {
+    let Pending {
+        mut stream,
+        peer,
+        since,
+        stage,
+        ..
+    } = pending;
+    let claimed = match &stage {
+        Stage::Proof { hello, .. } => Some(hello.task),
+        Stage::Hello => None,
+    };
+    let message = match message {
+        Ok(message) => message,
+        Err(reason) => {
+            return Step::Refuse {
+                stream,
+                peer,
+                claimed,
+                reason,
+            };
+        }
+    };
+    match stage {
+        Stage::Hello => {
+            let hello_bytes: [u8; HELLO_LEN] = match message.as_slice().try_into() {
+                Ok(bytes) => bytes,
+                Err(_) => {
+                    let reason = format!("its hello has {} bytes, not {HELLO_LEN}", message.len());
+                    return Step::Refuse {
+                        stream,
+                        peer,
+                        claimed,
+                        reason,
+                    };
+                }
+            };
+            let hello = match Hello::decode(&hello_bytes) {
+                Ok(hello) => hello,
+                Err(reason) => {
+                    return Step::Refuse {
+                        stream,
+                        peer,
+                        claimed,
+                        reason,
+                    };
+                }
+            };
+            let admitted = roster
+                .admit(&hello)
+                .and_then(|rank| roster.check_peer(rank, peer).map(|()| rank))
+                .and_then(|rank| check_keys(key.is_some(), hello.keyed).map(|()| rank));
+            let rank = match admitted {
+                Ok(rank) => rank,
+                Err(reason) => {
+                    return Step::Refuse {
+                        stream,
+                        peer,
+                        claimed: Some(hello.task),
+                        reason,
+                    };
+                }
+            };
+            let Some(key) = key else {
+                return Step::Join((stream, peer, hello, rank, None));
+            };
+            // With a key, the task joins only once it proves it knows the key.
+            let challenge = nonce().and_then(|nonce| {
+                let session = Session::new(key, &hello_bytes, &nonce);
+                let proof = session.leader_proof();
+                write_reply(&mut stream, &Reply::Challenge { nonce, proof })
+                    .and_then(|()| stream.set_nonblocking(true))
+                    .map_err(|e| format!("sending the challenge failed: {e}"))
+                    .map(|()| session)
+            });
+            match challenge {
+                Ok(session) => Step::Wait(Pending {
+                    stream,
+                    peer,
+                    received: Vec::with_capacity(PROOF_BYTES),
+                    since,
+                    stage: Stage::Proof {
+                        hello,
+                        rank,
+                        session,
+                    },
+                }),
+                Err(reason) => Step::Refuse {
+                    stream,
+                    peer,
+                    claimed: Some(hello.task),
+                    reason,
+                },
+            }
+        }
+        Stage::Proof {
+            hello,
+            rank,
+            session,
+        } => {
+            if session.is_client_proof(&message) {
+                Step::Join((stream, peer, hello, rank, Some(session)))
+            } else {
+                Step::Refuse {
+                    stream,
+                    peer,
+                    claimed,
+                    reason: "it did not prove it knows the cluster key (it has another key)".into(),
+                }
+            }
+        }
+    }
+}
+
+/// The leader's side: waits for every other rank to join, then sends each the id.
 fn lead(
     roster: &Roster<'_>,
+    (host, port): (&str, u16),
     id: [u8; UNIQUE_ID_BYTES],
+    key: Option<&ClusterKey>,
     timeout: Duration,
+    deadline: Deadline,
 ) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
-    let deadline = Instant::now() + timeout;
     let me = roster.leader();
     let address = roster.leader_address();
-    let address_error = |reason: String| CollectiveError::BootstrapAddress {
+    let listeners = bind(host, port).map_err(|reason| CollectiveError::BootstrapAddress {
         task: me.to_string(),
         address: address.to_owned(),
         reason,
-    };
-    let (host, port) = parse_address(address).map_err(address_error)?;
-    let ip = host
-        .parse::<IpAddr>()
-        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-    let bind = SocketAddr::new(ip, port);
-    let listener = TcpListener::bind(bind)
-        .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
-        .map_err(|e| {
-            let hint = match e.kind() {
-                ErrorKind::AddrInUse => " (another process listens on that port)",
-                ErrorKind::AddrNotAvailable => " (the address is not this machine's)",
-                _ => "",
-            };
-            address_error(format!("cannot be bound as {bind}: {e}{hint}"))
-        })?;
+    })?;
     log::debug!(
-        "unique-id exchange: {me} listens on {bind} for {} tasks",
+        "unique-id exchange: {me} listens on {:?} for {} tasks",
+        listeners
+            .iter()
+            .filter_map(|listener| listener.local_addr().ok())
+            .collect::<Vec<_>>(),
         roster.ranks.len() - 1
     );
 
-    let mut joined: Vec<Option<Joined>> = roster.ranks.iter().map(|_| None).collect();
-    let mut pending: Vec<Pending> = Vec::new();
+    let mut joined: Vec<Option<Joined<'_>>> = roster.ranks.iter().map(|_| None).collect();
+    let mut pending: Vec<Pending<'_>> = Vec::new();
     let mut notes = Notes::default();
     loop {
         let mut progressed = false;
-        loop {
-            match listener.accept() {
-                Ok((stream, peer)) => {
-                    progressed = true;
-                    match stream.set_nonblocking(true) {
-                        Ok(()) => pending.push(Pending {
-                            stream,
-                            peer,
-                            hello: Vec::with_capacity(HELLO_LEN),
-                            since: Instant::now(),
-                        }),
-                        Err(e) => notes.push(format!("dropped {peer}: {e}")),
+        for listener in &listeners {
+            loop {
+                match listener.accept() {
+                    Ok((stream, peer)) => {
+                        progressed = true;
+                        match stream.set_nonblocking(true) {
+                            Ok(()) => pending.push(Pending {
+                                stream,
+                                peer,
+                                received: Vec::with_capacity(HELLO_LEN),
+                                since: Instant::now(),
+                                stage: Stage::Hello,
+                            }),
+                            Err(e) => notes.push(format!("dropped {peer}: {e}")),
+                        }
                     }
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                // Out of file descriptors, say: try again after the pause.
-                Err(e) => {
-                    log::warn!("unique-id exchange: {me} failed to accept a connection: {e}");
-                    break;
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    // Out of file descriptors, say: try again after the pause.
+                    Err(e) => {
+                        log::warn!("unique-id exchange: {me} failed to accept a connection: {e}");
+                        break;
+                    }
                 }
             }
         }
@@ -623,21 +1047,23 @@ fn lead(
                 continue;
             };
             progressed = true;
-            let Pending { stream, peer, .. } = pending.swap_remove(i);
-            let hello = match outcome {
-                Ok(hello) => hello,
-                Err(reason) => {
-                    refuse(&mut notes, me, stream, peer, None, reason);
-                    continue;
-                }
-            };
-            let rank = match roster.admit(&hello) {
-                Ok(rank) => rank,
-                Err(reason) => {
-                    refuse(&mut notes, me, stream, peer, Some(hello.task), reason);
-                    continue;
-                }
-            };
+            let (stream, peer, hello, rank, session) =
+                match advance(roster, key, pending.swap_remove(i), outcome) {
+                    Step::Join(joining) => joining,
+                    Step::Wait(next) => {
+                        pending.push(next);
+                        continue;
+                    }
+                    Step::Refuse {
+                        stream,
+                        peer,
+                        claimed,
+                        reason,
+                    } => {
+                        refuse(&mut notes, me, stream, peer, claimed, reason);
+                        continue;
+                    }
+                };
             match &joined[rank] {
                 Some(first) if first.is_open() => {
                     let reason = format!("{} already joined from {}", hello.task, first.peer);
@@ -645,14 +1071,18 @@ fn lead(
                 }
                 _ => {
                     log::debug!("unique-id exchange: {} joined from {peer}", hello.task);
-                    joined[rank] = Some(Joined { stream, peer });
+                    joined[rank] = Some(Joined {
+                        stream,
+                        peer,
+                        session,
+                    });
                 }
             }
         }
 
-        let now = Instant::now();
         let complete = joined.iter().skip(1).all(Option::is_some);
-        if complete || now >= deadline {
+        let passed = deadline.passed();
+        if complete || passed {
             // A task that gave up (its timeout may be shorter) is missing again; it may come back.
             for ((task, _), slot) in roster.ranks.iter().zip(&mut joined) {
                 if slot.as_ref().is_some_and(|joined| !joined.is_open())
@@ -670,7 +1100,7 @@ fn lead(
                 break;
             }
         }
-        if now >= deadline {
+        if passed {
             let missing: Vec<String> = roster
                 .ranks
                 .iter()
@@ -694,14 +1124,18 @@ fn lead(
             });
         }
         if !progressed {
-            thread::sleep(POLL_PAUSE.min(deadline - now));
+            thread::sleep(POLL_PAUSE.min(deadline.left().unwrap_or(POLL_PAUSE)));
         }
     }
 
     let mut failed = Vec::new();
     for ((task, _), joined) in roster.ranks.iter().zip(&mut joined).skip(1) {
         let Some(joined) = joined else { continue };
-        if let Err(e) = send(&mut joined.stream, &Reply::Id(id)) {
+        let reply = match &joined.session {
+            Some(session) => Reply::Sealed(session.seal(&id)),
+            None => Reply::Id(id),
+        };
+        if let Err(e) = send(&mut joined.stream, &reply) {
             failed.push(format!("{task} at {}: {e}", joined.peer));
         }
     }
@@ -716,25 +1150,37 @@ fn lead(
     }
 }
 
-/// A non-leader's side: connects to the leader, says hello and waits for the id.
+/// Why a task with a key (`task_keyed`) or without may not join a leader with one or without.
+fn check_keys(leader_keyed: bool, task_keyed: bool) -> Result<(), String> {
+    match (leader_keyed, task_keyed) {
+        (true, false) => Err(format!(
+            "the leader authenticates its tasks and this one has no cluster key: give every chief \
+             and worker task the same key in {CLUSTER_KEY_VAR} or {CLUSTER_KEY_FILE_VAR}"
+        )),
+        (false, true) => Err(format!(
+            "this task has a cluster key and the leader has none: give every chief and worker \
+             task the same key in {CLUSTER_KEY_VAR} or {CLUSTER_KEY_FILE_VAR}"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A non-leader's side: connects to the leader, says hello, proves itself with a key and waits
+/// for the id.
 fn join(
     roster: &Roster<'_>,
     me: TaskId,
-    timeout: Duration,
+    (host, port): (&str, u16),
+    key: Option<&ClusterKey>,
+    deadline: Deadline,
 ) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
     let start = Instant::now();
-    let deadline = start + timeout;
     let leader = roster.leader();
     let address = roster.leader_address();
-    let (host, port) =
-        parse_address(address).map_err(|reason| CollectiveError::BootstrapAddress {
-            task: leader.to_string(),
-            address: address.to_owned(),
-            reason,
-        })?;
+    let waited = || Duration::from_millis(start.elapsed().as_millis() as u64);
     let timed_out = |missing: Vec<String>, waiting_for: String| CollectiveError::BootstrapTimeout {
         task: me.to_string(),
-        waited: timeout,
+        waited: waited(),
         missing,
         waiting_for,
     };
@@ -744,6 +1190,29 @@ fn join(
         peer: the_leader.clone(),
         reason,
     };
+    let untrusted = |reason: String| CollectiveError::BootstrapUnauthenticated {
+        task: me.to_string(),
+        peer: the_leader.clone(),
+        reason,
+    };
+    let refused = |reason: String| CollectiveError::BootstrapRefused {
+        task: me.to_string(),
+        leader: leader.to_string(),
+        address: address.to_owned(),
+        reason,
+    };
+    let nonce = match key {
+        Some(_) => nonce().map_err(&broken)?,
+        None => [0; NONCE_BYTES],
+    };
+    let hello = Hello {
+        task: me,
+        world_size: roster.ranks.len() as u32,
+        cluster_hash: roster.hash,
+        keyed: key.is_some(),
+        nonce,
+    }
+    .encode();
     let mut stream = connect(host, port, deadline).map_err(|last_error| {
         timed_out(
             vec![leader.to_string()],
@@ -758,63 +1227,107 @@ fn join(
             ),
         )
     };
+    let sent = |e: io::Error, what: &str| match e.kind() {
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => no_reply(),
+        _ => broken(format!("sending {what} failed: {e}")),
+    };
     // Nagle would hold the hello back for nothing; failing to turn it off only costs latency.
     let _ = stream.set_nodelay(true);
-    let hello = Hello {
-        task: me,
-        world_size: roster.ranks.len() as u32,
-        cluster_hash: roster.hash,
-    };
     stream
-        .set_write_timeout(Some(io_timeout(deadline)))
-        .and_then(|()| stream.write_all(&hello.encode()))
+        .set_write_timeout(deadline.io_timeout())
+        .and_then(|()| stream.write_all(&hello))
         .and_then(|()| stream.flush())
-        .map_err(|e| match e.kind() {
-            ErrorKind::WouldBlock | ErrorKind::TimedOut => no_reply(),
-            _ => broken(format!("sending the hello failed: {e}")),
-        })?;
+        .map_err(|e| sent(e, "the hello"))?;
     stream
-        .set_read_timeout(Some(io_timeout(deadline)))
+        .set_read_timeout(deadline.io_timeout())
         .map_err(|e| broken(format!("setting a read timeout failed: {e}")))?;
-    match Reply::read(&mut stream) {
-        Ok(Reply::Id(id)) => Ok(id),
-        Ok(Reply::Refused(reason)) => Err(CollectiveError::BootstrapRefused {
-            task: me.to_string(),
-            leader: leader.to_string(),
-            address: address.to_owned(),
-            reason,
-        }),
-        Ok(Reply::Abandoned(missing)) => Err(CollectiveError::BootstrapTimeout {
-            task: me.to_string(),
-            waited: Duration::from_millis(start.elapsed().as_millis() as u64),
-            waiting_for: format!(
+    let read_reply = |stream: &mut TcpStream| {
+        // The read timeout shrinks with the time left.
+        stream
+            .set_read_timeout(deadline.io_timeout())
+            .map_err(|e| broken(format!("setting a read timeout failed: {e}")))?;
+        match Reply::read(stream) {
+            Ok(reply) => Ok(reply),
+            Err(WireError::Timeout) => Err(no_reply()),
+            Err(WireError::Closed(reason) | WireError::Garbage(reason)) => Err(broken(reason)),
+        }
+    };
+    let abandoned = |missing: Vec<String>| {
+        timed_out(
+            missing.clone(),
+            format!(
                 "tasks [{}] to join {the_leader}, which then gave up",
                 missing.join(", ")
             ),
-            missing,
-        }),
-        Err(WireError::Timeout) => Err(no_reply()),
-        Err(WireError::Closed(reason) | WireError::Garbage(reason)) => Err(broken(reason)),
-    }
-}
+        )
+    };
 
-/// What is left of the time until `deadline`, at least 1 ms (a zero socket timeout is an error).
-fn io_timeout(deadline: Instant) -> Duration {
-    deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1))
+    let Some(key) = key else {
+        return match read_reply(&mut stream)? {
+            Reply::Id(id) => Ok(id),
+            Reply::Refused(reason) => Err(refused(reason)),
+            Reply::Abandoned(missing) => Err(abandoned(missing)),
+            Reply::Challenge { .. } | Reply::Sealed(_) => Err(refused(format!(
+                "the leader authenticates its tasks and this one has no cluster key: give every \
+                 chief and worker task the same key in {CLUSTER_KEY_VAR} or \
+                 {CLUSTER_KEY_FILE_VAR}"
+            ))),
+        };
+    };
+    let session = match read_reply(&mut stream)? {
+        Reply::Challenge { nonce, proof } => {
+            let session = Session::new(key, &hello, &nonce);
+            if !session.is_leader_proof(&proof) {
+                return Err(untrusted(
+                    "it did not prove it knows the cluster key: another process holds the \
+                     leader's port, or the leader has another key"
+                        .into(),
+                ));
+            }
+            session
+        }
+        Reply::Id(_) | Reply::Sealed(_) => {
+            return Err(untrusted(
+                "it sent an id without proving it knows the cluster key (the id is ignored): \
+                 another process holds the leader's port, or the leader runs without a key"
+                    .into(),
+            ));
+        }
+        // Not authenticated, but a process on the port could as well close the connection.
+        Reply::Refused(reason) => {
+            return Err(refused(format!(
+                "{reason} (said before the leader proved it knows the cluster key)"
+            )));
+        }
+        Reply::Abandoned(missing) => return Err(abandoned(missing)),
+    };
+    stream
+        .set_write_timeout(deadline.io_timeout())
+        .and_then(|()| stream.write_all(&session.client_proof()))
+        .and_then(|()| stream.flush())
+        .map_err(|e| sent(e, "the proof of the cluster key"))?;
+    match read_reply(&mut stream)? {
+        Reply::Sealed(sealed) => session.open(&sealed).ok_or_else(|| {
+            untrusted("the sealed id does not verify: it was altered on the way".into())
+        }),
+        Reply::Refused(reason) => Err(refused(reason)),
+        Reply::Abandoned(missing) => Err(abandoned(missing)),
+        Reply::Id(_) | Reply::Challenge { .. } => Err(broken(
+            "it answered the proof with neither a sealed id nor a refusal".into(),
+        )),
+    }
 }
 
 /// Connects to `host:port`, retrying with growing pauses until `deadline`; the last error when
 /// it passes.
-fn connect(host: &str, port: u16, deadline: Instant) -> Result<TcpStream, String> {
+fn connect(host: &str, port: u16, deadline: Deadline) -> Result<TcpStream, String> {
     let mut last_error = "the timeout passed before the first attempt".to_owned();
     let mut pause = Duration::from_millis(10);
     loop {
         match (host, port).to_socket_addrs() {
             Ok(addrs) => {
                 for addr in addrs {
-                    let left = deadline.saturating_duration_since(Instant::now());
+                    let left = deadline.left().unwrap_or(CONNECT_TIMEOUT);
                     if left.is_zero() {
                         break;
                     }
@@ -826,7 +1339,7 @@ fn connect(host: &str, port: u16, deadline: Instant) -> Result<TcpStream, String
             }
             Err(e) => last_error = format!("'{host}' does not resolve: {e}"),
         }
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = deadline.left().unwrap_or(MAX_RETRY_PAUSE);
         if left.is_zero() {
             return Err(last_error);
         }
@@ -906,6 +1419,8 @@ mod tests {
                 task,
                 world_size: 5,
                 cluster_hash: 0x0123_4567_89ab_cdef,
+                keyed: task.index == 0,
+                nonce: std::array::from_fn(|i| i as u8),
             };
             let bytes = hello.encode();
             assert_eq!(&bytes[..8], b"dst-uid\0");
@@ -919,18 +1434,23 @@ mod tests {
             task: TaskId::new(TaskType::Worker, 1),
             world_size: 2,
             cluster_hash: 7,
+            keyed: true,
+            nonce: [0; NONCE_BYTES],
         }
         .encode();
         let mut bad_magic = good;
         bad_magic[0] = b'G';
         let mut bad_version = good;
-        bad_version[9] = 2;
+        bad_version[9] = 1;
         let mut bad_type = good;
         bad_type[HEADER_LEN] = 9;
+        let mut bad_scheme = good;
+        bad_scheme[HEADER_LEN + 17] = 2;
         for (bytes, expected) in [
             (bad_magic, "another protocol"),
-            (bad_version, "version 2"),
+            (bad_version, "version 1"),
             (bad_type, "unknown task type 9"),
+            (bad_scheme, "unknown key scheme 2"),
         ] {
             let error = Hello::decode(&bytes).unwrap_err();
             assert!(error.contains(expected), "{error}");
@@ -949,6 +1469,8 @@ mod tests {
             task: TaskId::new(task_type, index),
             world_size,
             cluster_hash,
+            keyed: false,
+            nonce: [0; NONCE_BYTES],
         };
         let hash = roster.hash;
         assert_eq!(roster.admit(&hello(TaskType::Worker, 1, 3, hash)), Ok(2));
@@ -983,6 +1505,11 @@ mod tests {
     fn replies_round_trip() {
         for reply in [
             Reply::Id(std::array::from_fn(|i| i as u8)),
+            Reply::Sealed(std::array::from_fn(|i| (i * 3) as u8)),
+            Reply::Challenge {
+                nonce: [1; NONCE_BYTES],
+                proof: [2; PROOF_BYTES],
+            },
             Reply::Refused("no".into()),
             Reply::Refused(String::new()),
             Reply::Abandoned(vec!["worker:1".into(), "worker:3".into()]),
@@ -1041,5 +1568,60 @@ mod tests {
             let error = parse_address(address).unwrap_err();
             assert!(error.contains(expected), "{address}: {error}");
         }
+    }
+
+    #[test]
+    fn a_cluster_is_loopback_only_when_every_rank_is() {
+        for json in [
+            r#"{"chief": ["127.0.0.1:1"], "worker": ["[::1]:1", "localhost:2"], "ps": ["h:1"]}"#,
+            r#"{"worker": ["127.8.9.1:1", "LocalHost.:1", "a.localhost:1"]}"#,
+        ] {
+            assert_eq!(Roster::new(&cluster(json)).remote_task(), None, "{json}");
+        }
+        for (json, remote) in [
+            (
+                r#"{"chief": ["127.0.0.1:1"], "worker": ["10.0.0.2:1"]}"#,
+                "10.0.0.2:1",
+            ),
+            (r#"{"worker": ["localhost:1", "w1:1"]}"#, "w1:1"),
+            (
+                r#"{"worker": ["localhost:1", "[::ffff:10.0.0.1]:1"]}"#,
+                "[::ffff:10.0.0.1]:1",
+            ),
+            (r#"{"worker": ["localhost:1", "localhost"]}"#, "localhost"),
+        ] {
+            let cluster = cluster(json);
+            let roster = Roster::new(&cluster);
+            assert_eq!(roster.remote_task().map(|(_, a)| a), Some(remote), "{json}");
+        }
+    }
+
+    #[test]
+    fn a_peer_must_come_from_its_tasks_ip() {
+        let cluster = cluster(r#"{"worker": ["10.0.0.1:1", "10.0.0.2:1", "w2:1", "0.0.0.0:1"]}"#);
+        let roster = Roster::new(&cluster);
+        let peer = |ip: &str| SocketAddr::new(ip.parse().unwrap(), 40_000);
+        assert_eq!(roster.check_peer(1, peer("10.0.0.2")), Ok(()));
+        assert_eq!(roster.check_peer(1, peer("::ffff:10.0.0.2")), Ok(()));
+        let error = roster.check_peer(1, peer("10.0.0.3")).unwrap_err();
+        assert_eq!(
+            error,
+            "it connects from 10.0.0.3, but worker:1's address in the cluster spec is 10.0.0.2:1"
+        );
+        // A name, or an address that is no one's, says nothing of the peer's IP.
+        assert_eq!(roster.check_peer(2, peer("10.9.9.9")), Ok(()));
+        assert_eq!(roster.check_peer(3, peer("10.9.9.9")), Ok(()));
+    }
+
+    #[test]
+    fn a_deadline_past_the_clocks_end_is_no_deadline() {
+        for timeout in [Duration::MAX, Duration::from_secs(u64::MAX / 2)] {
+            let deadline = Deadline::after(timeout);
+            assert!(!deadline.passed());
+            assert_eq!((deadline.left(), deadline.io_timeout()), (None, None));
+        }
+        let soon = Deadline::after(Duration::ZERO);
+        assert!(soon.passed());
+        assert_eq!(soon.io_timeout(), Some(Duration::from_millis(1)));
     }
 }

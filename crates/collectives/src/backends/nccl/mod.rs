@@ -26,11 +26,12 @@
 //! on GPUs where bits matter more than bandwidth.
 //!
 //! Files: [`bootstrap`] (the unique-id exchange over TCP: only bytes, so always compiled and
-//! tested), `fnv` (the hash both sides agree through); with feature `nccl` `all_reduce` (the
+//! tested), [`auth`] (its cluster key, HMAC handshake and sealed id), `fnv` (the hash both sides agree through); with feature `nccl` `all_reduce` (the
 //! backend), `communicator` (RAII over an NCCL communicator), `signature` (what every rank agrees
 //! on before a call) and `member` (a replica thread's handle); without it `absent` (why there is
 //! no NCCL backend).
 
+pub(crate) mod auth;
 pub(crate) mod bootstrap;
 mod fnv;
 
