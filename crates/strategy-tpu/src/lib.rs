@@ -43,16 +43,21 @@
 //! This crate knows PJRT only through `distribute-pjrt`, and nothing about particular plugins
 //! beyond the CPU plugin's `cpu_device_count` option.
 
+mod device_value;
 mod error;
 mod function;
 mod input;
+mod replicas;
+mod step_builder;
 mod strategy;
 pub mod topology;
 mod variable;
 
+pub use device_value::{DeviceValue, StepInput};
 pub use error::TpuError;
-pub use function::{DeviceValue, StepBuilder, StepInput, TpuFunction};
+pub use function::TpuFunction;
 pub use input::{DeviceBatches, input_workers_for, replica_order};
+pub use step_builder::StepBuilder;
 pub use strategy::{TpuConfig, TpuStrategy};
 pub use topology::{DeviceAssignment, DeviceOrderMode, Topology};
 pub use variable::TpuVariable;

@@ -17,7 +17,10 @@ use distribute_strategy::{
 use distribute_values::{DistributedValues, Leaf, PerReplica, Regroup, ReplicaDeviceMap};
 
 use crate::TpuError;
-use crate::function::{DeviceValue, StepBuilder, StepInput, TpuFunction};
+use crate::device_value::{DeviceValue, StepInput};
+use crate::function::TpuFunction;
+use crate::replicas::Replicas;
+use crate::step_builder::StepBuilder;
 use crate::topology::{DeviceAssignment, Topology};
 use crate::variable::TpuVariable;
 
@@ -58,9 +61,8 @@ impl TpuConfig {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct TpuStrategy {
-    client: Client,
-    /// The PJRT device of each replica.
-    replica_devices: Vec<Device>,
+    /// The client, each replica's PJRT device, and the device map.
+    replicas: Replicas,
     topology: Topology,
     assignment: Option<DeviceAssignment>,
     /// Runs eager (`Strategy::run`) steps on the host, one thread per replica, over the same
@@ -72,7 +74,7 @@ impl fmt::Debug for TpuStrategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TpuStrategy")
             .field("devices", self.eager.extended().device_map())
-            .field("pjrt_devices", &self.replica_devices)
+            .field("pjrt_devices", &self.replicas.devices)
             .finish()
     }
 }
@@ -138,9 +140,13 @@ impl TpuStrategy {
             }
         };
         let eager = MirroredStrategy::new(&names)?;
-        Ok(TpuStrategy {
+        let replicas = Replicas {
             client,
-            replica_devices,
+            devices: replica_devices,
+            device_map: Arc::clone(eager.extended().device_map()),
+        };
+        Ok(TpuStrategy {
+            replicas,
             topology,
             assignment: config.device_assignment,
             eager,
@@ -164,20 +170,17 @@ impl TpuStrategy {
 
     /// The PJRT client steps run on.
     pub fn client(&self) -> &Client {
-        &self.client
+        &self.replicas.client
     }
 
     /// Each replica's PJRT device.
     pub fn replica_devices(&self) -> &[Device] {
-        &self.replica_devices
+        &self.replicas.devices
     }
 
     /// The replicas' device names (TF's worker devices).
     pub fn worker_devices(&self) -> Vec<String> {
-        self.device_map()
-            .primary_devices()
-            .map(str::to_owned)
-            .collect()
+        self.replicas.names()
     }
 
     /// The replicas' device map.
@@ -212,7 +215,7 @@ impl TpuStrategy {
     /// Copies an input to every replica's device ahead of the steps that use it (TF's
     /// prefetch to device). A [`StepInput::Device`] value is already there and is refused.
     pub fn to_device(&self, input: StepInput<'_>) -> Result<DeviceValue, TpuError> {
-        crate::function::to_device(self, input)
+        crate::device_value::to_device(&self.replicas, input)
     }
 
     /// Pads every replica's batch (leading dimension) with zero rows to `rows`, so that a short
@@ -263,7 +266,7 @@ impl TpuStrategy {
         options: VariableOptions,
         initial_value: impl FnOnce(&str) -> Result<Tensor, TpuError>,
     ) -> Result<TpuVariable, TpuError> {
-        TpuVariable::new(self, name, options, initial_value)
+        TpuVariable::new(&self.replicas, name, options, initial_value)
     }
 
     /// TF's cross-replica `broadcast_to` outside a replicated computation: the value is
@@ -283,16 +286,7 @@ impl TpuStrategy {
             &[distribute_pjrt::stablehlo::Value],
         ) -> Result<Vec<distribute_pjrt::stablehlo::Value>, TpuError>,
     {
-        TpuFunction::new(self, step)
-    }
-
-    /// Whether replica `r` runs on PJRT device `r` (the compiler's default assignment), so that
-    /// programs need no explicit assignment.
-    pub(crate) fn uses_default_assignment(&self) -> bool {
-        self.replica_devices
-            .iter()
-            .enumerate()
-            .all(|(r, d)| usize::try_from(d.id()) == Ok(r))
+        TpuFunction::new(&self.replicas, step)
     }
 }
 
