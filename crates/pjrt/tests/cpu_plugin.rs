@@ -437,3 +437,27 @@ fn a_device_assignment_places_replicas_on_chosen_devices() {
         "refused before any replica starts (a partial launch would hang): {err}"
     );
 }
+
+#[test]
+fn with_devices_gives_all_or_the_first_n_and_names_both_counts_when_short() {
+    let plugin = Plugin::discover().unwrap_or_else(|err| panic!("{err}"));
+    let (client, devices) = Client::with_devices(plugin, &ClientOptions::default(), None).unwrap();
+    assert_eq!(devices.len(), client.devices().unwrap().len());
+    // The CPU plugin is created with exactly the devices asked for, more than its default too.
+    for n in [1, 3, 6] {
+        let (client, devices) =
+            Client::with_devices(plugin, &ClientOptions::default(), Some(n)).unwrap();
+        assert_eq!(devices.len(), n);
+        assert_eq!(client.devices().unwrap().len(), n);
+    }
+    // An explicit device count is kept, so asking for more than it gives is refused.
+    let err = Client::with_devices(plugin, &ClientOptions::cpu(2), Some(3))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("asked for 3 devices"), "{err}");
+    assert!(err.contains("has 2"), "{err}");
+    let (_, devices) = Client::with_devices(plugin, &ClientOptions::cpu(4), Some(2)).unwrap();
+    assert_eq!(devices.iter().map(|d| d.id()).collect::<Vec<_>>(), [0, 1]);
+    let err = Client::with_devices(plugin, &ClientOptions::default(), Some(0)).unwrap_err();
+    assert!(err.to_string().contains("asked for 0 devices"), "{err}");
+}

@@ -40,8 +40,12 @@
 //!   the sub-strategies' steps: a [`TpuVariable`] belongs to one strategy's client, and each
 //!   sub-strategy here opens its own, so their steps cannot take its buffers.
 //!
-//! This crate knows PJRT only through `distribute-pjrt`, and nothing about particular plugins
-//! beyond the CPU plugin's `cpu_device_count` option.
+//! This crate knows PJRT only through `distribute-pjrt`, and nothing about particular plugins:
+//! [`TpuConfig`] asks for all of a plugin's devices or the first N, and `distribute-pjrt` alone
+//! knows that the CPU plugin's device count is a client option.
+//!
+//! Module dependencies run one way: `replicas` (client, devices, names) ← `device_value` ←
+//! `variable` ← `function` (with `step_builder`) ← `strategy` ← `input`.
 
 mod device_value;
 mod error;

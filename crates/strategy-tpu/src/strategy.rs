@@ -27,22 +27,39 @@ use crate::variable::TpuVariable;
 /// The job name of local devices.
 const JOB: &str = "localhost";
 
-/// How to build a [`TpuStrategy`].
+/// How to build a [`TpuStrategy`], for any PJRT plugin.
 #[derive(Clone, Debug, Default)]
 pub struct TpuConfig {
-    /// Options of the PJRT client (for the CPU plugin, its device count).
+    /// How many of the plugin's devices to use: all (`None`) or the first N. The CPU plugin is
+    /// created with exactly N devices; no other plugin gets CPU-only options.
+    pub devices: Option<usize>,
+    /// Options of the PJRT client. Leave `cpu_device_count` unset: [`TpuConfig::devices`]
+    /// sets it for the CPU plugin, and other plugins reject it.
     pub client: ClientOptions,
-    /// Which cores each replica uses; `None`: every device is its own replica (TPU-12).
+    /// Which cores each replica uses, over the devices chosen; `None`: every device is its own
+    /// replica (TPU-12).
     pub device_assignment: Option<DeviceAssignment>,
 }
 
 impl TpuConfig {
-    /// A configuration for the CPU plugin with `devices` devices, each its own replica.
-    pub fn cpu(devices: usize) -> TpuConfig {
+    /// Every device of the plugin, each its own replica.
+    pub fn all() -> TpuConfig {
+        TpuConfig::default()
+    }
+
+    /// The plugin's first `devices` devices, each its own replica; fewer is an error that
+    /// names both counts. On the CPU plugin, a client with exactly `devices` CPU devices.
+    pub fn first(devices: usize) -> TpuConfig {
         TpuConfig {
-            client: ClientOptions::cpu(devices),
-            device_assignment: None,
+            devices: Some(devices),
+            ..TpuConfig::default()
         }
+    }
+
+    /// [`TpuConfig::first`]`(devices)`, the spelling of tests and examples that run on the CPU
+    /// plugin (where it means `devices` CPU devices); on another plugin, its first `devices`.
+    pub fn cpu(devices: usize) -> TpuConfig {
+        TpuConfig::first(devices)
     }
 }
 
@@ -90,8 +107,7 @@ impl TpuStrategy {
         plugin: &'static Plugin,
         config: TpuConfig,
     ) -> Result<TpuStrategy, TpuError> {
-        let client = Client::new(plugin, &config.client)?;
-        let devices = client.devices()?;
+        let (client, devices) = Client::with_devices(plugin, &config.client, config.devices)?;
         if devices.is_empty() {
             return Err(TpuError::InvalidArgument(format!(
                 "the PJRT plugin {} has no devices",
@@ -359,5 +375,28 @@ impl Strategy for TpuStrategy {
         Ok(distribute_input::distribute_datasets_from_function(
             &workers, options, dataset_fn,
         )?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_or_the_first_n_devices_and_too_many_names_both_counts() {
+        let all = TpuStrategy::new(TpuConfig::all()).unwrap();
+        assert!(all.num_replicas_in_sync() >= 1);
+        let three = TpuStrategy::new(TpuConfig::first(3)).unwrap();
+        assert_eq!(three.num_replicas_in_sync(), 3);
+        assert_eq!(three.topology().num_tpus_per_task(), 3);
+        let too_many = TpuConfig {
+            client: ClientOptions::cpu(2),
+            ..TpuConfig::first(5)
+        };
+        let err = TpuStrategy::new(too_many).unwrap_err().to_string();
+        assert!(
+            err.contains("asked for 5 devices") && err.contains("has 2"),
+            "{err}"
+        );
     }
 }
