@@ -1,13 +1,18 @@
-//! The GPU suites: the test and bench targets behind the `cuda` and `nccl` features, which the
-//! workspace tests leave out (they need NVRTC, a GPU or NCCL), and the commands that run them.
+//! The GPU suites: the test, bench and binary targets that the workspace tests leave out (they
+//! need NVRTC, a GPU, NCCL or the CUDA PJRT plugin), and the commands that run them.
 //!
-//! - `cargo xtask test` runs the one suite a machine without a GPU can run, [`NVRTC_SUITE`]
-//!   (kernels compiled to PTX), with the NVRTC of `fetch-nvrtc` ([`test_nvrtc`]).
+//! - [`suites`]: the one table of suites and their cargo arguments.
+//! - [`libs`]: finding the GPU, NCCL, NVRTC and the CUDA PJRT plugin.
+//! - [`runner`]: `cargo xtask test` runs the one suite a machine without a GPU can run (kernels
+//!   compiled to PTX, with the NVRTC of `fetch-nvrtc`); `cargo xtask test-gpu` runs every suite
+//!   on this machine's GPU.
+//! - [`bundle`]: `cargo xtask test-gpu --build-only DIR [SUITE...]` builds the suites into `DIR`
+//!   with `run.sh` (`gpu/run.sh`), which runs them on another machine that has no Rust.
 //! - `cargo xtask ci` also runs clippy with the GPU features on (`cuda`, then `cuda` + `nccl`;
 //!   [`clippy_args`]).
-//! - `cargo xtask test-gpu` runs every suite here on a machine with an NVIDIA GPU, or with
-//!   `--build-only DIR` builds them into `DIR` with a `run.sh` that runs them on another
-//!   machine that has no Rust ([`command`]).
+//!
+//! The TpuStrategy suites (`pjrt-plugin`, `tpu-*`, `bench-tpu`, `demo-tpu`) are the CPU
+//! plugin's suites run with `PJRT_PLUGIN` set to JAX's CUDA plugin (`xla_cuda_plugin.so`).
 //!
 //! cudarc loads CUDA, NVRTC and NCCL at run time. It looks for `libnccl.so` and
 //! `libnccl.so.<CUDA major>` but never `libnccl.so.2`, the only name the PyPI NCCL wheels ship,
@@ -29,16 +34,18 @@ use crate::workspace_root;
 pub(crate) use runner::test_nvrtc;
 pub(crate) use suites::clippy_args;
 
-/// `cargo xtask test-gpu [--build-only DIR]`.
+/// `cargo xtask test-gpu [--build-only DIR [SUITE...]]`.
 pub(crate) fn command(args: &[String]) -> Result<()> {
     let root = workspace_root();
     match args {
         [] => runner::run_here(&root),
-        [flag, dir] if flag == "--build-only" => bundle::build_only(&root, Path::new(dir)),
-        [flag] if flag.starts_with("--build-only=") => {
-            bundle::build_only(&root, Path::new(&flag["--build-only=".len()..]))
+        [flag, dir, suites @ ..] if flag == "--build-only" => {
+            bundle::build_only(&root, Path::new(dir), suites)
         }
-        _ => bail!("usage: cargo xtask test-gpu [--build-only DIR] (got {args:?})"),
+        [flag, suites @ ..] if flag.starts_with("--build-only=") => {
+            bundle::build_only(&root, Path::new(&flag["--build-only=".len()..]), suites)
+        }
+        _ => bail!("usage: cargo xtask test-gpu [--build-only DIR [SUITE...]] (got {args:?})"),
     }
 }
 

@@ -1,5 +1,6 @@
-//! `cargo xtask test-gpu --build-only DIR`: the GPU suites built into a folder, stripped, with
-//! `run.sh` (the file beside this one), which runs them on a machine that has no Rust.
+//! `cargo xtask test-gpu --build-only DIR [SUITE...]`: the GPU suites built into a folder,
+//! stripped, with `run.sh` (the file beside this one, copied as it is) and `suites.txt` (what to
+//! run and how), so that they run on a machine that has no Rust.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -9,12 +10,20 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
 
-use super::libs::{CUDA_TOOLKIT_DIRS, SYSTEM_NCCL_DIRS, SYSTEM_NVRTC_DIRS};
-use super::suites::{Kind, Needs, SUITES, Suite};
-use crate::{cargo_program, nvrtc};
+use super::suites::{SUITES, Suite};
+use crate::cargo_program;
 
-/// Builds every suite into `dir` under its stable name, stripped, with `run.sh`.
-pub(super) fn build_only(root: &Path, dir: &Path) -> Result<()> {
+/// `run.sh`, which reads the suites to run from [`SUITE_LIST`] beside it.
+const RUN_SCRIPT: &str = include_str!("run.sh");
+/// The file in a bundle that lists its suites for `run.sh`.
+const SUITE_LIST: &str = "suites.txt";
+/// The most a device run carries back and forth.
+const BUNDLE_LIMIT: u64 = 64 << 20;
+
+/// Builds the suites named in `names` (every suite when empty) into `dir` under their stable
+/// names, stripped, with `run.sh` and its suite list.
+pub(super) fn build_only(root: &Path, dir: &Path, names: &[String]) -> Result<()> {
+    let suites = selected(names)?;
     let dir =
         std::path::absolute(dir).with_context(|| format!("could not resolve {}", dir.display()))?;
     fs::create_dir_all(&dir).with_context(|| format!("could not create {}", dir.display()))?;
@@ -28,7 +37,7 @@ pub(super) fn build_only(root: &Path, dir: &Path) -> Result<()> {
         eprintln!("xtask: test-gpu: no `strip` on PATH: the executables keep their symbols");
     }
     let mut total = 0;
-    for suite in SUITES {
+    for suite in &suites {
         let built = build_executable(root, suite)?;
         let copy = dir.join(suite.name);
         if copy.symlink_metadata().is_ok() {
@@ -56,22 +65,43 @@ pub(super) fn build_only(root: &Path, dir: &Path) -> Result<()> {
         );
     }
     let script = dir.join("run.sh");
-    fs::write(&script, run_script())
+    fs::write(&script, RUN_SCRIPT)
         .with_context(|| format!("could not write {}", script.display()))?;
     set_executable(&script)?;
-    total += fs::metadata(&script)?.len();
+    let list = dir.join(SUITE_LIST);
+    fs::write(&list, suite_list(&suites))
+        .with_context(|| format!("could not write {}", list.display()))?;
+    total += fs::metadata(&script)?.len() + fs::metadata(&list)?.len();
     eprintln!(
-        "xtask: test-gpu: {} holds {} suites and run.sh, {:.1} MiB in all; on a machine with an \
-         NVIDIA GPU run `{}/run.sh [SUITE...]`",
+        "xtask: test-gpu: {} holds {} suites, run.sh and {SUITE_LIST}, {:.1} MiB in all; on a \
+         machine with an NVIDIA GPU run `{}/run.sh [SUITE...]`",
         dir.display(),
-        SUITES.len(),
+        suites.len(),
         mib(total),
         dir.display()
     );
-    if total >= 64 << 20 {
-        eprintln!("xtask: test-gpu: WARNING: over 64 MiB, more than a device run can carry");
+    if total >= BUNDLE_LIMIT {
+        eprintln!(
+            "xtask: test-gpu: WARNING: over {} MiB, more than a device run can carry",
+            BUNDLE_LIMIT >> 20
+        );
     }
     Ok(())
+}
+
+/// The suites `names` names, in table order; every suite when `names` is empty.
+fn selected(names: &[String]) -> Result<Vec<&'static Suite>> {
+    if let Some(unknown) = names
+        .iter()
+        .find(|name| !SUITES.iter().any(|suite| suite.name == name.as_str()))
+    {
+        let known: Vec<&str> = SUITES.iter().map(|suite| suite.name).collect();
+        bail!("unknown GPU suite '{unknown}'; suites: {}", known.join(" "));
+    }
+    Ok(SUITES
+        .iter()
+        .filter(|suite| names.is_empty() || names.iter().any(|name| name == suite.name))
+        .collect())
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -113,10 +143,7 @@ fn build_executable(root: &Path, suite: &Suite) -> Result<PathBuf> {
 /// The executable of `suite` in cargo's `--message-format=json` output: the
 /// `compiler-artifact` of its package whose target has its name and kind.
 fn executable_from_messages(messages: &str, suite: &Suite) -> Result<PathBuf> {
-    let kind = match suite.kind {
-        Kind::Test => "test",
-        Kind::Bench => "bench",
-    };
+    let kind = suite.kind.cargo_name();
     let mut found = Vec::new();
     for line in messages.lines().filter(|line| line.starts_with('{')) {
         let message: Value = serde_json::from_str(line)
@@ -168,38 +195,19 @@ fn package_name(id: &str) -> Option<&str> {
     }
 }
 
-/// `run.sh` for a `--build-only` folder: bash with no Rust needed. It finds NCCL and NVRTC as
-/// `test-gpu` does, runs every suite (or those named), prints PASS/FAIL/SKIP per suite and
-/// exits 1 when one failed.
-fn run_script() -> String {
-    let names: Vec<&str> = SUITES.iter().map(|suite| suite.name).collect();
-    let mut suites = String::new();
-    for suite in SUITES {
-        let needs = match suite.needs {
-            Needs::Nvrtc => "nvrtc",
-            Needs::Gpu => "gpu",
-            Needs::Nccl => "nccl",
-        };
-        writeln!(
-            suites,
-            "run_suite {} {needs} {}",
-            suite.name,
-            suite.run_args().join(" ")
-        )
-        .expect("writing to a String cannot fail");
+/// The suite list `run.sh` reads: one line per suite, `NAME NEEDS ARG...`, in run order.
+fn suite_list(suites: &[&Suite]) -> String {
+    let mut list = String::new();
+    for suite in suites {
+        let mut line = format!("{} {}", suite.name, suite.needs.word());
+        for arg in suite.run_args() {
+            line.push(' ');
+            line.push_str(arg);
+        }
+        writeln!(list, "{line}").expect("writing to a String cannot fail");
     }
-    RUN_SCRIPT
-        .replace("@SUITE_NAMES@", &names.join(" "))
-        .replace("@NCCL_DIRS@", &SYSTEM_NCCL_DIRS.join(" "))
-        .replace("@CUDA_TOOLKIT_DIRS@", &CUDA_TOOLKIT_DIRS.join(" "))
-        .replace("@NVRTC_DIRS@", &SYSTEM_NVRTC_DIRS.join(" "))
-        .replace("@NCCL_REQUIREMENT@", "nvidia-nccl-cu13")
-        .replace("@NVRTC_REQUIREMENT@", nvrtc::REQUIREMENT)
-        .replace("@SUITES@", &suites)
+    list
 }
-
-/// The script, with `@NAME@` placeholders that [`run_script`] fills in.
-const RUN_SCRIPT: &str = include_str!("run.sh");
 
 #[cfg(test)]
 mod tests {
@@ -259,20 +267,56 @@ mod tests {
     }
 
     #[test]
-    fn run_sh_runs_every_suite_with_its_arguments() {
-        let script = run_script();
-        assert!(script.starts_with("#!/usr/bin/env bash\n"));
-        let placeholder = script
-            .as_bytes()
-            .windows(2)
-            .any(|pair| pair[0] == b'@' && pair[1].is_ascii_uppercase());
-        assert!(!placeholder, "a placeholder is left:\n{script}");
-        for suite in SUITES {
-            let line = format!("\nrun_suite {} ", suite.name);
-            assert!(script.contains(&line), "no `{line}` in:\n{script}");
+    fn the_suite_list_has_every_suite_with_its_arguments() {
+        let list = suite_list(&selected(&[]).unwrap());
+        assert_eq!(list.lines().count(), SUITES.len());
+        assert!(
+            list.starts_with("collectives-nvrtc nvrtc --test-threads=1\n"),
+            "{list}"
+        );
+        for line in [
+            "collectives-nccl nccl --test-threads=1",
+            "bench-gpu gpu --bench",
+            "tpu-strategy cuda-pjrt --test-threads=1",
+            "demo-tpu cuda-pjrt --strategy tpu --replicas 1",
+        ] {
+            assert!(list.lines().any(|l| l == line), "no `{line}` in:\n{list}");
         }
-        assert!(script.contains("run_suite collectives-nccl nccl --test-threads=1\n"));
-        assert!(script.contains("run_suite bench-gpu gpu --bench\n"));
+        let names = ["bench-tpu".to_owned(), "pjrt-plugin".to_owned()];
+        let chosen: Vec<&str> = selected(&names).unwrap().iter().map(|s| s.name).collect();
+        assert_eq!(chosen, ["pjrt-plugin", "bench-tpu"]);
+        let err = selected(&["nonsense".to_owned()]).unwrap_err().to_string();
+        assert!(
+            err.contains("unknown GPU suite 'nonsense'") && err.contains("demo-tpu"),
+            "{err}"
+        );
+    }
+
+    /// run.sh is a plain file with no placeholders; what it shares with the Rust side (the
+    /// folders it searches, the packages it suggests, the words of the suite list) is checked
+    /// here instead.
+    #[test]
+    fn run_sh_agrees_with_the_rust_side() {
+        use super::super::libs::{
+            CUDA_PJRT_LIBRARY, CUDA_TOOLKIT_DIRS, SYSTEM_NCCL_DIRS, SYSTEM_NVRTC_DIRS,
+        };
+        use super::super::suites::Needs;
+        let script = RUN_SCRIPT;
+        assert!(script.starts_with("#!/usr/bin/env bash\n"));
+        for (variable, dirs) in [
+            ("system_nccl_dirs", SYSTEM_NCCL_DIRS),
+            ("cuda_toolkit_dirs", CUDA_TOOLKIT_DIRS),
+            ("system_nvrtc_dirs", SYSTEM_NVRTC_DIRS),
+        ] {
+            let line = format!("{variable}=({})\n", dirs.join(" "));
+            assert!(script.contains(&line), "run.sh lacks `{line}`");
+        }
+        for needs in [Needs::Nvrtc, Needs::Gpu, Needs::Nccl, Needs::CudaPjrt] {
+            assert!(script.contains(&format!("{})", needs.word())), "{needs:?}");
+        }
+        assert!(script.contains(crate::nvrtc::REQUIREMENT));
+        assert!(script.contains(CUDA_PJRT_LIBRARY));
+        assert!(script.contains(&format!("\"$here/{SUITE_LIST}\"")));
         assert!(script.contains("ln -s \"$nccl_dir/libnccl.so.2\" \"$libs/libnccl.so\""));
         assert!(script.contains("export DISTRIBUTE_REQUIRE_GPU=1 DISTRIBUTE_REQUIRE_NVRTC=1"));
     }

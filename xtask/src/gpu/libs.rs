@@ -96,6 +96,47 @@ pub(super) fn wheel_lib_dirs(site_dirs: &[PathBuf]) -> Vec<PathBuf> {
     found
 }
 
+/// The file name of the CUDA PJRT plugin in the `jax-cuda13-pjrt` and `jax-cuda12-pjrt` wheels.
+pub(crate) const CUDA_PJRT_LIBRARY: &str = "xla_cuda_plugin.so";
+
+/// The CUDA PJRT plugin: `env_plugin` (`PJRT_PLUGIN`, an error when it is not a file), else
+/// `xla_cuda_plugin.so` in the first of `dirs` that has it (a bundle's folder, `fetch-pjrt
+/// --plugin cuda`'s install), else in the `jax_plugins/*/` folder of a `jax-cuda*-pjrt` wheel in
+/// `site_dirs`; `None` when there is none.
+pub(super) fn find_cuda_pjrt(
+    env_plugin: Option<&Path>,
+    dirs: &[PathBuf],
+    site_dirs: &[PathBuf],
+) -> Result<Option<PathBuf>> {
+    if let Some(plugin) = env_plugin {
+        if plugin.is_file() {
+            return Ok(Some(plugin.to_path_buf()));
+        }
+        bail!("PJRT_PLUGIN={} is not a file", plugin.display());
+    }
+    if let Some(dir) = dirs
+        .iter()
+        .find(|dir| dir.join(CUDA_PJRT_LIBRARY).is_file())
+    {
+        return Ok(Some(dir.join(CUDA_PJRT_LIBRARY)));
+    }
+    for site in site_dirs {
+        let Ok(entries) = fs::read_dir(site.join("jax_plugins")) else {
+            continue;
+        };
+        let mut plugins: Vec<PathBuf> = entries
+            .filter_map(|entry| entry.ok().map(|entry| entry.path().join(CUDA_PJRT_LIBRARY)))
+            .filter(|plugin| plugin.is_file())
+            .collect();
+        // xla_cuda13 before xla_cuda12: the newest CUDA first.
+        plugins.sort();
+        if let Some(plugin) = plugins.pop() {
+            return Ok(Some(plugin));
+        }
+    }
+    Ok(None)
+}
+
 /// The folder with `libnccl.so.2`: `env_dir` (`NCCL_LIB_DIR`, an error when it lacks the
 /// library), else the first of `wheel_dirs`, else of `system_dirs`.
 pub(super) fn find_nccl(
@@ -207,6 +248,51 @@ mod tests {
         assert_eq!(
             find_nccl(None, &[], &["/nonexistent", system]).unwrap(),
             Some(own.path().to_path_buf())
+        );
+    }
+
+    #[test]
+    fn the_cuda_pjrt_plugin_is_found_by_env_folder_or_wheel() {
+        let site = fake_site();
+        assert_eq!(
+            find_cuda_pjrt(None, &[], &[site.path().to_path_buf()]).unwrap(),
+            None
+        );
+        for wheel in ["xla_cuda12", "xla_cuda13"] {
+            let dir = site.path().join("jax_plugins").join(wheel);
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join(CUDA_PJRT_LIBRARY), b"").unwrap();
+        }
+        let in_wheel = site
+            .path()
+            .join("jax_plugins/xla_cuda13")
+            .join(CUDA_PJRT_LIBRARY);
+        let sites = [PathBuf::from("/nonexistent"), site.path().to_path_buf()];
+        assert_eq!(
+            find_cuda_pjrt(None, &[], &sites).unwrap(),
+            Some(in_wheel.clone())
+        );
+
+        let bundle = tempfile::tempdir().unwrap();
+        let dirs = [PathBuf::from("/nonexistent"), bundle.path().to_path_buf()];
+        assert_eq!(
+            find_cuda_pjrt(None, &dirs, &sites).unwrap(),
+            Some(in_wheel.clone())
+        );
+        fs::write(bundle.path().join(CUDA_PJRT_LIBRARY), b"").unwrap();
+        assert_eq!(
+            find_cuda_pjrt(None, &dirs, &sites).unwrap(),
+            Some(bundle.path().join(CUDA_PJRT_LIBRARY))
+        );
+
+        assert_eq!(
+            find_cuda_pjrt(Some(&in_wheel), &dirs, &[]).unwrap(),
+            Some(in_wheel)
+        );
+        let err = find_cuda_pjrt(Some(Path::new("/no/plugin.so")), &dirs, &sites).unwrap_err();
+        assert!(
+            err.to_string().contains("PJRT_PLUGIN=/no/plugin.so"),
+            "{err}"
         );
     }
 

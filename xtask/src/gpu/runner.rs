@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 use super::libs::{
-    NCCL_LIBRARY, SYSTEM_NCCL_DIRS, detect_gpu, find_nccl, find_nvrtc, ld_library_path, link_nccl,
-    python_site_dirs, wheel_lib_dirs,
+    CUDA_PJRT_LIBRARY, NCCL_LIBRARY, SYSTEM_NCCL_DIRS, detect_gpu, find_cuda_pjrt, find_nccl,
+    find_nvrtc, ld_library_path, link_nccl, python_site_dirs, wheel_lib_dirs,
 };
 use super::suites::{Kind, NVRTC_SUITE, Needs, SUITES, suite};
-use crate::{cargo_env, nvrtc};
+use crate::{cargo_env, nvrtc, pjrt};
 
 /// Runs [`NVRTC_SUITE`] with the pinned NVRTC of `fetch-nvrtc` and `DISTRIBUTE_REQUIRE_NVRTC=1`:
 /// the CUDA kernels must compile on every machine, GPU or not. `extra` goes to the test binary.
@@ -89,6 +89,19 @@ pub(super) fn run_here(root: &Path) -> Result<()> {
     };
     eprintln!("xtask: test-gpu: NVRTC: {}", nvrtc_dir.display());
 
+    let env_plugin = std::env::var_os("PJRT_PLUGIN").map(PathBuf::from);
+    let installed = pjrt::Plugin::Cuda.install_path(root);
+    let installed_dir = installed.parent().map(Path::to_path_buf);
+    let cuda_pjrt = find_cuda_pjrt(env_plugin.as_deref(), installed_dir.as_slice(), &site_dirs)?;
+    match &cuda_pjrt {
+        Some(plugin) => eprintln!("xtask: test-gpu: CUDA PJRT plugin: {}", plugin.display()),
+        None => eprintln!(
+            "xtask: test-gpu: WARNING: no {CUDA_PJRT_LIBRARY} found (PJRT_PLUGIN, `cargo xtask \
+             fetch-pjrt --plugin cuda`, the jax-cuda13-pjrt wheel of python3): the TpuStrategy \
+             suites are SKIPPED"
+        ),
+    }
+
     let ld_library_path = ld_library_path(
         &[gpu_libs.clone(), nvrtc_dir],
         std::env::var_os("LD_LIBRARY_PATH"),
@@ -112,14 +125,26 @@ pub(super) fn run_here(root: &Path) -> Result<()> {
             outcomes.push((suite.name, Outcome::Skipped("no NCCL")));
             continue;
         }
+        let mut suite_env = env.clone();
+        if suite.needs == Needs::CudaPjrt {
+            let Some(plugin) = &cuda_pjrt else {
+                eprintln!(
+                    "xtask: test-gpu: WARNING: SKIPPING {}: no {CUDA_PJRT_LIBRARY}",
+                    suite.name
+                );
+                outcomes.push((suite.name, Outcome::Skipped("no CUDA PJRT plugin")));
+                continue;
+            };
+            suite_env.push(("PJRT_PLUGIN", plugin.as_os_str()));
+        }
         let mut args = suite.cargo_args(false);
-        if suite.kind == Kind::Test {
+        if suite.kind != Kind::Bench {
             // `cargo bench` passes `--bench` itself.
             args.push("--".to_owned());
             args.extend(suite.run_args().iter().map(|arg| (*arg).to_owned()));
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let outcome = match cargo_env(&format!("GPU suite {}", suite.name), &args, &env) {
+        let outcome = match cargo_env(&format!("GPU suite {}", suite.name), &args, &suite_env) {
             Ok(()) => Outcome::Passed,
             Err(err) => Outcome::Failed(format!("{err:#}")),
         };

@@ -1,7 +1,8 @@
-//! The GPU suites: one table of the test and bench targets behind the `cuda` and `nccl`
-//! features ([`SUITES`]), what each needs, and the cargo arguments that build, run or lint them.
+//! The GPU suites: one table ([`SUITES`]) of the test, bench and binary targets that need what
+//! the workspace tests do not have (NVRTC, a GPU, NCCL, the CUDA PJRT plugin), what each needs,
+//! and the cargo arguments that build, run or lint them.
 
-/// What a suite needs besides a build with its feature.
+/// What a suite needs besides a build (with its feature, if any).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Needs {
     /// NVRTC only: runs on a machine without a GPU.
@@ -10,6 +11,20 @@ pub(crate) enum Needs {
     Gpu,
     /// A GPU and NCCL.
     Nccl,
+    /// A GPU and the CUDA PJRT plugin (`PJRT_PLUGIN`; see [`super::libs::find_cuda_pjrt`]).
+    CudaPjrt,
+}
+
+impl Needs {
+    /// The word `run.sh` reads in the bundle's suite list.
+    pub(super) fn word(self) -> &'static str {
+        match self {
+            Needs::Nvrtc => "nvrtc",
+            Needs::Gpu => "gpu",
+            Needs::Nccl => "nccl",
+            Needs::CudaPjrt => "cuda-pjrt",
+        }
+    }
 }
 
 /// The kind of cargo target.
@@ -19,20 +34,35 @@ pub(crate) enum Kind {
     Test,
     /// A `harness = false` bench (`benches/NAME.rs`) that prints JSON lines, run with `--bench`.
     Bench,
+    /// A binary (`--bin NAME`), built in release and run with the suite's `args`.
+    Bin,
 }
 
-/// One GPU suite: a test or bench target of a package, built with one feature.
+impl Kind {
+    /// The target kind in cargo's messages and on its command line (`--test`, …).
+    pub(super) fn cargo_name(self) -> &'static str {
+        match self {
+            Kind::Test => "test",
+            Kind::Bench => "bench",
+            Kind::Bin => "bin",
+        }
+    }
+}
+
+/// One GPU suite: a test, bench or binary target of a package, built with at most one feature.
 #[derive(Debug)]
 pub(crate) struct Suite {
     /// The stable name: of the executable in a `--build-only` folder, and in summaries.
     pub(crate) name: &'static str,
     pub(crate) package: &'static str,
     pub(crate) kind: Kind,
-    /// The cargo target name (`--test NAME` / `--bench NAME`).
+    /// The cargo target name (`--test NAME` / `--bench NAME` / `--bin NAME`).
     pub(crate) target: &'static str,
-    /// The package feature the target requires (`required-features`).
-    pub(crate) feature: &'static str,
+    /// The package feature the target requires (`required-features`), if any.
+    pub(crate) feature: Option<&'static str>,
     pub(crate) needs: Needs,
+    /// Arguments for a binary (tests and benches get their kind's own).
+    pub(crate) args: &'static [&'static str],
 }
 
 /// Every GPU suite, in the order they run. The one table to edit when targets change.
@@ -42,7 +72,8 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-collectives",
         kind: Kind::Test,
         target: "nvrtc",
-        feature: "cuda",
+        feature: Some("cuda"),
+        args: &[],
         needs: Needs::Nvrtc,
     },
     Suite {
@@ -50,7 +81,8 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-collectives",
         kind: Kind::Test,
         target: "gpu",
-        feature: "cuda",
+        feature: Some("cuda"),
+        args: &[],
         needs: Needs::Gpu,
     },
     Suite {
@@ -58,7 +90,8 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-collectives",
         kind: Kind::Test,
         target: "nccl",
-        feature: "nccl",
+        feature: Some("nccl"),
+        args: &[],
         needs: Needs::Nccl,
     },
     Suite {
@@ -66,7 +99,8 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-mirrored",
         kind: Kind::Test,
         target: "gpu",
-        feature: "cuda",
+        feature: Some("cuda"),
+        args: &[],
         needs: Needs::Gpu,
     },
     Suite {
@@ -74,8 +108,64 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-collectives",
         kind: Kind::Bench,
         target: "gpu",
-        feature: "cuda",
+        feature: Some("cuda"),
+        args: &[],
         needs: Needs::Gpu,
+    },
+    // TpuStrategy on the CUDA PJRT plugin: the suites take the plugin `PJRT_PLUGIN` names.
+    Suite {
+        name: "pjrt-plugin",
+        package: "distribute-pjrt",
+        kind: Kind::Test,
+        target: "plugin",
+        feature: None,
+        needs: Needs::CudaPjrt,
+        args: &[],
+    },
+    Suite {
+        name: "tpu-strategy",
+        package: "distribute-tpu",
+        kind: Kind::Test,
+        target: "strategy",
+        feature: None,
+        needs: Needs::CudaPjrt,
+        args: &[],
+    },
+    Suite {
+        name: "tpu-variables",
+        package: "distribute-tpu",
+        kind: Kind::Test,
+        target: "variables",
+        feature: None,
+        needs: Needs::CudaPjrt,
+        args: &[],
+    },
+    Suite {
+        name: "tpu-input",
+        package: "distribute-tpu",
+        kind: Kind::Test,
+        target: "input",
+        feature: None,
+        needs: Needs::CudaPjrt,
+        args: &[],
+    },
+    Suite {
+        name: "bench-tpu",
+        package: "distribute-tpu",
+        kind: Kind::Bench,
+        target: "tpu",
+        feature: None,
+        needs: Needs::CudaPjrt,
+        args: &[],
+    },
+    Suite {
+        name: "demo-tpu",
+        package: "distribute-demo",
+        kind: Kind::Bin,
+        target: "demo",
+        feature: None,
+        needs: Needs::CudaPjrt,
+        args: &["--strategy", "tpu", "--replicas", "1"],
     },
 ];
 
@@ -90,28 +180,35 @@ pub(crate) const FEATURE_PACKAGES: &[&str] = &[
 ];
 
 impl Suite {
-    /// `FEATURE` qualified by the package, which cargo accepts with one `-p` or several.
-    fn feature_flag(&self) -> String {
-        format!("{}/{}", self.package, self.feature)
-    }
-
     /// `cargo ARGS` that builds (`no_run`) or runs this suite. Extra arguments for the
     /// executable come after `--`.
     pub(super) fn cargo_args(&self, no_run: bool) -> Vec<String> {
-        let (subcommand, target_flag) = match self.kind {
-            Kind::Test => ("test", "--test"),
-            Kind::Bench => ("bench", "--bench"),
+        let subcommand = match (self.kind, no_run) {
+            (Kind::Test, _) => "test",
+            (Kind::Bench, _) => "bench",
+            (Kind::Bin, true) => "build",
+            (Kind::Bin, false) => "run",
         };
         let mut args = vec![subcommand.to_owned()];
+        if no_run && self.kind != Kind::Bin {
+            args.push("--no-run".to_owned());
+        }
         if no_run {
-            args.extend(["--no-run", "--message-format=json-render-diagnostics"].map(String::from));
+            args.push("--message-format=json-render-diagnostics".to_owned());
+        }
+        if self.kind == Kind::Bin {
+            args.push("--release".to_owned());
+        }
+        args.extend(["--package".to_owned(), self.package.to_owned()]);
+        if let Some(feature) = self.feature {
+            // Qualified by the package, which cargo accepts with one `-p` or several.
+            args.extend([
+                "--features".to_owned(),
+                format!("{}/{feature}", self.package),
+            ]);
         }
         args.extend([
-            "--package".to_owned(),
-            self.package.to_owned(),
-            "--features".to_owned(),
-            self.feature_flag(),
-            target_flag.to_owned(),
+            format!("--{}", self.kind.cargo_name()),
             self.target.to_owned(),
         ]);
         args
@@ -122,6 +219,7 @@ impl Suite {
         match self.kind {
             Kind::Test => &["--test-threads=1"],
             Kind::Bench => &["--bench"],
+            Kind::Bin => self.args,
         }
     }
 }
@@ -169,10 +267,18 @@ mod tests {
             );
         }
         assert_eq!(suite(NVRTC_SUITE).needs, Needs::Nvrtc);
+        for suite in SUITES {
+            assert_eq!(
+                suite.kind == Kind::Bin,
+                !suite.args.is_empty(),
+                "{}",
+                suite.name
+            );
+        }
     }
 
     #[test]
-    pub(super) fn cargo_args_name_package_feature_and_target() {
+    fn cargo_args_name_package_feature_and_target() {
         assert_eq!(
             suite("collectives-nccl").cargo_args(false).join(" "),
             "test --package distribute-collectives --features distribute-collectives/nccl \
@@ -182,6 +288,24 @@ mod tests {
             suite("bench-gpu").cargo_args(true).join(" "),
             "bench --no-run --message-format=json-render-diagnostics --package \
              distribute-collectives --features distribute-collectives/cuda --bench gpu"
+        );
+        assert_eq!(
+            suite("tpu-strategy").cargo_args(true).join(" "),
+            "test --no-run --message-format=json-render-diagnostics --package distribute-tpu \
+             --test strategy"
+        );
+        assert_eq!(
+            suite("demo-tpu").cargo_args(true).join(" "),
+            "build --message-format=json-render-diagnostics --release --package distribute-demo \
+             --bin demo"
+        );
+        assert_eq!(
+            suite("demo-tpu").cargo_args(false).join(" "),
+            "run --release --package distribute-demo --bin demo"
+        );
+        assert_eq!(
+            suite("demo-tpu").run_args(),
+            ["--strategy", "tpu", "--replicas", "1"]
         );
     }
 
