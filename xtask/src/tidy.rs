@@ -105,7 +105,9 @@ fn library_packages() -> Vec<Package> {
 /// The crate map in the markdown `text`: the rows of the table whose header starts with
 /// `| package |`, each `` | `name` | folder | kind | `dep`, `dep` or — | ``.
 fn parse_map(text: &str) -> Result<BTreeMap<String, MapEntry>, String> {
-    let mut lines = text.lines().skip_while(|line| !line.starts_with("| package |"));
+    let mut lines = text
+        .lines()
+        .skip_while(|line| !line.starts_with("| package |"));
     if lines.next().is_none() {
         return Err("no table with a `| package |` header".to_owned());
     }
