@@ -22,7 +22,10 @@
 //! over them cannot be traced into a program. A compiled step instead manipulates symbolic
 //! [`distribute_pjrt::stablehlo::Value`]s, the way a `tf.function` body manipulates symbolic
 //! tensors. `Strategy::run` (eager closures over tensors) runs on the host on one thread per
-//! replica, as MirroredStrategy does, so code written for any strategy still runs here.
+//! replica, so code written for any strategy still runs here: a private
+//! [`distribute_mirrored::MirroredStrategy`] over the replicas' device names runs those steps,
+//! their `merge_call`s and their contexts' cross-device ops. That is this crate's only use of
+//! `distribute-mirrored`, a dependency `docs/architecture.md` allows on purpose.
 //!
 //! # Reference behaviours not covered
 //!
