@@ -26,15 +26,21 @@ commands:
                               the test binaries
   ci                          cargo fmt --check, clippy --all-targets -D warnings, clippy again
                               with the cuda and nccl features, then test
-  test-gpu                    on a machine with an NVIDIA GPU: run every GPU suite (tests and the
-                              gpu bench) with NVRTC, NCCL (from NCCL_LIB_DIR, the
-                              nvidia-nccl-cu13/-cu12 wheel or the system; skipped with a warning
-                              when missing) and DISTRIBUTE_REQUIRE_{GPU,NVRTC,NCCL}=1
-  test-gpu --build-only DIR   build the GPU suites into DIR (stripped; e.g. target/gpu-bundle)
-                              with DIR/run.sh, which runs them on a GPU machine without Rust:
-                              `DIR/run.sh [SUITE...]`; NCCL_LIB_DIR, NVRTC_LIB_DIR override
-  fetch-pjrt                  install the pinned PJRT CPU plugin under target/pjrt/ (pip, sha256
-                              checked; a no-op when installed); `test` runs it first
+  test-gpu                    on a machine with an NVIDIA GPU: run every GPU suite (tests, the
+                              gpu and tpu benches, the demo on TpuStrategy) with NVRTC, NCCL
+                              (from NCCL_LIB_DIR, the nvidia-nccl-cu13/-cu12 wheel or the
+                              system) and the CUDA PJRT plugin (PJRT_PLUGIN, fetch-pjrt --plugin
+                              cuda or the jax-cuda13-pjrt wheel), each skipped with a warning
+                              when missing, and DISTRIBUTE_REQUIRE_{GPU,NVRTC,NCCL}=1
+  test-gpu --build-only DIR [SUITE...]
+                              build the GPU suites (every one, or those named) into DIR
+                              (stripped; e.g. target/gpu-bundle) with DIR/run.sh, which runs them
+                              on a GPU machine without Rust: `DIR/run.sh [SUITE...]`;
+                              NCCL_LIB_DIR, NVRTC_LIB_DIR, PJRT_PLUGIN override
+  fetch-pjrt [--plugin cpu|cuda]
+                              install a pinned PJRT plugin under target/pjrt/ (pip, sha256
+                              checked; a no-op when installed): the CPU one by default (`test`
+                              runs it first), or JAX's CUDA 13 plugin (jax-cuda13-pjrt==0.11.2)
   fetch-nvrtc                 install the pinned NVRTC (nvidia-cuda-nvrtc==13.0.88, pip, sha256
                               checked; a no-op when installed) under target/nvrtc/ and print its
                               lib folder; `test` runs it

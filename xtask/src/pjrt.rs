@@ -1,66 +1,144 @@
-//! `cargo xtask fetch-pjrt`: installs the pinned PJRT CPU plugin that `distribute-pjrt`'s tests
-//! load, at `target/pjrt/…` (never committed; `target/` is ignored).
+//! `cargo xtask fetch-pjrt [--plugin cpu|cuda]`: installs a pinned PJRT plugin under
+//! `target/pjrt/…` (never committed; `target/` is ignored).
 //!
-//! The plugin ships on PyPI inside the wheel `lammps-jax-pjrt-cpu==0.11.2`, so `pip download
-//! --no-deps` fetches it (the wheel declares jax as a dependency, which the plugin does not need).
-//! Both the wheel and the unpacked .so are checked against pinned SHA-256 sums before anything
-//! is installed; an installed file whose sum matches makes the command a no-op.
+//! - `cpu` (the default): the CPU plugin that `distribute-pjrt`'s tests load, from the wheel
+//!   `lammps-jax-pjrt-cpu==0.11.2`.
+//! - `cuda`: the CUDA plugin `xla_cuda_plugin.so` from JAX's `jax-cuda13-pjrt==0.11.2`, for
+//!   `TpuStrategy` on NVIDIA GPUs (set `PJRT_PLUGIN` to the path it prints). It loads the CUDA 13
+//!   libraries of the system, or of NVIDIA's wheels on `LD_LIBRARY_PATH`.
+//!
+//! The plugins ship on PyPI inside wheels, so `pip download --no-deps` fetches them (the CPU
+//! wheel declares jax as a dependency, which the plugin does not need). Both the wheel and the
+//! unpacked .so are checked against pinned SHA-256 sums before anything is installed; an
+//! installed file whose sum matches makes the command a no-op.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
 use crate::wheel::{self, sha256_file};
 
-/// The PyPI requirement that carries the plugin.
-const REQUIREMENT: &str = "lammps-jax-pjrt-cpu==0.11.2";
-/// SHA-256 of `lammps_jax_pjrt_cpu-0.11.2-py3-none-manylinux_2_27_x86_64.whl`, the wheel's only
-/// build.
-const WHEEL_SHA256: &str = "1319390d948b39f69f7dade496b7c385149d9ca6097a6b62114da113216d9ad1";
-/// The plugin's path inside the wheel.
-const MEMBER: &str = "lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so";
-/// SHA-256 of that .so (PJRT C API 0.115).
-const PLUGIN_SHA256: &str = "ad1309ac822b1b24d51b7f9947c7c9fa9ef5d67f390584cbc3d1fa2428fed9c2";
-/// Where the plugin goes, below the workspace root. `distribute_pjrt::PINNED_PLUGIN_RELATIVE_PATH`
+/// A pinned PJRT plugin that `fetch-pjrt` installs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Plugin {
+    /// The CPU plugin, for tests and machines without an accelerator.
+    Cpu,
+    /// JAX's CUDA 13 plugin, for NVIDIA GPUs.
+    Cuda,
+}
+
+/// Everything pinned about one plugin.
+struct Pin {
+    /// The `--plugin` value.
+    name: &'static str,
+    /// The PyPI requirement that carries the plugin.
+    requirement: &'static str,
+    /// SHA-256 of the wheel (its only build: Linux x86_64).
+    wheel_sha256: &'static str,
+    /// The plugin's path inside the wheel.
+    member: &'static str,
+    /// SHA-256 of that .so.
+    plugin_sha256: &'static str,
+    /// Where the plugin goes, below the workspace root.
+    install_path: &'static str,
+}
+
+impl Plugin {
+    const ALL: [Plugin; 2] = [Plugin::Cpu, Plugin::Cuda];
+
+    fn pin(self) -> &'static Pin {
+        match self {
+            Plugin::Cpu => &Pin {
+                name: "cpu",
+                requirement: "lammps-jax-pjrt-cpu==0.11.2",
+                // lammps_jax_pjrt_cpu-0.11.2-py3-none-manylinux_2_27_x86_64.whl
+                wheel_sha256: "1319390d948b39f69f7dade496b7c385149d9ca6097a6b62114da113216d9ad1",
+                member: "lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so",
+                // PJRT C API 0.115.
+                plugin_sha256: "ad1309ac822b1b24d51b7f9947c7c9fa9ef5d67f390584cbc3d1fa2428fed9c2",
+                install_path: INSTALL_PATH,
+            },
+            Plugin::Cuda => &Pin {
+                name: "cuda",
+                requirement: "jax-cuda13-pjrt==0.11.2",
+                // jax_cuda13_pjrt-0.11.2-py3-none-manylinux_2_27_x86_64.whl (134 MB)
+                wheel_sha256: "e5ff589d43064913bb74027682d89639c7ea48f9f81c2bae6fc75117e913f93e",
+                member: "jax_plugins/xla_cuda13/xla_cuda_plugin.so",
+                // 411 MB unpacked.
+                plugin_sha256: "43d3efd6fd43d8a5d9aa67176e830d81e4ad5fc19fda4ad09cdcc4aebd9f3920",
+                install_path: CUDA_INSTALL_PATH,
+            },
+        }
+    }
+
+    /// The installed plugin's path for the workspace at `root`.
+    pub(crate) fn install_path(self, root: &Path) -> PathBuf {
+        root.join(self.pin().install_path)
+    }
+}
+
+/// Where the CPU plugin goes, below the workspace root. `distribute_pjrt::PINNED_PLUGIN_RELATIVE_PATH`
 /// spells the same path; a test below keeps the two in step.
 pub(crate) const INSTALL_PATH: &str =
     "target/pjrt/lammps-jax-pjrt-cpu-0.11.2/pjrt_c_api_cpu_plugin.so";
+/// Where the CUDA plugin goes, below the workspace root.
+const CUDA_INSTALL_PATH: &str = "target/pjrt/jax-cuda13-pjrt-0.11.2/xla_cuda_plugin.so";
 
-/// Installs the pinned plugin under `root` unless a checked copy is already there.
+/// `fetch-pjrt [--plugin cpu|cuda]`: installs the plugin under `root` unless a checked copy is
+/// already there.
 pub(crate) fn fetch(root: &Path, args: &[String]) -> Result<()> {
-    if !args.is_empty() {
-        bail!("`cargo xtask fetch-pjrt` takes no arguments (got {args:?})");
-    }
-    let destination = root.join(INSTALL_PATH);
-    if destination.is_file() && sha256_file(&destination)? == PLUGIN_SHA256 {
+    install(root, parse_args(args)?).map(drop)
+}
+
+/// The plugin the arguments name: none is the CPU plugin.
+fn parse_args(args: &[String]) -> Result<Plugin> {
+    let name = match args {
+        [] => return Ok(Plugin::Cpu),
+        [flag, name] if flag == "--plugin" => name.as_str(),
+        [flag] if flag.starts_with("--plugin=") => &flag["--plugin=".len()..],
+        _ => bail!("usage: cargo xtask fetch-pjrt [--plugin cpu|cuda] (got {args:?})"),
+    };
+    Plugin::ALL
+        .into_iter()
+        .find(|plugin| plugin.pin().name == name)
+        .with_context(|| format!("unknown PJRT plugin '{name}'; known: cpu, cuda"))
+}
+
+/// Installs `plugin` under `root` unless a checked copy is there; returns its path.
+pub(crate) fn install(root: &Path, plugin: Plugin) -> Result<PathBuf> {
+    let pin = plugin.pin();
+    let destination = plugin.install_path(root);
+    if destination.is_file() && sha256_file(&destination)? == pin.plugin_sha256 {
         eprintln!("xtask: fetch-pjrt: {} is installed", destination.display());
-        return Ok(());
+        return Ok(destination);
     }
     let directory = destination.parent().expect("the install path has a parent");
     fs::create_dir_all(directory)
         .with_context(|| format!("could not create {}", directory.display()))?;
     let scratch = directory.join(format!("download-{}", std::process::id()));
-    let result = download_and_install(&scratch, &destination);
-    // The scratch folder holds a 63 MB wheel; remove it whatever happened.
+    let result = download_and_install(pin, &scratch, &destination);
+    // The scratch folder holds a wheel of 63 MB (CPU) or 134 MB (CUDA); remove it whatever
+    // happened.
     let _ = fs::remove_dir_all(&scratch);
-    result
+    result?;
+    Ok(destination)
 }
 
-fn download_and_install(scratch: &Path, destination: &Path) -> Result<()> {
+fn download_and_install(pin: &Pin, scratch: &Path, destination: &Path) -> Result<()> {
     fs::create_dir_all(scratch)
         .with_context(|| format!("could not create {}", scratch.display()))?;
     let wheel = wheel::pip_download(
         "fetch-pjrt",
-        REQUIREMENT,
+        pin.requirement,
         &[],
         scratch,
         "the wheel exists for Linux x86_64 only: elsewhere set PJRT_PLUGIN to a plugin .so",
     )?;
-    wheel::check_sha256(&wheel, WHEEL_SHA256, "fetch-pjrt")?;
-    wheel::extract(&wheel, &[MEMBER], scratch)?;
-    let unpacked = scratch.join(MEMBER);
-    wheel::check_sha256(&unpacked, PLUGIN_SHA256, "fetch-pjrt")?;
+    wheel::check_sha256(&wheel, pin.wheel_sha256, "fetch-pjrt")?;
+    wheel::extract(&wheel, &[pin.member], scratch)?;
+    let unpacked = scratch.join(pin.member);
+    wheel::check_sha256(&unpacked, pin.plugin_sha256, "fetch-pjrt")?;
     // A rename within one folder tree is atomic: a reader never sees half a plugin.
     fs::rename(&unpacked, destination).with_context(|| {
         format!(
@@ -70,6 +148,12 @@ fn download_and_install(scratch: &Path, destination: &Path) -> Result<()> {
         )
     })?;
     eprintln!("xtask: fetch-pjrt: installed {}", destination.display());
+    if pin.name != "cpu" {
+        eprintln!(
+            "xtask: fetch-pjrt: use it with PJRT_PLUGIN={}",
+            destination.display()
+        );
+    }
     Ok(())
 }
 
@@ -85,5 +169,48 @@ mod tests {
             plugin_rs.contains(&format!("\"{INSTALL_PATH}\"")),
             "crates/pjrt/src/plugin.rs must name {INSTALL_PATH}"
         );
+    }
+
+    #[test]
+    fn the_plugin_argument_picks_cpu_or_cuda() {
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(parse_args(&[]).unwrap(), Plugin::Cpu);
+        assert_eq!(
+            parse_args(&args(&["--plugin", "cpu"])).unwrap(),
+            Plugin::Cpu
+        );
+        assert_eq!(
+            parse_args(&args(&["--plugin", "cuda"])).unwrap(),
+            Plugin::Cuda
+        );
+        assert_eq!(parse_args(&args(&["--plugin=cuda"])).unwrap(), Plugin::Cuda);
+        let err = parse_args(&args(&["--plugin", "tpu"])).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown PJRT plugin 'tpu'"),
+            "{err}"
+        );
+        let err = parse_args(&args(&["cuda"])).unwrap_err();
+        assert!(
+            err.to_string().contains("usage: cargo xtask fetch-pjrt"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_pin_is_complete_and_installs_under_target_pjrt() {
+        let root = Path::new("/w");
+        for plugin in Plugin::ALL {
+            let pin = plugin.pin();
+            for sum in [pin.wheel_sha256, pin.plugin_sha256] {
+                assert!(
+                    sum.len() == 64 && sum.bytes().all(|b| b.is_ascii_hexdigit()),
+                    "{sum}"
+                );
+            }
+            assert!(pin.requirement.contains("=="), "{}", pin.requirement);
+            let path = plugin.install_path(root);
+            assert!(path.starts_with("/w/target/pjrt/"), "{}", path.display());
+            assert_eq!(path.file_name(), Path::new(pin.member).file_name());
+        }
     }
 }

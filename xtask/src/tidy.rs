@@ -1,8 +1,10 @@
 //! Tidy tests: invariants of the workspace checked by ordinary `#[test]`s instead of by memory.
 //!
-//! - Layering: a library crate may depend (normal, dev or build) only on crates above it in
-//!   [`LAYERS`], the order of ARCHITECTURE.md's crate map. A proc-macro companion named
-//!   `<package>-derive` sits in the layer of `<package>`.
+//! - The crate map: `docs/architecture.md` holds a table of every workspace crate, its kind and
+//!   the workspace crates it may depend on. Every dependency (normal, dev or build) of every
+//!   workspace crate on another one must be in its row, a *dev-only* crate may appear only as a
+//!   dev-dependency, and the table and the workspace must list the same crates. A missing file
+//!   or a missing row fails; nothing here skips.
 //! - Every library crate has a `//!` header on every module, and inherits the workspace lints.
 
 use std::collections::BTreeMap;
@@ -10,28 +12,32 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-/// The crate map, bottom-up: a crate may depend only on crates listed before it.
-const LAYERS: &[&str] = &[
-    // Dev-only and depending on no workspace crate: any crate's tests and benches may use it.
-    "distribute-test-support",
-    "distribute-device-spec",
-    "distribute-values",
-    "distribute-collectives",
-    "distribute-input",
-    "distribute-strategy",
-    "distribute-mirrored",
-    "distribute-pjrt",
-    "distribute-tpu",
-    "distribute",
-    // An application on top of the facade; nothing depends on it.
-    "distribute-demo",
-];
+/// The document that holds the crate map, relative to the workspace root.
+const MAP_DOCUMENT: &str = "docs/architecture.md";
+/// The map's kind for crates that may only be dev-dependencies.
+const DEV_ONLY: &str = "dev-only";
+
+/// One row of the crate map.
+#[derive(Debug, PartialEq, Eq)]
+struct MapEntry {
+    kind: String,
+    /// The workspace crates it may depend on.
+    allowed: Vec<String>,
+}
+
+/// A dependency of one workspace crate on another, as `Cargo.toml` declares it.
+#[derive(Clone, Debug)]
+struct Dependency {
+    name: String,
+    /// `normal`, `dev` or `build`.
+    kind: String,
+}
 
 struct Package {
     name: String,
     manifest: PathBuf,
-    /// Workspace packages it depends on, any dependency kind.
-    deps: Vec<String>,
+    /// Workspace packages it depends on, every dependency kind.
+    deps: Vec<Dependency>,
 }
 
 fn workspace_root() -> PathBuf {
@@ -41,8 +47,8 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The workspace's library packages (everything but xtask), from `cargo metadata`.
-fn library_packages() -> Vec<Package> {
+/// Every workspace package, from `cargo metadata`.
+fn workspace_packages() -> Vec<Package> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let output = std::process::Command::new(cargo)
         .args([
@@ -71,7 +77,6 @@ fn library_packages() -> Vec<Package> {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|p| p["name"] != "xtask")
         .map(|p| Package {
             name: p["name"].as_str().unwrap().to_owned(),
             manifest: PathBuf::from(p["manifest_path"].as_str().unwrap()),
@@ -79,45 +84,121 @@ fn library_packages() -> Vec<Package> {
                 .as_array()
                 .unwrap()
                 .iter()
-                .map(|d| d["name"].as_str().unwrap())
-                .filter(|name| members.contains(name))
-                .map(str::to_owned)
+                .filter(|d| members.contains(&d["name"].as_str().unwrap()))
+                .map(|d| Dependency {
+                    name: d["name"].as_str().unwrap().to_owned(),
+                    kind: d["kind"].as_str().unwrap_or("normal").to_owned(),
+                })
                 .collect(),
         })
         .collect()
 }
 
-/// The layer of a package: its index in [`LAYERS`], derive companions sharing their parent's.
-fn layer_of(package: &str) -> Option<usize> {
-    let base = package.strip_suffix("-derive").unwrap_or(package);
-    LAYERS.iter().position(|layer| *layer == base)
+/// The workspace's library packages (everything but xtask).
+fn library_packages() -> Vec<Package> {
+    workspace_packages()
+        .into_iter()
+        .filter(|p| p.name != "xtask")
+        .collect()
 }
 
-/// Every violation of the layering rule, as readable lines.
-fn layering_violations(packages: &[Package]) -> Vec<String> {
+/// The crate map in the markdown `text`: the rows of the table whose header starts with
+/// `| package |`, each `` | `name` | folder | kind | `dep`, `dep` or — | ``.
+fn parse_map(text: &str) -> Result<BTreeMap<String, MapEntry>, String> {
+    let mut lines = text
+        .lines()
+        .skip_while(|line| !line.starts_with("| package |"));
+    if lines.next().is_none() {
+        return Err("no table with a `| package |` header".to_owned());
+    }
+    let mut map = BTreeMap::new();
+    for line in lines.skip(1).take_while(|line| line.starts_with('|')) {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let [package, _folder, kind, allowed] = cells[..] else {
+            return Err(format!("a row needs 4 cells: {line}"));
+        };
+        let name = package
+            .strip_prefix('`')
+            .and_then(|rest| rest.strip_suffix('`'))
+            .ok_or_else(|| format!("the package cell must be `name`: {line}"))?;
+        let allowed = if allowed == "—" {
+            Vec::new()
+        } else {
+            allowed
+                .split(',')
+                .map(|dep| {
+                    dep.trim()
+                        .strip_prefix('`')
+                        .and_then(|rest| rest.strip_suffix('`'))
+                        .map(str::to_owned)
+                        .ok_or_else(|| format!("dependencies must be `name`s or —: {line}"))
+                })
+                .collect::<Result<_, _>>()?
+        };
+        let entry = MapEntry {
+            kind: kind.to_owned(),
+            allowed,
+        };
+        if map.insert(name.to_owned(), entry).is_some() {
+            return Err(format!("'{name}' has two rows"));
+        }
+    }
+    if map.is_empty() {
+        return Err("the crate map has no rows".to_owned());
+    }
+    Ok(map)
+}
+
+/// The crate map of the workspace, read from [`MAP_DOCUMENT`]; panics (fails the test) when
+/// the file is missing or its table does not parse.
+fn crate_map() -> BTreeMap<String, MapEntry> {
+    let path = workspace_root().join(MAP_DOCUMENT);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|err| {
+        panic!(
+            "{} is missing ({err}): it holds the crate map tidy checks",
+            path.display()
+        )
+    });
+    parse_map(&text).unwrap_or_else(|err| panic!("{}: {err}", path.display()))
+}
+
+/// Every difference between `packages` and `map`, as readable lines.
+fn map_violations(packages: &[Package], map: &BTreeMap<String, MapEntry>) -> Vec<String> {
     let mut violations = Vec::new();
     for package in packages {
-        let Some(layer) = layer_of(&package.name) else {
+        let Some(entry) = map.get(&package.name) else {
             violations.push(format!(
-                "package '{}' is not in the crate map: add it to LAYERS in xtask/src/tidy.rs \
-                 and to ARCHITECTURE.md",
+                "package '{}' is not in the crate map: add its row to {MAP_DOCUMENT}",
                 package.name
             ));
             continue;
         };
         for dep in &package.deps {
-            match layer_of(dep) {
-                Some(dep_layer) if dep_layer < layer => {}
-                // A derive crate's parent re-exports it, so the parent may depend on it.
-                Some(dep_layer) if dep_layer == layer && dep.ends_with("-derive") => {}
-                Some(_) => violations.push(format!(
-                    "'{}' depends on '{dep}', which is not below it in the crate map",
-                    package.name
-                )),
-                None => violations.push(format!(
-                    "'{}' depends on '{dep}', which is not in the crate map",
-                    package.name
-                )),
+            if !entry.allowed.contains(&dep.name) {
+                violations.push(format!(
+                    "'{}' depends ({}) on '{}', which its row in {MAP_DOCUMENT} does not allow",
+                    package.name, dep.kind, dep.name
+                ));
+            }
+            if map.get(&dep.name).is_some_and(|d| d.kind == DEV_ONLY) && dep.kind != "dev" {
+                violations.push(format!(
+                    "'{}' depends ({}) on '{}', which is dev-only: make it a dev-dependency",
+                    package.name, dep.kind, dep.name
+                ));
+            }
+        }
+    }
+    for (name, entry) in map {
+        if !packages.iter().any(|p| &p.name == name) {
+            violations.push(format!(
+                "'{name}' has a row in {MAP_DOCUMENT} but is no workspace crate"
+            ));
+        }
+        for allowed in &entry.allowed {
+            if !map.contains_key(allowed) {
+                violations.push(format!(
+                    "'{name}' may depend on '{allowed}', which has no row in {MAP_DOCUMENT}"
+                ));
             }
         }
     }
@@ -125,52 +206,54 @@ fn layering_violations(packages: &[Package]) -> Vec<String> {
 }
 
 #[test]
-fn crates_depend_only_on_lower_layers() {
-    let violations = layering_violations(&library_packages());
+fn every_crate_depends_only_on_what_the_crate_map_allows() {
+    let violations = map_violations(&workspace_packages(), &crate_map());
     assert!(violations.is_empty(), "{}", violations.join("\n"));
 }
 
 #[test]
-fn layering_check_catches_an_upward_dependency() {
-    let packages = [
-        Package {
-            name: "distribute-values".into(),
-            manifest: PathBuf::new(),
-            deps: vec!["distribute-collectives".into()],
-        },
-        Package {
-            name: "distribute-mystery".into(),
-            manifest: PathBuf::new(),
-            deps: vec![],
-        },
-        Package {
-            name: "distribute-values-derive".into(),
-            manifest: PathBuf::new(),
-            deps: vec!["distribute-device-spec".into()],
-        },
-    ];
-    let violations = layering_violations(&packages);
-    assert_eq!(violations.len(), 2, "{violations:#?}");
-    assert!(violations[0].contains("depends on 'distribute-collectives'"));
-    assert!(violations[1].contains("'distribute-mystery' is not in the crate map"));
-}
-
-/// The crate map in ../shared/ARCHITECTURE.md (when the checkout has it beside it, as CI does)
-/// lists the packages in the same order as [`LAYERS`].
-#[test]
-fn layers_match_the_architecture_document() {
-    let doc = workspace_root().join("../shared/ARCHITECTURE.md");
-    let Ok(text) = std::fs::read_to_string(&doc) else {
-        eprintln!("note: {} not found; order not cross-checked", doc.display());
-        return;
+fn the_crate_map_parses_and_the_check_catches_each_kind_of_violation() {
+    let text = "intro\n\n| package | folder | kind | may depend on |\n|---|---|---|---|\n\
+                | `a` | crates/a | library | — |\n\
+                | `b` | crates/b | library | `a`, `t` |\n\
+                | `t` | crates/t | dev-only | — |\n\
+                | `gone` | crates/gone | library | `nowhere` |\n\nafter\n";
+    let map = parse_map(text).unwrap();
+    assert_eq!(map["b"].allowed, ["a", "t"]);
+    assert_eq!(map["t"].kind, DEV_ONLY);
+    let dep = |name: &str, kind: &str| Dependency {
+        name: name.into(),
+        kind: kind.into(),
     };
-    let documented: Vec<&str> = text
-        .lines()
-        .filter(|line| line.starts_with("| crates/"))
-        .filter_map(|line| line.split('|').nth(2))
-        .map(str::trim)
-        .collect();
-    assert_eq!(documented, LAYERS, "ARCHITECTURE.md and LAYERS disagree");
+    let package = |name: &str, deps: Vec<Dependency>| Package {
+        name: name.into(),
+        manifest: PathBuf::new(),
+        deps,
+    };
+    let packages = [
+        package("a", vec![dep("b", "dev")]),
+        package("b", vec![dep("a", "normal"), dep("t", "build")]),
+        package("t", vec![]),
+        package("mystery", vec![]),
+    ];
+    let violations = map_violations(&packages, &map);
+    let expected = [
+        "'a' depends (dev) on 'b', which its row",
+        "'b' depends (build) on 't', which is dev-only",
+        "package 'mystery' is not in the crate map",
+        "'gone' has a row in docs/architecture.md but is no workspace crate",
+        "'gone' may depend on 'nowhere', which has no row",
+    ];
+    assert_eq!(violations.len(), expected.len(), "{violations:#?}");
+    for (violation, expected) in violations.iter().zip(expected) {
+        assert!(violation.contains(expected), "{violation}");
+    }
+
+    assert!(parse_map("no table here").is_err());
+    let two_rows = "| package | f | k | d |\n|-|-|-|-|\n| `a` | f | k | — |\n| `a` | f | k | — |\n";
+    assert!(parse_map(two_rows).unwrap_err().contains("two rows"));
+    let bad_dep = "| package | f | k | d |\n|-|-|-|-|\n| `a` | f | k | b |\n";
+    assert!(parse_map(bad_dep).is_err());
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

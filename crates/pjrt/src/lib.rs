@@ -48,6 +48,7 @@ pub use error::{ErrorCode, PjrtError, Result};
 pub use options::CompileOptions;
 pub use plugin::{PINNED_PLUGIN_RELATIVE_PATH, PLUGIN_ENV, Plugin, pinned_plugin_path};
 pub use runtime::{
-    Buffer, Client, ClientOptions, DEFAULT_MAX_IN_FLIGHT, Device, Execution, LoadedExecutable,
+    Buffer, CPU_PLATFORM, Client, ClientOptions, DEFAULT_MAX_IN_FLIGHT, Device, Execution,
+    LoadedExecutable,
 };
 pub use types::{ElementType, NativeType};

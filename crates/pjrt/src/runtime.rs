@@ -26,6 +26,9 @@ pub struct ClientOptions {
     pub max_in_flight: usize,
 }
 
+/// The platform name of the CPU plugin, the one plugin whose device count is a client option.
+pub const CPU_PLATFORM: &str = "cpu";
+
 /// The default [`ClientOptions::max_in_flight`]: deep enough to overlap dispatch with work,
 /// well below the depth where XLA's CPU collectives deadlock.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
@@ -111,6 +114,50 @@ impl Client {
                 in_flight: Mutex::new(VecDeque::new()),
             }),
         })
+    }
+
+    /// A client of `plugin` and the devices a caller runs on: all of the plugin's devices
+    /// (`wanted` `None`), or its first `wanted`. The CPU plugin, whose device count is a client
+    /// option, is asked for exactly `wanted` ([`CPU_PLATFORM`]; `cpu_device_count`); any other
+    /// plugin gets no CPU-only option, since plugins reject options they do not know. An explicit
+    /// `options.cpu_device_count` is passed as given. Asking for more devices than the plugin has
+    /// is an error that names both numbers.
+    pub fn with_devices(
+        plugin: &'static Plugin,
+        options: &ClientOptions,
+        wanted: Option<usize>,
+    ) -> Result<(Client, Vec<Device>)> {
+        if wanted == Some(0) {
+            return Err(PjrtError::InvalidArgument(
+                "asked for 0 devices; ask for at least one, or for all".to_owned(),
+            ));
+        }
+        let mut client = Client::new(plugin, options)?;
+        let mut devices = client.devices()?;
+        if let Some(n) = wanted {
+            if options.cpu_device_count.is_none()
+                && devices.len() != n
+                && client.platform_name()? == CPU_PLATFORM
+            {
+                drop(devices);
+                let cpu = ClientOptions {
+                    cpu_device_count: Some(n),
+                    ..options.clone()
+                };
+                client = Client::new(plugin, &cpu)?;
+                devices = client.devices()?;
+            }
+            if devices.len() < n {
+                return Err(PjrtError::InvalidArgument(format!(
+                    "asked for {n} devices, but the {} plugin {} has {}",
+                    client.platform_name()?,
+                    plugin.path().display(),
+                    devices.len()
+                )));
+            }
+            devices.truncate(n);
+        }
+        Ok((client, devices))
     }
 
     /// The plugin this client belongs to.

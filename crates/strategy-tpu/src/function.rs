@@ -3,179 +3,18 @@
 //! on every replica's device. Values stay on the devices between steps as [`DeviceValue`]s.
 
 use std::collections::HashMap;
-use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use distribute_collectives::{DType, Tensor};
-use distribute_pjrt::stablehlo::{AllReduceOp, Builder, ReplicaGroups, TensorType, Value};
-use distribute_pjrt::{Buffer, CompileOptions, ElementType, LoadedExecutable, PjrtError};
-use distribute_values::{DistributedValues, Mirrored, PerReplica, ReduceOp};
+use distribute_pjrt::stablehlo::{Builder, TensorType, Value};
+use distribute_pjrt::{Buffer, CompileOptions, LoadedExecutable, PjrtError};
+use distribute_values::DistributedValues;
 
 use crate::TpuError;
-use crate::strategy::TpuStrategy;
+use crate::device_value::{DeviceValue, StepInput, buffer_type, tensor_type, upload};
+use crate::replicas::Replicas;
+use crate::step_builder::StepBuilder;
 use crate::variable::TpuVariable;
-
-/// What a compiled step sees: the program builder (through `Deref`) plus the replica-level
-/// operations of TF's replica context, traced into the program.
-pub struct StepBuilder<'b> {
-    builder: &'b mut Builder,
-    num_replicas: usize,
-}
-
-impl Deref for StepBuilder<'_> {
-    type Target = Builder;
-    fn deref(&self) -> &Builder {
-        self.builder
-    }
-}
-
-impl DerefMut for StepBuilder<'_> {
-    fn deref_mut(&mut self) -> &mut Builder {
-        self.builder
-    }
-}
-
-impl StepBuilder<'_> {
-    /// The number of replicas running the step together.
-    pub fn num_replicas_in_sync(&self) -> usize {
-        self.num_replicas
-    }
-
-    /// TF's replica-context `all_reduce` inside the replicated computation (TPU-19): `Sum` is a
-    /// cross-replica sum; `Mean` scales by 1/num_replicas, then sums. Other ops are refused, as
-    /// on TPU.
-    pub fn all_reduce(&mut self, op: ReduceOp, value: &Value) -> Result<Value, TpuError> {
-        let groups = ReplicaGroups::all(self.num_replicas as u32);
-        match op {
-            ReduceOp::Sum => Ok(self.builder.all_reduce(value, AllReduceOp::Sum, &groups)?),
-            ReduceOp::Mean => {
-                let scale = self.scale(value, 1.0 / self.num_replicas as f64)?;
-                let scaled = self.builder.multiply(value, &scale)?;
-                Ok(self
-                    .builder
-                    .all_reduce(&scaled, AllReduceOp::Sum, &groups)?)
-            }
-            other => Err(TpuError::Unimplemented(format!(
-                "all_reduce with {other} inside a TPU step: only Sum and Mean are supported"
-            ))),
-        }
-    }
-
-    /// TF's `broadcast_to` inside the replicated computation: every replica gets replica 0's
-    /// `value` (replica 0 keeps its value, the others contribute zeros to a cross-replica sum).
-    /// Outside a step there is nothing to broadcast: see [`TpuStrategy::broadcast_to`].
-    pub fn broadcast_from_first(&mut self, value: &Value) -> Result<Value, TpuError> {
-        let groups = ReplicaGroups::all(self.num_replicas as u32);
-        let id = self.builder.replica_id();
-        let zero_id = self.builder.scalar(0u32);
-        let is_first =
-            self.builder
-                .compare(distribute_pjrt::stablehlo::Comparison::Eq, &id, &zero_id)?;
-        let dims = value.ty().dims.clone();
-        let is_first = self.builder.broadcast_in_dim(&is_first, &dims, &[])?;
-        let zeros = match value.ty().element {
-            ElementType::F32 => self.builder.splat(0.0f32, &dims),
-            ElementType::F64 => self.builder.splat(0.0f64, &dims),
-            ElementType::S32 => self.builder.splat(0i32, &dims),
-            ElementType::S64 => self.builder.splat(0i64, &dims),
-            other => {
-                return Err(TpuError::Unimplemented(format!(
-                    "broadcasting {other} values inside a TPU step"
-                )));
-            }
-        };
-        let mine = self.builder.select(&is_first, value, &zeros)?;
-        Ok(self.builder.all_reduce(&mine, AllReduceOp::Sum, &groups)?)
-    }
-
-    /// A constant `factor` with `value`'s type (floating-point types only).
-    fn scale(&mut self, value: &Value, factor: f64) -> Result<Value, TpuError> {
-        let dims = value.ty().dims.clone();
-        match value.ty().element {
-            ElementType::F32 => Ok(self.builder.splat(factor as f32, &dims)),
-            ElementType::F64 => Ok(self.builder.splat(factor, &dims)),
-            other => Err(TpuError::Type(format!(
-                "a Mean all-reduce needs f32 or f64 values, got {other}"
-            ))),
-        }
-    }
-}
-
-/// One input of a compiled step.
-#[derive(Clone, Copy, Debug)]
-pub enum StepInput<'a> {
-    /// The same tensor for every replica (copied to each device).
-    Same(&'a Tensor),
-    /// One tensor per replica; all must have the same shape and dtype.
-    PerReplica(&'a PerReplica<Tensor>),
-    /// Values already on the devices, such as a previous step's outputs (no copy).
-    Device(&'a DeviceValue),
-}
-
-/// A value held on every replica's device, one buffer each (weights between steps, outputs).
-pub struct DeviceValue {
-    pub(crate) buffers: Vec<Buffer>,
-    pub(crate) ty: TensorType,
-    pub(crate) devices: Vec<String>,
-}
-
-impl std::fmt::Debug for DeviceValue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceValue({} on {:?})", self.ty, self.devices)
-    }
-}
-
-impl DeviceValue {
-    /// The per-replica type.
-    pub fn ty(&self) -> &TensorType {
-        &self.ty
-    }
-
-    /// Replica `r`'s value, copied to the host (waits for the step that computes it).
-    pub fn replica(&self, r: usize) -> Result<Tensor, TpuError> {
-        let buffer = self.buffers.get(r).ok_or_else(|| {
-            TpuError::InvalidArgument(format!(
-                "replica {r} out of range: {} replicas",
-                self.buffers.len()
-            ))
-        })?;
-        let shape: Vec<usize> = self.ty.dims.iter().map(|&d| d as usize).collect();
-        let device = &self.devices[r];
-        Ok(match self.ty.element {
-            ElementType::F32 => Tensor::from_vec(device, &shape, buffer.to_vec::<f32>()?)?,
-            ElementType::F64 => Tensor::from_vec(device, &shape, buffer.to_vec::<f64>()?)?,
-            ElementType::S32 => Tensor::from_vec(device, &shape, buffer.to_vec::<i32>()?)?,
-            ElementType::S64 => Tensor::from_vec(device, &shape, buffer.to_vec::<i64>()?)?,
-            other => {
-                return Err(TpuError::Unimplemented(format!(
-                    "reading {other} values back as tensors"
-                )));
-            }
-        })
-    }
-
-    /// Every replica's value, on the host.
-    pub fn to_per_replica(&self, strategy: &TpuStrategy) -> Result<PerReplica<Tensor>, TpuError> {
-        let values = (0..self.buffers.len())
-            .map(|r| self.replica(r))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(PerReplica::new(Arc::clone(strategy.device_map()), values)?)
-    }
-
-    /// Every replica's value as a `Mirrored` (for values an all-reduce made equal); fails if
-    /// the replicas' copies differ in any bit.
-    pub fn to_mirrored(&self, strategy: &TpuStrategy) -> Result<Mirrored<Tensor>, TpuError> {
-        let (values, map) = self.to_per_replica(strategy)?.into_parts();
-        if let Some(r) = values.iter().position(|v| !v.bitwise_eq(&values[0])) {
-            return Err(TpuError::InvalidArgument(format!(
-                "replica {r}'s value differs from replica 0's, so it is not mirrored; read it \
-                 with to_per_replica"
-            )));
-        }
-        Ok(Mirrored::new(map, values)?)
-    }
-}
 
 /// Which program a cache entry holds: one step, or `k` steps in a device-side loop.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -184,11 +23,11 @@ enum ProgramKind {
     Steps { k: usize, carried: usize },
 }
 
-/// A compiled step function of a [`TpuStrategy`] (TF's `tf.function` given to
+/// A compiled step function of a [`TpuStrategy`](crate::TpuStrategy) (TF's `tf.function` given to
 /// `strategy.run`): traced and compiled once per input signature, then launched without
 /// waiting, so consecutive runs overlap with the caller.
 pub struct TpuFunction<'s, F> {
-    strategy: &'s TpuStrategy,
+    replicas: &'s Replicas,
     step: F,
     cache: Mutex<ProgramCache>,
     compilations: AtomicUsize,
@@ -203,9 +42,9 @@ impl<'s, F> TpuFunction<'s, F>
 where
     F: Fn(&mut StepBuilder<'_>, &[Value]) -> StepResult,
 {
-    pub(crate) fn new(strategy: &'s TpuStrategy, step: F) -> Self {
+    pub(crate) fn new(replicas: &'s Replicas, step: F) -> Self {
         TpuFunction {
-            strategy,
+            replicas,
             step,
             cache: Mutex::new(HashMap::new()),
             compilations: AtomicUsize::new(0),
@@ -221,7 +60,7 @@ where
     /// the step's outputs, on the devices.
     pub fn run(&self, inputs: &[StepInput<'_>]) -> Result<Vec<DeviceValue>, TpuError> {
         let types = self.signature(inputs)?;
-        let n = self.strategy.replica_devices().len();
+        let n = self.replicas.devices.len();
         let executable = self.compiled(ProgramKind::Step, &types, |b, params| {
             let mut sb = StepBuilder {
                 builder: b,
@@ -256,7 +95,7 @@ where
                 )));
             }
         }
-        let n = self.strategy.replica_devices().len();
+        let n = self.replicas.devices.len();
         let carried = state.len();
         let kind = ProgramKind::Steps { k, carried };
         let executable = self.compiled(kind, &types, |b, params| {
@@ -369,7 +208,7 @@ where
 
     /// Every input's per-replica type; per-replica tensors must agree across replicas.
     fn signature(&self, inputs: &[StepInput<'_>]) -> Result<Vec<TensorType>, TpuError> {
-        let n = self.strategy.replica_devices().len();
+        let n = self.replicas.devices.len();
         inputs
             .iter()
             .enumerate()
@@ -427,19 +266,19 @@ where
         let mut builder = Builder::new();
         let params: Vec<Value> = types.iter().map(|t| builder.parameter(t.clone())).collect();
         let outputs = trace(&mut builder, &params)?;
-        let n = self.strategy.replica_devices().len() as u32;
+        let n = self.replicas.devices.len() as u32;
         let module = builder.build("tpu_step", &outputs, n)?;
         let mut options = CompileOptions::replicated(n);
-        if !self.strategy.uses_default_assignment() {
+        if !self.replicas.uses_default_assignment() {
             options.device_assignment = Some(
-                self.strategy
-                    .replica_devices()
+                self.replicas
+                    .devices
                     .iter()
                     .map(|d| i64::from(d.id()))
                     .collect(),
             );
         }
-        let executable = Arc::new(self.strategy.client().compile(module.text(), &options)?);
+        let executable = Arc::new(self.replicas.client.compile(module.text(), &options)?);
         self.compilations.fetch_add(1, Ordering::Relaxed);
         cache.insert(key, Arc::clone(&executable));
         Ok(executable)
@@ -451,8 +290,8 @@ where
         executable: &LoadedExecutable,
         inputs: &[StepInput<'_>],
     ) -> Result<Vec<DeviceValue>, TpuError> {
-        let client = self.strategy.client();
-        let devices = self.strategy.replica_devices();
+        let client = &self.replicas.client;
+        let devices = &self.replicas.devices;
         // Uploaded buffers live here until the launch has taken its own references.
         let mut uploaded: Vec<Vec<Buffer>> = (0..devices.len()).map(|_| Vec::new()).collect();
         for input in inputs {
@@ -479,7 +318,6 @@ where
         }
         let execution = executable.execute(&arguments)?;
         drop(arguments);
-        let names = self.strategy.worker_devices();
         // Outputs are read back (and so waited for) only when asked, so consecutive steps queue
         // on the devices while the caller goes on.
         let mut outputs: Vec<Vec<Buffer>> =
@@ -493,11 +331,7 @@ where
             .into_iter()
             .map(|buffers| {
                 let ty = buffer_type(&buffers[0])?;
-                Ok(DeviceValue {
-                    buffers,
-                    ty,
-                    devices: names.clone(),
-                })
+                Ok(DeviceValue::on(self.replicas, buffers, ty))
             })
             .collect()
     }
@@ -527,97 +361,4 @@ fn replace_all(variables: &[&TpuVariable], values: Vec<DeviceValue>) -> Result<(
         v.replace(new);
     }
     Ok(())
-}
-
-/// Copies `input` to every replica's device.
-pub(crate) fn to_device(
-    strategy: &TpuStrategy,
-    input: StepInput<'_>,
-) -> Result<DeviceValue, TpuError> {
-    let devices = strategy.replica_devices();
-    let (buffers, ty) = match input {
-        StepInput::Device(v) => {
-            return Err(TpuError::InvalidArgument(format!(
-                "{v:?} is already on the devices; pass it to steps as StepInput::Device"
-            )));
-        }
-        StepInput::Same(t) => {
-            let buffers = devices
-                .iter()
-                .map(|d| upload(strategy.client(), t, d))
-                .collect::<Result<Vec<_>, _>>()?;
-            (buffers, tensor_type(t)?)
-        }
-        StepInput::PerReplica(p) => {
-            let values = p.values();
-            if values.len() != devices.len() {
-                return Err(TpuError::InvalidArgument(format!(
-                    "{} replicas' values for a strategy of {} replicas",
-                    values.len(),
-                    devices.len()
-                )));
-            }
-            let ty = tensor_type(&values[0])?;
-            if let Some(r) = values
-                .iter()
-                .position(|v| tensor_type(v).ok().as_ref() != Some(&ty))
-            {
-                return Err(TpuError::InvalidArgument(format!(
-                    "replica {r}'s value differs in shape or dtype from replica 0's ({ty})"
-                )));
-            }
-            let buffers = values
-                .iter()
-                .zip(devices)
-                .map(|(t, d)| upload(strategy.client(), t, d))
-                .collect::<Result<Vec<_>, _>>()?;
-            (buffers, ty)
-        }
-    };
-    Ok(DeviceValue {
-        buffers,
-        ty,
-        devices: strategy.worker_devices(),
-    })
-}
-
-pub(crate) fn buffer_type(buffer: &Buffer) -> Result<TensorType, TpuError> {
-    Ok(TensorType::new(buffer.element_type()?, &buffer.dims()?))
-}
-
-fn element_type(dtype: DType) -> Result<ElementType, TpuError> {
-    match dtype {
-        DType::F32 => Ok(ElementType::F32),
-        DType::F64 => Ok(ElementType::F64),
-        DType::I32 => Ok(ElementType::S32),
-        DType::I64 => Ok(ElementType::S64),
-        other => Err(TpuError::Unimplemented(format!(
-            "{} tensors as step inputs",
-            other.name()
-        ))),
-    }
-}
-
-pub(crate) fn tensor_type(t: &Tensor) -> Result<TensorType, TpuError> {
-    let dims: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
-    Ok(TensorType::new(element_type(t.dtype())?, &dims))
-}
-
-pub(crate) fn upload(
-    client: &distribute_pjrt::Client,
-    t: &Tensor,
-    device: &distribute_pjrt::Device,
-) -> Result<Buffer, TpuError> {
-    let dims: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
-    Ok(match t.dtype() {
-        DType::F32 => client.buffer_from_host(&t.to_vec::<f32>()?, &dims, device)?,
-        DType::F64 => client.buffer_from_host(&t.to_vec::<f64>()?, &dims, device)?,
-        DType::I32 => client.buffer_from_host(&t.to_vec::<i32>()?, &dims, device)?,
-        DType::I64 => client.buffer_from_host(&t.to_vec::<i64>()?, &dims, device)?,
-        other => {
-            return Err(element_type(other).err().unwrap_or_else(|| {
-                TpuError::Unimplemented(format!("{} step inputs", other.name()))
-            }));
-        }
-    })
 }

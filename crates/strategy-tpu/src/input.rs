@@ -24,7 +24,7 @@ use distribute_input::{
 };
 use distribute_values::{DistributedValues, Nest, PerReplica};
 
-use crate::function::DeviceValue;
+use crate::device_value::DeviceValue;
 use crate::strategy::TpuStrategy;
 use crate::{StepInput, TpuError};
 

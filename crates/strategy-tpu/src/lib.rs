@@ -22,7 +22,10 @@
 //! over them cannot be traced into a program. A compiled step instead manipulates symbolic
 //! [`distribute_pjrt::stablehlo::Value`]s, the way a `tf.function` body manipulates symbolic
 //! tensors. `Strategy::run` (eager closures over tensors) runs on the host on one thread per
-//! replica, as MirroredStrategy does, so code written for any strategy still runs here.
+//! replica, so code written for any strategy still runs here: a private
+//! [`distribute_mirrored::MirroredStrategy`] over the replicas' device names runs those steps,
+//! their `merge_call`s and their contexts' cross-device ops. That is this crate's only use of
+//! `distribute-mirrored`, a dependency `docs/architecture.md` allows on purpose.
 //!
 //! # Reference behaviours not covered
 //!
@@ -40,19 +43,28 @@
 //!   the sub-strategies' steps: a [`TpuVariable`] belongs to one strategy's client, and each
 //!   sub-strategy here opens its own, so their steps cannot take its buffers.
 //!
-//! This crate knows PJRT only through `distribute-pjrt`, and nothing about particular plugins
-//! beyond the CPU plugin's `cpu_device_count` option.
+//! This crate knows PJRT only through `distribute-pjrt`, and nothing about particular plugins:
+//! [`TpuConfig`] asks for all of a plugin's devices or the first N, and `distribute-pjrt` alone
+//! knows that the CPU plugin's device count is a client option.
+//!
+//! Module dependencies run one way: `replicas` (client, devices, names) ← `device_value` ←
+//! `variable` ← `function` (with `step_builder`) ← `strategy` ← `input`.
 
+mod device_value;
 mod error;
 mod function;
 mod input;
+mod replicas;
+mod step_builder;
 mod strategy;
 pub mod topology;
 mod variable;
 
+pub use device_value::{DeviceValue, StepInput};
 pub use error::TpuError;
-pub use function::{DeviceValue, StepBuilder, StepInput, TpuFunction};
+pub use function::TpuFunction;
 pub use input::{DeviceBatches, input_workers_for, replica_order};
+pub use step_builder::StepBuilder;
 pub use strategy::{TpuConfig, TpuStrategy};
 pub use topology::{DeviceAssignment, DeviceOrderMode, Topology};
 pub use variable::TpuVariable;

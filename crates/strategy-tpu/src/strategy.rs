@@ -19,29 +19,49 @@ use distribute_values::{
 };
 
 use crate::TpuError;
-use crate::function::{DeviceValue, StepBuilder, StepInput, TpuFunction};
+use crate::device_value::{DeviceValue, StepInput};
+use crate::function::TpuFunction;
+use crate::replicas::Replicas;
+use crate::step_builder::StepBuilder;
 use crate::topology::{DeviceAssignment, Topology};
 use crate::variable::TpuVariable;
 
 /// The job name of local devices.
 const JOB: &str = "localhost";
 
-/// How to build a [`TpuStrategy`].
+/// How to build a [`TpuStrategy`], for any PJRT plugin.
 #[derive(Clone, Debug, Default)]
 pub struct TpuConfig {
-    /// Options of the PJRT client (for the CPU plugin, its device count).
+    /// How many of the plugin's devices to use: all (`None`) or the first N. The CPU plugin is
+    /// created with exactly N devices; no other plugin gets CPU-only options.
+    pub devices: Option<usize>,
+    /// Options of the PJRT client. Leave `cpu_device_count` unset: [`TpuConfig::devices`]
+    /// sets it for the CPU plugin, and other plugins reject it.
     pub client: ClientOptions,
-    /// Which cores each replica uses; `None`: every device is its own replica (TPU-12).
+    /// Which cores each replica uses, over the devices chosen; `None`: every device is its own
+    /// replica (TPU-12).
     pub device_assignment: Option<DeviceAssignment>,
 }
 
 impl TpuConfig {
-    /// A configuration for the CPU plugin with `devices` devices, each its own replica.
-    pub fn cpu(devices: usize) -> TpuConfig {
+    /// Every device of the plugin, each its own replica.
+    pub fn all() -> TpuConfig {
+        TpuConfig::default()
+    }
+
+    /// The plugin's first `devices` devices, each its own replica; fewer is an error that
+    /// names both counts. On the CPU plugin, a client with exactly `devices` CPU devices.
+    pub fn first(devices: usize) -> TpuConfig {
         TpuConfig {
-            client: ClientOptions::cpu(devices),
-            device_assignment: None,
+            devices: Some(devices),
+            ..TpuConfig::default()
         }
+    }
+
+    /// [`TpuConfig::first`]`(devices)`, the spelling of tests and examples that run on the CPU
+    /// plugin (where it means `devices` CPU devices); on another plugin, its first `devices`.
+    pub fn cpu(devices: usize) -> TpuConfig {
+        TpuConfig::first(devices)
     }
 }
 
@@ -60,9 +80,8 @@ impl TpuConfig {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct TpuStrategy {
-    client: Client,
-    /// The PJRT device of each replica.
-    replica_devices: Vec<Device>,
+    /// The client, each replica's PJRT device, and the device map.
+    replicas: Replicas,
     topology: Topology,
     assignment: Option<DeviceAssignment>,
     /// Runs eager (`Strategy::run`) steps on the host, one thread per replica, over the same
@@ -74,7 +93,7 @@ impl fmt::Debug for TpuStrategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TpuStrategy")
             .field("devices", self.eager.extended().device_map())
-            .field("pjrt_devices", &self.replica_devices)
+            .field("pjrt_devices", &self.replicas.devices)
             .finish()
     }
 }
@@ -90,8 +109,7 @@ impl TpuStrategy {
         plugin: &'static Plugin,
         config: TpuConfig,
     ) -> Result<TpuStrategy, TpuError> {
-        let client = Client::new(plugin, &config.client)?;
-        let devices = client.devices()?;
+        let (client, devices) = Client::with_devices(plugin, &config.client, config.devices)?;
         if devices.is_empty() {
             return Err(TpuError::InvalidArgument(format!(
                 "the PJRT plugin {} has no devices",
@@ -140,9 +158,13 @@ impl TpuStrategy {
             }
         };
         let eager = MirroredStrategy::new(&names)?;
-        Ok(TpuStrategy {
+        let replicas = Replicas {
             client,
-            replica_devices,
+            devices: replica_devices,
+            device_map: Arc::clone(eager.extended().device_map()),
+        };
+        Ok(TpuStrategy {
+            replicas,
             topology,
             assignment: config.device_assignment,
             eager,
@@ -166,20 +188,17 @@ impl TpuStrategy {
 
     /// The PJRT client steps run on.
     pub fn client(&self) -> &Client {
-        &self.client
+        &self.replicas.client
     }
 
     /// Each replica's PJRT device.
     pub fn replica_devices(&self) -> &[Device] {
-        &self.replica_devices
+        &self.replicas.devices
     }
 
     /// The replicas' device names (TF's worker devices).
     pub fn worker_devices(&self) -> Vec<String> {
-        self.device_map()
-            .primary_devices()
-            .map(str::to_owned)
-            .collect()
+        self.replicas.names()
     }
 
     /// The replicas' device map.
@@ -214,7 +233,7 @@ impl TpuStrategy {
     /// Copies an input to every replica's device ahead of the steps that use it (TF's
     /// prefetch to device). A [`StepInput::Device`] value is already there and is refused.
     pub fn to_device(&self, input: StepInput<'_>) -> Result<DeviceValue, TpuError> {
-        crate::function::to_device(self, input)
+        crate::device_value::to_device(&self.replicas, input)
     }
 
     /// Pads every replica's batch (leading dimension) with zero rows to `rows`, so that a short
@@ -265,7 +284,7 @@ impl TpuStrategy {
         options: VariableOptions,
         initial_value: impl FnOnce(&str) -> Result<Tensor, TpuError>,
     ) -> Result<TpuVariable, TpuError> {
-        TpuVariable::new(self, name, options, initial_value)
+        TpuVariable::new(&self.replicas, name, options, initial_value)
     }
 
     /// TF's cross-replica `broadcast_to` outside a replicated computation: the value is
@@ -285,16 +304,7 @@ impl TpuStrategy {
             &[distribute_pjrt::stablehlo::Value],
         ) -> Result<Vec<distribute_pjrt::stablehlo::Value>, TpuError>,
     {
-        TpuFunction::new(self, step)
-    }
-
-    /// Whether replica `r` runs on PJRT device `r` (the compiler's default assignment), so that
-    /// programs need no explicit assignment.
-    pub(crate) fn uses_default_assignment(&self) -> bool {
-        self.replica_devices
-            .iter()
-            .enumerate()
-            .all(|(r, d)| usize::try_from(d.id()) == Ok(r))
+        TpuFunction::new(&self.replicas, step)
     }
 }
 
@@ -366,5 +376,28 @@ impl Strategy for TpuStrategy {
         Ok(distribute_input::distribute_datasets_from_function(
             &workers, options, dataset_fn,
         )?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_or_the_first_n_devices_and_too_many_names_both_counts() {
+        let all = TpuStrategy::new(TpuConfig::all()).unwrap();
+        assert!(all.num_replicas_in_sync() >= 1);
+        let three = TpuStrategy::new(TpuConfig::first(3)).unwrap();
+        assert_eq!(three.num_replicas_in_sync(), 3);
+        assert_eq!(three.topology().num_tpus_per_task(), 3);
+        let too_many = TpuConfig {
+            client: ClientOptions::cpu(2),
+            ..TpuConfig::first(5)
+        };
+        let err = TpuStrategy::new(too_many).unwrap_err().to_string();
+        assert!(
+            err.contains("asked for 5 devices") && err.contains("has 2"),
+            "{err}"
+        );
     }
 }

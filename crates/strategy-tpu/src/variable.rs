@@ -21,8 +21,8 @@ use distribute_values::{
 };
 
 use crate::TpuError;
-use crate::function::{DeviceValue, tensor_type, upload};
-use crate::strategy::TpuStrategy;
+use crate::device_value::{DeviceValue, tensor_type, upload};
+use crate::replicas::Replicas;
 
 /// A mirrored (on-write) or sync-on-read variable held on every replica's device.
 ///
@@ -71,16 +71,16 @@ impl std::fmt::Debug for TpuVariable {
 }
 
 impl TpuVariable {
-    /// Builds the variable for `strategy`: validates `options` as every strategy's variable
+    /// Builds the variable on `replicas`: validates `options` as every strategy's variable
     /// creator does, calls `initial_value` once with replica 0's device, and copies the result
     /// to every replica's device.
     pub(crate) fn new(
-        strategy: &TpuStrategy,
+        replicas: &Replicas,
         name: &str,
         options: VariableOptions,
         initial_value: impl FnOnce(&str) -> Result<Tensor, TpuError>,
     ) -> Result<TpuVariable, TpuError> {
-        let map = strategy.device_map();
+        let map = &replicas.device_map;
         let primary = map
             .devices_for_replica(0)
             .map_err(TpuError::Values)?
@@ -94,23 +94,19 @@ impl TpuVariable {
         let (kind, trainable) = options.synchronization.resolve(name, options.trainable)?;
         drop(host);
         let ty = tensor_type(&initial)?;
-        let devices = strategy.replica_devices();
+        let devices = &replicas.devices;
         let buffers = devices
             .iter()
-            .map(|d| upload(strategy.client(), &initial, d))
+            .map(|d| upload(&replicas.client, &initial, d))
             .collect::<Result<Vec<_>, _>>()?;
-        let value = DeviceValue {
-            buffers,
-            ty,
-            devices: strategy.worker_devices(),
-        };
+        let value = DeviceValue::on(replicas, buffers, ty);
         Ok(TpuVariable {
             name: name.to_owned(),
             kind,
             aggregation: options.aggregation,
             trainable,
             strategy_devices: devices.to_vec(),
-            client: strategy.client().clone(),
+            client: replicas.client.clone(),
             device_map: Arc::clone(map),
             value: Mutex::new(Arc::new(value)),
         })
@@ -275,11 +271,12 @@ impl TpuVariable {
             .zip(&self.strategy_devices)
             .map(|(t, d)| upload(&self.client, t, d))
             .collect::<Result<Vec<_>, _>>()?;
-        let devices = self.device_value().devices.clone();
+        let current = self.device_value();
         self.replace(DeviceValue {
             buffers,
             ty,
-            devices,
+            devices: current.devices.clone(),
+            device_map: Arc::clone(&current.device_map),
         });
         Ok(())
     }

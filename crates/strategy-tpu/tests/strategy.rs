@@ -126,13 +126,13 @@ fn tpu_19_reduce_inside_and_outside_the_step() {
     // Outside: squares on each replica, then a host-side MEAN → (4 + 9) / 2.
     let square = s.function(|b, x| Ok(vec![b.multiply(&x[0], &x[0])?]));
     let squares = square.run(&[StepInput::PerReplica(&x)]).unwrap();
-    let squares = Leaf::PerReplica(squares[0].to_per_replica(&s).unwrap());
+    let squares = Leaf::PerReplica(squares[0].to_per_replica().unwrap());
     let mean = s.reduce(ReduceOp::Mean, &squares, None).unwrap();
     assert_eq!(mean.to_vec::<f32>().unwrap(), [6.5]);
     // Inside: MEAN scales by 1/n, then sums across replicas.
     let mean_in = s.function(|b, x| Ok(vec![b.all_reduce(ReduceOp::Mean, &x[0])?]));
     let out = mean_in.run(&[StepInput::PerReplica(&x)]).unwrap();
-    let mirrored = out[0].to_mirrored(&s).unwrap();
+    let mirrored = out[0].to_mirrored().unwrap();
     for t in mirrored.values() {
         assert_eq!(t.to_vec::<f32>().unwrap(), [2.5]);
     }
@@ -182,7 +182,7 @@ fn tpu_27_a_device_loop_then_a_sum_reduce() {
         let out = plus_one
             .run_steps(10, &[StepInput::Same(&zero)], &[])
             .unwrap();
-        let per_replica = Leaf::PerReplica(out[0].to_per_replica(&s).unwrap());
+        let per_replica = Leaf::PerReplica(out[0].to_per_replica().unwrap());
         let total = s.reduce(ReduceOp::Sum, &per_replica, None).unwrap();
         assert_eq!(total.to_vec::<f32>().unwrap(), [n as f32 * 10.0]);
     }

@@ -1,15 +1,22 @@
 //! Behaviour of the binding on a real plugin: the one `PJRT_PLUGIN` names, else the pinned CPU
 //! plugin `cargo xtask fetch-pjrt` installs (`cargo xtask test` does so first). Without one these
-//! tests fail with the error that says how to get it; they never skip.
+//! tests fail with the error that says how to get it; they never skip. Checks of what only the
+//! CPU plugin does (its platform name, its device count option) run on the CPU plugin only.
 
 use distribute_pjrt::stablehlo::{
     AllReduceOp, Builder, Comparison, DotDims, Reduction, ReplicaGroups, TensorType, UnaryOp, Value,
 };
-use distribute_pjrt::{Client, ClientOptions, CompileOptions, ElementType, ErrorCode, Plugin};
+use distribute_pjrt::{
+    CPU_PLATFORM, Client, ClientOptions, CompileOptions, ElementType, ErrorCode, Plugin,
+};
 
+/// A client of the plugin with `devices` devices: exactly that many on the CPU plugin, the first
+/// of them on any other (which must have enough).
 fn client(devices: usize) -> Client {
     let plugin = Plugin::discover().unwrap_or_else(|err| panic!("{err}"));
-    Client::new(plugin, &ClientOptions::cpu(devices)).unwrap_or_else(|err| panic!("{err}"))
+    Client::with_devices(plugin, &ClientOptions::default(), Some(devices))
+        .unwrap_or_else(|err| panic!("{err}"))
+        .0
 }
 
 fn f32s(dims: &[i64]) -> TensorType {
@@ -436,4 +443,36 @@ fn a_device_assignment_places_replicas_on_chosen_devices() {
         err.contains("argument 0 of replica 0 is on another device"),
         "refused before any replica starts (a partial launch would hang): {err}"
     );
+}
+
+#[test]
+fn with_devices_gives_all_or_the_first_n_and_names_both_counts_when_short() {
+    let plugin = Plugin::discover().unwrap_or_else(|err| panic!("{err}"));
+    let (client, devices) = Client::with_devices(plugin, &ClientOptions::default(), None).unwrap();
+    assert_eq!(devices.len(), client.devices().unwrap().len());
+    let err = Client::with_devices(plugin, &ClientOptions::default(), Some(0)).unwrap_err();
+    assert!(err.to_string().contains("asked for 0 devices"), "{err}");
+    let err = Client::with_devices(plugin, &ClientOptions::default(), Some(devices.len() + 1));
+    if client.platform_name().unwrap() != CPU_PLATFORM {
+        let err = err.unwrap_err().to_string();
+        let counts = format!("asked for {} devices", devices.len() + 1);
+        assert!(err.contains(&counts), "{err}");
+        assert!(err.contains(&format!("has {}", devices.len())), "{err}");
+        return;
+    }
+    // The CPU plugin is created with exactly the devices asked for, more than its default too.
+    for n in [1, 3, 6] {
+        let (client, devices) =
+            Client::with_devices(plugin, &ClientOptions::default(), Some(n)).unwrap();
+        assert_eq!(devices.len(), n);
+        assert_eq!(client.devices().unwrap().len(), n);
+    }
+    // An explicit device count is kept, so asking for more than it gives is refused.
+    let err = Client::with_devices(plugin, &ClientOptions::cpu(2), Some(3))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("asked for 3 devices"), "{err}");
+    assert!(err.contains("has 2"), "{err}");
+    let (_, devices) = Client::with_devices(plugin, &ClientOptions::cpu(4), Some(2)).unwrap();
+    assert_eq!(devices.iter().map(|d| d.id()).collect::<Vec<_>>(), [0, 1]);
 }

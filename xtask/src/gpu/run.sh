@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# Runs distribute's GPU suites on a machine with an NVIDIA GPU, from the folder that
+# `cargo xtask test-gpu --build-only DIR` fills (this file is xtask/src/gpu/run.sh, copied as it
+# is; suites.txt beside it lists the suites: `NAME NEEDS ARG...`). Needs bash, and python3 only
+# to find NVIDIA's and JAX's wheels.
+#
+#   run.sh [SUITE...]     every suite of suites.txt when none is named
+#
+#   NCCL_LIB_DIR=DIR      the folder with libnccl.so.2 (else: the nvidia-nccl-cu13/-cu12 wheel
+#                         of python3, then the system folders below)
+#   NVRTC_LIB_DIR=DIR     the folder with libnvrtc.so.<major> (else: a CUDA toolkit, then the
+#                         wheels of python3, then the system folders below)
+#   PJRT_PLUGIN=FILE      the CUDA PJRT plugin for the TpuStrategy suites (else:
+#                         xla_cuda_plugin.so in this folder, then in the jax_plugins/ folder of
+#                         python3's jax-cuda13-pjrt or jax-cuda12-pjrt wheel)
+set -u
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)" || exit 2
+cd "$here" || exit 2
+
+# Folders searched after the wheels; xtask/src/gpu/libs.rs has the same lists (a test checks).
+system_nccl_dirs=(/usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/cuda/lib64 /usr/local/nccl/lib /usr/local/lib)
+cuda_toolkit_dirs=(/usr/local/cuda/lib64)
+system_nvrtc_dirs=(/usr/lib/x86_64-linux-gnu /usr/lib64)
+
+if [ ! -f "$here/suites.txt" ]; then
+  echo "run.sh: no suites.txt beside run.sh; rebuild with cargo xtask test-gpu --build-only" >&2
+  exit 2
+fi
+known=()
+while read -r name _; do
+  if [ -n "$name" ]; then known+=("$name"); fi
+done < "$here/suites.txt"
+selected=("$@")
+for name in ${selected[@]+"${selected[@]}"}; do
+  case " ${known[*]} " in
+    *" $name "*) ;;
+    *) echo "run.sh: unknown suite '$name'; suites: ${known[*]}" >&2; exit 2 ;;
+  esac
+done
+
+# The first of the folders given after PATTERN that holds a file matching PATTERN.
+first_dir_with() {
+  local pattern="$1" dir file
+  shift
+  for dir in "$@"; do
+    for file in "$dir"/$pattern; do
+      if [ -e "$file" ]; then
+        echo "$dir"
+        return 0
+      fi
+    done
+  done
+  return 1
+}
+
+# python3's package folders (site-packages, user site, sys.path), one per line.
+site_dirs() {
+  command -v python3 >/dev/null 2>&1 || return 0
+  python3 -c 'import site, sys
+print("\n".join([*site.getsitepackages(), site.getusersitepackages(), *sys.path]))' 2>/dev/null
+}
+sites=()
+while IFS= read -r site; do
+  if [ -n "$site" ] && [ -d "$site" ]; then sites+=("$site"); fi
+done < <(site_dirs)
+
+# The nvidia/*/lib folders of NVIDIA's wheels.
+wheel_dirs=()
+for site in ${sites[@]+"${sites[@]}"}; do
+  for dir in "$site"/nvidia/*/lib; do
+    if [ -d "$dir" ]; then wheel_dirs+=("$dir"); fi
+  done
+done
+
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi -L
+else
+  echo "run.sh: no nvidia-smi on PATH"
+fi
+
+libs="$(mktemp -d "${TMPDIR:-/tmp}/distribute-gpu-libs.XXXXXX")" || exit 2
+trap 'rm -rf "$libs"' EXIT
+
+if [ -n "${NCCL_LIB_DIR:-}" ]; then
+  if [ ! -e "$NCCL_LIB_DIR/libnccl.so.2" ]; then
+    echo "run.sh: NCCL_LIB_DIR=$NCCL_LIB_DIR has no libnccl.so.2" >&2
+    exit 2
+  fi
+  nccl_dir="$NCCL_LIB_DIR"
+else
+  nccl_dir="$(first_dir_with libnccl.so.2 ${wheel_dirs[@]+"${wheel_dirs[@]}"} \
+    "${system_nccl_dirs[@]}")" || nccl_dir=""
+fi
+if [ -n "$nccl_dir" ]; then
+  # cudarc loads libnccl.so or libnccl.so.<CUDA major>, never libnccl.so.2.
+  ln -s "$nccl_dir/libnccl.so.2" "$libs/libnccl.so"
+  export DISTRIBUTE_REQUIRE_NCCL=1
+  echo "run.sh: NCCL: $nccl_dir/libnccl.so.2"
+else
+  echo "run.sh: WARNING: no libnccl.so.2 found: the NCCL suites are SKIPPED" >&2
+  echo "run.sh: WARNING: \`python3 -m pip install nvidia-nccl-cu13\` or set NCCL_LIB_DIR" >&2
+fi
+
+if [ -n "${NVRTC_LIB_DIR:-}" ]; then
+  nvrtc_dir="$NVRTC_LIB_DIR"
+else
+  nvrtc_dir="$(first_dir_with 'libnvrtc.so.[0-9]*' "${cuda_toolkit_dirs[@]}" \
+    ${wheel_dirs[@]+"${wheel_dirs[@]}"} "${system_nvrtc_dirs[@]}")" || nvrtc_dir=""
+fi
+if [ -n "$nvrtc_dir" ]; then
+  echo "run.sh: NVRTC: $nvrtc_dir"
+else
+  echo "run.sh: WARNING: no libnvrtc.so.<major> found: the suites that compile kernels will" \
+    "FAIL; \`python3 -m pip install nvidia-cuda-nvrtc==13.0.88\` or set NVRTC_LIB_DIR" >&2
+fi
+
+if [ -n "${PJRT_PLUGIN:-}" ]; then
+  if [ ! -f "$PJRT_PLUGIN" ]; then
+    echo "run.sh: PJRT_PLUGIN=$PJRT_PLUGIN is not a file" >&2
+    exit 2
+  fi
+  cuda_pjrt="$PJRT_PLUGIN"
+elif [ -f "$here/xla_cuda_plugin.so" ]; then
+  cuda_pjrt="$here/xla_cuda_plugin.so"
+else
+  cuda_pjrt=""
+  # The newest CUDA first: xla_cuda13 sorts after xla_cuda12.
+  for site in ${sites[@]+"${sites[@]}"}; do
+    for file in "$site"/jax_plugins/*/xla_cuda_plugin.so; do
+      if [ -f "$file" ]; then cuda_pjrt="$file"; fi
+    done
+    if [ -n "$cuda_pjrt" ]; then break; fi
+  done
+fi
+if [ -n "$cuda_pjrt" ]; then
+  echo "run.sh: CUDA PJRT plugin: $cuda_pjrt"
+else
+  echo "run.sh: WARNING: no xla_cuda_plugin.so found: the TpuStrategy suites are SKIPPED" >&2
+  echo "run.sh: WARNING: \`python3 -m pip install jax-cuda13-pjrt==0.11.2\`, copy its" \
+    "xla_cuda_plugin.so here, or set PJRT_PLUGIN" >&2
+fi
+
+export LD_LIBRARY_PATH="$libs${nvrtc_dir:+:$nvrtc_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export DISTRIBUTE_REQUIRE_GPU=1 DISTRIBUTE_REQUIRE_NVRTC=1
+echo "run.sh: LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+
+summary=()
+failures=0
+# run_suite NAME NEEDS ARGS...: runs ./NAME ARGS unless not selected or what it needs is missing.
+run_suite() {
+  local name="$1" needs="$2" rc
+  shift 2
+  if [ ${#selected[@]} -gt 0 ] && [[ " ${selected[*]} " != *" $name "* ]]; then
+    return 0
+  fi
+  case "$needs" in
+    nvrtc) ;;
+    gpu) ;;
+    nccl)
+      if [ -z "$nccl_dir" ]; then
+        echo "run.sh: WARNING: SKIPPING $name: no libnccl.so.2" >&2
+        summary+=("SKIP  $name (no NCCL)")
+        return 0
+      fi
+      ;;
+    cuda-pjrt)
+      if [ -z "$cuda_pjrt" ]; then
+        echo "run.sh: WARNING: SKIPPING $name: no xla_cuda_plugin.so" >&2
+        summary+=("SKIP  $name (no CUDA PJRT plugin)")
+        return 0
+      fi
+      ;;
+    *)
+      echo "run.sh: suite $name needs '$needs', which this run.sh does not know" >&2
+      summary+=("FAIL  $name (unknown need $needs)")
+      failures=$((failures + 1))
+      return 0
+      ;;
+  esac
+  echo "=== $name: ./$name $*"
+  if [ "$needs" = cuda-pjrt ]; then
+    PJRT_PLUGIN="$cuda_pjrt" "./$name" "$@"
+  else
+    "./$name" "$@"
+  fi
+  rc=$?
+  if [ "$rc" -eq 0 ]; then
+    summary+=("PASS  $name")
+  else
+    summary+=("FAIL  $name (exit $rc)")
+    failures=$((failures + 1))
+  fi
+}
+
+while read -r -a line; do
+  if [ ${#line[@]} -ge 2 ]; then run_suite "${line[@]}" </dev/null; fi
+done < "$here/suites.txt"
+echo "=== summary"
+for line in ${summary[@]+"${summary[@]}"}; do echo "  $line"; done
+if [ "$failures" -gt 0 ]; then
+  echo "run.sh: $failures suite(s) FAILED" >&2
+  exit 1
+fi
+echo "run.sh: every suite run passed"
