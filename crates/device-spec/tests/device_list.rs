@@ -3,8 +3,9 @@
 use std::fmt::Write;
 
 use distribute_device_spec::{
-    ClusterSpec, DeviceSpec, DeviceSpecError, MAX_GPUS_PER_WORKER, TaskType, TfConfig, cluster_spec_to_device_list,
-    group_by_job_task, infer_num_gpus_per_worker, is_device_list_single_worker, parse_device_list,
+    ClusterSpec, DeviceSpec, DeviceSpecError, MAX_GPUS_PER_WORKER, TaskType, TfConfig,
+    cluster_spec_to_device_list, group_by_job_task, infer_num_gpus_per_worker,
+    is_device_list_single_worker, parse_device_list,
 };
 
 fn devices(list: &[&str]) -> Vec<DeviceSpec> {

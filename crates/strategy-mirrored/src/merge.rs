@@ -46,7 +46,9 @@ impl MergeRendezvous {
 
     /// `replica` has finished its step.
     pub(crate) fn finish(&self, replica: usize) {
-        self.rendezvous.finish(replica);
+        // Replicas come from the pool, which has exactly as many threads as the rendezvous has
+        // replicas, so the index is always in range.
+        let _ = self.rendezvous.finish(replica);
     }
 
     /// Releases every waiting replica with an error.
