@@ -103,7 +103,8 @@ fn sm06_grouping_by_job_and_task() {
         "/job:worker/task:2/device:GPU:0",
     ]);
     let groups = group_by_job_task(&list).unwrap();
-    let shape: Vec<(&str, Vec<(u32, Vec<String>)>)> = groups
+    type Tasks = Vec<(u32, Vec<String>)>;
+    let shape: Vec<(&str, Tasks)> = groups
         .iter()
         .map(|(job, tasks)| {
             let tasks = tasks.iter().map(|(t, d)| (*t, strings(d))).collect();
