@@ -115,30 +115,70 @@ impl std::fmt::Display for RecordTooLong {
 
 impl std::error::Error for RecordTooLong {}
 
+/// Where [`RecordLimit`] is in the CSV syntax: only a line break outside a quoted field ends a
+/// record, and a quote only opens a quoted field at the field's start (as in the `csv` crate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Quoting {
+    FieldStart,
+    Unquoted,
+    Quoted,
+    /// A quote inside a quoted field: the field's end, or the first half of an escaped `""`.
+    QuoteInQuoted,
+}
+
 /// Passes a file's bytes through, failing once one record (bytes since the last line break
 /// outside quotes) exceeds `max` bytes. It sees the bytes before the `csv` reader buffers them,
 /// so the reader never holds more than about `max` bytes of one record.
 struct RecordLimit<R> {
     inner: R,
     max: usize,
+    delimiter: u8,
+    quoting: Quoting,
     in_record: usize,
-    in_quotes: bool,
     /// Line breaks seen, and the line the current record started on.
     newlines: u64,
     record_line: u64,
+}
+
+impl<R> RecordLimit<R> {
+    fn new(inner: R, max: usize, delimiter: u8) -> Self {
+        RecordLimit {
+            inner,
+            max,
+            delimiter,
+            quoting: Quoting::FieldStart,
+            in_record: 0,
+            newlines: 0,
+            record_line: 1,
+        }
+    }
+
+    /// Follows one byte; true when it ends a record.
+    fn ends_record(&mut self, byte: u8) -> bool {
+        use Quoting::*;
+        if byte == b'\n' {
+            self.newlines += 1;
+        }
+        let line_break = matches!(byte, b'\n' | b'\r');
+        let (next, ends) = match (self.quoting, byte) {
+            (Quoted, b'"') => (QuoteInQuoted, false),
+            (Quoted, _) => (Quoted, false),
+            (QuoteInQuoted, b'"') => (Quoted, false),
+            (FieldStart, b'"') => (Quoted, false),
+            (_, b) if b == self.delimiter => (FieldStart, false),
+            _ if line_break => (FieldStart, true),
+            _ => (Unquoted, false),
+        };
+        self.quoting = next;
+        ends
+    }
 }
 
 impl<R: Read> Read for RecordLimit<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
         for &byte in &buf[..n] {
-            match byte {
-                // A doubled quote inside quotes toggles twice, which is right.
-                b'"' => self.in_quotes = !self.in_quotes,
-                b'\n' => self.newlines += 1,
-                _ => {}
-            }
-            if matches!(byte, b'\n' | b'\r') && !self.in_quotes {
+            if self.ends_record(byte) {
                 self.in_record = 0;
                 self.record_line = self.newlines + 1;
                 continue;
@@ -227,14 +267,7 @@ fn read_typed<T: CsvNumber>(file: &Path, options: CsvOptions) -> Result<Tensor, 
         file: file.to_owned(),
         source,
     })?;
-    let limited = RecordLimit {
-        inner: opened,
-        max: options.max_record_bytes,
-        in_record: 0,
-        in_quotes: false,
-        newlines: 0,
-        record_line: 1,
-    };
+    let limited = RecordLimit::new(opened, options.max_record_bytes, options.delimiter);
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(options.has_header)
         .delimiter(options.delimiter)
@@ -401,6 +434,23 @@ mod tests {
         assert!(
             read(&quoted, options).is_err(),
             "a quoted line break continues the record"
+        );
+    }
+
+    #[test]
+    fn only_line_breaks_outside_quoted_fields_end_records() {
+        let ends = |text: &[u8]| {
+            let mut limit = RecordLimit::new(std::io::empty(), 1, b';');
+            text.iter()
+                .map(|&b| limit.ends_record(b))
+                .collect::<Vec<bool>>()
+        };
+        // A quote inside an unquoted field is literal, so the line break ends the record.
+        assert_eq!(ends(b"a\"b\n"), [false, false, false, true]);
+        // In a quoted field, line breaks and escaped quotes do not; after it closes, one does.
+        assert_eq!(
+            ends(b"\"x\n\"\"\";\n"),
+            [false, false, false, false, false, false, false, true]
         );
     }
 
