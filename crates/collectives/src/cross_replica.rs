@@ -221,7 +221,7 @@ pub fn reduce_non_distributed_value(
     num_replicas: usize,
 ) -> Result<Leaf<Tensor>, CollectiveError> {
     let is_zero = {
-        let zeros = Tensor::zeros(value.device(), value.dtype(), value.shape());
+        let zeros = Tensor::zeros(value.device(), value.dtype(), value.shape())?;
         zeros == *value
     };
     if op == ReduceOp::Sum && num_replicas > 1 && !is_zero {

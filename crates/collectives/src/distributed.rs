@@ -83,7 +83,7 @@ impl VariableValue for Tensor {
     }
 
     fn is_zero(&self) -> bool {
-        *self == Tensor::zeros(self.device(), self.dtype(), self.shape())
+        Tensor::zeros(self.device(), self.dtype(), self.shape()).is_ok_and(|zeros| *self == zeros)
     }
 
     fn try_add(&self, other: &Tensor) -> Result<Tensor, ValuesError> {

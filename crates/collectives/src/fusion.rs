@@ -218,10 +218,10 @@ mod tests {
     #[allow(clippy::single_range_in_vec_init)]
     fn col36_group_by_size() {
         let values = [
-            Tensor::zeros("/cpu:0", DType::F32, &[2, 4, 4]),
-            Tensor::zeros("/cpu:0", DType::I32, &[8]),
-            Tensor::zeros("/cpu:0", DType::I64, &[10, 10]),
-            Tensor::zeros("/cpu:0", DType::I32, &[1]),
+            Tensor::zeros("/cpu:0", DType::F32, &[2, 4, 4]).unwrap(),
+            Tensor::zeros("/cpu:0", DType::I32, &[8]).unwrap(),
+            Tensor::zeros("/cpu:0", DType::I64, &[10, 10]).unwrap(),
+            Tensor::zeros("/cpu:0", DType::I32, &[1]).unwrap(),
         ];
         assert_eq!(
             values.iter().map(Tensor::size_in_bytes).collect::<Vec<_>>(),

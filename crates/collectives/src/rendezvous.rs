@@ -141,12 +141,18 @@ impl Rendezvous {
     /// Arrives at the current barrier as `replica`. The last replica to arrive runs `on_last`
     /// while every other replica waits, then releases them. `what` names the barrier in errors
     /// (it is only called on failure).
+    ///
+    /// Fails at once on a replica index outside the group. When `on_last` panics the barrier
+    /// does not complete: the group is aborted (every waiter gets the error), the last replica
+    /// gets [`CollectiveError::Aborted`] naming the panic, and [`Rendezvous::reset`] makes the
+    /// rendezvous usable again.
     pub fn arrive(
         &self,
         replica: usize,
         what: &dyn Fn() -> String,
         on_last: impl FnOnce(),
     ) -> Result<(), CollectiveError> {
+        self.check_replica(replica)?;
         let mut state = self.state.load(Ordering::SeqCst);
         loop {
             if is_aborted_state(state) {
@@ -159,7 +165,10 @@ impl Rendezvous {
                 .compare_exchange(state, state + 1, Ordering::SeqCst, Ordering::SeqCst)
             {
                 Ok(_) if arrived_of(state) + 1 == self.num_replicas => {
-                    on_last();
+                    let completed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(on_last));
+                    if let Err(payload) = completed {
+                        return Err(self.abort_completion(replica, what, payload.as_ref()));
+                    }
                     // Next generation, nobody arrived; an abort that came while `on_last` ran
                     // stays set and fails the next barrier, not this completed one.
                     let _ = self
@@ -178,9 +187,54 @@ impl Rendezvous {
 
     /// Marks `replica` as done with its step: a barrier it has not reached fails at once
     /// instead of waiting for the deadline. [`Rendezvous::begin_step`] clears the marks.
-    pub fn finish(&self, replica: usize) {
+    ///
+    /// Fails on a replica index outside the group.
+    pub fn finish(&self, replica: usize) -> Result<(), CollectiveError> {
+        self.check_replica(replica)?;
         self.finished[replica].store(true, Ordering::SeqCst);
         self.wake_all();
+        Ok(())
+    }
+
+    fn check_replica(&self, replica: usize) -> Result<(), CollectiveError> {
+        if replica >= self.num_replicas {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "replica {replica} is not in this rendezvous of {} replicas (0..{})",
+                self.num_replicas, self.num_replicas
+            )));
+        }
+        Ok(())
+    }
+
+    /// The last arrival's `on_last` panicked, so the barrier must not complete: abort it in the
+    /// same atomic step that empties it, so the waiters (who see every replica arrived and wait
+    /// for the release) see an aborted, not a completing, barrier and return the error.
+    fn abort_completion(
+        &self,
+        replica: usize,
+        what: &dyn Fn() -> String,
+        payload: &(dyn std::any::Any + Send),
+    ) -> CollectiveError {
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic with a non-string payload".to_owned());
+        let reason = format!(
+            "replica {replica} panicked while completing {}: {message}",
+            what()
+        );
+        {
+            let mut current = lock_ignoring_poison(&self.abort_reason);
+            current.get_or_insert_with(|| reason.clone());
+            let _ = self
+                .state
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |s| {
+                    Some((generation_of(s) << GENERATION_SHIFT) | ABORTED)
+                });
+        }
+        self.wake_all();
+        CollectiveError::Aborted { reason }
     }
 
     /// Clears every replica's finished mark; call before the replicas start a new step.
@@ -353,5 +407,80 @@ impl Rendezvous {
             }
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::mpsc;
+
+    use super::*;
+
+    fn what() -> String {
+        "test barrier".into()
+    }
+
+    #[test]
+    fn a_replica_outside_the_group_is_an_error_not_a_panic() {
+        let rendezvous = Rendezvous::new(2, Duration::from_secs(60)).unwrap();
+        for replica in [2, usize::MAX] {
+            let err = rendezvous.arrive(replica, &what, || {}).unwrap_err();
+            assert!(
+                matches!(&err, CollectiveError::InvalidArgument(m) if m.contains("not in this rendezvous of 2")),
+                "{err:?}"
+            );
+            let err = rendezvous.finish(replica).unwrap_err();
+            assert!(
+                matches!(err, CollectiveError::InvalidArgument(_)),
+                "{err:?}"
+            );
+        }
+        // The refused calls changed nothing.
+        assert!(!rendezvous.is_aborted());
+        rendezvous.finish(1).unwrap();
+    }
+
+    /// Each replica arrives on its own thread with an `on_last` that panics; the results come
+    /// back over a channel so that a barrier left "completing" forever fails the test (after a
+    /// generous bound) instead of hanging it.
+    fn arrive_all(rendezvous: &Arc<Rendezvous>, panic_on_last: bool) -> Vec<Result<(), String>> {
+        let (send, receive) = mpsc::channel();
+        for replica in 0..rendezvous.num_replicas() {
+            let (rendezvous, send) = (Arc::clone(rendezvous), send.clone());
+            std::thread::spawn(move || {
+                let result = rendezvous.arrive(replica, &what, || {
+                    if panic_on_last {
+                        panic!("on_last bug");
+                    }
+                });
+                let _ = send.send(result.map_err(|e| e.to_string()));
+            });
+        }
+        (0..rendezvous.num_replicas())
+            .map(|_| {
+                receive
+                    .recv_timeout(Duration::from_secs(120))
+                    .expect("a replica hung at a barrier whose on_last panicked")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_panicking_on_last_aborts_the_barrier_and_reset_recovers() {
+        let rendezvous = Arc::new(Rendezvous::new(3, Duration::from_secs(600)).unwrap());
+        let results = arrive_all(&rendezvous, true);
+        for result in &results {
+            let message = result.as_ref().unwrap_err();
+            assert!(
+                message.contains("panicked while completing test barrier: on_last bug"),
+                "{message}"
+            );
+        }
+        // Still aborted (a typed error, not a hang) until reset.
+        let err = rendezvous.arrive(0, &what, || {}).unwrap_err();
+        assert!(matches!(err, CollectiveError::Aborted { .. }), "{err:?}");
+        rendezvous.reset();
+        assert!(arrive_all(&rendezvous, false).iter().all(Result::is_ok));
     }
 }

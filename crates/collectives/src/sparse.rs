@@ -7,7 +7,7 @@
 use std::fmt;
 
 use crate::kernel::Arith;
-use crate::tensor::with_dtype;
+use crate::tensor::{try_filled, with_dtype};
 use crate::{CollectiveError, DType, Tensor};
 
 /// Rows of a conceptually dense tensor: `values[i]` is row `indices[i]` of a tensor of shape
@@ -111,10 +111,13 @@ impl IndexedSlices {
     /// The dense tensor: zeros, with every slice added to its row (duplicates add up, in index
     /// order, with the reduction kernel's arithmetic: f16/bf16 accumulate in f32 and round once,
     /// integers wrap).
+    ///
+    /// Fails, without allocating, when the dense shape holds more elements than memory can.
     pub fn to_dense(&self) -> Result<Tensor, CollectiveError> {
         fn densify<T: Arith>(slices: &IndexedSlices) -> Result<Tensor, CollectiveError> {
-            let row_len: usize = slices.dense_shape[1..].iter().product();
-            let mut acc = vec![T::Acc::default(); slices.dense_shape[0] * row_len];
+            let mut acc = try_filled(&slices.dense_shape, T::Acc::default())?;
+            // Fits: the whole dense shape's element count did.
+            let row_len = slices.dense_shape[1..].iter().product::<usize>();
             let values = slices.values.array::<T>()?;
             for (row, &index) in slices.indices.iter().enumerate() {
                 let source = values.index_axis(ndarray::Axis(0), row);
@@ -241,5 +244,34 @@ impl fmt::Debug for AnyTensor {
 impl fmt::Display for AnyTensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dense shape's product once overflowed (a panic in debug builds, a wrapped and wrong
+    /// size in release) or allocated without bound; now each is a typed error.
+    #[test]
+    fn an_absurd_dense_shape_is_an_error_not_a_crash() {
+        for dense_shape in [
+            vec![usize::MAX, 2],
+            vec![1 << 40, 1 << 40],
+            vec![1, usize::MAX / 2],
+            vec![1 << 60],
+        ] {
+            let row_shape = &dense_shape[1..];
+            // No rows: the values are empty whatever the row shape.
+            let values =
+                Tensor::from_vec("/cpu:0", &[&[0][..], row_shape].concat(), Vec::<f32>::new())
+                    .unwrap();
+            let slices = IndexedSlices::new(values, vec![], dense_shape.clone()).unwrap();
+            let err = slices.to_dense().unwrap_err();
+            assert!(
+                matches!(&err, CollectiveError::InvalidArgument(m) if m.contains("too large")),
+                "{dense_shape:?}: {err:?}"
+            );
+        }
     }
 }

@@ -143,11 +143,6 @@ macro_rules! host_array {
                 }
             }
 
-            fn zeros(dtype: DType, shape: &[usize]) -> HostArray {
-                match dtype {
-                    $(DType::$variant => HostArray::$variant(ArcArray::from_elem(shape, $zero)),)*
-                }
-            }
         }
     };
 }
@@ -280,9 +275,7 @@ impl Tensor {
         let len = data.len();
         let array = ArrayD::from_shape_vec(shape, data).map_err(|_| {
             // The shape may be absurd (its product overflowing), so count it carefully.
-            let wanted = shape
-                .iter()
-                .try_fold(1usize, |n, &d| n.checked_mul(d))
+            let wanted = checked_num_elements(shape)
                 .map_or_else(|| "more than usize::MAX".to_owned(), |n| n.to_string());
             CollectiveError::InvalidArgument(format!(
                 "{len} elements cannot fill a tensor of shape {shape:?} ({wanted} elements)"
@@ -296,12 +289,27 @@ impl Tensor {
         Tensor::from_array(device, ndarray::arr0(value))
     }
 
-    /// A tensor of zeros.
-    pub fn zeros(device: &str, dtype: DType, shape: &[usize]) -> Tensor {
-        Tensor {
-            storage: Storage::Host(HostArray::zeros(dtype, shape)),
-            device: device.into(),
+    /// A tensor of zeros. Fails, without allocating, when the shape holds more elements than
+    /// memory can (its size overflowing `isize`, or the allocation refused).
+    ///
+    /// ```
+    /// use distribute_collectives::{DType, Tensor};
+    ///
+    /// assert_eq!(Tensor::zeros("/cpu:0", DType::I32, &[2])?.to_vec::<i32>()?, [0, 0]);
+    /// assert!(Tensor::zeros("/cpu:0", DType::F32, &[1 << 40, 1 << 40]).is_err());
+    /// # Ok::<(), distribute_collectives::CollectiveError>(())
+    /// ```
+    pub fn zeros(device: &str, dtype: DType, shape: &[usize]) -> Result<Tensor, CollectiveError> {
+        fn zeros_of<T: Element>(shape: &[usize]) -> Result<HostArray, CollectiveError> {
+            let data = try_filled(shape, T::zero())?;
+            let array = ArcArray::from_shape_vec(IxDyn(shape), data)
+                .map_err(|e| CollectiveError::InvalidArgument(format!("shape {shape:?}: {e}")))?;
+            Ok(T::wrap(array))
         }
+        Ok(Tensor {
+            storage: Storage::Host(with_dtype!(dtype, T => zeros_of::<T>(shape))?),
+            device: device.into(),
+        })
     }
 
     /// The element type.
@@ -547,6 +555,42 @@ impl Tensor {
     }
 }
 
+/// The number of elements of `shape`, `None` when it overflows `usize`.
+pub(crate) fn checked_num_elements(shape: &[usize]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
+/// A buffer of `shape`'s element count, every element `value`; a typed error, never a panic or
+/// an aborting allocation, when the count or byte size overflows or the allocator refuses.
+pub(crate) fn try_filled<T: Clone>(shape: &[usize], value: T) -> Result<Vec<T>, CollectiveError> {
+    let too_large = |why: &str| {
+        CollectiveError::InvalidArgument(format!(
+            "a tensor of shape {shape:?} is too large: {why}; check the shape"
+        ))
+    };
+    let elements = checked_num_elements(shape)
+        .ok_or_else(|| too_large("its element count overflows usize"))?;
+    // ndarray also requires the product of the non-zero dimensions to fit `isize`, so that every
+    // stride does, even when a zero dimension leaves the tensor empty.
+    let strides_fit = shape
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .is_some_and(|n| isize::try_from(n).is_ok());
+    if !strides_fit {
+        return Err(too_large("its dimensions' product overflows isize"));
+    }
+    let bytes = elements
+        .checked_mul(std::mem::size_of::<T>())
+        .filter(|&b| isize::try_from(b).is_ok())
+        .ok_or_else(|| too_large("its size in bytes overflows isize"))?;
+    let mut data = Vec::new();
+    data.try_reserve_exact(elements)
+        .map_err(|_| too_large(&format!("{bytes} bytes could not be allocated")))?;
+    data.resize(elements, value);
+    Ok(data)
+}
+
 fn wrap_like<T: Element>(array: ArcArray<T, IxDyn>) -> HostArray {
     T::wrap(array)
 }
@@ -612,6 +656,29 @@ mod tests {
             doubled.to_vec::<f32>().unwrap(),
             [2.0, 4.0, 6.0, 8.0, 10.0, 12.0]
         );
+    }
+
+    /// `Tensor::zeros` once panicked (ndarray's "shape too large") or aborted the process in the
+    /// allocator on shapes like these; each is now a typed error and nothing is allocated.
+    #[test]
+    fn zeros_of_an_absurd_shape_is_an_error_not_an_abort() {
+        for (dtype, shape) in [
+            (DType::F32, vec![1 << 40, 1 << 40]),
+            (DType::F64, vec![usize::MAX]),
+            (DType::I32, vec![usize::MAX / 2]),
+            // Fits `isize`, but no address space holds 4 EiB: the allocation is refused.
+            (DType::F32, vec![1 << 60]),
+            (DType::F16, vec![0, usize::MAX, 2]),
+        ] {
+            let err = Tensor::zeros("/cpu:0", dtype, &shape).unwrap_err();
+            assert!(
+                matches!(&err, CollectiveError::InvalidArgument(m) if m.contains("too large")),
+                "{shape:?}: {err:?}"
+            );
+        }
+        // A zero dimension holds nothing.
+        let empty = Tensor::zeros("/cpu:0", DType::F32, &[0, 1 << 40]).unwrap();
+        assert_eq!(empty.num_elements(), 0);
     }
 
     #[test]

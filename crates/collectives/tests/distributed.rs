@@ -45,7 +45,11 @@ fn tensors_do_variable_arithmetic() {
         [0.5, 1.0, 1.5]
     );
     assert!(a.is_floating());
-    assert!(Tensor::zeros("/cpu:0", distribute_collectives::DType::F32, &[3]).is_zero());
+    assert!(
+        Tensor::zeros("/cpu:0", distribute_collectives::DType::F32, &[3])
+            .unwrap()
+            .is_zero()
+    );
     let ints = Tensor::from_vec("/cpu:0", &[2], vec![7i64, -7]).unwrap();
     assert_eq!(
         ints.divide_by_count(2).unwrap().to_vec::<i64>().unwrap(),

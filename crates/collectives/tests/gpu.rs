@@ -1479,7 +1479,7 @@ fn gpu_tensors_move_compare_and_print() {
         "shapes differ"
     );
     assert!(
-        !g.bitwise_eq(&Tensor::zeros("/cpu:0", DType::F64, &[2, 3])),
+        !g.bitwise_eq(&Tensor::zeros("/cpu:0", DType::F64, &[2, 3]).unwrap()),
         "dtypes differ"
     );
 

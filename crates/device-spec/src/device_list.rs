@@ -67,8 +67,15 @@ pub fn is_device_list_single_worker(devices: &[DeviceSpec]) -> Result<bool, Devi
     Ok(single)
 }
 
+/// The most GPUs one worker may be given in [`cluster_spec_to_device_list`].
+///
+/// Hosts today carry a few dozen accelerators at most; the cap exists so that a count passed as an
+/// argument (say `u32::MAX`) becomes a typed error instead of a list too large to allocate.
+pub const MAX_GPUS_PER_WORKER: u32 = 1024;
+
 /// The devices of a multi-worker list grouped by job, then by task index: `result[job][task]` is
-/// that task's devices in input order, with empty lists for absent tasks.
+/// that task's devices in input order. Only tasks that have devices are present, so a list naming
+/// `/job:worker/task:4000000000` costs one entry, not four billion.
 ///
 /// Fails on a single worker's list, on local/remote mixes, and on a device without a task.
 ///
@@ -77,29 +84,31 @@ pub fn is_device_list_single_worker(devices: &[DeviceSpec]) -> Result<bool, Devi
 ///
 /// let devices = parse_device_list(["/job:worker/task:2/gpu:0", "/job:worker/task:0/gpu:0"])?;
 /// let groups = group_by_job_task(&devices)?;
-/// assert_eq!(groups["worker"].iter().map(Vec::len).collect::<Vec<_>>(), [1, 0, 1]);
+/// let tasks: Vec<(u32, usize)> = groups["worker"].iter().map(|(t, d)| (*t, d.len())).collect();
+/// assert_eq!(tasks, [(0, 1), (2, 1)]);
 /// # Ok::<(), distribute_device_spec::DeviceSpecError>(())
 /// ```
 pub fn group_by_job_task(
     devices: &[DeviceSpec],
-) -> Result<BTreeMap<String, Vec<Vec<DeviceSpec>>>, DeviceSpecError> {
+) -> Result<BTreeMap<String, BTreeMap<u32, Vec<DeviceSpec>>>, DeviceSpecError> {
     if is_device_list_single_worker(devices)? {
         return Err(DeviceSpecError::NotMultiWorker);
     }
-    let mut groups: BTreeMap<String, Vec<Vec<DeviceSpec>>> = BTreeMap::new();
+    let mut groups: BTreeMap<String, BTreeMap<u32, Vec<DeviceSpec>>> = BTreeMap::new();
     for device in devices {
         let task = device
             .task()
             .ok_or_else(|| DeviceSpecError::RemoteDeviceWithoutTask {
                 device: device.to_string(),
-            })? as usize;
+            })?;
         // Not local, so the job is set.
         let job = device.job().unwrap_or_default().to_owned();
-        let tasks = groups.entry(job).or_default();
-        if tasks.len() <= task {
-            tasks.resize_with(task + 1, Vec::new);
-        }
-        tasks[task].push(device.clone());
+        groups
+            .entry(job)
+            .or_default()
+            .entry(task)
+            .or_default()
+            .push(device.clone());
     }
     Ok(groups)
 }
@@ -107,8 +116,8 @@ pub fn group_by_job_task(
 /// How many GPUs each worker of the list has.
 ///
 /// A single worker's list counts its `GPU` devices without further checks. In a multi-worker
-/// list every worker (including one left empty by a gap in task indices) must have the same
-/// number of GPUs, and their indices must be `0..n` in any order.
+/// list every worker (including one left empty by a gap in task indices, as in TF) must have the
+/// same number of GPUs, and their indices must be `0..n` in any order.
 ///
 /// ```
 /// use distribute_device_spec::{infer_num_gpus_per_worker, parse_device_list};
@@ -123,8 +132,30 @@ pub fn infer_num_gpus_per_worker(devices: &[DeviceSpec]) -> Result<usize, Device
         return Ok(devices.iter().filter(is_gpu).count());
     }
     let mut first: Option<(String, usize)> = None;
+    let mut check_count = |worker: String, count: usize| match &first {
+        None => {
+            first = Some((worker, count));
+            Ok(())
+        }
+        Some((first_worker, first_count)) if *first_count != count => {
+            Err(DeviceSpecError::UnequalGpuCounts {
+                first_worker: first_worker.clone(),
+                first_count: *first_count,
+                other_worker: worker,
+                other_count: count,
+            })
+        }
+        Some(_) => Ok(()),
+    };
     for (job, tasks) in group_by_job_task(devices)? {
-        for (task, task_devices) in tasks.iter().enumerate() {
+        let mut expected_task = 0u32;
+        for (task, task_devices) in tasks {
+            // Tasks below this one that have no devices are workers with no GPUs; the first of
+            // them stands for all (they share the count 0), so a gap costs nothing to check.
+            if task > expected_task {
+                check_count(format!("/job:{job}/task:{expected_task}"), 0)?;
+            }
+            expected_task = task.saturating_add(1);
             let worker = format!("/job:{job}/task:{task}");
             let indices: Vec<Option<u32>> = task_devices
                 .iter()
@@ -132,18 +163,7 @@ pub fn infer_num_gpus_per_worker(devices: &[DeviceSpec]) -> Result<usize, Device
                 .map(DeviceSpec::device_index)
                 .collect();
             let count = indices.len();
-            match &first {
-                None => first = Some((worker.clone(), count)),
-                Some((first_worker, first_count)) if *first_count != count => {
-                    return Err(DeviceSpecError::UnequalGpuCounts {
-                        first_worker: first_worker.clone(),
-                        first_count: *first_count,
-                        other_worker: worker,
-                        other_count: count,
-                    });
-                }
-                Some(_) => {}
-            }
+            check_count(worker.clone(), count)?;
             let distinct: BTreeSet<Option<u32>> = indices.iter().copied().collect();
             let consecutive = distinct.len() == count
                 && distinct
@@ -165,16 +185,27 @@ pub fn infer_num_gpus_per_worker(devices: &[DeviceSpec]) -> Result<usize, Device
 /// and evaluators are left out): `GPU:0..gpus_per_worker` on each, or its `CPU:0` when
 /// `gpus_per_worker` is 0.
 ///
+/// Fails when `gpus_per_worker` is above [`MAX_GPUS_PER_WORKER`].
+///
 /// ```
 /// use distribute_device_spec::{cluster_spec_to_device_list, ClusterSpec};
 ///
 /// let cluster = ClusterSpec::from_json(r#"{"chief": ["a:1"], "worker": ["b:1"], "ps": ["d:1"]}"#)?;
 /// let devices: Vec<String> =
-///     cluster_spec_to_device_list(&cluster, 1).iter().map(ToString::to_string).collect();
+///     cluster_spec_to_device_list(&cluster, 1)?.iter().map(ToString::to_string).collect();
 /// assert_eq!(devices, ["/job:chief/task:0/device:GPU:0", "/job:worker/task:0/device:GPU:0"]);
 /// # Ok::<(), distribute_device_spec::DeviceSpecError>(())
 /// ```
-pub fn cluster_spec_to_device_list(cluster: &ClusterSpec, gpus_per_worker: u32) -> Vec<DeviceSpec> {
+pub fn cluster_spec_to_device_list(
+    cluster: &ClusterSpec,
+    gpus_per_worker: u32,
+) -> Result<Vec<DeviceSpec>, DeviceSpecError> {
+    if gpus_per_worker > MAX_GPUS_PER_WORKER {
+        return Err(DeviceSpecError::TooManyGpusPerWorker {
+            requested: u64::from(gpus_per_worker),
+            max: MAX_GPUS_PER_WORKER,
+        });
+    }
     let mut devices = Vec::new();
     for task_type in [TaskType::Chief, TaskType::Worker] {
         for task in 0..cluster.tasks(task_type).len() as u32 {
@@ -195,5 +226,5 @@ pub fn cluster_spec_to_device_list(cluster: &ClusterSpec, gpus_per_worker: u32) 
             }
         }
     }
-    devices
+    Ok(devices)
 }

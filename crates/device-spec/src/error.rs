@@ -195,6 +195,17 @@ pub enum DeviceSpecError {
         /// The task type asked about.
         task_type: String,
     },
+    /// A GPU count per worker above [`MAX_GPUS_PER_WORKER`](crate::MAX_GPUS_PER_WORKER).
+    #[error(
+        "{requested} GPUs per worker is more than the {max} one worker may have; pass the number \
+         of GPUs each machine really has"
+    )]
+    TooManyGpusPerWorker {
+        /// The count asked for.
+        requested: u64,
+        /// The cap.
+        max: u32,
+    },
     /// The `TF_CONFIG` environment variable is unset or not Unicode.
     #[error("environment variable TF_CONFIG is not set (or not valid Unicode)")]
     NoTfConfig,

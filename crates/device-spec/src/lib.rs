@@ -41,7 +41,7 @@ pub use canonical::{
 };
 pub use cluster::{ClusterSpec, TaskId, TaskType, TfConfig};
 pub use device_list::{
-    cluster_spec_to_device_list, group_by_job_task, infer_num_gpus_per_worker,
+    MAX_GPUS_PER_WORKER, cluster_spec_to_device_list, group_by_job_task, infer_num_gpus_per_worker,
     is_device_list_single_worker, parse_device_list,
 };
 pub use error::DeviceSpecError;

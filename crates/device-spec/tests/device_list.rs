@@ -3,8 +3,9 @@
 use std::fmt::Write;
 
 use distribute_device_spec::{
-    ClusterSpec, DeviceSpec, DeviceSpecError, TaskType, TfConfig, cluster_spec_to_device_list,
-    group_by_job_task, infer_num_gpus_per_worker, is_device_list_single_worker, parse_device_list,
+    ClusterSpec, DeviceSpec, DeviceSpecError, MAX_GPUS_PER_WORKER, TaskType, TfConfig,
+    cluster_spec_to_device_list, group_by_job_task, infer_num_gpus_per_worker,
+    is_device_list_single_worker, parse_device_list,
 };
 
 fn devices(list: &[&str]) -> Vec<DeviceSpec> {
@@ -94,7 +95,7 @@ fn sm05_two_tasks_are_multi_worker() {
 }
 
 #[test]
-fn sm06_grouping_by_job_and_task_fills_gaps() {
+fn sm06_grouping_by_job_and_task() {
     let list = devices(&[
         "/job:worker/task:2/device:GPU:1",
         "/job:worker/task:0/device:GPU:0",
@@ -102,26 +103,32 @@ fn sm06_grouping_by_job_and_task_fills_gaps() {
         "/job:worker/task:2/device:GPU:0",
     ]);
     let groups = group_by_job_task(&list).unwrap();
-    let shape: Vec<(&str, Vec<Vec<String>>)> = groups
+    type Tasks = Vec<(u32, Vec<String>)>;
+    let shape: Vec<(&str, Tasks)> = groups
         .iter()
-        .map(|(job, tasks)| (job.as_str(), tasks.iter().map(|t| strings(t)).collect()))
+        .map(|(job, tasks)| {
+            let tasks = tasks.iter().map(|(t, d)| (*t, strings(d))).collect();
+            (job.as_str(), tasks)
+        })
         .collect();
     assert_eq!(
         shape,
         [
             (
                 "chief",
-                vec![vec!["/job:chief/task:0/device:GPU:0".to_owned()]]
+                vec![(0, vec!["/job:chief/task:0/device:GPU:0".to_owned()])]
             ),
             (
                 "worker",
                 vec![
-                    vec!["/job:worker/task:0/device:GPU:0".to_owned()],
-                    vec![],
-                    vec![
-                        "/job:worker/task:2/device:GPU:1".to_owned(),
-                        "/job:worker/task:2/device:GPU:0".to_owned()
-                    ],
+                    (0, vec!["/job:worker/task:0/device:GPU:0".to_owned()]),
+                    (
+                        2,
+                        vec![
+                            "/job:worker/task:2/device:GPU:1".to_owned(),
+                            "/job:worker/task:2/device:GPU:0".to_owned()
+                        ]
+                    ),
                 ]
             ),
         ]
@@ -130,6 +137,54 @@ fn sm06_grouping_by_job_and_task_fills_gaps() {
         group_by_job_task(&devices(&["/gpu:0", "/gpu:1"])).unwrap_err(),
         DeviceSpecError::NotMultiWorker
     );
+}
+
+/// A task index near `u32::MAX` costs one entry: grouping once sized a `Vec` by the largest task
+/// index (96 GB for task 4000000000) and the allocator aborted the process.
+#[test]
+fn huge_task_index_is_grouped_without_allocating_the_gap() {
+    let list = devices(&[
+        "/job:worker/task:0/device:CPU:0",
+        "/job:worker/task:4000000000/device:CPU:0",
+    ]);
+    let groups = group_by_job_task(&list).unwrap();
+    assert_eq!(
+        groups["worker"].keys().copied().collect::<Vec<_>>(),
+        [0, 4_000_000_000]
+    );
+    // CPU-only workers all have 0 GPUs, the gap included.
+    assert_eq!(infer_num_gpus_per_worker(&list).unwrap(), 0);
+    let with_gpus = devices(&[
+        "/job:worker/task:0/gpu:0",
+        "/job:worker/task:4000000000/gpu:0",
+    ]);
+    let err = infer_num_gpus_per_worker(&with_gpus).unwrap_err();
+    assert_eq!(
+        err,
+        DeviceSpecError::UnequalGpuCounts {
+            first_worker: "/job:worker/task:0".into(),
+            first_count: 1,
+            other_worker: "/job:worker/task:1".into(),
+            other_count: 0,
+        }
+    );
+}
+
+/// `u32::MAX` GPUs per worker once built a list of four billion devices per task.
+#[test]
+fn gpus_per_worker_above_the_cap_is_a_typed_error() {
+    let cluster = ClusterSpec::from_json(r#"{"worker": ["a:1", "b:1"]}"#).unwrap();
+    for gpus in [MAX_GPUS_PER_WORKER + 1, u32::MAX] {
+        assert_eq!(
+            cluster_spec_to_device_list(&cluster, gpus).unwrap_err(),
+            DeviceSpecError::TooManyGpusPerWorker {
+                requested: u64::from(gpus),
+                max: MAX_GPUS_PER_WORKER,
+            }
+        );
+    }
+    let at_cap = cluster_spec_to_device_list(&cluster, MAX_GPUS_PER_WORKER).unwrap();
+    assert_eq!(at_cap.len(), 2 * MAX_GPUS_PER_WORKER as usize);
 }
 
 #[test]
@@ -227,7 +282,7 @@ fn sm08_cluster_to_device_list() {
         ClusterSpec::from_json(r#"{"chief": ["a:1"], "worker": ["b:1", "c:1"], "ps": ["d:1"]}"#)
             .unwrap();
     assert_eq!(
-        strings(&cluster_spec_to_device_list(&cluster, 2)),
+        strings(&cluster_spec_to_device_list(&cluster, 2).unwrap()),
         [
             "/job:chief/task:0/device:GPU:0",
             "/job:chief/task:0/device:GPU:1",
@@ -238,7 +293,7 @@ fn sm08_cluster_to_device_list() {
         ]
     );
     assert_eq!(
-        strings(&cluster_spec_to_device_list(&cluster, 0)),
+        strings(&cluster_spec_to_device_list(&cluster, 0).unwrap()),
         [
             "/job:chief/task:0/device:CPU:0",
             "/job:worker/task:0/device:CPU:0",
@@ -257,20 +312,20 @@ fn device_map_of_a_chief_and_two_workers_with_four_gpus() {
             "task": {"type": "worker", "index": 0}}"#,
     )
     .unwrap();
-    let list = cluster_spec_to_device_list(&config.cluster, 4);
+    let list = cluster_spec_to_device_list(&config.cluster, 4).unwrap();
     let gpus = infer_num_gpus_per_worker(&list).unwrap();
     let mut out = String::new();
     writeln!(out, "gpus per worker: {gpus}").unwrap();
     for (job, tasks) in group_by_job_task(&list).unwrap() {
-        for (index, devices) in tasks.iter().enumerate() {
+        for (index, devices) in tasks {
             let task_type: TaskType = job.parse().unwrap();
-            let task = distribute_device_spec::TaskId::new(task_type, index as u32);
+            let task = distribute_device_spec::TaskId::new(task_type, index);
             writeln!(
                 out,
                 "{task} (id {}, chief: {}, address {}):",
                 config.cluster.id_in_cluster(task).unwrap(),
                 config.cluster.is_chief(task).unwrap(),
-                config.cluster.tasks(task_type)[index],
+                config.cluster.tasks(task_type)[index as usize],
             )
             .unwrap();
             for device in devices {

@@ -39,8 +39,8 @@ pub(crate) fn train(replicas: usize, steps: usize) -> Result<Trained, Box<dyn st
     let strategy = MirroredStrategy::new(&devices)?;
     let zeros = |shape: &[usize]| Tensor::zeros("/cpu:0", DType::F32, shape);
     let options = VariableOptions::default;
-    let weights = strategy.create_variable("weights", zeros(&[FEATURES]), options())?;
-    let bias = strategy.create_variable("bias", zeros(&[1]), options())?;
+    let weights = strategy.create_variable("weights", zeros(&[FEATURES])?, options())?;
+    let bias = strategy.create_variable("bias", zeros(&[1])?, options())?;
 
     // Every step's rows as one dataset of global batches.
     let (x, y) = workload::steps(steps);

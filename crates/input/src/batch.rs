@@ -299,7 +299,7 @@ fn pad_tensor(path: &Path<'_>, t: &Tensor, rows: usize) -> Result<Tensor, InputE
     }
     let mut shape = t.shape().to_vec();
     shape[0] = rows - have;
-    let zeros = Tensor::zeros(t.device(), t.dtype(), &shape);
+    let zeros = Tensor::zeros(t.device(), t.dtype(), &shape)?;
     Ok(Tensor::concat_rows(t.device(), &[t.clone(), zeros])?)
 }
 

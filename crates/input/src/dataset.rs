@@ -233,13 +233,66 @@ impl<B: Batch> fmt::Debug for Dataset<B> {
     }
 }
 
+/// The numbers `0..n` as `int64` rows, made on demand in blocks of [`RangeSource::BLOCK_ROWS`]
+/// (TF's `range` is lazy too): `range(1 << 40)` costs one block of memory, not 8 TiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeSource {
+    n: usize,
+}
+
+impl RangeSource {
+    /// Rows per block: the most a range holds in memory at once, and the unit a shuffle of a
+    /// range permutes.
+    pub const BLOCK_ROWS: usize = 1 << 16;
+
+    /// The numbers `0..n`. Numbers above `i64::MAX` do not fit `int64`: reading reaches them as
+    /// an error, after every number that fits.
+    pub fn new(n: usize) -> Self {
+        RangeSource { n }
+    }
+}
+
+impl RangeSource {
+    /// The block of numbers from `start` (a multiple of `BLOCK_ROWS` below `n`).
+    fn block(self, start: usize) -> Result<Tensor, InputError> {
+        let n = self.n;
+        let end = start + (n - start).min(Self::BLOCK_ROWS);
+        // BLOCK_ROWS divides 2^63, so a block lies either wholly inside int64 or wholly
+        // outside it.
+        let (Ok(first), Ok(last)) = (i64::try_from(start), i64::try_from(end - 1)) else {
+            return Err(InputError::Pipeline(format!(
+                "range({n}): the number {start} does not fit int64 (a range's elements are \
+                 int64, as in TF); use a range of at most 2^63 numbers"
+            )));
+        };
+        let data: Vec<i64> = (first..=last).collect();
+        Ok(Tensor::from_vec(
+            distribute_device_spec::DEFAULT_HOST,
+            &[data.len()],
+            data,
+        )?)
+    }
+}
+
+impl Source for RangeSource {
+    type Item = Tensor;
+
+    fn blocks(&self) -> BoxIter<Tensor> {
+        let range = *self;
+        let starts = (0..range.n).step_by(Self::BLOCK_ROWS);
+        Box::new(starts.map(move |start| range.block(start)))
+    }
+
+    fn describe(&self) -> String {
+        format!("range({})", self.n)
+    }
+}
+
 impl Dataset<Tensor> {
-    /// The `int64` numbers `0..n` on the host, one per row (TF's `range`).
+    /// The `int64` numbers `0..n` on the host, one per row (TF's `range`), made on demand: see
+    /// [`RangeSource`].
     pub fn range(n: usize) -> Dataset<Tensor> {
-        let data: Vec<i64> = (0..n as i64).collect();
-        let tensor = Tensor::from_vec(distribute_device_spec::DEFAULT_HOST, &[n], data)
-            .expect("a vector of n elements fills shape [n]");
-        Dataset::from_source(MemorySource { data: tensor })
+        Dataset::from_source(RangeSource::new(n))
     }
 }
 
@@ -290,12 +343,18 @@ impl<B: Batch> Dataset<B> {
                 "repeat must come before shuffle, shard and batch".into(),
             ));
         }
-        self.repeat *= times;
+        self.repeat = self.repeat.checked_mul(times).ok_or_else(|| {
+            InputError::Pipeline(format!(
+                "repeat({times}) after repeat({}) asks for more than usize::MAX passes; repeat \
+                 once with the total",
+                self.repeat
+            ))
+        })?;
         Ok(self)
     }
 
     /// Shuffles the rows of each source block (all rows of in-memory data, each file's rows of
-    /// a file source) with a seeded generator: the same seed gives the same order. With
+    /// a file source, each [`RangeSource::BLOCK_ROWS`] rows of a range) with a seeded generator: the same seed gives the same order. With
     /// `reshuffle_each_iteration`, each call to [`iter`](Self::iter) gets a new order (IN-38).
     pub fn shuffle(
         mut self,
@@ -701,6 +760,89 @@ mod tests {
             .shard(2, 0)
             .unwrap();
         assert_eq!(collect(&ds), [vec![0, 1], vec![1, 2]]);
+    }
+
+    fn flat(ds: &Dataset<Tensor>) -> Vec<i64> {
+        collect(ds).into_iter().flatten().collect()
+    }
+
+    /// `range(1 << 40)` once built all 2^40 numbers (8 TiB) before the first batch.
+    #[test]
+    fn a_huge_range_is_made_on_demand() {
+        let ds = Dataset::range(1 << 40).batch(3, false).unwrap();
+        let first: Vec<Vec<i64>> = ds
+            .iter()
+            .take(2)
+            .map(|b| b.unwrap().to_vec::<i64>().unwrap())
+            .collect();
+        assert_eq!(first, [vec![0, 1, 2], vec![3, 4, 5]]);
+        // Sharding keeps its phase across the blocks the range is made in.
+        let sharded = Dataset::range(1 << 40).shard(1 << 17, 5).unwrap();
+        let firsts: Vec<i64> = sharded
+            .iter()
+            .take(3)
+            .map(|b| b.unwrap().to_vec::<i64>().unwrap()[0])
+            .collect();
+        assert_eq!(firsts, [5, 5 + (1 << 17), 5 + (2 << 17)]);
+    }
+
+    #[test]
+    fn ranges_across_blocks_read_as_one_sequence() {
+        let n = 2 * RangeSource::BLOCK_ROWS + 7;
+        let all: Vec<i64> = (0..n as i64).collect();
+        assert_eq!(flat(&Dataset::range(n).batch(1000, false).unwrap()), all);
+        let sharded = Dataset::range(n)
+            .shard(3, 1)
+            .unwrap()
+            .batch(999, true)
+            .unwrap();
+        let expected: Vec<i64> = all.iter().copied().skip(1).step_by(3).collect();
+        let kept = expected.len() / 999 * 999;
+        assert_eq!(flat(&sharded), expected[..kept]);
+        let twice = Dataset::range(n)
+            .repeat(2)
+            .unwrap()
+            .batch(4096, false)
+            .unwrap();
+        assert_eq!(flat(&twice), [all.clone(), all].concat());
+    }
+
+    /// `range(usize::MAX)` once panicked at construction; its numbers fit int64 up to
+    /// `i64::MAX`, and the block past it is an error, not a wrapped negative number.
+    #[test]
+    fn a_range_beyond_int64_reads_up_to_its_limit_then_fails() {
+        let ds = Dataset::range(usize::MAX).batch(2, false).unwrap();
+        assert_eq!(
+            ds.iter().next().unwrap().unwrap().to_vec::<i64>().unwrap(),
+            [0, 1]
+        );
+        let source = RangeSource::new(usize::MAX);
+        let last_fitting = source.block((1 << 63) - RangeSource::BLOCK_ROWS).unwrap();
+        assert_eq!(
+            last_fitting.to_vec::<i64>().unwrap().last(),
+            Some(&i64::MAX)
+        );
+        let err = source.block(1 << 63).unwrap_err();
+        assert!(err.to_string().contains("does not fit int64"), "{err}");
+    }
+
+    /// Repeat counts once multiplied unchecked (a panic in debug builds, a wrapped count in
+    /// release).
+    #[test]
+    fn repeat_counts_that_overflow_are_an_error() {
+        let err = Dataset::range(3)
+            .repeat(usize::MAX)
+            .unwrap()
+            .repeat(2)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("more than usize::MAX passes"),
+            "{err}"
+        );
+        assert_eq!(
+            flat(&Dataset::range(2).repeat(2).unwrap().repeat(3).unwrap()),
+            [0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1]
+        );
     }
 
     #[test]

@@ -61,7 +61,8 @@ pub use batch::{Batch, Masked, MaskedRegrouped};
 pub use context::{InputContext, InputReplicationMode, InputWorkers};
 pub use csv_source::{CsvOptions, CsvSource};
 pub use dataset::{
-    BatchSpec, BoxIter, Dataset, DatasetIter, GeneratorSource, MemorySource, ShuffleSpec, Source,
+    BatchSpec, BoxIter, Dataset, DatasetIter, GeneratorSource, MemorySource, RangeSource,
+    ShuffleSpec, Source,
 };
 pub use distributed::{
     AutoShardPolicy, BatchSplit, DistributedDataset, DistributedIterator, InputOptions,

@@ -122,22 +122,23 @@ fn parse(bytes: &[u8]) -> Result<Tensor, String> {
         .ok_or("the header length is larger than memory")?;
     let header = bytes.get(start..end).ok_or("truncated header")?;
     let header = std::str::from_utf8(header).map_err(|_| "the header is not ASCII")?;
-    let descr = header_value(header, "descr")?;
-    let fortran = header_value(header, "fortran_order")?;
-    let shape = header_value(header, "shape")?;
-    if fortran != "False" {
-        return Err(format!(
-            "fortran_order is {fortran}; save a C-order array (np.ascontiguousarray)"
-        ));
+    let Header {
+        descr,
+        fortran_order,
+        shape,
+    } = Header::parse(header)?;
+    if fortran_order {
+        return Err(
+            "fortran_order is True; save a C-order array (np.ascontiguousarray)".to_owned(),
+        );
     }
-    let dtype = match descr.trim_matches('\'') {
+    let dtype = match descr.as_str() {
         "<f4" => DType::F32,
         "<f8" => DType::F64,
         "<i4" => DType::I32,
         "<i8" => DType::I64,
         other => return Err(format!("dtype '{other}'; supported: {SUPPORTED}")),
     };
-    let shape = parse_shape(shape)?;
     let data = &bytes[end..];
     // A malformed header can name any dimensions. Like NumPy, the size of the non-zero
     // dimensions must fit in memory even when a zero one makes the array empty.
@@ -180,36 +181,247 @@ fn decode<T: distribute_collectives::Element, const N: usize>(
     Tensor::from_vec(DEFAULT_HOST, shape, values)
 }
 
-/// The text of `key`'s value in the header dict: up to the next top-level `,` or `}`.
-fn header_value<'h>(header: &'h str, key: &str) -> Result<&'h str, String> {
-    let needle = format!("'{key}':");
-    let at = header
-        .find(&needle)
-        .ok_or_else(|| format!("the header has no '{key}' entry"))?;
-    let rest = header[at + needle.len()..].trim_start();
-    let end = if rest.starts_with('(') {
-        rest.find(')').map(|i| i + 1)
-    } else {
-        rest.find([',', '}'])
-    }
-    .ok_or_else(|| format!("the header's '{key}' entry is not terminated"))?;
-    Ok(rest[..end].trim())
+/// The three entries of a `.npy` header, which is the text of a Python dict literal.
+#[derive(Debug, PartialEq)]
+struct Header {
+    descr: String,
+    fortran_order: bool,
+    shape: Vec<usize>,
 }
 
-fn parse_shape(text: &str) -> Result<Vec<usize>, String> {
-    let inner = text
-        .strip_prefix('(')
-        .and_then(|t| t.strip_suffix(')'))
-        .ok_or_else(|| format!("shape {text} is not a tuple"))?;
-    inner
-        .split(',')
-        .map(str::trim)
-        .filter(|d| !d.is_empty())
-        .map(|d| {
-            d.parse::<usize>()
-                .map_err(|_| format!("shape {text}: '{d}' is not a dimension"))
+/// A value of the Python literals a `.npy` header is made of.
+#[derive(Debug, Clone, PartialEq)]
+enum Literal {
+    Str(String),
+    Bool(bool),
+    /// An integer as written (it may be negative or too large for a dimension).
+    Int(String),
+    Tuple(Vec<Literal>),
+}
+
+impl std::fmt::Display for Literal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Literal::Str(s) => write!(f, "'{s}'"),
+            Literal::Bool(b) => f.write_str(if *b { "True" } else { "False" }),
+            Literal::Int(i) => f.write_str(i),
+            Literal::Tuple(items) => {
+                let items: Vec<String> = items.iter().map(ToString::to_string).collect();
+                match items.as_slice() {
+                    [one] => write!(f, "({one},)"),
+                    _ => write!(f, "({})", items.join(", ")),
+                }
+            }
+        }
+    }
+}
+
+impl Header {
+    /// Parses the header as NumPy does (`ast.literal_eval`, then its checks): a dict with
+    /// exactly the keys `descr`, `fortran_order` and `shape`, a string, a bool and a tuple of
+    /// non-negative integers. Finding keys by substring instead let a crafted header name a
+    /// dtype inside another entry, and took `(5)` (the integer 5) and `(2,,3)` for shapes.
+    fn parse(text: &str) -> Result<Header, String> {
+        let entries = LiteralParser { text, pos: 0 }.dict()?;
+        let mut descr = None;
+        let mut fortran_order = None;
+        let mut shape = None;
+        for (key, value) in entries {
+            let slot = match key.as_str() {
+                "descr" => &mut descr,
+                "fortran_order" => &mut fortran_order,
+                "shape" => &mut shape,
+                other => {
+                    return Err(format!(
+                        "the header has an unexpected key '{other}'; a .npy header has exactly \
+                         'descr', 'fortran_order' and 'shape'"
+                    ));
+                }
+            };
+            if slot.replace(value).is_some() {
+                return Err(format!("the header has the key '{key}' twice"));
+            }
+        }
+        let missing = |key: &str| format!("the header has no '{key}' entry");
+        let descr = match descr.ok_or_else(|| missing("descr"))? {
+            Literal::Str(descr) => descr,
+            other => return Err(format!("dtype {other}; supported: {SUPPORTED}")),
+        };
+        let fortran_order = match fortran_order.ok_or_else(|| missing("fortran_order"))? {
+            Literal::Bool(b) => b,
+            other => return Err(format!("fortran_order is {other}, not True or False")),
+        };
+        let shape = match shape.ok_or_else(|| missing("shape"))? {
+            Literal::Tuple(dims) => dims
+                .iter()
+                .map(|d| match d {
+                    Literal::Int(i) => i.parse::<usize>().map_err(|_| {
+                        format!(
+                            "shape {}: '{i}' is not a dimension",
+                            Literal::Tuple(dims.clone())
+                        )
+                    }),
+                    other => Err(format!(
+                        "shape {}: '{other}' is not a dimension",
+                        Literal::Tuple(dims.clone())
+                    )),
+                })
+                .collect::<Result<Vec<usize>, String>>()?,
+            other => return Err(format!("shape {other} is not a tuple")),
+        };
+        Ok(Header {
+            descr,
+            fortran_order,
+            shape,
         })
-        .collect()
+    }
+}
+
+/// A recursive-descent reader of the Python literals in a `.npy` header: a dict of string keys
+/// whose values are strings, `True`/`False`, decimal integers and tuples of them.
+struct LiteralParser<'t> {
+    text: &'t str,
+    pos: usize,
+}
+
+impl<'t> LiteralParser<'t> {
+    fn rest(&self) -> &'t str {
+        &self.text[self.pos..]
+    }
+
+    fn skip_space(&mut self) {
+        let rest = self.rest();
+        self.pos += rest.len() - rest.trim_start().len();
+    }
+
+    fn error(&self, expected: &str) -> String {
+        match self.rest().chars().next() {
+            Some(c) => format!(
+                "the header is not a Python dict literal: expected {expected} at byte {}, found \
+                 '{c}'",
+                self.pos
+            ),
+            None => {
+                format!(
+                    "the header is not a Python dict literal: expected {expected}, found its end"
+                )
+            }
+        }
+    }
+
+    /// Consumes `c` (after white space) if it comes next.
+    fn eat(&mut self, c: char) -> bool {
+        self.skip_space();
+        if self.rest().starts_with(c) {
+            self.pos += c.len_utf8();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn dict(mut self) -> Result<Vec<(String, Literal)>, String> {
+        if !self.eat('{') {
+            return Err(self.error("'{'"));
+        }
+        let mut entries = Vec::new();
+        while !self.eat('}') {
+            self.skip_space();
+            let key = match self.value()? {
+                Literal::Str(key) => key,
+                other => return Err(format!("the header has a key {other} that is not a string")),
+            };
+            if !self.eat(':') {
+                return Err(self.error("':'"));
+            }
+            entries.push((key, self.value()?));
+            if !self.eat(',') {
+                if !self.eat('}') {
+                    return Err(self.error("',' or '}'"));
+                }
+                break;
+            }
+        }
+        self.skip_space();
+        if !self.rest().is_empty() {
+            return Err(self.error("the end of the header after the dict"));
+        }
+        Ok(entries)
+    }
+
+    fn value(&mut self) -> Result<Literal, String> {
+        self.skip_space();
+        let rest = self.rest();
+        let Some(first) = rest.chars().next() else {
+            return Err(self.error("a value"));
+        };
+        match first {
+            '\'' | '"' => {
+                let body = &rest[1..];
+                let end = body
+                    .find([first, '\\'])
+                    .filter(|&i| body[i..].starts_with(first))
+                    .ok_or_else(|| {
+                        format!(
+                            "the header has a string at byte {} that is not closed (or uses an \
+                             escape, which .npy headers do not need)",
+                            self.pos
+                        )
+                    })?;
+                self.pos += end + 2;
+                Ok(Literal::Str(body[..end].to_owned()))
+            }
+            '(' => {
+                self.pos += 1;
+                if self.eat(')') {
+                    return Ok(Literal::Tuple(Vec::new()));
+                }
+                let first = self.value()?;
+                if self.eat(')') {
+                    // Parentheses around one value without a comma group, they make no tuple.
+                    return Ok(first);
+                }
+                let mut items = vec![first];
+                loop {
+                    if !self.eat(',') {
+                        return Err(self.error("',' or ')'"));
+                    }
+                    if self.eat(')') {
+                        return Ok(Literal::Tuple(items));
+                    }
+                    items.push(self.value()?);
+                    if self.eat(')') {
+                        return Ok(Literal::Tuple(items));
+                    }
+                }
+            }
+            '-' | '0'..='9' => {
+                let sign = usize::from(first == '-');
+                let digits = rest[sign..]
+                    .find(|c: char| !c.is_ascii_digit())
+                    .unwrap_or(rest.len() - sign);
+                if digits == 0 {
+                    return Err(self.error("a digit after '-'"));
+                }
+                let number = &rest[sign..sign + digits];
+                if number.len() > 1 && number.starts_with('0') && number.contains(|c| c != '0') {
+                    // Python 3 has no leading-zero integers (`010` is a syntax error).
+                    return Err(self.error("an integer without leading zeros"));
+                }
+                self.pos += sign + digits;
+                Ok(Literal::Int(rest[..sign + digits].to_owned()))
+            }
+            _ if rest.starts_with("True") => {
+                self.pos += 4;
+                Ok(Literal::Bool(true))
+            }
+            _ if rest.starts_with("False") => {
+                self.pos += 5;
+                Ok(Literal::Bool(false))
+            }
+            _ => Err(self.error("a string, True, False, an integer or a tuple")),
+        }
+    }
 }
 
 /// `.npy` files read in order, one block per file: the rows are the first axis of each file's
@@ -322,12 +534,102 @@ mod tests {
             ),
             (
                 header("{'descr': '<f4', 'fortran_order': False, 'shape': (x,), }"),
-                "'x' is not a dimension",
+                "expected a string, True, False, an integer or a tuple at byte 51, found 'x'",
+            ),
+            (
+                header("{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }"),
+                "shape (-1,): '-1' is not a dimension",
+            ),
+            (
+                header("{'descr': '<f4', 'fortran_order': 0, 'shape': (1,), }"),
+                "fortran_order is 0, not True or False",
             ),
         ];
         for (bytes, expected) in cases {
             let err = parse(&bytes).unwrap_err();
             assert!(err.contains(expected), "{expected:?} not in {err:?}");
+        }
+    }
+
+    fn with_data(dict: &str, data: &[u8]) -> Vec<u8> {
+        [header(dict), data.to_vec()].concat()
+    }
+
+    /// The header is the Python literal NumPy reads with `ast.literal_eval`: keys are found as
+    /// dict keys, not as substrings anywhere, and shapes must be tuples.
+    #[test]
+    fn headers_parse_as_python_dict_literals() {
+        let data = 1.5f64.to_le_bytes();
+        // Keys were found by substring: this header's first `'descr':` lies inside another
+        // entry, and its f64 data was read as i64.
+        let crafted = "{'note': \"'descr': '<i8',\", 'descr': '<f8', 'fortran_order': False, \
+                       'shape': (1,), }";
+        let err = parse(&with_data(crafted, &data)).unwrap_err();
+        assert!(err.contains("unexpected key 'note'"), "{err}");
+        for (dict, expected) in [
+            // `(5)` is the integer 5 in Python, not a tuple; NumPy refuses it.
+            (
+                "{'descr': '<f8', 'fortran_order': False, 'shape': (5), }",
+                "shape 5 is not a tuple",
+            ),
+            // A syntax error in Python.
+            (
+                "{'descr': '<f8', 'fortran_order': False, 'shape': (2,,3), }",
+                "expected a string, True, False, an integer or a tuple at byte 53, found ','",
+            ),
+            (
+                "{'descr': '<f8', 'descr': '<i8', 'fortran_order': False, 'shape': (1,), }",
+                "the key 'descr' twice",
+            ),
+            (
+                "{'descr': '<f8', 'fortran_order': False, 'shape': (1,), } junk",
+                "expected the end of the header after the dict",
+            ),
+            (
+                "{'descr': '<f8', 'fortran_order': False, 'shape': (010,), }",
+                "an integer without leading zeros",
+            ),
+            (
+                "{'descr': '<f\\x38', 'fortran_order': False, 'shape': (1,), }",
+                "not closed (or uses an escape",
+            ),
+            (
+                "{'descr': '<f8', 'fortran_order': False, 'shape': (1,)",
+                "expected ',' or '}', found its end",
+            ),
+        ] {
+            let err = parse(&with_data(dict, &data)).unwrap_err();
+            assert!(
+                err.contains(expected),
+                "{dict}: {expected:?} not in {err:?}"
+            );
+        }
+        // What NumPy writes and accepts: either quote, any spacing, trailing commas or none,
+        // padding and the final newline.
+        for (dict, shape) in [
+            (
+                "{\"descr\": \"<f8\", \"fortran_order\": False, \"shape\": (1,)}   \n",
+                vec![1],
+            ),
+            (
+                "{'shape':(1,1,),'fortran_order':False,'descr':'<f8'}",
+                vec![1, 1],
+            ),
+            (
+                "{'descr': '<f8', 'fortran_order': False, 'shape': ((1, 1)), }",
+                vec![1, 1],
+            ),
+            (
+                "{'descr': '<f8', 'fortran_order': False, 'shape': (), }",
+                vec![],
+            ),
+        ] {
+            let t = parse(&with_data(dict, &data)).unwrap();
+            assert_eq!(
+                (t.shape(), t.to_vec::<f64>().unwrap()),
+                (&shape[..], vec![1.5]),
+                "{dict}"
+            );
         }
     }
 

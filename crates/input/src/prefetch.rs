@@ -23,6 +23,9 @@ use crate::InputError;
 type Item<T> = Result<T, InputError>;
 type BoxedSource<T> = Box<dyn Iterator<Item = Item<T>> + Send>;
 
+/// The most queue slots reserved before items arrive; a larger buffer grows as it fills.
+const MAX_PREALLOCATED: usize = 64;
+
 /// The iterator and whether it has ended (or panicked); only touched under its lock.
 struct SourceState<T> {
     iter: BoxedSource<T>,
@@ -122,7 +125,9 @@ impl<T: Send + 'static> Prefetch<T> {
                 done: false,
             }),
             queue: Mutex::new(QueueState {
-                items: VecDeque::with_capacity(buffer.max(1)),
+                // The buffer is a bound, not a size: a queue sized for `prefetch: 1 << 40`
+                // up front would abort in the allocator before the first item.
+                items: VecDeque::with_capacity(buffer.clamp(1, MAX_PREALLOCATED)),
                 producer_waiting: false,
                 stop: false,
             }),
@@ -230,6 +235,20 @@ mod tests {
             .collect::<Result<_, _>>()
             .unwrap();
         assert_eq!(got, (0..100).collect::<Vec<_>>());
+    }
+
+    /// A buffer of 2^40 items once reserved its whole queue up front, and the allocator aborted
+    /// the process.
+    #[test]
+    fn a_huge_buffer_reserves_only_what_arrives() {
+        // Without a producer thread nothing is queued, so what is reserved is the pre-allocation.
+        let refuse: Spawn = |_| Err(std::io::Error::other("no thread, to look at the queue"));
+        let idle = Prefetch::with_spawn((0..10i64).map(Ok), 1 << 40, refuse);
+        assert!(idle.shared.queue().items.capacity() <= MAX_PREALLOCATED * 2);
+        // With one, the producer runs as far ahead as the data goes; the queue grows as needed.
+        let ahead = Prefetch::new((0..1000i64).map(Ok), 1 << 40);
+        let got: Vec<i64> = ahead.collect::<Result<_, _>>().unwrap();
+        assert_eq!(got, (0..1000).collect::<Vec<_>>());
     }
 
     #[test]

@@ -29,6 +29,79 @@ unsafe impl Send for Api {}
 // SAFETY: as above; `&Api` only reads the immutable table.
 unsafe impl Sync for Api {}
 
+/// The plugin's three error functions, which read and free a `PJRT_Error`.
+///
+/// Reading an error must not go through [`Api::call`]: when `PJRT_Error_GetCode` itself fails,
+/// handling its error would read that error's code with `PJRT_Error_GetCode` again, and so on
+/// until the stack overflows. Here a failing `GetCode` costs only the code.
+struct ErrorFunctions {
+    destroy: Option<sys::VoidFn<sys::ErrorDestroyArgs>>,
+    message: Option<sys::VoidFn<sys::ErrorMessageArgs>>,
+    get_code: Option<sys::CheckedFn<sys::ErrorGetCodeArgs>>,
+}
+
+/// `PJRT_Error_Code` `UNKNOWN`: the code of an error whose own code cannot be read.
+const UNKNOWN: ErrorCode = ErrorCode(2);
+
+impl ErrorFunctions {
+    /// Reads `error`'s message and code, then frees it (and any error `GetCode` returned,
+    /// unread).
+    ///
+    /// # Safety
+    /// `error` must be a live `PJRT_Error*` of the plugin these functions belong to.
+    unsafe fn take(&self, error: *mut sys::Error, call: &'static str) -> PjrtError {
+        let mut message = sys::ErrorMessageArgs::new();
+        message.error = error;
+        let text = match self.message {
+            Some(f) => {
+                // SAFETY: message.error is live; the plugin fills message/message_size.
+                unsafe { f(&mut message) };
+                // SAFETY: the message lives as long as `error`, which is freed only below.
+                unsafe { string(message.message, message.message_size) }
+            }
+            None => String::from("(the plugin gives no message)"),
+        };
+        let mut get_code = sys::ErrorGetCodeArgs::new();
+        get_code.error = error;
+        let code = match self.get_code {
+            Some(f) => {
+                // SAFETY: GetCode reads the live error.
+                let failed = unsafe { f(&mut get_code) };
+                if failed.is_null() {
+                    ErrorCode(get_code.code)
+                } else {
+                    if failed != error {
+                        // SAFETY: a fresh error owned by us, freed without reading it.
+                        unsafe { self.destroy(failed) };
+                    }
+                    UNKNOWN
+                }
+            }
+            None => UNKNOWN,
+        };
+        // SAFETY: the error is not used after.
+        unsafe { self.destroy(error) };
+        PjrtError::Api {
+            call,
+            code,
+            message: text,
+        }
+    }
+
+    /// Frees `error`.
+    ///
+    /// # Safety
+    /// `error` must be a live `PJRT_Error*` of this plugin, not used after.
+    unsafe fn destroy(&self, error: *mut sys::Error) {
+        if let Some(f) = self.destroy {
+            let mut destroy = sys::ErrorDestroyArgs::new();
+            destroy.error = error;
+            // SAFETY: destroy.error is live (the caller's contract).
+            unsafe { f(&mut destroy) };
+        }
+    }
+}
+
 impl Api {
     /// Loads the plugin at `path`, checks its API version and table length, and initializes it.
     ///
@@ -158,42 +231,23 @@ impl Api {
         error: *mut sys::Error,
         call: &'static str,
     ) -> PjrtError {
-        let mut message = sys::ErrorMessageArgs::new();
-        message.error = error;
-        let text = match self.function(index::ERROR_MESSAGE) {
-            Some(f) => {
-                // SAFETY: slot 1 is `void PJRT_Error_Message(Args*)`.
-                let f: sys::VoidFn<sys::ErrorMessageArgs> = unsafe { std::mem::transmute(f) };
-                // SAFETY: message.error is live; the plugin fills message/message_size.
-                unsafe { f(&mut message) };
-                // SAFETY: the message lives as long as `error`, which is freed only below.
-                unsafe { string(message.message, message.message_size) }
+        // SAFETY: slots 0, 1 and 2 hold PJRT_Error_Destroy, PJRT_Error_Message and
+        // PJRT_Error_GetCode, of these types.
+        let functions = unsafe {
+            ErrorFunctions {
+                destroy: self
+                    .function(index::ERROR_DESTROY)
+                    .map(|f| std::mem::transmute(f)),
+                message: self
+                    .function(index::ERROR_MESSAGE)
+                    .map(|f| std::mem::transmute(f)),
+                get_code: self
+                    .function(index::ERROR_GET_CODE)
+                    .map(|f| std::mem::transmute(f)),
             }
-            None => String::from("(the plugin gives no message)"),
         };
-        let mut get_code = sys::ErrorGetCodeArgs::new();
-        get_code.error = error;
-        // SAFETY: GetCode reads the live error; a failure to read the code leaves it 0 (and
-        // frees nothing of ours), so its own error is dropped on purpose.
-        let code = match unsafe {
-            self.call(index::ERROR_GET_CODE, "PJRT_Error_GetCode", &mut get_code)
-        } {
-            Ok(()) => ErrorCode(get_code.code),
-            Err(_) => ErrorCode(2),
-        };
-        let mut destroy = sys::ErrorDestroyArgs::new();
-        destroy.error = error;
-        if let Some(f) = self.function(index::ERROR_DESTROY) {
-            // SAFETY: slot 0 is `void PJRT_Error_Destroy(Args*)`; the error is not used after.
-            let f: sys::VoidFn<sys::ErrorDestroyArgs> = unsafe { std::mem::transmute(f) };
-            // SAFETY: destroy.error is the live error read above.
-            unsafe { f(&mut destroy) };
-        }
-        PjrtError::Api {
-            call,
-            code,
-            message: text,
-        }
+        // SAFETY: the caller's contract.
+        unsafe { functions.take(error, call) }
     }
 
     // ---- events ------------------------------------------------------------------------------
@@ -631,4 +685,66 @@ unsafe fn string(ptr: *const c_char, len: usize) -> String {
     // SAFETY: caller's contract.
     let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) };
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// What the fake error functions saw: GetCode calls and destroyed errors, by address.
+    static SEEN: Mutex<(usize, Vec<usize>)> = Mutex::new((0, Vec::new()));
+
+    /// Two distinct addresses standing for PJRT errors; never dereferenced.
+    static ERRORS: [u8; 2] = [0, 0];
+
+    fn error(i: usize) -> *mut sys::Error {
+        (&ERRORS[i] as *const u8).cast_mut().cast()
+    }
+
+    unsafe extern "C" fn message(args: *mut sys::ErrorMessageArgs) {
+        const TEXT: &str = "the step failed";
+        // SAFETY: `take` passes its live argument struct.
+        let args = unsafe { &mut *args };
+        args.message = TEXT.as_ptr().cast();
+        args.message_size = TEXT.len();
+    }
+
+    /// A `PJRT_Error_GetCode` that fails every time, returning the second error.
+    unsafe extern "C" fn failing_get_code(_: *mut sys::ErrorGetCodeArgs) -> *mut sys::Error {
+        SEEN.lock().unwrap().0 += 1;
+        error(1)
+    }
+
+    unsafe extern "C" fn destroy(args: *mut sys::ErrorDestroyArgs) {
+        // SAFETY: as above.
+        let freed = unsafe { (*args).error } as usize;
+        SEEN.lock().unwrap().1.push(freed);
+    }
+
+    /// Reading an error once went through the checked call path, so a failing `GetCode` read its
+    /// own error with `GetCode` again, without end, until the stack overflowed.
+    #[test]
+    fn a_failing_get_code_gives_code_unknown_without_recursing() {
+        let functions = ErrorFunctions {
+            destroy: Some(destroy),
+            message: Some(message),
+            get_code: Some(failing_get_code),
+        };
+        // SAFETY: the fake functions accept these stand-in errors.
+        let err = unsafe { functions.take(error(0), "PJRT_Client_Compile") };
+        assert!(
+            matches!(
+                &err,
+                PjrtError::Api { call: "PJRT_Client_Compile", code: UNKNOWN, message }
+                    if message == "the step failed"
+            ),
+            "{err:?}"
+        );
+        let (get_code_calls, destroyed) = SEEN.lock().unwrap().clone();
+        assert_eq!(get_code_calls, 1);
+        // GetCode's own error and the original, each freed once.
+        assert_eq!(destroyed, [error(1) as usize, error(0) as usize]);
+    }
 }

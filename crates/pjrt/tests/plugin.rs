@@ -343,6 +343,21 @@ fn wrong_argument_lists_are_refused_before_the_plugin_sees_them() {
     assert!(err.contains("replica 1 got 0 arguments"), "{err}");
 }
 
+/// 64 and 1000 were accepted, and XLA aborted the process 40 s into a run; the client refuses
+/// them before the plugin is asked for anything.
+#[test]
+fn max_in_flight_above_the_safe_depth_is_refused() {
+    let plugin = Plugin::discover().unwrap_or_else(|err| panic!("{err}"));
+    for depth in [distribute_pjrt::MAX_IN_FLIGHT + 1, 64, 1000] {
+        let options = ClientOptions {
+            max_in_flight: depth,
+            ..ClientOptions::cpu(2)
+        };
+        let err = Client::new(plugin, &options).unwrap_err();
+        assert!(err.to_string().contains("outside 1..=32"), "{depth}: {err}");
+    }
+}
+
 /// JAX 0.10 deadlocks past ~32 pmap calls with a psum in flight; here 200 chained executions are
 /// issued without waiting, each consuming the previous one's output, and all must complete.
 #[test]

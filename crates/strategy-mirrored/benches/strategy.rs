@@ -83,7 +83,7 @@ fn main() {
     let w = strategy
         .create_variable(
             "w",
-            Tensor::zeros("/cpu:0", distribute_collectives::DType::F32, &[LR_FEATURES]),
+            Tensor::zeros("/cpu:0", distribute_collectives::DType::F32, &[LR_FEATURES]).unwrap(),
             distribute_strategy::VariableOptions::default(),
         )
         .unwrap();

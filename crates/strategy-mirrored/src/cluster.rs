@@ -7,7 +7,8 @@
 //! such a backend will execute, and what a launcher checks a cluster against.
 
 use distribute_device_spec::{
-    ClusterSpec, DeviceSpec, TaskId, TaskType, TfConfig, cluster_spec_to_device_list,
+    ClusterSpec, DeviceSpec, DeviceSpecError, MAX_GPUS_PER_WORKER, TaskId, TaskType, TfConfig,
+    cluster_spec_to_device_list,
 };
 use distribute_strategy::StrategyError;
 
@@ -58,7 +59,8 @@ impl MultiWorkerDevices {
     /// The plan for `task` of `cluster`, each worker with `num_gpus` GPUs.
     ///
     /// Fails when `task` is not in the cluster, or is a parameter server or evaluator (they run
-    /// no training replicas), or when the cluster has no chief or worker.
+    /// no training replicas), when the cluster has no chief or worker, or when `num_gpus` is
+    /// above [`MAX_GPUS_PER_WORKER`].
     pub fn from_cluster(
         cluster: &ClusterSpec,
         task: TaskId,
@@ -71,10 +73,11 @@ impl MultiWorkerDevices {
                  the chief and the workers"
             )));
         }
-        let gpus = u32::try_from(num_gpus).map_err(|_| {
-            StrategyError::InvalidArgument(format!("{num_gpus} GPUs per worker is too many"))
+        let gpus = u32::try_from(num_gpus).map_err(|_| DeviceSpecError::TooManyGpusPerWorker {
+            requested: num_gpus as u64,
+            max: MAX_GPUS_PER_WORKER,
         })?;
-        let specs = cluster_spec_to_device_list(cluster, gpus);
+        let specs = cluster_spec_to_device_list(cluster, gpus)?;
         let mut workers: Vec<String> = Vec::new();
         let mut local_devices = Vec::new();
         for spec in &specs {

@@ -6,7 +6,7 @@
 //! that fails, or one that never comes (deadline) ends the wait with an error.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use distribute_collectives::{CollectiveError, Rendezvous, lock_ignoring_poison as lock};
@@ -23,6 +23,18 @@ pub(crate) struct MergeRendezvous {
     consumed: AtomicUsize,
     /// Merge calls each replica has made in the current step.
     calls: Box<[AtomicU64]>,
+    /// Set while replica 0 runs a merge function, so a `merge_call` made from inside it is
+    /// refused instead of completing the barrier the other replicas wait at.
+    merging: AtomicBool,
+}
+
+/// Clears [`MergeRendezvous::merging`] when the merge function returns or panics.
+struct Merging<'a>(&'a AtomicBool);
+
+impl Drop for Merging<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
 }
 
 impl MergeRendezvous {
@@ -33,6 +45,7 @@ impl MergeRendezvous {
             outcome: Mutex::new(None),
             consumed: AtomicUsize::new(0),
             calls: (0..num_replicas).map(|_| AtomicU64::new(0)).collect(),
+            merging: AtomicBool::new(false),
         })
     }
 
@@ -46,7 +59,9 @@ impl MergeRendezvous {
 
     /// `replica` has finished its step.
     pub(crate) fn finish(&self, replica: usize) {
-        self.rendezvous.finish(replica);
+        // Replicas come from the pool, which has exactly as many threads as the rendezvous has
+        // replicas, so the index is always in range.
+        let _ = self.rendezvous.finish(replica);
     }
 
     /// Releases every waiting replica with an error.
@@ -61,6 +76,7 @@ impl MergeRendezvous {
         }
         lock(&self.outcome).take();
         self.consumed.store(0, Ordering::SeqCst);
+        self.merging.store(false, Ordering::SeqCst);
         self.rendezvous.reset();
     }
 
@@ -70,6 +86,14 @@ impl MergeRendezvous {
         args: MergeArgs,
         merge: &mut dyn FnMut(Vec<MergeArgs>) -> Result<MergeResult, StrategyError>,
     ) -> Result<MergeResult, StrategyError> {
+        // Only replica 0 runs merge functions, so only it can be inside one.
+        if replica == 0 && self.merging.load(Ordering::SeqCst) {
+            return Err(StrategyError::Runtime(
+                "merge_call was called from inside a merge function, which already runs in \
+                 cross-replica context; use its CrossReplicaContext instead"
+                    .into(),
+            ));
+        }
         let call = self.calls[replica].fetch_add(1, Ordering::SeqCst);
         *lock(&self.slots[replica]) = Some(args);
         let what = || format!("merge_call #{call}");
@@ -87,7 +111,12 @@ impl MergeRendezvous {
                         .expect("every replica deposited arguments")
                 })
                 .collect();
-            let outcome = match merge(all) {
+            self.merging.store(true, Ordering::SeqCst);
+            let merged = {
+                let _merging = Merging(&self.merging);
+                merge(all)
+            };
+            let outcome = match merged {
                 Ok(result) => Ok(result),
                 Err(error) => {
                     own_error = Some(error);

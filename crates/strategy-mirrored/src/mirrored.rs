@@ -25,6 +25,9 @@ pub struct MirroredConfig {
     /// Most mismatches fail at once (a replica that finished its step, panicked or made another
     /// collective call than its peers); one that only the deadline catches is a replica waiting
     /// in `merge_call` while another waits in a collective.
+    ///
+    /// At least [`MirroredConfig::MIN_DEADLINE`]; a shorter one is refused when the strategy is
+    /// built.
     pub deadline: Duration,
     /// How long idle replica threads (and the caller waiting for them) poll, yielding their core,
     /// before sleeping:
@@ -34,6 +37,13 @@ pub struct MirroredConfig {
     pub cross_device_ops: Option<Arc<dyn CrossDeviceOps>>,
     /// Settings of the collectives `choose_the_best` builds (its deadline is `deadline`).
     pub collectives: GroupConfig,
+}
+
+impl MirroredConfig {
+    /// The shortest [`deadline`](Self::deadline) a strategy accepts. A wait at a barrier
+    /// includes the peers' work since the previous one and their scheduling on shared cores, so
+    /// a deadline of a few milliseconds or less fails healthy steps; zero fails every one.
+    pub const MIN_DEADLINE: Duration = Duration::from_millis(100);
 }
 
 impl Default for MirroredConfig {
@@ -126,11 +136,20 @@ impl MirroredStrategy {
     ///
     /// Devices are canonicalized; an empty list, a device named twice (also through different
     /// spellings such as `/gpu:0` and `/device:GPU:0`), local and remote devices mixed, or devices
-    /// of several workers are refused.
+    /// of several workers are refused, and so is a deadline below
+    /// [`MirroredConfig::MIN_DEADLINE`].
     pub fn with_config<S: AsRef<str>>(
         devices: &[S],
         config: MirroredConfig,
     ) -> Result<Self, StrategyError> {
+        if config.deadline < MirroredConfig::MIN_DEADLINE {
+            return Err(StrategyError::InvalidArgument(format!(
+                "MirroredConfig.deadline of {:?} is below the minimum of {:?}: every step would \
+                 miss it; give the longest time a replica may wait for its peers",
+                config.deadline,
+                MirroredConfig::MIN_DEADLINE
+            )));
+        }
         let devices = LocalDevices::new(devices).map_err(invalid_devices)?;
         let n = devices.len();
         let (ops, ops_reason) = match config.cross_device_ops {

@@ -363,6 +363,57 @@ fn run_inside_a_step_is_refused() {
     err.unwrap();
 }
 
+/// A `merge_call` made from inside a merge function once completed the barrier the other
+/// replicas waited at, and they panicked on an internal `expect`.
+#[test]
+fn merge_call_inside_a_merge_function_is_refused() {
+    let strategy = strategy(3, Duration::from_secs(60));
+    let out: Leaf<String> = strategy
+        .run(
+            |ctx, ()| {
+                ctx.merge_call::<(), String, _>((), |_, _| {
+                    let nested = ctx.merge_call::<(), (), _>((), |_, _| Ok(()));
+                    Ok(Leaf::Same(match nested {
+                        Err(StrategyError::Runtime(m)) => m,
+                        other => format!("nested merge_call gave {other:?}"),
+                    }))
+                })
+            },
+            &(),
+        )
+        .unwrap();
+    let Leaf::Same(message) = out else {
+        panic!("every replica gets the same message: {out:?}")
+    };
+    assert!(
+        message.contains("merge_call was called from inside a merge function"),
+        "{message}"
+    );
+    still_works(&strategy);
+}
+
+#[test]
+fn deadlines_below_the_minimum_are_refused_at_construction() {
+    for deadline in [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        MirroredConfig::MIN_DEADLINE - Duration::from_nanos(1),
+    ] {
+        let config = MirroredConfig {
+            deadline,
+            ..MirroredConfig::default()
+        };
+        let err = MirroredStrategy::with_config(&["/cpu:0", "/cpu:1"], config).unwrap_err();
+        assert!(
+            matches!(&err, StrategyError::InvalidArgument(m) if m.contains("below the minimum")),
+            "{deadline:?}: {err:?}"
+        );
+    }
+    // The minimum itself is accepted (not run: 100 ms is tight on a loaded machine).
+    let at_minimum = strategy(2, MirroredConfig::MIN_DEADLINE);
+    assert_eq!(at_minimum.num_replicas_in_sync(), 2);
+}
+
 #[test]
 fn hundreds_of_steps_with_merges_and_collectives_back_to_back() {
     let strategy = strategy(4, Duration::from_secs(60));

@@ -260,7 +260,7 @@ impl TpuStrategy {
             }
             let mut shape = t.shape().to_vec();
             shape[0] = rows - have;
-            let zeros = Tensor::zeros(t.device(), t.dtype(), &shape);
+            let zeros = Tensor::zeros(t.device(), t.dtype(), &shape)?;
             padded.push(Tensor::concat_rows(t.device(), &[t.clone(), zeros])?);
             let mask: Vec<f32> = (0..rows)
                 .map(|i| if i < have { 1.0 } else { 0.0 })

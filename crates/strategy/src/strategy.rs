@@ -294,6 +294,19 @@ fn reduce_along(
         Leaf::PerReplica(p) => p.values().to_vec(),
         Leaf::Mirrored(m) => m.values().to_vec(),
     };
+    // An integer mean is float64 (TF's true division); converting before summing keeps the sum
+    // from wrapping (i32 rows of 2e9 on 2 replicas once gave -147483648).
+    let parts = if op == ReduceOp::Mean {
+        parts
+            .iter()
+            .map(|t| match t.dtype().is_floating() {
+                true => Ok(t.clone()),
+                false => to_f64(&t.to_host()?),
+            })
+            .collect::<Result<Vec<_>, StrategyError>>()?
+    } else {
+        parts
+    };
     let length = |t: &Tensor| t.shape().get(axis).copied().unwrap_or(0);
     let local = |t: &Tensor, op| -> Result<AnyTensor, StrategyError> {
         Ok(AnyTensor::Dense(t.reduce_axis(op, axis)?))
@@ -336,11 +349,6 @@ fn reduce_along(
                  (TF gives NaN)"
             )));
         }
-        let total = if total.dtype().is_floating() {
-            total
-        } else {
-            to_f64(&total)?
-        };
         return Ok(total.divided_by(count)?);
     }
     Ok(total)

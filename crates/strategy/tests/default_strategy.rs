@@ -74,6 +74,18 @@ fn default_strategy_identity_semantics() {
     assert_eq!(axis.to_vec::<f32>().unwrap(), [1.5]);
 }
 
+/// An integer mean along an axis is summed in float64: these rows once wrapped in i32 and gave
+/// -147483648.
+#[test]
+fn integer_means_along_an_axis_do_not_wrap() {
+    let strategy = DefaultStrategy::new().unwrap();
+    let rows = Tensor::from_vec("/cpu:0", &[2], vec![2_000_000_000i32, 2_000_000_000]).unwrap();
+    let mean = strategy
+        .reduce(ReduceOp::Mean, &Leaf::Same(rows), Some(0))
+        .unwrap();
+    assert_eq!(mean.to_vec::<f64>().unwrap(), [2e9]);
+}
+
 #[test]
 fn default_strategy_properties_are_tfs() {
     let strategy = DefaultStrategy::new().unwrap();

@@ -121,7 +121,7 @@ pub fn train(config: &Config, data: &WineData) -> Result<Trained> {
     let mut weights = Vec::new();
     let mut velocities = Vec::new();
     for (name, value) in names.iter().zip(init.to_tensors(&host)) {
-        let zeros = Tensor::zeros(&host, DType::F32, value.shape());
+        let zeros = Tensor::zeros(&host, DType::F32, value.shape())?;
         weights.push(strategy.create_variable(name, value, VariableOptions::default())?);
         velocities.push(strategy.create_variable(
             &format!("{name}/momentum"),

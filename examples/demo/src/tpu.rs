@@ -204,7 +204,7 @@ pub fn train_tpu(config: &Config, data: &WineData) -> Result<TpuTrained> {
     let mut slots = Vec::with_capacity(4);
     // The host tensors are the initial values; each is copied to every replica's device.
     for (name, value) in names.iter().zip(init.to_tensors(&host)) {
-        let zeros = Tensor::zeros(&host, DType::F32, value.shape());
+        let zeros = Tensor::zeros(&host, DType::F32, value.shape())?;
         weights.push(
             strategy.create_device_variable(name, VariableOptions::default(), |_| Ok(value))?,
         );

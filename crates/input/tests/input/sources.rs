@@ -38,7 +38,7 @@ fn npy_round_trips_every_supported_dtype() {
         let back = npy::read(&path).unwrap();
         assert!(back.bitwise_eq(t), "{t} != {back}");
     }
-    let half = Tensor::zeros("/cpu:0", DType::F16, &[2]);
+    let half = Tensor::zeros("/cpu:0", DType::F16, &[2]).unwrap();
     assert!(npy::write(&dir.path().join("h.npy"), &half).is_err());
 }
 

@@ -99,6 +99,25 @@ fn sm12_two_workers_with_n_gpus() {
     insta::assert_debug_snapshot!("sm12_worker_1_of_2_with_2_gpus", plan);
 }
 
+/// Four billion GPUs per worker once built a device list of eight billion entries; above
+/// `MAX_GPUS_PER_WORKER` (and above `u32::MAX`) it is a typed error.
+#[test]
+fn absurd_gpu_counts_are_refused_before_allocating() {
+    let cluster = ClusterSpec::from_json(r#"{"worker": ["w0:1", "w1:1"]}"#).unwrap();
+    let worker = TaskId::new(TaskType::Worker, 0);
+    for gpus in [4_000_000_000usize, usize::MAX] {
+        let err = MultiWorkerDevices::from_cluster(&cluster, worker, gpus).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StrategyError::Device(DeviceSpecError::TooManyGpusPerWorker { requested, .. })
+                    if requested == gpus as u64
+            ),
+            "{gpus}: {err:?}"
+        );
+    }
+}
+
 #[test]
 fn sm13_chief_and_two_workers() {
     let config = TfConfig::from_json(

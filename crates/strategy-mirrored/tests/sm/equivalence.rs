@@ -105,7 +105,7 @@ fn train(replicas: usize, update: Update) -> (Vec<Tensor>, f32, f32) {
     let w = strategy
         .create_variable(
             "w",
-            Tensor::zeros("/cpu:0", distribute_collectives::DType::F32, &[FEATURES]),
+            Tensor::zeros("/cpu:0", distribute_collectives::DType::F32, &[FEATURES]).unwrap(),
             VariableOptions {
                 aggregation: VariableAggregation::None,
                 ..VariableOptions::default()

@@ -248,6 +248,22 @@ fn sm46_integer_means_are_float64_and_plain_values_count_per_replica() {
         .unwrap();
     let mean = strategy.reduce(ReduceOp::Mean, &ints, Some(0)).unwrap();
     assert_eq!(mean.to_vec::<f64>().unwrap(), [2.0 / 3.0]);
+
+    // Integer means are summed in float64: i32 rows of 2e9 once wrapped to -147483648.
+    let big = strategy
+        .run(
+            |ctx, ()| {
+                Ok(Tensor::from_vec(
+                    ctx.device(),
+                    &[2, 1],
+                    vec![2_000_000_000i32; 2],
+                )?)
+            },
+            &(),
+        )
+        .unwrap();
+    let mean = strategy.reduce(ReduceOp::Mean, &big, Some(0)).unwrap();
+    assert_eq!(mean.to_vec::<f64>().unwrap(), [2e9]);
     assert_eq!(
         strategy
             .reduce(ReduceOp::Sum, &ints, Some(0))
