@@ -476,8 +476,26 @@ mod tests {
     }
 
     #[test]
-    fn option_mismatch_names_the_path() {
-        let err = regroup(&map(2), vec![(1, Some(2)), (1, None)]).unwrap_err();
+    fn options_that_differ_regroup_per_replica() {
+        let replicas = vec![(1, Some(2)), (1, None)];
+        let grouped = regroup(&map(2), replicas.clone()).unwrap();
+        assert_eq!(grouped.0, Leaf::Same(1));
+        assert_eq!(grouped.1.per_replica().unwrap().values(), [Some(2), None]);
+        for (i, replica) in replicas.iter().enumerate() {
+            assert_eq!(
+                &select_replica::<(i32, Option<i32>)>(i, &grouped).unwrap(),
+                replica
+            );
+        }
+    }
+
+    #[test]
+    fn mirrored_options_that_differ_name_the_path() {
+        let options = RegroupOptions {
+            wrap: Wrap::Mirrored,
+            ..RegroupOptions::default()
+        };
+        let err = regroup_with(&map(2), vec![(1, Some(2)), (1, None)], options).unwrap_err();
         assert_eq!(
             err,
             ValuesError::StructureMismatch {
@@ -485,6 +503,9 @@ mod tests {
                 detail: "replica 0 returned Some, replica 1 returned None".into()
             }
         );
+        let grouped = regroup(&map(2), vec![(1, Some(2)), (1, None)]).unwrap();
+        let err = select_replica_mirrored::<(i32, Option<i32>)>(0, &grouped).unwrap_err();
+        assert!(matches!(err, ValuesError::NotMirrored { .. }), "{err}");
     }
 
     #[test]
