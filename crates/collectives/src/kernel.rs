@@ -196,7 +196,7 @@ fn integer_mean_tensors(
         let slices: Vec<&[T]> = owned.iter().map(Vec::as_slice).collect();
         let mut out = vec![0.0f64; slices[0].len()];
         integer_mean_slices(&slices, &mut out, divisor);
-        Tensor::from_vec(device, inputs[0].shape(), out)
+        place_like_a_gpu_reduction(Tensor::from_vec(device, inputs[0].shape(), out)?, inputs)
     }
     match inputs[0].dtype() {
         DType::I32 => typed::<i32>(inputs, device, divisor),
@@ -205,6 +205,25 @@ fn integer_mean_tensors(
             "{other} is not an integer type"
         ))),
     }
+}
+
+/// A host result where a GPU reduction of `inputs` would have left it: in the memory of the GPU
+/// its device names when an input lives on a GPU (host data is otherwise never uploaded).
+fn place_like_a_gpu_reduction(
+    result: Tensor,
+    inputs: &[&Tensor],
+) -> Result<Tensor, CollectiveError> {
+    #[cfg(feature = "cuda")]
+    if inputs
+        .iter()
+        .any(|t| t.placement() != crate::Placement::Host)
+        && let Some(ordinal) = crate::cuda::Gpu::index_of(result.device())?
+    {
+        return result.to_gpu(&crate::cuda::Gpu::open(ordinal)?);
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = inputs;
+    Ok(result)
 }
 
 /// Fails for `Mean` of an integer dtype where the caller has no exact path for it (reductions

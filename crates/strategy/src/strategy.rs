@@ -50,6 +50,11 @@ pub trait Strategy: Send + Sync {
 
     /// Reduces a result of `run` to one tensor on the host CPU (TF's `strategy.reduce`).
     ///
+    /// With no axis, per-replica values are reduced element-wise across replicas; `Mean` of
+    /// integer tensors is their exact mean as float64 (TF's true division: `[1]` and `[2]` give
+    /// `[1.5]`), as it is along an axis. A plain value or a mirrored one reduced with `Mean` is
+    /// returned as it is, as in TF (no communication, dtype kept).
+    ///
     /// With an `axis`, each replica's value (a plain or mirrored value counts once per replica,
     /// as in TF) is first reduced along it, then across replicas: `Mean` is the mean over every
     /// element along that axis on every replica (weighted by how many each replica had), not the

@@ -4,7 +4,8 @@
 //!
 //! The [`Regroup`] trait maps a structure type to its regrouped type: a leaf `T` becomes a
 //! [`Leaf<T>`], and containers (tuples, `Vec`, arrays, maps, `Option`, `Box`) keep their shape
-//! with regrouped contents. Users' own structs get it from `#[derive(Regroup)]`, which also
+//! with regrouped contents; an `Option` that is `None` on some replicas only becomes a
+//! [`RegroupedOption::PerReplica`](crate::RegroupedOption) of each replica's own `Option`. Users' own structs get it from `#[derive(Regroup)]`, which also
 //! declares the regrouped companion struct; `#[regroup(leaf)]` makes a type a leaf instead.
 //! [`Distributed`] goes the other way, from a regrouped type to its per-replica structure, so
 //! that a strategy's `run` infers what each replica gets from the inputs it is given.
