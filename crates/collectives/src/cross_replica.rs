@@ -101,7 +101,9 @@ pub(crate) fn reduce_and_deliver(
     destinations: &Destinations,
     reduce_device: Option<&str>,
 ) -> Result<Leaf<AnyTensor>, CollectiveError> {
-    if let Some(result) = single_value_in_place(values, destinations) {
+    if let Some(result) =
+        single_value_in_place(values, destinations).filter(|_| !is_integer_mean_of(op, values))
+    {
         return Ok(result);
     }
     let device = reduce_device.unwrap_or(&destinations.as_slice()[0]);
@@ -171,7 +173,7 @@ pub(crate) fn fused_batch_reduce(
                 }
             })
             .collect::<Result<Vec<_>, CollectiveError>>()?;
-        for (i, reduced) in members.into_iter().zip(plan.unpack(&buckets)?) {
+        for (i, reduced) in members.into_iter().zip(plan.unpack_reduced(op, &buckets)?) {
             let reduced = AnyTensor::Dense(reduced);
             results[i] = Some(deliver(destinations, |device| reduced.copy_to(device))?);
         }
@@ -180,6 +182,14 @@ pub(crate) fn fused_batch_reduce(
         .into_iter()
         .map(|r| r.expect("every pair reduced"))
         .collect())
+}
+
+/// Whether reducing `values` with `op` is an integer `Mean`, which changes the dtype (float64) even
+/// for one value, so the one-value shortcut does not apply.
+fn is_integer_mean_of(op: ReduceOp, values: &[AnyTensor]) -> bool {
+    values
+        .first()
+        .is_some_and(|v| kernel::is_integer_mean(op, v.dtype()))
 }
 
 /// TF's shortcut: one value already on the one destination is returned as it is, and no

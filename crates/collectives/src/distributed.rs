@@ -121,7 +121,8 @@ impl VariableValue for Tensor {
             .first()
             .ok_or_else(|| ValuesError::Arithmetic("cannot average an empty list".into()))?;
         if !first.is_floating() {
-            // Integers: the truncating mean the values crate defines, not the kernel's refusal.
+            // Integers: the truncating mean the values crate defines for variables, not the
+            // collectives' float64 mean.
             return Tensor::sum_all(values)?.divide_by_count(values.len());
         }
         let refs: Vec<&Tensor> = values.iter().collect();

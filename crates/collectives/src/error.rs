@@ -72,7 +72,8 @@ pub enum CollectiveError {
         /// Why, e.g. "replica 1 panicked: …".
         reason: String,
     },
-    /// `Mean` of an integer tensor, which has no exact result.
+    /// `Mean` of an integer tensor where no exact float64 path exists (a tensor's own axis
+    /// reduction, the NCCL backend); the other reductions give TF's float64 mean.
     #[error("MEAN of {0} tensors is not supported: cast to a floating type, or reduce with SUM")]
     IntegerMean(DType),
     /// An internal invariant did not hold (TF's `assert`): the input is refused, never ignored.

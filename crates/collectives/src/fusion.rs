@@ -157,6 +157,24 @@ impl FusionPlan {
     /// The tensors cut back out of (reduced) buckets, in their original order and shapes, each
     /// on its bucket's device.
     pub fn unpack(&self, buckets: &[Tensor]) -> Result<Vec<Tensor>, CollectiveError> {
+        self.unpack_as(buckets, |dtype| dtype)
+    }
+
+    /// [`unpack`](Self::unpack) of buckets reduced with `op`, whose dtype may have changed (an
+    /// integer `Mean` gives float64).
+    pub(crate) fn unpack_reduced(
+        &self,
+        op: distribute_values::ReduceOp,
+        buckets: &[Tensor],
+    ) -> Result<Vec<Tensor>, CollectiveError> {
+        self.unpack_as(buckets, |dtype| crate::kernel::reduced_dtype(op, dtype))
+    }
+
+    fn unpack_as(
+        &self,
+        buckets: &[Tensor],
+        reduced: impl Fn(DType) -> DType,
+    ) -> Result<Vec<Tensor>, CollectiveError> {
         if buckets.len() != self.buckets.len() {
             return Err(CollectiveError::InvalidArgument(format!(
                 "the fusion plan has {} buckets, got {}",
@@ -166,9 +184,9 @@ impl FusionPlan {
         }
         let mut out = Vec::with_capacity(self.count);
         for (tensor, bucket) in buckets.iter().zip(&self.buckets) {
-            if tensor.dtype() != bucket.dtype {
+            if tensor.dtype() != reduced(bucket.dtype) {
                 return Err(CollectiveError::DTypeMismatch {
-                    expected: bucket.dtype,
+                    expected: reduced(bucket.dtype),
                     actual: tensor.dtype(),
                 });
             }

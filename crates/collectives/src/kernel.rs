@@ -4,7 +4,9 @@
 //! thread computes it and however the work is split: that is what makes the results of the
 //! deterministic mode bitwise identical across runs, replicas and backends. `f16` and `bf16`
 //! accumulate in `f32` and round once; integers add with wrapping (no panic, same bits
-//! everywhere). `Mean` divides the sum by the input count and is refused for integers.
+//! everywhere). `Mean` divides the sum by the input count; for integers it is TF's true division,
+//! the exact mean as float64: the inputs are summed exactly in `i128` (no wrapping, and in any
+//! order the same bits), the sum converted to `f64` once and divided.
 //!
 //! The work is done in blocks that fit in L1, so each input element is read once and each output
 //! element written once: the memory traffic is the minimum, `N·S` read and `S` written.
@@ -114,7 +116,118 @@ macro_rules! int_arith {
 int_arith!(i32);
 int_arith!(i64);
 
-/// Fails for `Mean` of an integer dtype, before any work is done.
+/// An integer element type whose `Mean` is computed exactly, through `i128`.
+pub(crate) trait ExactInt: Element {
+    fn wide(self) -> i128;
+}
+
+impl ExactInt for i32 {
+    #[inline(always)]
+    fn wide(self) -> i128 {
+        i128::from(self)
+    }
+}
+
+impl ExactInt for i64 {
+    #[inline(always)]
+    fn wide(self) -> i128 {
+        i128::from(self)
+    }
+}
+
+/// Whether `op` over `dtype` is an integer `Mean`, which gives float64 (TF's true division).
+pub(crate) fn is_integer_mean(op: ReduceOp, dtype: DType) -> bool {
+    op == ReduceOp::Mean && !dtype.is_floating()
+}
+
+/// The dtype of the reduction of `dtype` tensors with `op`: float64 for an integer `Mean`, else
+/// `dtype` itself.
+pub(crate) fn reduced_dtype(op: ReduceOp, dtype: DType) -> DType {
+    if is_integer_mean(op, dtype) {
+        DType::F64
+    } else {
+        dtype
+    }
+}
+
+/// The exact mean of element `i` of every input into `out[i]`: the sum in `i128` (it cannot
+/// overflow: 2^64 inputs of 2^63 would be needed), converted to `f64` once and divided by
+/// `divisor`, so the result is TF's `sum / n` without its wrap-around.
+pub(crate) fn integer_mean_slices<T: ExactInt>(inputs: &[&[T]], out: &mut [f64], divisor: usize) {
+    const WIDE_BLOCK: usize = 1024;
+    let mut acc = [0i128; WIDE_BLOCK];
+    let mut start = 0;
+    while start < out.len() {
+        let end = (start + WIDE_BLOCK).min(out.len());
+        let acc = &mut acc[..end - start];
+        acc.fill(0);
+        for input in inputs {
+            for (a, &x) in acc.iter_mut().zip(&input[start..end]) {
+                *a += x.wide();
+            }
+        }
+        for (o, &a) in out[start..end].iter_mut().zip(acc.iter()) {
+            *o = a as f64 / divisor as f64;
+        }
+        start = end;
+    }
+}
+
+/// The float64 mean of integer tensors of one shape, on the host, placed on `device`.
+fn integer_mean_tensors(
+    inputs: &[&Tensor],
+    device: &str,
+    divisor: usize,
+) -> Result<Tensor, CollectiveError> {
+    fn typed<T: ExactInt>(
+        inputs: &[&Tensor],
+        device: &str,
+        divisor: usize,
+    ) -> Result<Tensor, CollectiveError> {
+        // A GPU input is read from host memory: the exact sum has no GPU kernel.
+        let host = inputs
+            .iter()
+            .map(|t| t.to_host())
+            .collect::<Result<Vec<_>, _>>()?;
+        let owned = host
+            .iter()
+            .map(|t| Ok(t.array::<T>()?.iter().copied().collect::<Vec<T>>()))
+            .collect::<Result<Vec<_>, CollectiveError>>()?;
+        let slices: Vec<&[T]> = owned.iter().map(Vec::as_slice).collect();
+        let mut out = vec![0.0f64; slices[0].len()];
+        integer_mean_slices(&slices, &mut out, divisor);
+        place_like_a_gpu_reduction(Tensor::from_vec(device, inputs[0].shape(), out)?, inputs)
+    }
+    match inputs[0].dtype() {
+        DType::I32 => typed::<i32>(inputs, device, divisor),
+        DType::I64 => typed::<i64>(inputs, device, divisor),
+        other => Err(CollectiveError::Invariant(format!(
+            "{other} is not an integer type"
+        ))),
+    }
+}
+
+/// A host result where a GPU reduction of `inputs` would have left it: in the memory of the GPU
+/// its device names when an input lives on a GPU (host data is otherwise never uploaded).
+fn place_like_a_gpu_reduction(
+    result: Tensor,
+    inputs: &[&Tensor],
+) -> Result<Tensor, CollectiveError> {
+    #[cfg(feature = "cuda")]
+    if inputs
+        .iter()
+        .any(|t| t.placement() != crate::Placement::Host)
+        && let Some(ordinal) = crate::cuda::Gpu::index_of(result.device())?
+    {
+        return result.to_gpu(&crate::cuda::Gpu::open(ordinal)?);
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = inputs;
+    Ok(result)
+}
+
+/// Fails for `Mean` of an integer dtype where the caller has no exact path for it (reductions
+/// along an axis, NCCL), before any work is done.
 pub(crate) fn check_op(op: ReduceOp, dtype: DType) -> Result<(), CollectiveError> {
     if op == ReduceOp::Mean && !dtype.is_floating() {
         return Err(CollectiveError::IntegerMean(dtype));
@@ -178,7 +291,8 @@ pub(crate) fn contiguous<T: Element>(array: &ArcArray<T, IxDyn>) -> Option<&[T]>
 
 /// Reduces whole tensors element-wise on the calling thread; the result is placed on `device`.
 ///
-/// All inputs must share dtype and shape. `divisor` is what `Mean` divides by.
+/// All inputs must share dtype and shape. `divisor` is what `Mean` divides by; an integer `Mean`
+/// gives float64.
 pub(crate) fn reduce_tensors(
     op: ReduceOp,
     inputs: &[&Tensor],
@@ -188,7 +302,6 @@ pub(crate) fn reduce_tensors(
     let first = inputs.first().ok_or_else(|| {
         CollectiveError::InvalidArgument("cannot reduce an empty list of values".into())
     })?;
-    check_op(op, first.dtype())?;
     if let Some(other) = inputs
         .iter()
         .find(|t| t.dtype() != first.dtype() || t.shape() != first.shape())
@@ -224,6 +337,9 @@ pub(crate) fn reduce_tensors(
         reduce_slices(op, &slices, &mut out, divisor);
         Tensor::from_vec(device, &shape, out)
     }
+    if is_integer_mean(op, first.dtype()) {
+        return integer_mean_tensors(inputs, device, divisor);
+    }
     // An input in GPU memory makes the reduction run on a GPU.
     if let Some(reduced) = gpu::reduce_if_on_gpu(op, inputs, device, divisor)? {
         return Ok(reduced);
@@ -252,14 +368,18 @@ pub(crate) fn subtract(a: &Tensor, b: &Tensor) -> Result<Tensor, CollectiveError
     with_dtype!(a.dtype(), T => typed::<T>(a, b))
 }
 
-/// Divides every element by `n` (TF's `divide_by_n_tensors_or_indexed_slices` for dense values).
+/// Divides every element by `n` (TF's `divide_by_n_tensors_or_indexed_slices` for dense values):
+/// integers by true division, giving float64.
 pub(crate) fn divide(tensor: &Tensor, n: usize) -> Result<Tensor, CollectiveError> {
     if n == 0 {
         return Err(CollectiveError::InvalidArgument(
             "cannot divide by 0".into(),
         ));
     }
-    check_op(ReduceOp::Mean, tensor.dtype())?;
+    if !tensor.dtype().is_floating() {
+        let host = tensor.to_host()?;
+        return integer_mean_tensors(&[&host], tensor.device(), n);
+    }
     fn typed<T: Arith>(tensor: &Tensor, n: usize) -> Result<Tensor, CollectiveError> {
         let a = tensor.array::<T>()?;
         let out = a.mapv(|x| T::store(T::div(x.load(), n).expect("checked floating")));
@@ -319,7 +439,7 @@ impl Tensor {
         with_dtype!(self.dtype(), T => typed::<T>(self, op, axis, length))
     }
 
-    /// Every element divided by `n` (floating dtypes only).
+    /// Every element divided by `n`; integers give float64 (true division, as TF's `/`).
     pub fn divided_by(&self, n: usize) -> Result<Tensor, CollectiveError> {
         divide(self, n)
     }
@@ -376,11 +496,25 @@ mod tests {
     }
 
     #[test]
-    fn integer_mean_is_refused() {
-        let t = Tensor::from_vec("/cpu:0", &[1], vec![3i64]).unwrap();
+    fn integer_mean_is_the_exact_mean_as_float64() {
+        let a = Tensor::from_vec("/cpu:0", &[2], vec![1i32, i32::MAX]).unwrap();
+        let b = Tensor::from_vec("/cpu:0", &[2], vec![2i32, i32::MAX]).unwrap();
+        let mean = reduce_tensors(ReduceOp::Mean, &[&a, &b], "/cpu:1", 2).unwrap();
+        assert_eq!(mean.dtype(), DType::F64);
+        assert_eq!(mean.device(), "/cpu:1");
+        // No wrap-around: the sum 2^32 - 2 is kept exactly before the division.
+        assert_eq!(mean.to_vec::<f64>().unwrap(), [1.5, f64::from(i32::MAX)]);
+        let big = Tensor::from_vec("/cpu:0", &[1], vec![i64::MAX]).unwrap();
+        let mean = reduce_tensors(ReduceOp::Mean, &[&big, &big, &big], "/cpu:0", 3).unwrap();
+        assert_eq!(mean.to_vec::<f64>().unwrap(), [i64::MAX as f64]);
+    }
+
+    #[test]
+    fn integer_division_is_true_division() {
+        let t = Tensor::from_vec("/cpu:0", &[2], vec![3i64, -1]).unwrap();
         assert_eq!(
-            reduce_tensors(ReduceOp::Mean, &[&t, &t], "/cpu:0", 2).unwrap_err(),
-            CollectiveError::IntegerMean(DType::I64)
+            t.divided_by(2).unwrap().to_vec::<f64>().unwrap(),
+            [1.5, -0.5]
         );
     }
 }

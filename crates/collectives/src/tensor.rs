@@ -527,27 +527,63 @@ impl Tensor {
     /// The tensors joined along the first axis, placed on `device`. They must share dtype and
     /// every dimension but the first.
     pub fn concat_rows(device: &str, tensors: &[Tensor]) -> Result<Tensor, CollectiveError> {
+        Tensor::concat(device, tensors, 0)
+    }
+
+    /// The tensors joined along `axis`, placed on `device`. They must share dtype, rank (above
+    /// `axis`) and every dimension but `axis`, which may differ.
+    ///
+    /// ```
+    /// use distribute_collectives::Tensor;
+    ///
+    /// let a = Tensor::from_vec("/cpu:0", &[2, 1], vec![1i32, 2])?;
+    /// let b = Tensor::from_vec("/cpu:0", &[2, 2], vec![3i32, 4, 5, 6])?;
+    /// let joined = Tensor::concat("/cpu:0", &[a, b], 1)?;
+    /// assert_eq!(joined.shape(), [2, 3]);
+    /// assert_eq!(joined.to_vec::<i32>()?, [1, 3, 4, 2, 5, 6]);
+    /// # Ok::<(), distribute_collectives::CollectiveError>(())
+    /// ```
+    pub fn concat(
+        device: &str,
+        tensors: &[Tensor],
+        axis: usize,
+    ) -> Result<Tensor, CollectiveError> {
         let first = tensors.first().ok_or_else(|| {
             CollectiveError::InvalidArgument("cannot concatenate an empty list of tensors".into())
         })?;
+        if let Some(other) = tensors.iter().find(|t| t.dtype() != first.dtype()) {
+            return Err(CollectiveError::DTypeMismatch {
+                expected: first.dtype(),
+                actual: other.dtype(),
+            });
+        }
+        let shapes = || tensors.iter().map(Tensor::shape).collect::<Vec<_>>();
+        if tensors.iter().any(|t| axis >= t.rank()) {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "cannot concatenate shapes {:?} along axis {axis}: every tensor needs a rank \
+                 above the axis",
+                shapes()
+            )));
+        }
         fn concat<T: Element>(
             _first: &ArcArray<T, IxDyn>,
             tensors: &[Tensor],
+            axis: usize,
+            shapes: Vec<&[usize]>,
         ) -> Result<HostArray, CollectiveError> {
             let views = tensors
                 .iter()
                 .map(|t| t.array::<T>().map(|a| a.view()))
                 .collect::<Result<Vec<_>, _>>()?;
-            let joined = ndarray::concatenate(Axis(0), &views).map_err(|_| {
+            let joined = ndarray::concatenate(Axis(axis), &views).map_err(|_| {
                 CollectiveError::InvalidArgument(format!(
-                    "cannot concatenate shapes {:?}: all but the first dimension must agree and \
-                     the rank must be at least 1",
-                    tensors.iter().map(Tensor::shape).collect::<Vec<_>>()
+                    "cannot concatenate shapes {shapes:?} along axis {axis}: the ranks and all \
+                     but that dimension must agree"
                 ))
             })?;
             Ok(T::wrap(joined.into_shared()))
         }
-        let host = with_host!(first.host()?, a => concat(a, tensors)?);
+        let host = with_host!(first.host()?, a => concat(a, tensors, axis, shapes())?);
         Ok(Tensor {
             storage: Storage::Host(host),
             device: device.into(),

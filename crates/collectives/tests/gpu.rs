@@ -861,7 +861,7 @@ fn gpu_reductions_match_the_host_kernel_bitwise() {
     for dtype in DTYPES {
         for op in OPS {
             if op == ReduceOp::Mean && !dtype.is_floating() {
-                continue; // refused: `integer_mean_is_refused_on_the_gpu_too`
+                continue; // exact on the host: `integer_mean_of_gpu_tensors_is_the_host_float64_mean`
             }
             for n in 1..=5 {
                 for len in [0, 1, 1000] {
@@ -1005,38 +1005,45 @@ fn known_answers() {
     );
 }
 
+/// TF's true division: an integer MEAN of GPU tensors is the host kernel's exact float64 mean,
+/// bit for bit, and stays in GPU memory when its destination is a GPU.
 #[test]
-fn integer_mean_is_refused_on_the_gpu_too() {
+fn integer_mean_of_gpu_tensors_is_the_host_float64_mean() {
     let Some(gpu) = gpu_or_skip() else { return };
     for dtype in [DType::I32, DType::I64] {
         for n in 1..=3 {
             let host = host_inputs(dtype, &[10], n, 5);
-            assert_eq!(
-                host_reduce(ReduceOp::Mean, &host).unwrap_err(),
-                CollectiveError::IntegerMean(dtype)
-            );
+            let expected = host_reduce(ReduceOp::Mean, &host).unwrap();
+            assert_eq!(expected.dtype(), DType::F64);
             let values: Vec<AnyTensor> = upload_all(&host, &gpu)
                 .into_iter()
                 .map(Into::into)
                 .collect();
             let ops = ReductionToOneDevice::new(n, GroupConfig::default()).unwrap();
-            // One value already on its one destination is returned as it is (TF's shortcut),
-            // so `/gpu:0` is asked only of several values.
-            let dests: &[&str] = if n == 1 {
-                &["/cpu:0"]
-            } else {
-                &["/gpu:0", "/cpu:0"]
-            };
-            for dest in dests {
-                let result = ops.reduce(
-                    ReduceOp::Mean,
-                    &values,
-                    &Destinations::device(dest).unwrap(),
+            for (dest, placement) in [
+                ("/gpu:0", Placement::Cuda { ordinal: 0 }),
+                ("/cpu:0", Placement::Host),
+            ] {
+                let result = ops
+                    .reduce(
+                        ReduceOp::Mean,
+                        &values,
+                        &Destinations::device(dest).unwrap(),
+                    )
+                    .unwrap();
+                let reduced = delivered(result).remove(0);
+                assert_eq!(
+                    reduced.placement(),
+                    placement,
+                    "MEAN of {n} x {dtype} to {dest}"
                 );
                 assert!(
-                    matches!(result, Err(CollectiveError::IntegerMean(d)) if d == dtype),
-                    "MEAN of {n} x {dtype} to {dest}: {:?}",
-                    result.map(delivered)
+                    reduced
+                        .to_host()
+                        .unwrap()
+                        .to_device(expected.device())
+                        .bitwise_eq(&expected),
+                    "MEAN of {n} x {dtype} to {dest}"
                 );
             }
             let results = run_replicas(n, |member, gpu| {
@@ -1044,9 +1051,14 @@ fn integer_mean_is_refused_on_the_gpu_too() {
                 member.all_reduce(ReduceOp::Mean, &mine)
             });
             for (r, result) in results.into_iter().enumerate() {
-                assert_eq!(
-                    result.unwrap_err(),
-                    CollectiveError::IntegerMean(dtype),
+                let reduced = result.unwrap();
+                assert_eq!(reduced.placement(), Placement::Cuda { ordinal: 0 });
+                assert!(
+                    reduced
+                        .to_host()
+                        .unwrap()
+                        .to_device(expected.device())
+                        .bitwise_eq(&expected),
                     "replica {r} of {n}"
                 );
             }

@@ -183,19 +183,42 @@ fn all_dtypes_reduce() {
     assert_eq!(first[4].to_vec::<i64>().unwrap(), [3, -3]);
 }
 
+/// TF's true division: an integer MEAN is the exact mean as float64 on every plan, one by one,
+/// batched (packed with float tensors) and scattered; sums that wrap in `i32` do not wrap here.
 #[test]
-fn integer_mean_fails_on_every_replica() {
-    let out = run(2, config(ReducePlan::OneReducer), |m| {
-        m.all_reduce(
-            ReduceOp::Mean,
-            &Tensor::from_vec(&device(m.replica()), &[1], vec![1i32]).unwrap(),
-        )
-    });
-    for result in out {
-        assert_eq!(
-            result.unwrap_err(),
-            CollectiveError::IntegerMean(DType::I32)
-        );
+fn integer_mean_is_the_float64_mean_on_every_plan() {
+    // 2^17 int64 elements (1 MiB) make the sliced plan split the work among the replicas.
+    let len = 1 << 17;
+    let ints = |r: usize| -> Vec<i64> { (0..len as i64).map(|i| i * (r as i64 + 1)).collect() };
+    let expected: Vec<f64> = (0..len).map(|i| i as f64 * 1.5).collect();
+    for plan in [ReducePlan::OneReducer, ReducePlan::Sliced { min_bytes: 0 }] {
+        let out = run(2, config(plan), |m| {
+            let r = m.replica();
+            let big = Tensor::from_vec(&device(r), &[len], ints(r)).unwrap();
+            let wraps = Tensor::from_vec(&device(r), &[2], vec![i32::MAX, r as i32 + 1]).unwrap();
+            let float = Tensor::from_vec(&device(r), &[1], vec![r as f32]).unwrap();
+            let one = m.all_reduce(ReduceOp::Mean, &big).unwrap();
+            let batch = m
+                .batch_all_reduce(ReduceOp::Mean, &[wraps.clone(), float, big.clone()])
+                .unwrap();
+            let scattered = m.reduce_scatter(ReduceOp::Mean, &wraps).unwrap();
+            (one, batch, scattered)
+        });
+        for (r, (one, batch, scattered)) in out.into_iter().enumerate() {
+            assert_eq!(one.dtype(), DType::F64, "{plan:?}");
+            assert_eq!(one.device(), device(r));
+            assert_eq!(one.to_vec::<f64>().unwrap(), expected, "{plan:?}");
+            assert_eq!(
+                batch[0].to_vec::<f64>().unwrap(),
+                [f64::from(i32::MAX), 1.5],
+                "{plan:?}"
+            );
+            assert_eq!(batch[1].to_vec::<f32>().unwrap(), [0.5]);
+            assert!(batch[2].bitwise_eq(&one), "{plan:?}");
+            assert_eq!(scattered.dtype(), DType::F64);
+            let row = if r == 0 { f64::from(i32::MAX) } else { 1.5 };
+            assert_eq!(scattered.to_vec::<f64>().unwrap(), [row]);
+        }
     }
 }
 

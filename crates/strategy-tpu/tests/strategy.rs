@@ -494,3 +494,44 @@ fn tpu_26_steps_on_single_core_sub_strategies() {
     }
     assert_eq!(total, 2.0);
 }
+
+/// TF's `strategy.gather` on TPUStrategy: a compiled step's per-replica outputs and an eager
+/// step's uneven batches, joined in replica order on the host.
+#[test]
+fn gather_joins_compiled_and_eager_outputs_on_the_host() {
+    let s = strategy(4);
+    let x = scalars(&s, &[1.0, 2.0, 3.0, 4.0]);
+    let double = s.function(|b, x| Ok(vec![b.add(&x[0], &x[0])?]));
+    let out = double.run(&[StepInput::PerReplica(&x)]).unwrap();
+    let doubled = Leaf::PerReplica(out[0].to_per_replica(&s).unwrap());
+    let gathered = s.gather(&doubled, 0).unwrap();
+    assert_eq!(gathered.to_vec::<f32>().unwrap(), [2.0, 4.0, 6.0, 8.0]);
+    assert_eq!(gathered.device(), s.extended().host_device());
+
+    // Replica r returns r rows: the last batch of an uneven dataset.
+    let rows: Leaf<Tensor> = s
+        .run(
+            |ctx, ()| {
+                let r = ctx.replica_id();
+                Ok(Tensor::from_vec(ctx.device(), &[r], vec![r as i32; r])?)
+            },
+            &(),
+        )
+        .unwrap();
+    let gathered = s.gather(&rows, 0).unwrap();
+    assert_eq!(gathered.to_vec::<i32>().unwrap(), [1, 2, 2, 3, 3, 3]);
+
+    // The eager replica context's integer MEAN is TF's float64 mean.
+    let mean: Leaf<Tensor> = s
+        .run(
+            |ctx, ()| {
+                let mine = Tensor::scalar(ctx.device(), ctx.replica_id() as i64);
+                ctx.all_reduce(ReduceOp::Mean, &mine)
+            },
+            &(),
+        )
+        .unwrap();
+    for t in mean.local_results() {
+        assert_eq!(t.to_vec::<f64>().unwrap(), [1.5]);
+    }
+}

@@ -50,6 +50,11 @@ pub trait Strategy: Send + Sync {
 
     /// Reduces a result of `run` to one tensor on the host CPU (TF's `strategy.reduce`).
     ///
+    /// With no axis, per-replica values are reduced element-wise across replicas; `Mean` of
+    /// integer tensors is their exact mean as float64 (TF's true division: `[1]` and `[2]` give
+    /// `[1.5]`), as it is along an axis. A plain value or a mirrored one reduced with `Mean` is
+    /// returned as it is, as in TF (no communication, dtype kept).
+    ///
     /// With an `axis`, each replica's value (a plain or mirrored value counts once per replica,
     /// as in TF) is first reduced along it, then across replicas: `Mean` is the mean over every
     /// element along that axis on every replica (weighted by how many each replica had), not the
@@ -80,6 +85,68 @@ pub trait Strategy: Send + Sync {
                 "a reduction to one device gave per-replica values".into(),
             )),
         }
+    }
+
+    /// Every replica's value joined along `axis`, in replica order, on the host CPU (TF's
+    /// `strategy.gather`, the cross-replica counterpart of `ReplicaContext::all_gather`).
+    ///
+    /// The values may differ in the length of `axis` (an uneven last batch leaves some replicas
+    /// fewer rows, or none), not in dtype, rank or any other dimension. A plain or mirrored value
+    /// counts once per replica, as for [`reduce`](Self::reduce) along an axis: `run` regroups
+    /// equal results into one plain value, and each replica did return it.
+    ///
+    /// ```
+    /// use distribute_collectives::Tensor;
+    /// use distribute_strategy::{DefaultStrategy, Strategy};
+    ///
+    /// let strategy = DefaultStrategy::new()?;
+    /// let rows = strategy.run(
+    ///     |ctx, ()| Ok(Tensor::from_vec(ctx.device(), &[2, 1], vec![1.0f32, 2.0])?),
+    ///     &(),
+    /// )?;
+    /// let gathered = strategy.gather(&rows, 0)?;
+    /// assert_eq!(gathered.shape(), [2, 1]);
+    /// assert_eq!(gathered.device(), "/job:localhost/replica:0/task:0/device:CPU:0");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn gather(&self, value: &Leaf<Tensor>, axis: usize) -> Result<Tensor, StrategyError> {
+        let host = self.extended().host_device();
+        let parts: Vec<Tensor> = match value {
+            Leaf::Same(t) => vec![t.clone(); self.num_replicas_in_sync()],
+            Leaf::PerReplica(p) => p.values().to_vec(),
+            Leaf::Mirrored(m) => m.values().to_vec(),
+        };
+        let first = &parts[0];
+        if axis >= first.rank() {
+            return Err(StrategyError::InvalidArgument(format!(
+                "gather along axis {axis}: the values have rank {}; the axis must be below it",
+                first.rank()
+            )));
+        }
+        if let Some((r, t)) = parts.iter().enumerate().find(|(_, t)| {
+            t.dtype() != first.dtype()
+                || t.rank() != first.rank()
+                || t.shape()
+                    .iter()
+                    .zip(first.shape())
+                    .enumerate()
+                    .any(|(d, (a, b))| d != axis && a != b)
+        }) {
+            return Err(StrategyError::InvalidArgument(format!(
+                "gather along axis {axis}: replica {r} has a {} {:?} tensor and replica 0 a {} \
+                 {:?}; values must share dtype and rank (above the axis) and may differ only in \
+                 the length of the axis",
+                t.dtype(),
+                t.shape(),
+                first.dtype(),
+                first.shape()
+            )));
+        }
+        let on_host = parts
+            .iter()
+            .map(|t| t.copy_to(host))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Tensor::concat(host, &on_host, axis)?)
     }
 
     /// Creates a distributed variable on every replica's device (in the strategy's scope, in TF's

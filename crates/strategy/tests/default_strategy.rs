@@ -137,3 +137,46 @@ fn default_strategy_map_update_and_steps() {
     };
     assert_eq!(x.to_vec::<f32>().unwrap(), [3.0]);
 }
+
+/// TF's `strategy.gather` on the default strategy: the one replica's value, on the host.
+#[test]
+fn gather_of_the_one_replica_is_its_value_on_the_host() {
+    let strategy = DefaultStrategy::new().unwrap();
+    let rows = strategy
+        .run(
+            |ctx, ()| Ok(Tensor::from_vec(ctx.device(), &[3, 1], vec![1i64, 2, 3])?),
+            &(),
+        )
+        .unwrap();
+    let gathered = strategy.gather(&rows, 0).unwrap();
+    assert_eq!(gathered.shape(), [3, 1]);
+    assert_eq!(gathered.to_vec::<i64>().unwrap(), [1, 2, 3]);
+    assert_eq!(
+        gathered.device(),
+        "/job:localhost/replica:0/task:0/device:CPU:0"
+    );
+    assert_eq!(strategy.gather(&rows, 1).unwrap().shape(), [3, 1]);
+    assert!(matches!(
+        strategy.gather(&rows, 2),
+        Err(StrategyError::InvalidArgument(_))
+    ));
+}
+
+/// An integer MEAN inside the one replica is TF's float64 mean of one value.
+#[test]
+fn integer_all_reduce_mean_of_one_replica_is_float64() {
+    let strategy = DefaultStrategy::new().unwrap();
+    let mean = strategy
+        .run(
+            |ctx, ()| {
+                let t = Tensor::from_vec(ctx.device(), &[2], vec![3i32, 4])?;
+                ctx.all_reduce(ReduceOp::Mean, &t)
+            },
+            &(),
+        )
+        .unwrap();
+    let Leaf::Same(mean) = mean else {
+        panic!("one replica")
+    };
+    assert_eq!(mean.to_vec::<f64>().unwrap(), [3.0, 4.0]);
+}

@@ -6,10 +6,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::hash::{BuildHasher, Hash};
+use std::sync::Arc;
 
 use crate::{
-    Distributed, Leaf, LeafMapper, LeafVisitor, LeafZipper, Nest, Path, Regroup, RegroupContext,
-    Selection, ValuesError,
+    Distributed, DistributedValues, Leaf, LeafMapper, LeafVisitor, LeafZipper, Nest, Path,
+    PerReplica, Regroup, RegroupContext, Selection, ValuesError, Wrap,
 };
 
 macro_rules! leaf_impls {
@@ -430,20 +431,130 @@ fn option_mismatch<S>(
     Ok(first_is_some)
 }
 
-impl<S: Regroup> Regroup for Option<S> {
-    type Regrouped = Option<S::Regrouped>;
+/// The regrouped form of an `Option`: `Some` contents regrouped when every replica returned
+/// `Some`, and each replica's own `Option` when they differ (TF's `PerReplica` holding `None`
+/// beside values, as when a replica's batch was empty).
+///
+/// ```
+/// use std::sync::Arc;
+/// use distribute_values::{
+///     regroup, select_replica, DistributedValues, Leaf, RegroupedOption, ReplicaDeviceMap,
+/// };
+///
+/// let map = Arc::new(ReplicaDeviceMap::new(["/cpu:0", "/cpu:1"])?);
+/// let both: RegroupedOption<f32> = regroup(&map, vec![Some(1.0), Some(1.0)])?;
+/// assert_eq!(both.as_some(), Some(&Leaf::Same(1.0)));
+///
+/// let mixed: RegroupedOption<f32> = regroup(&map, vec![None, Some(2.0)])?;
+/// assert_eq!(mixed.per_replica().unwrap().values(), [None, Some(2.0)]);
+/// assert_eq!(select_replica::<Option<f32>>(0, &mixed)?, None);
+/// assert_eq!(select_replica::<Option<f32>>(1, &mixed)?, Some(2.0));
+/// # Ok::<(), distribute_values::ValuesError>(())
+/// ```
+pub enum RegroupedOption<S: Regroup> {
+    /// Every replica returned `None`.
+    None,
+    /// Every replica returned `Some`: the contents, regrouped.
+    Some(S::Regrouped),
+    /// Some replicas returned `None` and others `Some`: each replica's own `Option`.
+    PerReplica(PerReplica<Option<S>>),
+}
+
+impl<S: Regroup> RegroupedOption<S> {
+    /// The regrouped contents when every replica returned `Some`.
+    pub fn as_some(&self) -> Option<&S::Regrouped> {
+        match self {
+            RegroupedOption::Some(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Each replica's own `Option`, when replicas differ.
+    pub fn per_replica(&self) -> Option<&PerReplica<Option<S>>> {
+        match self {
+            RegroupedOption::PerReplica(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Whether every replica returned `None`.
+    pub fn is_none(&self) -> bool {
+        matches!(self, RegroupedOption::None)
+    }
+}
+
+impl<S> Clone for RegroupedOption<S>
+where
+    S: Regroup + Clone,
+    S::Regrouped: Clone,
+{
+    fn clone(&self) -> Self {
+        match self {
+            RegroupedOption::None => RegroupedOption::None,
+            RegroupedOption::Some(r) => RegroupedOption::Some(r.clone()),
+            RegroupedOption::PerReplica(p) => RegroupedOption::PerReplica(p.clone()),
+        }
+    }
+}
+
+impl<S> PartialEq for RegroupedOption<S>
+where
+    S: Regroup + PartialEq,
+    S::Regrouped: PartialEq,
+{
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (RegroupedOption::None, RegroupedOption::None) => true,
+            (RegroupedOption::Some(a), RegroupedOption::Some(b)) => a == b,
+            (RegroupedOption::PerReplica(a), RegroupedOption::PerReplica(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl<S> fmt::Debug for RegroupedOption<S>
+where
+    S: Regroup + fmt::Debug,
+    S::Regrouped: fmt::Debug,
+{
+    /// `None` and `Some(..)` print as an `Option` would; differing replicas as their
+    /// `PerReplica`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegroupedOption::None => f.write_str("None"),
+            RegroupedOption::Some(r) => f.debug_tuple("Some").field(r).finish(),
+            RegroupedOption::PerReplica(p) => p.fmt(f),
+        }
+    }
+}
+
+/// Replicas may disagree on `Some` and `None` (TF regroups them into a `PerReplica`); the
+/// contents must be `Clone` so that each replica can get its own `Option` back.
+impl<S: Regroup + Clone> Regroup for Option<S> {
+    type Regrouped = RegroupedOption<S>;
 
     fn regroup_replicas(
         replicas: Vec<Self>,
         cx: &RegroupContext<'_>,
         path: &Path<'_>,
     ) -> Result<Self::Regrouped, ValuesError> {
-        let refs: Vec<&Option<S>> = replicas.iter().collect();
-        if !option_mismatch(&refs, Holder::Replica, path)? {
-            return Ok(None);
+        let some = replicas.iter().filter(|o| o.is_some()).count();
+        if some == 0 {
+            return Ok(RegroupedOption::None);
         }
-        let values = replicas.into_iter().flatten().collect();
-        S::regroup_replicas(values, cx, path).map(Some)
+        if some == replicas.len() {
+            let values = replicas.into_iter().flatten().collect();
+            return S::regroup_replicas(values, cx, path).map(RegroupedOption::Some);
+        }
+        if cx.options().wrap == Wrap::Mirrored {
+            // Copies of one value cannot be absent on some devices.
+            let refs: Vec<&Option<S>> = replicas.iter().collect();
+            option_mismatch(&refs, Holder::Replica, path)?;
+        }
+        Ok(RegroupedOption::PerReplica(PerReplica::new(
+            Arc::clone(cx.devices()),
+            replicas,
+        )?))
     }
 
     fn select(
@@ -451,15 +562,20 @@ impl<S: Regroup> Regroup for Option<S> {
         selection: Selection<'_>,
         path: &Path<'_>,
     ) -> Result<Self, ValuesError> {
-        regrouped
-            .as_ref()
-            .map(|r| S::select(r, selection, path))
-            .transpose()
+        match (regrouped, selection) {
+            (RegroupedOption::None, _) => Ok(None),
+            (RegroupedOption::Some(r), _) => S::select(r, selection, path).map(Some),
+            (RegroupedOption::PerReplica(p), Selection::Replica(i)) => p.get(i).cloned(),
+            (RegroupedOption::PerReplica(_), _) => Err(ValuesError::NotMirrored {
+                path: path.to_string(),
+                found: "an Option that is None on some replicas",
+            }),
+        }
     }
 }
 
-impl<D: Distributed> Distributed for Option<D> {
-    type Local = Option<D::Local>;
+impl<S: Regroup + Clone> Distributed for RegroupedOption<S> {
+    type Local = Option<S>;
 }
 
 impl<S: Nest> Nest for Option<S> {

@@ -64,6 +64,7 @@ mod variable;
 
 pub use aggregation::{ReduceOp, SyncKind, VariableAggregation, VariableSynchronization};
 pub use checkpoint::SavedValue;
+pub use containers::RegroupedOption;
 pub use device_map::ReplicaDeviceMap;
 pub use distributed::{DistributedValues, Mirrored, PerReplica};
 pub use element::{UpdateOp, VariableValue};

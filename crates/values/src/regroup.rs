@@ -4,7 +4,8 @@
 //!
 //! The [`Regroup`] trait maps a structure type to its regrouped type: a leaf `T` becomes a
 //! [`Leaf<T>`], and containers (tuples, `Vec`, arrays, maps, `Option`, `Box`) keep their shape
-//! with regrouped contents. Users' own structs get it from `#[derive(Regroup)]`, which also
+//! with regrouped contents; an `Option` that is `None` on some replicas only becomes a
+//! [`RegroupedOption::PerReplica`](crate::RegroupedOption) of each replica's own `Option`. Users' own structs get it from `#[derive(Regroup)]`, which also
 //! declares the regrouped companion struct; `#[regroup(leaf)]` makes a type a leaf instead.
 //! [`Distributed`] goes the other way, from a regrouped type to its per-replica structure, so
 //! that a strategy's `run` infers what each replica gets from the inputs it is given.
@@ -476,8 +477,26 @@ mod tests {
     }
 
     #[test]
-    fn option_mismatch_names_the_path() {
-        let err = regroup(&map(2), vec![(1, Some(2)), (1, None)]).unwrap_err();
+    fn options_that_differ_regroup_per_replica() {
+        let replicas = vec![(1, Some(2)), (1, None)];
+        let grouped = regroup(&map(2), replicas.clone()).unwrap();
+        assert_eq!(grouped.0, Leaf::Same(1));
+        assert_eq!(grouped.1.per_replica().unwrap().values(), [Some(2), None]);
+        for (i, replica) in replicas.iter().enumerate() {
+            assert_eq!(
+                &select_replica::<(i32, Option<i32>)>(i, &grouped).unwrap(),
+                replica
+            );
+        }
+    }
+
+    #[test]
+    fn mirrored_options_that_differ_name_the_path() {
+        let options = RegroupOptions {
+            wrap: Wrap::Mirrored,
+            ..RegroupOptions::default()
+        };
+        let err = regroup_with(&map(2), vec![(1, Some(2)), (1, None)], options).unwrap_err();
         assert_eq!(
             err,
             ValuesError::StructureMismatch {
@@ -485,6 +504,9 @@ mod tests {
                 detail: "replica 0 returned Some, replica 1 returned None".into()
             }
         );
+        let grouped = regroup(&map(2), vec![(1, Some(2)), (1, None)]).unwrap();
+        let err = select_replica_mirrored::<(i32, Option<i32>)>(0, &grouped).unwrap_err();
+        assert!(matches!(err, ValuesError::NotMirrored { .. }), "{err}");
     }
 
     #[test]

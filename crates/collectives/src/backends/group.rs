@@ -21,7 +21,7 @@ use std::time::Duration;
 use distribute_values::ReduceOp;
 use ndarray::{Array, IxDyn};
 
-use crate::kernel::{self, Arith};
+use crate::kernel::{self, Arith, ExactInt};
 use crate::rendezvous::{Rendezvous, lock_ignoring_poison as lock};
 use crate::tensor::with_dtype;
 use crate::{CollectiveError, DType, FusionPlan, ReplicaCollectives, Tensor};
@@ -360,8 +360,7 @@ impl Shared {
             return plan_on_gpu(requests, n);
         }
         match &requests[0] {
-            Request::AllReduce(op, first) => {
-                kernel::check_op(*op, first.dtype())?;
+            Request::AllReduce(op, _) => {
                 let op = *op;
                 let inputs: Vec<Tensor> = requests
                     .into_iter()
@@ -374,9 +373,6 @@ impl Shared {
                 Ok(self.sliced_or_shared(works))
             }
             Request::BatchAllReduce(op, first, _) => {
-                for t in first {
-                    kernel::check_op(*op, t.dtype())?;
-                }
                 let works = (0..first.len())
                     .map(|b| {
                         let bucket = requests.iter().map(|r| r.tensors()[b].clone()).collect();
@@ -393,7 +389,6 @@ impl Shared {
                 )?]))
             }
             Request::ReduceScatter(op, first) => {
-                kernel::check_op(*op, first.dtype())?;
                 let rows = first.shape().first().copied().unwrap_or(0);
                 if first.rank() == 0 || rows % n != 0 {
                     return Err(CollectiveError::InvalidArgument(format!(
@@ -435,7 +430,8 @@ impl Shared {
         inputs: Vec<Tensor>,
         reuse: bool,
     ) -> Result<SlicedWork, CollectiveError> {
-        let dtype = inputs[0].dtype();
+        // An integer `Mean` writes float64 (TF's true division).
+        let dtype = kernel::reduced_dtype(op, inputs[0].dtype());
         let shape = inputs[0].shape().to_vec();
         // Strided inputs (transposed views) are made contiguous once, here.
         let inputs: Vec<Tensor> = inputs.into_iter().map(contiguous).collect();
@@ -610,7 +606,7 @@ impl Member {
         let plan = FusionPlan::new(tensors, self.group.config().bytes_per_pack);
         let buckets = plan.pack(tensors)?;
         let reduced = self.call(Request::BatchAllReduce(op, buckets, describe(tensors)))?;
-        plan.unpack(&reduced)?
+        plan.unpack_reduced(op, &reduced)?
             .into_iter()
             .zip(tensors)
             .map(|(r, t)| r.copy_to(t.device()))
@@ -767,6 +763,40 @@ impl SlicedWork {
             };
             kernel::reduce_slices(work.op, &inputs, out, num_replicas);
         }
-        with_dtype!(self.output.dtype(), T => typed::<T>(self, start, end, num_replicas))
+        /// The float64 output of an integer `Mean`, from inputs of the integer type `T`.
+        fn integer_mean<T: ExactInt>(work: &SlicedWork, start: usize, end: usize, n: usize) {
+            if start == end {
+                return;
+            }
+            let inputs: Vec<&[T]> = work
+                .inputs
+                .iter()
+                .map(|t| {
+                    let all = t
+                        .array::<T>()
+                        .ok()
+                        .and_then(|a| a.as_slice())
+                        .expect("planned inputs are contiguous and of one integer dtype");
+                    &all[start..end]
+                })
+                .collect();
+            // SAFETY: as in `typed`; the output is float64 (`reduced_dtype`).
+            let out = unsafe {
+                std::slice::from_raw_parts_mut(
+                    (work.output_ptr as *mut f64).add(start),
+                    end - start,
+                )
+            };
+            kernel::integer_mean_slices(&inputs, out, n);
+        }
+        match self.inputs[0].dtype() {
+            DType::I32 if self.op == ReduceOp::Mean => {
+                integer_mean::<i32>(self, start, end, num_replicas)
+            }
+            DType::I64 if self.op == ReduceOp::Mean => {
+                integer_mean::<i64>(self, start, end, num_replicas)
+            }
+            _ => with_dtype!(self.output.dtype(), T => typed::<T>(self, start, end, num_replicas)),
+        }
     }
 }

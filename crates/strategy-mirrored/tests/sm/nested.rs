@@ -4,7 +4,10 @@
 
 use distribute_collectives::Tensor;
 use distribute_strategy::{Strategy, StrategyError, per_replica_inputs};
-use distribute_values::{DistributedValues, ErrorKind, Leaf, ReduceOp, Regroup, ValuesError};
+use distribute_values::{
+    DistributedValues, ErrorKind, Leaf, ReduceOp, Regroup, RegroupedOption, ValuesError,
+    select_replica,
+};
 
 use crate::cpus;
 
@@ -68,7 +71,10 @@ fn a_derived_struct_is_a_step_input_a_fused_all_reduce_payload_and_a_step_output
     for layer in summed.layers[1].local_results() {
         assert_eq!(values(layer), [300.0]);
     }
-    let bias = summed.bias.as_ref().expect("every replica returned a bias");
+    let bias = summed
+        .bias
+        .as_some()
+        .expect("every replica returned a bias");
     assert!(bias.local_results().iter().all(|b| values(b) == [-3.0]));
 }
 
@@ -84,8 +90,40 @@ fn optional_tensors_that_are_absent_everywhere_are_skipped() {
             &(),
         )
         .unwrap();
-    assert_eq!(out.bias, None);
+    assert!(out.bias.is_none());
     assert_eq!(out.layers.len(), 2);
+}
+
+/// TF returns a PerReplica holding `None` beside the values when some replicas return `None`
+/// (a replica whose batch was empty); each replica gets its own `Option` back as input.
+#[test]
+fn a_step_returning_none_on_some_replicas_gives_each_replica_its_own_option() {
+    let strategy = cpus(3);
+    let out = strategy
+        .run(
+            |ctx, ()| {
+                let r = ctx.replica_id();
+                Ok(grads(ctx.device(), r as f32, r != 1))
+            },
+            &(),
+        )
+        .unwrap();
+    let RegroupedOption::PerReplica(bias) = &out.bias else {
+        panic!("replica 1 returned None: {:?}", out.bias)
+    };
+    let present: Vec<Option<Vec<f32>>> = bias
+        .values()
+        .iter()
+        .map(|b| b.as_ref().map(values))
+        .collect();
+    assert_eq!(present, [Some(vec![-0.0]), None, Some(vec![-2.0])]);
+    assert_eq!(select_replica::<Grads>(1, &out).unwrap().bias, None);
+
+    // The regrouped output feeds the next step: each replica gets its own `Option`.
+    let seen = strategy
+        .run(|_, mine| Ok(mine.is_some()), &out.bias)
+        .unwrap();
+    assert_eq!(seen.local_results(), [&true, &false, &true]);
 }
 
 #[test]

@@ -315,3 +315,186 @@ fn min_and_max_along_an_axis_skip_replicas_with_empty_chunks() {
         .unwrap_err();
     assert!(err.to_string().contains("mean is undefined"), "{err}");
 }
+
+/// One tensor per replica, `make(replica, device)`, always per replica (even when equal).
+fn each_replica(strategy: &impl Strategy, make: impl Fn(usize, &str) -> Tensor) -> Leaf<Tensor> {
+    let map = Arc::clone(strategy.extended().device_map());
+    let values = map
+        .primary_devices()
+        .enumerate()
+        .map(|(r, d)| make(r, d))
+        .collect();
+    Leaf::PerReplica(PerReplica::new(map, values).unwrap())
+}
+
+/// TF's `strategy.reduce(MEAN, ints, axis=None)` is the true mean as float64 (`[1, 2]` over 2
+/// replicas → 1.5), and agrees with the path along an axis.
+#[test]
+fn sm46_integer_mean_without_an_axis_is_float64_and_agrees_with_the_axis_path() {
+    let strategy = cpus(2);
+    let ints: Leaf<Tensor> = strategy
+        .run(
+            |ctx, ()| {
+                Ok(Tensor::from_vec(
+                    ctx.device(),
+                    &[1],
+                    vec![ctx.replica_id() as i32 + 1],
+                )?)
+            },
+            &(),
+        )
+        .unwrap();
+    let mean = strategy.reduce(ReduceOp::Mean, &ints, None).unwrap();
+    assert_eq!(mean.dtype(), distribute_collectives::DType::F64);
+    assert_eq!(
+        mean.device(),
+        "/job:localhost/replica:0/task:0/device:CPU:0"
+    );
+    assert_eq!(mean.to_vec::<f64>().unwrap(), [1.5]);
+    let along = strategy.reduce(ReduceOp::Mean, &ints, Some(0)).unwrap();
+    assert_eq!(along.to_vec::<f64>().unwrap(), [1.5]);
+
+    // Sums that wrap in i32 do not wrap the mean, and i64 works alike.
+    let wide = |i32_max: bool| {
+        each_replica(&strategy, |_, d| {
+            if i32_max {
+                Tensor::from_vec(d, &[1], vec![i32::MAX]).unwrap()
+            } else {
+                Tensor::from_vec(d, &[2], vec![i64::MAX, -3]).unwrap()
+            }
+        })
+    };
+    let mean = strategy.reduce(ReduceOp::Mean, &wide(true), None).unwrap();
+    assert_eq!(mean.to_vec::<f64>().unwrap(), [f64::from(i32::MAX)]);
+    let mean = strategy.reduce(ReduceOp::Mean, &wide(false), None).unwrap();
+    assert_eq!(mean.to_vec::<f64>().unwrap(), [i64::MAX as f64, -3.0]);
+
+    // Batched cross-replica reductions mix integer and float values.
+    let cross = strategy.cross_replica();
+    let floats = per_replica(&strategy, |i| vec![i as f32]);
+    let both = cross
+        .batch_reduce_to(ReduceOp::Mean, &[(&ints, &host()), (&floats, &host())])
+        .unwrap();
+    assert_eq!(both[0].local_results()[0].to_vec::<f64>().unwrap(), [1.5]);
+    assert_eq!(both[1].local_results()[0].to_vec::<f32>().unwrap(), [0.5]);
+}
+
+/// SM-47 with integers: TF's `all_reduce(MEAN)` of (1, [39, 2]) and (3, [3, 41]) gives
+/// (2, [21, 21.5]) as float64 on both replicas, bitwise equal to the cross-replica reduction.
+#[test]
+fn sm47_integer_all_reduce_mean_in_replica_context_is_float64() {
+    let strategy = cpus(2);
+    let inputs = [(1i64, [39i32, 2]), (3, [3, 41])];
+    let out = strategy
+        .run(
+            |ctx, ()| {
+                let (a, b) = inputs[ctx.replica_id()];
+                let mine = (
+                    Tensor::scalar(ctx.device(), a),
+                    Tensor::from_vec(ctx.device(), &[2], b.to_vec())?,
+                    Tensor::scalar(ctx.device(), a as f32),
+                );
+                let fused = ctx.all_reduce(ReduceOp::Mean, &mine)?;
+                let single = ctx.collectives().all_reduce(ReduceOp::Mean, &mine.1)?;
+                Ok((fused, single, mine.1))
+            },
+            &(),
+        )
+        .unwrap();
+    let ((a, b, c), single, originals) = out;
+    for r in 0..2 {
+        let a = a.local_results()[r.min(a.local_results().len() - 1)];
+        let b = b.local_results()[r.min(b.local_results().len() - 1)];
+        assert_eq!(a.to_vec::<f64>().unwrap(), [2.0]);
+        assert_eq!(b.to_vec::<f64>().unwrap(), [21.0, 21.5]);
+        assert_eq!(
+            c.local_results()[r.min(c.local_results().len() - 1)]
+                .to_vec::<f32>()
+                .unwrap(),
+            [2.0]
+        );
+    }
+    let reduced = strategy.reduce(ReduceOp::Mean, &originals, None).unwrap();
+    for s in single.local_results() {
+        assert_eq!(s.dtype(), distribute_collectives::DType::F64);
+        assert!(s.to_device(reduced.device()).bitwise_eq(&reduced));
+    }
+}
+
+/// TF's `strategy.gather`: every replica's value joined along the axis, in replica order, on the
+/// host; the axis may be uneven (replica 0 has no rows at all here).
+#[test]
+fn gather_joins_replicas_in_order_on_the_host_uneven_included() {
+    let strategy = cpus(3);
+    let rows: Leaf<Tensor> = strategy
+        .run(
+            |ctx, ()| {
+                let r = ctx.replica_id();
+                let values: Vec<i32> = (0..2 * r).map(|i| (10 * r + i) as i32).collect();
+                Ok(Tensor::from_vec(ctx.device(), &[r, 2], values)?)
+            },
+            &(),
+        )
+        .unwrap();
+    let gathered = strategy.gather(&rows, 0).unwrap();
+    assert_eq!(gathered.shape(), [3, 2]);
+    assert_eq!(
+        gathered.device(),
+        "/job:localhost/replica:0/task:0/device:CPU:0"
+    );
+    assert_eq!(gathered.to_vec::<i32>().unwrap(), [10, 11, 20, 21, 22, 23]);
+
+    // Each replica's [2, 1] column; along axis 1 they sit side by side.
+    let as_columns = each_replica(&strategy, |r, d| {
+        Tensor::from_vec(d, &[2, 1], vec![r as f32; 2]).unwrap()
+    });
+    let side_by_side = strategy.gather(&as_columns, 1).unwrap();
+    assert_eq!(side_by_side.shape(), [2, 3]);
+    assert_eq!(
+        side_by_side.to_vec::<f32>().unwrap(),
+        [0.0, 1.0, 2.0, 0.0, 1.0, 2.0]
+    );
+
+    // A plain value was every replica's: it counts once per replica.
+    let plain = Leaf::Same(Tensor::from_vec("/cpu:0", &[2], vec![1.0f32, 2.0]).unwrap());
+    assert_eq!(
+        strategy.gather(&plain, 0).unwrap().to_vec::<f32>().unwrap(),
+        [1.0, 2.0, 1.0, 2.0, 1.0, 2.0]
+    );
+}
+
+#[test]
+fn gather_refuses_values_that_differ_off_the_axis_or_lack_it() {
+    let strategy = cpus(2);
+    let invalid = |value: &Leaf<Tensor>, axis| {
+        let err = strategy.gather(value, axis).unwrap_err();
+        assert!(matches!(err, StrategyError::InvalidArgument(_)), "{err:?}");
+    };
+    let matrices = |shapes: [[usize; 2]; 2]| {
+        each_replica(&strategy, |r, d| {
+            Tensor::zeros(d, distribute_collectives::DType::F32, &shapes[r])
+        })
+    };
+    // Uneven along axis 0 is fine; along axis 1 the first dimension must agree.
+    assert_eq!(
+        strategy
+            .gather(&matrices([[1, 3], [2, 3]]), 0)
+            .unwrap()
+            .shape(),
+        [3, 3]
+    );
+    invalid(&matrices([[1, 3], [2, 3]]), 1);
+    invalid(&matrices([[1, 3], [1, 3]]), 2);
+    invalid(
+        &each_replica(&strategy, |_, d| Tensor::scalar(d, 1.0f32)),
+        0,
+    );
+    let mixed = each_replica(&strategy, |r, d| {
+        if r == 0 {
+            Tensor::from_vec(d, &[1], vec![1.0f32]).unwrap()
+        } else {
+            Tensor::from_vec(d, &[1], vec![1i32]).unwrap()
+        }
+    });
+    invalid(&mixed, 0);
+}

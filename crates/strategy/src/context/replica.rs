@@ -68,7 +68,8 @@ impl<'a> ReplicaContext<'a> {
     /// The reduction of `value` (a tensor or a nested structure of tensors: tuples, `Vec`s,
     /// maps, `Option`s, `#[derive(Regroup)]` structs) across replicas; every replica gets the
     /// result, on its own devices. All tensors travel in one fused rendezvous. Every leaf must be
-    /// a tensor; another leaf is a `TypeError` naming its path.
+    /// a tensor; another leaf is a `TypeError` naming its path. `Mean` of an integer tensor is
+    /// its exact mean as float64 (TF's true division), bitwise equal to `Strategy::reduce`'s.
     pub fn all_reduce<V: Nest>(&self, op: ReduceOp, value: &V) -> Result<V, StrategyError> {
         let flat = value.leaves::<Tensor>()?;
         let reduced = self.collectives.batch_all_reduce(op, &flat)?;

@@ -204,7 +204,7 @@ fn val_11_named_struct_stays_that_struct() {
     assert_eq!(per_replica(&grouped.loss), [0.0, 0.5, 1.0]);
     assert_eq!(per_replica(&grouped.train_op), [100, 101, 102]);
     assert_eq!(
-        per_replica(grouped.scaffold.as_ref().unwrap()),
+        per_replica(grouped.scaffold.as_some().unwrap()),
         strings(&["scaffold0", "scaffold1", "scaffold2"])
     );
     for (i, spec) in specs.iter().enumerate() {
