@@ -503,7 +503,7 @@ fn gather_joins_compiled_and_eager_outputs_on_the_host() {
     let x = scalars(&s, &[1.0, 2.0, 3.0, 4.0]);
     let double = s.function(|b, x| Ok(vec![b.add(&x[0], &x[0])?]));
     let out = double.run(&[StepInput::PerReplica(&x)]).unwrap();
-    let doubled = Leaf::PerReplica(out[0].to_per_replica(&s).unwrap());
+    let doubled = Leaf::PerReplica(out[0].to_per_replica().unwrap());
     let gathered = s.gather(&doubled, 0).unwrap();
     assert_eq!(gathered.to_vec::<f32>().unwrap(), [2.0, 4.0, 6.0, 8.0]);
     assert_eq!(gathered.device(), s.extended().host_device());

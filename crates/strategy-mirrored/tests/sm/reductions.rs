@@ -472,7 +472,7 @@ fn gather_refuses_values_that_differ_off_the_axis_or_lack_it() {
     };
     let matrices = |shapes: [[usize; 2]; 2]| {
         each_replica(&strategy, |r, d| {
-            Tensor::zeros(d, distribute_collectives::DType::F32, &shapes[r])
+            Tensor::zeros(d, distribute_collectives::DType::F32, &shapes[r]).unwrap()
         })
     };
     // Uneven along axis 0 is fine; along axis 1 the first dimension must agree.

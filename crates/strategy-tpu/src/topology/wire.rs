@@ -1,8 +1,8 @@
 //! The protobuf wire format, only what `TopologyProto` needs: varints, packed int32s, and a
 //! reader that skips unknown fields.
 
-use distribute_pjrt::protobuf::{WIRE_LEN, put_key, put_varint};
 pub(super) use distribute_pjrt::protobuf::put_varint_field;
+use distribute_pjrt::protobuf::{WIRE_LEN, put_key, put_varint};
 
 use super::invalid;
 use crate::TpuError;
