@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 mod gpu;
+mod mpi;
 mod nvrtc;
 mod pjrt;
 #[cfg(test)]
@@ -21,11 +22,15 @@ usage: cargo xtask <command> [args]
 
 commands:
   test [CARGO-TEST-ARGS...]   run every test of the workspace (unit, integration, benches in
-                              test mode, doc tests), then the GPU suite that needs only NVRTC
-                              (collectives-nvrtc, with fetch-nvrtc's NVRTC); extra args go to
-                              the test binaries
+                              test mode, doc tests), then again those of the packages with an
+                              `mpi` feature with it on (their multi-process tests start mpirun
+                              with 2, 3 and 4 processes; needs Open MPI and libclang, see
+                              .ci/run; DISTRIBUTE_SKIP_MPI=1 skips them), then the GPU suite
+                              that needs only NVRTC (collectives-nvrtc, with fetch-nvrtc's
+                              NVRTC); extra args go to the test binaries
   ci                          cargo fmt --check, clippy --all-targets -D warnings, clippy again
-                              with the cuda and nccl features, then test
+                              with the cuda and nccl features and with the mpi feature, then
+                              test
   test-gpu                    on a machine with an NVIDIA GPU: run every GPU suite (tests and the
                               gpu bench) with NVRTC, NCCL (from NCCL_LIB_DIR, the
                               nvidia-nccl-cu13/-cu12 wheel or the system; skipped with a warning
@@ -42,6 +47,10 @@ commands:
                               tpu (one JSON line per case), or every bench when none is named
   demo [DEMO-ARGS...]         train an MLP on wine-quality data data-parallel (release build);
                               `cargo xtask demo --help` lists its options
+  launch -n W EXAMPLE [-- ARGS...]
+                              build EXAMPLE in release with the mpi feature and run it as W
+                              worker processes under mpirun (--oversubscribe past the cores;
+                              allowed as root)
   help                        print this message
 ";
 
@@ -69,6 +78,7 @@ fn run(args: &[String]) -> Result<()> {
         "fetch-nvrtc" => nvrtc::command(&workspace_root(), rest),
         "test-gpu" => gpu::command(rest),
         "demo" => demo(rest),
+        "launch" => mpi::launch(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
@@ -93,6 +103,7 @@ fn test(extra: &[String]) -> Result<()> {
     }
     cargo("tests", &all_targets)?;
     cargo("doc tests", &doc)?;
+    mpi::test(extra)?;
     gpu::test_nvrtc(&root, extra)
 }
 
@@ -120,6 +131,7 @@ fn ci(rest: &[String]) -> Result<()> {
             &gpu_clippy,
         )?;
     }
+    mpi::clippy()?;
     test(&[])
 }
 
@@ -176,7 +188,7 @@ fn cargo(what: &str, args: &[&str]) -> Result<()> {
 }
 
 /// [`cargo`] with environment variables `env` set for cargo and what it runs.
-fn cargo_env(what: &str, args: &[&str], env: &[(&str, &OsStr)]) -> Result<()> {
+pub(crate) fn cargo_env(what: &str, args: &[&str], env: &[(&str, &OsStr)]) -> Result<()> {
     let cargo = cargo_program();
     eprintln!("xtask: {what}: cargo {}", args.join(" "));
     let start = Instant::now();
@@ -197,11 +209,11 @@ fn cargo_env(what: &str, args: &[&str], env: &[(&str, &OsStr)]) -> Result<()> {
 }
 
 /// The cargo that runs xtask (`$CARGO`), else `cargo` from `PATH`.
-fn cargo_program() -> String {
+pub(crate) fn cargo_program() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
 }
 
-fn workspace_root() -> std::path::PathBuf {
+pub(crate) fn workspace_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives one level below the workspace root")
