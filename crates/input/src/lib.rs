@@ -64,8 +64,9 @@ pub use dataset::{
     BatchSpec, BoxIter, Dataset, DatasetIter, GeneratorSource, MemorySource, ShuffleSpec, Source,
 };
 pub use distributed::{
-    AutoShardPolicy, BatchSplit, DistributedDataset, DistributedIterator, InputOptions,
-    MaskedDistributedIterator, PartialBatch, distribute_datasets_from_function,
+    AutoShardPolicy, BatchSplit, DEFAULT_AGREEMENT_WINDOW, DistributedDataset, DistributedIterator,
+    InputOptions, MaskedDistributedIterator, PartialBatch, SumAcrossProcesses,
+    distribute_datasets_from_function,
 };
 pub use error::{ErrorKind, InputError};
 pub use npy::NpySource;
