@@ -72,6 +72,19 @@ pub enum CollectiveError {
         /// Why, e.g. "replica 1 panicked: …".
         reason: String,
     },
+    /// Another worker's step failed (or this one's: every worker gets the same error), so the
+    /// step fails on every worker of a multi-worker run.
+    #[error("worker {worker} failed its step: {message}")]
+    WorkerFailed {
+        /// The worker that failed on its own (the first, when several did).
+        worker: usize,
+        /// Its error, as it reported it.
+        message: String,
+    },
+    /// The workers of a multi-worker run made different cross-worker calls (another operation,
+    /// dtype or shape): every worker fails the call with the same description.
+    #[error("{0}")]
+    WorkersDisagree(String),
     /// `Mean` of an integer tensor, which has no exact result.
     #[error("MEAN of {0} tensors is not supported: cast to a floating type, or reduce with SUM")]
     IntegerMean(DType),

@@ -1,0 +1,218 @@
+//! The MPI process world: MPI initialised once per process, this process's rank and the world's
+//! size, and the few cross-process calls the backend makes, each a non-blocking MPI call polled
+//! against a deadline.
+//!
+//! Threading level: `MPI_THREAD_SERIALIZED`. The cross-process step of a collective is made by
+//! whichever thread gets there (local replica 0's thread inside a step, the caller's thread for
+//! the end-of-step agreement and for cross-replica reductions), never by two at once: every MPI
+//! call goes through [`MpiWorld`]'s lock. `SERIALIZED` allows exactly that, and costs Open MPI
+//! none of the locking `MPI_THREAD_MULTIPLE` adds to every call.
+//!
+//! Past the deadline the job is aborted (`MPI_Abort`) with a message naming what was waited for:
+//! a peer that will never come cannot be told apart from a slow one, and a collective MPI has
+//! started cannot be cancelled, so ending the job is the only way not to hang.
+
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use mpi::Threading;
+use mpi::request::{Request, Scope};
+use mpi::topology::{Communicator, SimpleCommunicator};
+use mpi::traits::*;
+
+use crate::CollectiveError;
+use crate::rendezvous::lock_ignoring_poison as lock;
+
+/// This process in the MPI world: initialised on first use, finalised when the process exits.
+#[derive(Debug)]
+pub struct MpiWorld {
+    rank: usize,
+    size: usize,
+    /// One MPI call at a time (`MPI_THREAD_SERIALIZED`).
+    calls: Mutex<()>,
+}
+
+static WORLD: OnceLock<Result<MpiWorld, String>> = OnceLock::new();
+
+unsafe extern "C" {
+    fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// `MPI_Finalize` at process exit: a process that leaves without it makes `mpirun` report an
+/// error and exit non-zero, and statics (where the world lives) are never dropped.
+extern "C" fn finalize_at_exit() {
+    let mut finalized = 0;
+    // SAFETY: plain MPI calls with a valid out-pointer; MPI was initialised before this was
+    // registered.
+    unsafe {
+        mpi::ffi::MPI_Finalized(&mut finalized);
+        if finalized == 0 {
+            mpi::ffi::MPI_Finalize();
+        }
+    }
+}
+
+impl MpiWorld {
+    /// The world of this process, initialising MPI on the first call (`MPI_THREAD_SERIALIZED`).
+    ///
+    /// Started by `mpirun`, this is the job's world; started alone, a world of one. Fails when
+    /// MPI was initialised by someone else in this process, or does not offer the threading
+    /// level.
+    pub fn get() -> Result<&'static MpiWorld, CollectiveError> {
+        WORLD
+            .get_or_init(|| {
+                let (universe, provided) = mpi::initialize_with_threading(Threading::Serialized)
+                    .ok_or_else(|| {
+                        "MPI was already initialised in this process by another library; \
+                         distribute initialises it itself (MPI_THREAD_SERIALIZED)"
+                            .to_owned()
+                    })?;
+                // The universe would finalise MPI when dropped; the world lives until the
+                // process exits, where `finalize_at_exit` does it instead.
+                std::mem::forget(universe);
+                // SAFETY: registers a plain `extern "C" fn` with the C library.
+                unsafe {
+                    atexit(finalize_at_exit);
+                }
+                if provided < Threading::Serialized {
+                    return Err(format!(
+                        "this MPI offers only {provided:?} threading; distribute needs \
+                         MPI_THREAD_SERIALIZED (replica threads take turns making MPI calls)"
+                    ));
+                }
+                let world = SimpleCommunicator::world();
+                Ok(MpiWorld {
+                    rank: world.rank() as usize,
+                    size: world.size() as usize,
+                    calls: Mutex::new(()),
+                })
+            })
+            .as_ref()
+            .map_err(|reason| CollectiveError::InvalidArgument(reason.clone()))
+    }
+
+    /// This process's rank: its worker index.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of processes: the worker count.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Ends every process of the job with `message` on stderr (`MPI_Abort`, exit code 1).
+    pub fn abort_job(&self, message: &str) -> ! {
+        eprintln!(
+            "distribute: worker {} of {}: {message}; aborting the MPI job",
+            self.rank, self.size
+        );
+        SimpleCommunicator::world().abort(1)
+    }
+
+    /// Every process's `send` (all the same length) into `recv`, in rank order.
+    pub(crate) fn all_gather<T: Equivalence>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        deadline: Duration,
+        what: &dyn Fn() -> String,
+    ) {
+        let _one = lock(&self.calls);
+        let world = SimpleCommunicator::world();
+        mpi::request::scope(|scope| {
+            let request = world.immediate_all_gather_into(scope, send, recv);
+            self.wait(request, deadline, what);
+        });
+    }
+
+    /// Every process's `send` into `recv`, process `p`'s `counts[p]` elements at `displs[p]`.
+    pub(crate) fn all_gather_varcount(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        counts: &[i32],
+        displs: &[i32],
+        deadline: Duration,
+        what: &dyn Fn() -> String,
+    ) {
+        let _one = lock(&self.calls);
+        let world = SimpleCommunicator::world();
+        let mut partition = mpi::datatype::PartitionMut::new(recv, counts, displs);
+        mpi::request::scope(|scope| {
+            let request = world.immediate_all_gather_varcount_into(scope, send, &mut partition);
+            self.wait(request, deadline, what);
+        });
+    }
+
+    /// Block `q` of every process's `send` into block `p` of process `q`'s `recv`.
+    pub(crate) fn all_to_all(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        deadline: Duration,
+        what: &dyn Fn() -> String,
+    ) {
+        let _one = lock(&self.calls);
+        let world = SimpleCommunicator::world();
+        mpi::request::scope(|scope| {
+            let request = world.immediate_all_to_all_into(scope, send, recv);
+            self.wait(request, deadline, what);
+        });
+    }
+
+    /// Process `root`'s `buffer` into every process's.
+    pub(crate) fn broadcast(
+        &self,
+        root: usize,
+        buffer: &mut [u8],
+        deadline: Duration,
+        what: &dyn Fn() -> String,
+    ) {
+        let _one = lock(&self.calls);
+        let world = SimpleCommunicator::world();
+        let root = world.process_at_rank(root as i32);
+        mpi::request::scope(|scope| {
+            let request = root.immediate_broadcast_into(scope, buffer);
+            self.wait(request, deadline, what);
+        });
+    }
+
+    /// A plain blocking `MPI_Allreduce` (f32 sum), the reference a benchmark compares with.
+    pub fn raw_all_reduce_sum_f32(&self, send: &[f32], recv: &mut [f32]) {
+        let _one = lock(&self.calls);
+        SimpleCommunicator::world().all_reduce_into(
+            send,
+            recv,
+            mpi::collective::SystemOperation::sum(),
+        );
+    }
+
+    /// Polls `request` until it completes; past `deadline`, aborts the job.
+    fn wait<'a, R: ?Sized, S: Scope<'a>>(
+        &self,
+        mut request: Request<'a, R, S>,
+        deadline: Duration,
+        what: &dyn Fn() -> String,
+    ) {
+        let start = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            match request.test() {
+                Ok(_) => return,
+                Err(pending) => request = pending,
+            }
+            polls = polls.wrapping_add(1);
+            // Checking the clock on every poll would cost more than the poll.
+            if polls % 1024 == 0 {
+                if start.elapsed() > deadline {
+                    self.abort_job(&format!(
+                        "waited {deadline:?} for the other workers in {}",
+                        what()
+                    ));
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+}
