@@ -12,7 +12,10 @@ use std::sync::Arc;
 
 use distribute_collectives::{CrossDeviceOps, GroupConfig, MpiAllReduce};
 use distribute_device_spec::{LocalDevices, TaskType, TfConfig};
-use distribute_input::{InputContext, InputWorkers};
+use distribute_input::{
+    Batch, DEFAULT_AGREEMENT_WINDOW, Dataset, DistributedDataset, InputContext, InputError,
+    InputOptions, InputWorkers, SumAcrossProcesses, distribute_datasets_from_function,
+};
 use distribute_strategy::{
     MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
     VariableOptions, create_distributed_variable,
@@ -178,6 +181,24 @@ impl MultiWorkerMirroredStrategy {
     pub fn global_replica_id(&self, local: usize) -> usize {
         self.worker * self.local_replicas() + local
     }
+
+    /// The integer sum across workers with which distributed datasets agree on the end of
+    /// data (once per window of steps, and only when the workers read different streams).
+    fn sum_across_workers(&self) -> SumAcrossProcesses {
+        let backend = self.backend.clone();
+        SumAcrossProcesses::new(move |counters| {
+            let bytes: Vec<u8> = counters.iter().flat_map(|c| c.to_le_bytes()).collect();
+            let all = backend.exchange(&bytes)?;
+            counters.fill(0);
+            for worker in &all {
+                for (sum, word) in counters.iter_mut().zip(worker.chunks_exact(8)) {
+                    let word: [u8; 8] = word.try_into().expect("chunks of 8 bytes");
+                    *sum += u64::from_le_bytes(word);
+                }
+            }
+            Ok::<(), InputError>(())
+        })
+    }
 }
 
 /// `TF_CONFIG`'s task must be the MPI rank's worker, and its cluster must have as many
@@ -299,6 +320,44 @@ impl Strategy for MultiWorkerMirroredStrategy {
             ))
         })?;
         create_distributed_variable(name, self.local.device_map(), initial, options)
+    }
+
+    /// This worker's share of a global-batch dataset: auto-sharded per worker (by file when the
+    /// source has a file per worker, else by data), each global batch cut into W·R chunks of
+    /// which local replica `r` of worker `w` gets chunk `r·W + w`, as TF's
+    /// `MultiWorkerMirroredStrategy` deals them. Every worker ends on the same step (see
+    /// [`SumAcrossProcesses`]).
+    fn distribute_dataset<B: Batch>(
+        &self,
+        dataset: Dataset<B>,
+        options: InputOptions,
+    ) -> Result<DistributedDataset<B>, StrategyError>
+    where
+        Self: Sized,
+    {
+        Ok(
+            DistributedDataset::new(dataset, &self.input_workers, options)?
+                .with_sum_across_processes(self.sum_across_workers(), DEFAULT_AGREEMENT_WINDOW)?,
+        )
+    }
+
+    /// This worker's dataset from `dataset_fn`, called with this worker's [`InputContext`]
+    /// (pipeline `w` of W); its consecutive batches go to the local replicas in turn, so a
+    /// function that produces its contiguous part of each global batch
+    /// ([`InputContext::rows_of_global_batch`]) gives local replica `r` global chunk `w·R + r`.
+    /// Every worker ends on the same step (see [`SumAcrossProcesses`]).
+    fn distribute_datasets_from_function<B: Batch>(
+        &self,
+        options: InputOptions,
+        dataset_fn: impl Fn(&InputContext) -> Result<Dataset<B>, InputError>,
+    ) -> Result<DistributedDataset<B>, StrategyError>
+    where
+        Self: Sized,
+    {
+        Ok(
+            distribute_datasets_from_function(&self.input_workers, options, dataset_fn)?
+                .with_sum_across_processes(self.sum_across_workers(), DEFAULT_AGREEMENT_WINDOW)?,
+        )
     }
 
     /// One value per local replica from `value_fn(global replica id, num_replicas_in_sync)`.
