@@ -44,9 +44,13 @@ commands:
                               checked; a no-op when installed) under target/nvrtc/ and print its
                               lib folder; `test` runs it
   bench [SUITE...]            run benchmark suites: device-spec, collectives, input, strategy,
-                              tpu (one JSON line per case), or every bench when none is named
+                              tpu (one JSON line per case), or every bench when none is named;
+                              multi-worker (feature mpi) runs MultiWorkerMirroredStrategy under
+                              mpirun as 2 and 4 workers (×1 replica) and 2 workers × 2
   demo [DEMO-ARGS...]         train an MLP on wine-quality data data-parallel (release build);
-                              `cargo xtask demo --help` lists its options
+                              `cargo xtask demo --help` lists its options; --workers W trains
+                              on W worker processes under mpirun (feature mpi; --replicas R
+                              each), checked against one process with one replica
   launch -n W EXAMPLE [-- ARGS...]
                               build EXAMPLE in release with the mpi feature and run it as W
                               worker processes under mpirun (--oversubscribe past the cores;
@@ -145,14 +149,25 @@ const SUITES: &[(&str, &str, Option<&str>)] = &[
     ("tpu", "distribute-tpu", Some("tpu")),
 ];
 
+/// The suite that runs worker processes under `mpirun` rather than a cargo bench target.
+const MULTI_WORKER_SUITE: &str = "multi-worker";
+
 /// Runs benchmark suites by name, or every bench of the workspace when none is named.
 fn bench(suites: &[String]) -> Result<()> {
     if suites.is_empty() {
         return cargo("benchmarks", &["bench", "--workspace"]);
     }
     for suite in suites {
+        if suite == MULTI_WORKER_SUITE {
+            mpi::bench_multi_worker()?;
+            continue;
+        }
         let Some((name, package, target)) = SUITES.iter().find(|(name, ..)| name == suite) else {
-            let known: Vec<&str> = SUITES.iter().map(|(name, ..)| *name).collect();
+            let known: Vec<&str> = SUITES
+                .iter()
+                .map(|(name, ..)| *name)
+                .chain([MULTI_WORKER_SUITE])
+                .collect();
             bail!(
                 "unknown benchmark suite '{suite}'; known: {}",
                 known.join(", ")
@@ -167,8 +182,13 @@ fn bench(suites: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Runs the training demo (the `demo` binary of `examples/demo`) in release, with `args`.
+/// Runs the training demo (the `demo` binary of `examples/demo`) in release, with `args`; with
+/// `--workers W`, as W worker processes under mpirun.
 fn demo(args: &[String]) -> Result<()> {
+    let (workers, args) = mpi::take_workers(args)?;
+    if let Some(workers) = workers {
+        return mpi::demo(workers, &args);
+    }
     let mut cargo_args = vec![
         "run",
         "--release",

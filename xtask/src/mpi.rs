@@ -437,6 +437,74 @@ pub(crate) fn launch(args: &[String]) -> Result<()> {
     mpirun(&format!("launch {}", launch.example), &args)
 }
 
+/// `cargo xtask bench multi-worker`: the `multi_worker_bench` example under `mpirun` as 2 and
+/// 4 workers of 1 replica, and 2 workers of 2; the chief prints the JSON lines.
+pub(crate) fn bench_multi_worker() -> Result<()> {
+    let metadata = metadata()?;
+    let package = package_of_example(&metadata, MULTI_WORKER_BENCH)?;
+    let exe = build_release(&metadata, &package, "--example", MULTI_WORKER_BENCH)?;
+    for (workers, replicas) in MULTI_WORKER_BENCH_SHAPES {
+        let args = mpirun_args(
+            workers,
+            cores(),
+            &exe,
+            &["--replicas".to_owned(), replicas.to_string()],
+        );
+        mpirun(
+            &format!("benchmarks 'multi-worker' ({workers} workers × {replicas} replicas)"),
+            &args,
+        )?;
+    }
+    Ok(())
+}
+
+/// Takes `--workers N` (or `--workers=N`) out of the demo's arguments: the worker count, if
+/// given, and the arguments left for the demo itself.
+pub(crate) fn take_workers(args: &[String]) -> Result<(Option<usize>, Vec<String>)> {
+    let mut workers = None;
+    let mut rest = Vec::new();
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let value = match arg.strip_prefix("--workers") {
+            Some("") => Some(
+                iter.next()
+                    .context("--workers needs a number of worker processes")?
+                    .as_str(),
+            ),
+            Some(eq) if eq.starts_with('=') => Some(&eq[1..]),
+            _ => None,
+        };
+        match value {
+            Some(value) => {
+                let n: usize = value.parse().ok().filter(|&n| n > 0).with_context(|| {
+                    format!("--workers must be a positive integer, not '{value}'")
+                })?;
+                if workers.replace(n).is_some() {
+                    bail!("--workers is given twice");
+                }
+            }
+            None => rest.push(arg.clone()),
+        }
+    }
+    Ok((workers, rest))
+}
+
+/// `cargo xtask demo --workers W [DEMO-ARGS…]`: the demo binary, built in release with `mpi`,
+/// as `W` worker processes under `mpirun`.
+pub(crate) fn demo(workers: usize, args: &[String]) -> Result<()> {
+    let metadata = metadata()?;
+    let exe = build_release(&metadata, "distribute-demo", "--bin", "demo")?;
+    mpirun(
+        &format!("demo ({workers} workers)"),
+        &mpirun_args(workers, cores(), &exe, args),
+    )
+}
+
+/// The example `cargo xtask bench multi-worker` runs.
+const MULTI_WORKER_BENCH: &str = "multi_worker_bench";
+/// `(workers, replicas per worker)` of the multi-worker bench.
+const MULTI_WORKER_BENCH_SHAPES: [(usize, usize); 3] = [(2, 1), (4, 1), (2, 2)];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -530,6 +598,35 @@ mod tests {
                 err.contains("usage") || says.contains("positive"),
                 "{args:?}: {err}"
             );
+        }
+    }
+
+    #[test]
+    fn the_demo_gives_up_its_worker_count() {
+        let (workers, rest) = take_workers(&strings(&[
+            "--workers",
+            "2",
+            "--replicas",
+            "2",
+            "--steps",
+            "9",
+        ]))
+        .unwrap();
+        assert_eq!(
+            (workers, rest),
+            (Some(2), strings(&["--replicas", "2", "--steps", "9"]))
+        );
+        let (workers, rest) = take_workers(&strings(&["--replicas", "2", "--workers=3"])).unwrap();
+        assert_eq!((workers, rest), (Some(3), strings(&["--replicas", "2"])));
+        assert_eq!(take_workers(&strings(&["--steps", "9"])).unwrap().0, None);
+        for (bad, says) in [
+            (&["--workers"][..], "needs a number"),
+            (&["--workers", "0"], "positive integer, not '0'"),
+            (&["--workers=x"], "positive integer, not 'x'"),
+            (&["--workers", "2", "--workers", "2"], "given twice"),
+        ] {
+            let err = take_workers(&strings(bad)).unwrap_err().to_string();
+            assert!(err.contains(says), "{bad:?}: {err}");
         }
     }
 

@@ -12,6 +12,7 @@
 //! a peer that will never come cannot be told apart from a slow one, and a collective MPI has
 //! started cannot be cancelled, so ending the job is the only way not to hang.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,8 @@ pub struct MpiWorld {
     size: usize,
     /// One MPI call at a time (`MPI_THREAD_SERIALIZED`).
     calls: Mutex<()>,
+    /// Nanoseconds spent waiting for cross-process calls to complete, for [`Self::time_in_calls`].
+    busy_nanos: AtomicU64,
 }
 
 static WORLD: OnceLock<Result<MpiWorld, String>> = OnceLock::new();
@@ -85,6 +88,7 @@ impl MpiWorld {
                     rank: world.rank() as usize,
                     size: world.size() as usize,
                     calls: Mutex::new(()),
+                    busy_nanos: AtomicU64::new(0),
                 })
             })
             .as_ref()
@@ -99,6 +103,13 @@ impl MpiWorld {
     /// The number of processes: the worker count.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// How long this process has waited in cross-process calls (all-reduces, agreements,
+    /// exchanges) since MPI started, from every thread: a program's "cross-worker
+    /// communication" time, read before and after a step.
+    pub fn time_in_calls(&self) -> Duration {
+        Duration::from_nanos(self.busy_nanos.load(Ordering::Relaxed))
     }
 
     /// Ends every process of the job with `message` on stderr (`MPI_Abort`, exit code 1).
@@ -199,7 +210,11 @@ impl MpiWorld {
         let mut polls = 0u32;
         loop {
             match request.test() {
-                Ok(_) => return,
+                Ok(_) => {
+                    let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    self.busy_nanos.fetch_add(nanos, Ordering::Relaxed);
+                    return;
+                }
                 Err(pending) => request = pending,
             }
             polls = polls.wrapping_add(1);
