@@ -292,7 +292,7 @@ impl Strategy for MultiWorkerMirroredStrategy {
             ))
         })?;
         let chiefs = self.backend.bytes_from_chief(&bytes)?;
-        let initial = initial.from_wire(&chiefs).ok_or_else(|| {
+        let initial = initial.like_from_wire(&chiefs).ok_or_else(|| {
             StrategyError::InvalidArgument(format!(
                 "variable {name}: the chief's initial value does not fit this worker's (another \
                  dtype or shape)"

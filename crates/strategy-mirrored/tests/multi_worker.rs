@@ -282,7 +282,7 @@ fn worker_entry() {
 fn mixed(g: usize, i: usize) -> f32 {
     let mantissa = ((g * 7919 + i * 104_729) % 1000) as f32 + 0.123;
     let scale = 10f32.powi(((g + i) % 7) as i32 - 3);
-    let sign = if (g + i) % 3 == 0 { -1.0 } else { 1.0 };
+    let sign = if (g + i).is_multiple_of(3) { -1.0 } else { 1.0 };
     sign * mantissa * scale
 }
 

@@ -419,7 +419,7 @@ impl MpiMember {
     /// Runs `cross` on local replica 0's thread and hands its `count` tensors to every local
     /// replica, each labelled with `device`. A failure of `cross` aborts the local group, so the
     /// other local replicas fail too instead of waiting.
-    fn from_leader(
+    fn via_leader(
         &self,
         count: usize,
         device: &str,
@@ -480,7 +480,7 @@ impl ReplicaCollectives for MpiMember {
         let plan = FusionPlan::new(&local, inner.bytes_per_pack);
         let total = inner.workers() * self.local_replicas();
         let device = tensors.first().map_or("", |t| t.device());
-        let buckets = self.from_leader(plan.num_buckets(), device, || {
+        let buckets = self.via_leader(plan.num_buckets(), device, || {
             let refs: Vec<&Tensor> = local.iter().collect();
             inner.agree(Record::of(Call::AllReduce, Some(op), &refs), "")?;
             plan.pack(&local)?
@@ -505,7 +505,7 @@ impl ReplicaCollectives for MpiMember {
             self.member.all_gather(tensor)?.to_host()?
         };
         let inner = &self.inner;
-        let mut out = self.from_leader(1, tensor.device(), || {
+        let mut out = self.via_leader(1, tensor.device(), || {
             let records = inner.agree(Record::of(Call::AllGather, None, &[&local]), "")?;
             if local.rank() == 0 {
                 return Err(CollectiveError::InvalidArgument(
@@ -599,7 +599,7 @@ impl ReplicaCollectives for MpiMember {
         } else {
             Some(self.member.broadcast(local_root, tensor)?.to_host()?)
         };
-        let mut out = self.from_leader(1, &device, || {
+        let mut out = self.via_leader(1, &device, || {
             let record = match &local {
                 Some(t) => Record::of(Call::Broadcast, None, &[t]),
                 None => Record::bare(Call::Broadcast, Status::Ok),
