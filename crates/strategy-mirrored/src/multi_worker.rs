@@ -57,6 +57,9 @@ impl Default for MultiWorkerConfig {
 /// worker that differs fails every worker with an error instead of hanging them.
 pub struct MultiWorkerMirroredStrategy {
     local: MirroredStrategy,
+    /// The replicas' collectives: `backend`, or NCCL across the processes' GPUs.
+    ops: Arc<dyn CrossDeviceOps>,
+    /// Agreements between workers (end of step, chief's values) and, on CPUs, the collectives.
     backend: MpiAllReduce,
     worker: usize,
     workers: usize,
@@ -113,11 +116,14 @@ impl MultiWorkerMirroredStrategy {
         if let Some(tf) = tf_config.filter(|tf| !tf.cluster.is_empty()) {
             check_tf_config(&tf, worker, workers)?;
         }
-        let ops: Arc<dyn CrossDeviceOps> = Arc::new(backend.clone());
+        let ops = match gpu_ops(&devices, config.mirrored.deadline)? {
+            Some(nccl) => nccl,
+            None => Arc::new(backend.clone()) as Arc<dyn CrossDeviceOps>,
+        };
         let local = MirroredStrategy::with_config(
             &names,
             MirroredConfig {
-                cross_device_ops: Some(ops),
+                cross_device_ops: Some(Arc::clone(&ops)),
                 ..config.mirrored
             },
         )?;
@@ -129,6 +135,7 @@ impl MultiWorkerMirroredStrategy {
         );
         Ok(MultiWorkerMirroredStrategy {
             local,
+            ops,
             backend,
             worker,
             workers,
@@ -180,6 +187,23 @@ impl MultiWorkerMirroredStrategy {
     }
 }
 
+/// With the feature `nccl` and only GPUs: NCCL across every process's GPUs, its unique id
+/// broadcast over MPI (untested here: the build machine has no GPU). Otherwise `None`: the
+/// MPI backend reduces, GPU values through the host.
+fn gpu_ops(
+    devices: &LocalDevices,
+    deadline: std::time::Duration,
+) -> Result<Option<Arc<dyn CrossDeviceOps>>, StrategyError> {
+    let gpus: Option<Vec<usize>> = devices.iter().map(|d| d.gpu_index()).collect();
+    #[cfg(feature = "nccl")]
+    if let Some(gpus) = gpus {
+        let nccl = distribute_collectives::NcclAllReduce::for_mpi_world(&gpus, deadline)?;
+        return Ok(Some(Arc::new(nccl)));
+    }
+    let _ = (gpus, deadline);
+    Ok(None)
+}
+
 /// `TF_CONFIG`'s task must be the MPI rank's worker, and its cluster must have as many
 /// training tasks as the MPI world has processes (chief first, then the workers).
 fn check_tf_config(tf: &TfConfig, rank: usize, size: usize) -> Result<(), StrategyError> {
@@ -218,7 +242,7 @@ impl StrategyExtended for MultiWorkerMirroredStrategy {
     }
 
     fn cross_device_ops(&self) -> &dyn CrossDeviceOps {
-        &self.backend
+        self.ops.as_ref()
     }
 
     fn host_device(&self) -> &str {
