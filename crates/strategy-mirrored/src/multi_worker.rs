@@ -18,7 +18,8 @@ use distribute_strategy::{
     VariableOptions, create_distributed_variable,
 };
 use distribute_values::{
-    Distributed, DistributedVariable, PerReplica, Regroup, ReplicaDeviceMap, VariableValue, regroup,
+    Distributed, DistributedVariable, PerReplica, Regroup, ReplicaDeviceMap, SavedValue,
+    VariableAggregation, VariableValue, regroup,
 };
 
 use crate::{MirroredConfig, MirroredStrategy, MultiWorkerDevices};
@@ -179,6 +180,62 @@ impl MultiWorkerMirroredStrategy {
     /// `input_pipeline_id` = worker, `num_replicas_in_sync` = every worker's replicas.
     pub fn input_context(&self) -> Result<InputContext, StrategyError> {
         Ok(self.input_workers.input_context(0)?)
+    }
+
+    /// The value to checkpoint, across every worker: a mirrored variable's value (the same on
+    /// every worker); a sync-on-read variable's aggregate over every replica of every worker
+    /// (`Sum`: the sum, `Mean`: the mean, `OnlyFirstReplica`: the chief's). Every worker must
+    /// call it for the same variables in the same order; only the chief
+    /// ([`should_checkpoint`](StrategyExtended::should_checkpoint)) writes the result.
+    pub fn save_variable<T: VariableValue>(
+        &self,
+        variable: &DistributedVariable<T>,
+    ) -> Result<SavedValue<T>, StrategyError> {
+        let local = variable.save()?;
+        let DistributedVariable::SyncOnRead(sync_on_read) = variable else {
+            return Ok(local);
+        };
+        let untransportable = || {
+            StrategyError::InvalidArgument(
+                "this variable's value type cannot be sent to the other workers (it has no \
+                 VariableValue::to_wire); use tensors or numbers"
+                    .into(),
+            )
+        };
+        let bytes = local.value().to_wire().ok_or_else(untransportable)?;
+        let values = self
+            .backend
+            .exchange(&bytes)?
+            .iter()
+            .map(|b| local.value().like_from_wire(b).ok_or_else(untransportable))
+            .collect::<Result<Vec<T>, _>>()?;
+        // Every worker has as many replicas, so the mean of the workers' means is the mean.
+        let value = match sync_on_read.aggregation() {
+            VariableAggregation::Sum => T::sum_all(&values)?,
+            VariableAggregation::Mean => T::mean_all(&values)?,
+            _ => values[0].clone(),
+        };
+        Ok(SavedValue::new(value))
+    }
+
+    /// Restores a checkpoint written with any number of workers and replicas (by
+    /// [`save_variable`](Self::save_variable) or a single process): a `Sum` sync-on-read
+    /// variable gets an equal share on every replica of every worker, anything else the saved
+    /// value.
+    pub fn restore_variable<T: VariableValue>(
+        &self,
+        variable: &DistributedVariable<T>,
+        saved: &SavedValue<T>,
+    ) -> Result<(), StrategyError> {
+        match variable {
+            DistributedVariable::SyncOnRead(v) if v.aggregation() == VariableAggregation::Sum => {
+                // The local restore divides by the local replica count.
+                let share = saved.value().divide_by_count(self.workers)?;
+                variable.restore(&SavedValue::new(share))?;
+            }
+            _ => variable.restore(saved)?,
+        }
+        Ok(())
     }
 
     /// The global replica id of local replica `local`.
