@@ -24,7 +24,7 @@ mod nccl_id;
 mod world;
 
 #[cfg(feature = "mpi")]
-pub use backend::{MpiAllReduce, SCATTER_MIN_BYTES};
+pub use backend::{INLINE_BYTES, MpiAllReduce, SCATTER_MIN_BYTES};
 pub(crate) use bytes::{element_bytes, element_bytes_mut};
 #[cfg(feature = "mpi")]
 pub use world::MpiWorld;
