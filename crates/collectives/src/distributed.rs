@@ -96,7 +96,7 @@ impl VariableValue for Tensor {
         })
     }
 
-    fn from_wire(&self, bytes: &[u8]) -> Option<Tensor> {
+    fn like_from_wire(&self, bytes: &[u8]) -> Option<Tensor> {
         with_dtype!(self.dtype(), T => {
             let mut values = vec![<T as crate::Element>::zero(); self.num_elements()];
             let target = crate::backends::mpi::element_bytes_mut(&mut values);

@@ -39,7 +39,7 @@ use cuda::bridge as gpu;
 use no_cuda as gpu;
 
 #[cfg(feature = "mpi")]
-pub use backends::mpi::{MpiAllReduce, MpiWorld, SCATTER_MIN_BYTES};
+pub use backends::mpi::{INLINE_BYTES, MpiAllReduce, MpiWorld, SCATTER_MIN_BYTES};
 #[cfg(feature = "nccl")]
 pub use backends::nccl::NcclAllReduce;
 pub use backends::nccl::bootstrap::{NcclRank, UNIQUE_ID_BYTES, exchange_unique_id, nccl_rank};

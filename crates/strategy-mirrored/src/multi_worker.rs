@@ -21,7 +21,8 @@ use distribute_strategy::{
     VariableOptions, create_distributed_variable,
 };
 use distribute_values::{
-    Distributed, DistributedVariable, PerReplica, Regroup, ReplicaDeviceMap, VariableValue, regroup,
+    Distributed, DistributedVariable, PerReplica, Regroup, ReplicaDeviceMap, SavedValue,
+    VariableAggregation, VariableValue, regroup,
 };
 
 use crate::{MirroredConfig, MirroredStrategy, MultiWorkerDevices};
@@ -60,6 +61,9 @@ impl Default for MultiWorkerConfig {
 /// worker that differs fails every worker with an error instead of hanging them.
 pub struct MultiWorkerMirroredStrategy {
     local: MirroredStrategy,
+    /// The replicas' collectives: `backend`, or NCCL across the processes' GPUs.
+    ops: Arc<dyn CrossDeviceOps>,
+    /// Agreements between workers (end of step, chief's values) and, on CPUs, the collectives.
     backend: MpiAllReduce,
     worker: usize,
     workers: usize,
@@ -116,11 +120,14 @@ impl MultiWorkerMirroredStrategy {
         if let Some(tf) = tf_config.filter(|tf| !tf.cluster.is_empty()) {
             check_tf_config(&tf, worker, workers)?;
         }
-        let ops: Arc<dyn CrossDeviceOps> = Arc::new(backend.clone());
+        let ops = match gpu_ops(&devices, config.mirrored.deadline)? {
+            Some(nccl) => nccl,
+            None => Arc::new(backend.clone()) as Arc<dyn CrossDeviceOps>,
+        };
         let local = MirroredStrategy::with_config(
             &names,
             MirroredConfig {
-                cross_device_ops: Some(ops),
+                cross_device_ops: Some(Arc::clone(&ops)),
                 ..config.mirrored
             },
         )?;
@@ -132,6 +139,7 @@ impl MultiWorkerMirroredStrategy {
         );
         Ok(MultiWorkerMirroredStrategy {
             local,
+            ops,
             backend,
             worker,
             workers,
@@ -177,6 +185,62 @@ impl MultiWorkerMirroredStrategy {
         Ok(self.input_workers.input_context(0)?)
     }
 
+    /// The value to checkpoint, across every worker: a mirrored variable's value (the same on
+    /// every worker); a sync-on-read variable's aggregate over every replica of every worker
+    /// (`Sum`: the sum, `Mean`: the mean, `OnlyFirstReplica`: the chief's). Every worker must
+    /// call it for the same variables in the same order; only the chief
+    /// ([`should_checkpoint`](StrategyExtended::should_checkpoint)) writes the result.
+    pub fn save_variable<T: VariableValue>(
+        &self,
+        variable: &DistributedVariable<T>,
+    ) -> Result<SavedValue<T>, StrategyError> {
+        let local = variable.save()?;
+        let DistributedVariable::SyncOnRead(sync_on_read) = variable else {
+            return Ok(local);
+        };
+        let untransportable = || {
+            StrategyError::InvalidArgument(
+                "this variable's value type cannot be sent to the other workers (it has no \
+                 VariableValue::to_wire); use tensors or numbers"
+                    .into(),
+            )
+        };
+        let bytes = local.value().to_wire().ok_or_else(untransportable)?;
+        let values = self
+            .backend
+            .exchange(&bytes)?
+            .iter()
+            .map(|b| local.value().like_from_wire(b).ok_or_else(untransportable))
+            .collect::<Result<Vec<T>, _>>()?;
+        // Every worker has as many replicas, so the mean of the workers' means is the mean.
+        let value = match sync_on_read.aggregation() {
+            VariableAggregation::Sum => T::sum_all(&values)?,
+            VariableAggregation::Mean => T::mean_all(&values)?,
+            _ => values[0].clone(),
+        };
+        Ok(SavedValue::new(value))
+    }
+
+    /// Restores a checkpoint written with any number of workers and replicas (by
+    /// [`save_variable`](Self::save_variable) or a single process): a `Sum` sync-on-read
+    /// variable gets an equal share on every replica of every worker, anything else the saved
+    /// value.
+    pub fn restore_variable<T: VariableValue>(
+        &self,
+        variable: &DistributedVariable<T>,
+        saved: &SavedValue<T>,
+    ) -> Result<(), StrategyError> {
+        match variable {
+            DistributedVariable::SyncOnRead(v) if v.aggregation() == VariableAggregation::Sum => {
+                // The local restore divides by the local replica count.
+                let share = saved.value().divide_by_count(self.workers)?;
+                variable.restore(&SavedValue::new(share))?;
+            }
+            _ => variable.restore(saved)?,
+        }
+        Ok(())
+    }
+
     /// The global replica id of local replica `local`.
     pub fn global_replica_id(&self, local: usize) -> usize {
         self.worker * self.local_replicas() + local
@@ -199,6 +263,23 @@ impl MultiWorkerMirroredStrategy {
             Ok::<(), InputError>(())
         })
     }
+}
+
+/// With the feature `nccl` and only GPUs: NCCL across every process's GPUs, its unique id
+/// broadcast over MPI (untested here: the build machine has no GPU). Otherwise `None`: the
+/// MPI backend reduces, GPU values through the host.
+fn gpu_ops(
+    devices: &LocalDevices,
+    deadline: std::time::Duration,
+) -> Result<Option<Arc<dyn CrossDeviceOps>>, StrategyError> {
+    let gpus: Option<Vec<usize>> = devices.iter().map(|d| d.gpu_index()).collect();
+    #[cfg(feature = "nccl")]
+    if let Some(gpus) = gpus {
+        let nccl = distribute_collectives::NcclAllReduce::for_mpi_world(&gpus, deadline)?;
+        return Ok(Some(Arc::new(nccl)));
+    }
+    let _ = (gpus, deadline);
+    Ok(None)
 }
 
 /// `TF_CONFIG`'s task must be the MPI rank's worker, and its cluster must have as many
@@ -239,7 +320,7 @@ impl StrategyExtended for MultiWorkerMirroredStrategy {
     }
 
     fn cross_device_ops(&self) -> &dyn CrossDeviceOps {
-        &self.backend
+        self.ops.as_ref()
     }
 
     fn host_device(&self) -> &str {
@@ -313,7 +394,7 @@ impl Strategy for MultiWorkerMirroredStrategy {
             ))
         })?;
         let chiefs = self.backend.bytes_from_chief(&bytes)?;
-        let initial = initial.from_wire(&chiefs).ok_or_else(|| {
+        let initial = initial.like_from_wire(&chiefs).ok_or_else(|| {
             StrategyError::InvalidArgument(format!(
                 "variable {name}: the chief's initial value does not fit this worker's (another \
                  dtype or shape)"

@@ -18,6 +18,7 @@ use distribute_values::{Leaf, PerReplica, ReduceOp};
 const SCENARIO: &str = "DISTRIBUTE_MW_SCENARIO";
 const OUT: &str = "DISTRIBUTE_MW_OUT";
 const REPLICAS: &str = "DISTRIBUTE_MW_REPLICAS";
+const CHECKPOINT: &str = "DISTRIBUTE_MW_CHECKPOINT";
 
 /// One launch at a time: the machine has few cores and every launch oversubscribes them.
 static LAUNCH: Mutex<()> = Mutex::new(());
@@ -31,6 +32,10 @@ struct Job {
 }
 
 fn launch(workers: usize, replicas: usize, scenario: &str) -> Job {
+    launch_with(workers, replicas, scenario, Path::new("/nonexistent"))
+}
+
+fn launch_with(workers: usize, replicas: usize, scenario: &str, checkpoint: &Path) -> Job {
     let _one = LAUNCH.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().expect("a temporary directory");
     let exe = std::env::current_exe().expect("the test binary");
@@ -53,6 +58,7 @@ fn launch(workers: usize, replicas: usize, scenario: &str) -> Job {
         .env(SCENARIO, scenario)
         .env(OUT, dir.path())
         .env(REPLICAS, replicas.to_string())
+        .env(CHECKPOINT, checkpoint)
         .env_remove("TF_CONFIG")
         .output()
         .expect("mpirun and timeout must be installed (Open MPI)");
@@ -158,6 +164,30 @@ fn variables_start_with_the_chiefs_values() {
 }
 
 #[test]
+fn the_chief_writes_checkpoints_that_any_worker_count_restores() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let checkpoint = dir.path().join("checkpoint.json");
+    let job = launch_with(2, 2, "checkpoint_write", &checkpoint);
+    completed(&job, 2, "checkpoint_write");
+    assert_eq!(
+        values(&job, "wrote"),
+        ["true", "false"],
+        "only the chief writes"
+    );
+    // Sum of the replicas' (global id + 1) over 2 × 2 replicas; the chief's mirrored value.
+    let written = std::fs::read_to_string(&checkpoint).expect("the chief's checkpoint");
+    assert_eq!(written, r#"{"total":10.0,"weight":0.25}"#);
+    for (workers, replicas) in [(3, 1), (1, 2)] {
+        let job = launch_with(workers, replicas, "checkpoint_restore", &checkpoint);
+        completed(&job, workers, "checkpoint_restore");
+        assert_eq!(
+            values(&job, "restored"),
+            vec![r#"{"total":10.0,"weight":0.25}"#; workers]
+        );
+    }
+}
+
+#[test]
 fn a_mismatched_call_is_an_error_on_every_worker() {
     let job = launch(3, 2, "mismatch");
     completed(&job, 3, "mismatch");
@@ -211,7 +241,12 @@ fn a_failed_or_panicking_worker_is_named_on_every_worker() {
 fn a_killed_worker_ends_the_job_with_an_error() {
     let job = launch(3, 1, "killed");
     assert_ne!(job.code, Some(0), "the job must fail: {}", job.stderr);
-    assert!(!job.stderr.is_empty(), "mpirun must say why");
+    // mpirun's own account of the death, not a timeout's.
+    assert!(
+        job.stderr.contains("signal 9"),
+        "mpirun must say why: {}",
+        job.stderr
+    );
     assert!(values(&job, "past_the_kill").is_empty(), "{:?}", job.lines);
 }
 
@@ -270,6 +305,8 @@ fn worker_entry() {
         "killed" => killed(&strategy, &mut lines),
         "deadline" => deadline_scenario(&strategy),
         "tf_config" => tf_config(&strategy, &mut lines),
+        "checkpoint_write" => checkpoint_write(&strategy, &mut lines),
+        "checkpoint_restore" => checkpoint_restore(&strategy, &mut lines),
         other => panic!("no scenario {other}"),
     }
     lines.push("done".to_owned());
@@ -282,7 +319,7 @@ fn worker_entry() {
 fn mixed(g: usize, i: usize) -> f32 {
     let mantissa = ((g * 7919 + i * 104_729) % 1000) as f32 + 0.123;
     let scale = 10f32.powi(((g + i) % 7) as i32 - 3);
-    let sign = if (g + i) % 3 == 0 { -1.0 } else { 1.0 };
+    let sign = if (g + i).is_multiple_of(3) { -1.0 } else { 1.0 };
     sign * mantissa * scale
 }
 
@@ -649,4 +686,70 @@ fn tf_config(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
         "tf_config",
         MultiWorkerMirroredStrategy::with_config(config),
     );
+}
+
+/// A mirrored weight (every worker's initialiser differs) and a sync-on-read `Sum` total whose
+/// replica `g` holds `g + 1`.
+fn checkpoint_variables(
+    strategy: &MultiWorkerMirroredStrategy,
+) -> (
+    distribute_values::DistributedVariable<f64>,
+    distribute_values::DistributedVariable<f64>,
+) {
+    let w = strategy.worker() as f64;
+    let weight = strategy
+        .create_variable("weight", 0.25 + w, VariableOptions::default())
+        .unwrap();
+    let options = VariableOptions {
+        synchronization: distribute_values::VariableSynchronization::OnRead,
+        aggregation: distribute_values::VariableAggregation::Sum,
+        ..VariableOptions::default()
+    };
+    let total = strategy.create_variable("total", 0.0, options).unwrap();
+    (weight, total)
+}
+
+fn saved_json(
+    strategy: &MultiWorkerMirroredStrategy,
+    weight: &distribute_values::DistributedVariable<f64>,
+    total: &distribute_values::DistributedVariable<f64>,
+) -> String {
+    let total = strategy.save_variable(total).unwrap();
+    let weight = strategy.save_variable(weight).unwrap();
+    format!(
+        r#"{{"total":{},"weight":{}}}"#,
+        serde_json::to_string(&total).unwrap(),
+        serde_json::to_string(&weight).unwrap()
+    )
+}
+
+fn checkpoint_write(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
+    let (weight, total) = checkpoint_variables(strategy);
+    for r in 0..strategy.local_replicas() {
+        total
+            .component(r)
+            .unwrap()
+            .assign(strategy.global_replica_id(r) as f64 + 1.0);
+    }
+    let json = saved_json(strategy, &weight, &total);
+    let wrote = strategy.extended().should_checkpoint();
+    if wrote {
+        std::fs::write(std::env::var(CHECKPOINT).unwrap(), json).unwrap();
+    }
+    lines.push(format!("wrote={wrote}"));
+}
+
+fn checkpoint_restore(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
+    let (weight, total) = checkpoint_variables(strategy);
+    let text = std::fs::read_to_string(std::env::var(CHECKPOINT).unwrap()).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let saved = |key: &str| serde_json::from_value(json[key].clone()).unwrap();
+    strategy.restore_variable(&total, &saved("total")).unwrap();
+    strategy
+        .restore_variable(&weight, &saved("weight"))
+        .unwrap();
+    lines.push(format!(
+        "restored={}",
+        saved_json(strategy, &weight, &total)
+    ));
 }

@@ -38,7 +38,7 @@ pub trait VariableValue: Clone + fmt::Debug {
 
     /// A value like `self` (same type, dtype and shape) holding `bytes` that
     /// [`to_wire`](Self::to_wire) gave for another process's value; `None` when they do not fit.
-    fn from_wire(&self, bytes: &[u8]) -> Option<Self>
+    fn like_from_wire(&self, bytes: &[u8]) -> Option<Self>
     where
         Self: Sized,
     {
@@ -87,7 +87,7 @@ macro_rules! float_impls {
                 Some(self.to_le_bytes().to_vec())
             }
 
-            fn from_wire(&self, bytes: &[u8]) -> Option<Self> {
+            fn like_from_wire(&self, bytes: &[u8]) -> Option<Self> {
                 Some(<$ty>::from_le_bytes(bytes.try_into().ok()?))
             }
 
@@ -127,7 +127,7 @@ macro_rules! int_impls {
                 Some(self.to_le_bytes().to_vec())
             }
 
-            fn from_wire(&self, bytes: &[u8]) -> Option<Self> {
+            fn like_from_wire(&self, bytes: &[u8]) -> Option<Self> {
                 Some(<$ty>::from_le_bytes(bytes.try_into().ok()?))
             }
 

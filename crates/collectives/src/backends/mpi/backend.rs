@@ -11,6 +11,11 @@
 //! and an all-gather returns the folded chunks to everyone (reduce-scatter + all-gather). Both
 //! paths fold element `i` as `x₀ ⊕ x₁ ⊕ … ⊕ x_{W-1}` with the same kernel, so they give the same
 //! bits, and no MPI reduction (whose fold order the standard leaves to each rank) is involved.
+//!
+//! Every cross-worker call starts with an agreement: one all-gather of a fixed-size slot per
+//! worker (its record, see `agreement`, and an inline payload). A reduction of at most
+//! [`INLINE_BYTES`] travels in that slot, so small all-reduces cost one round trip, agreement
+//! included; larger ones a second collective (all-gather, or all-to-all + all-gather).
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
@@ -34,6 +39,12 @@ use crate::{
 /// From this many bytes, 3 or more workers reduce-scatter + all-gather instead of all-gathering
 /// whole buffers (which moves W−1 buffers into each worker).
 pub const SCATTER_MIN_BYTES: usize = 64 * 1024;
+
+/// The payload an agreement carries: a reduction this small travels with it.
+pub const INLINE_BYTES: usize = 4096;
+
+/// Words per worker in an agreement: the record, then the inline payload.
+const SLOT_WORDS: usize = Record::WORDS + INLINE_BYTES / 8;
 
 /// Bytes of a failed worker's message carried to the others.
 const MESSAGE_BYTES: usize = 512;
@@ -60,6 +71,10 @@ struct Inner {
     /// Set when an agreement showed another worker's failure: this worker's failure in the same
     /// step is then a consequence.
     remote_failure: Mutex<Option<usize>>,
+    /// The receive buffer of cross-worker folds, kept between calls: a fresh one per call costs
+    /// a page fault per 4 KiB, as much as the transfer itself. Grows to the largest fold's
+    /// W × bytes and stays.
+    scratch: Mutex<Vec<u64>>,
 }
 
 impl MpiAllReduce {
@@ -81,6 +96,7 @@ impl MpiAllReduce {
                 deadline: config.deadline,
                 bytes_per_pack: config.bytes_per_pack,
                 remote_failure: Mutex::new(None),
+                scratch: Mutex::new(Vec::new()),
             }),
         };
         // Every worker checks that all have the same local replica count before any step.
@@ -138,9 +154,9 @@ impl MpiAllReduce {
         };
         let message = failure.unwrap_or("");
         loop {
-            let (_, verdict, failed) = self
-                .inner
-                .agree_raw(Record::bare(Call::EndStep, status), message);
+            let (_, verdict, failed, _) =
+                self.inner
+                    .agree_raw(Record::bare(Call::EndStep, status), message, &[]);
             match verdict {
                 Verdict::AllEnded => return Ok(()),
                 Verdict::WorkerFailed {
@@ -225,12 +241,22 @@ impl MpiAllReduce {
     ) -> Result<Tensor, CollectiveError> {
         let inner = &self.inner;
         kernel::check_op(op, tensor.dtype())?;
-        inner.agree(
-            Record::of(Call::Reduce, Some(op), &[tensor]).with_extra(1),
-            "",
-        )?;
-        let summed = inner.fold_across(local_op(op), &tensor.to_host()?)?;
-        inner.finish_mean(op, summed, inner.world.size())
+        let record = Record::of(Call::Reduce, Some(op), &[tensor]).with_extra(1);
+        let mut out = inner.reduce_across(record, op, inner.workers(), &[tensor.to_host()?])?;
+        Ok(out.swap_remove(0))
+    }
+}
+
+impl Tensor {
+    /// A host tensor's elements as bytes (a copy).
+    fn to_wire_bytes(&self) -> Result<Vec<u8>, CollectiveError> {
+        with_dtype!(self.dtype(), T => {
+            let array = self.array::<T>()?;
+            Ok(match kernel::contiguous(array) {
+                Some(slice) => as_bytes(slice).to_vec(),
+                None => as_bytes(&array.iter().copied().collect::<Vec<T>>()).to_vec(),
+            })
+        })
     }
 }
 
@@ -247,40 +273,48 @@ impl Inner {
         self.world.size()
     }
 
-    /// Gathers every worker's record (and, when one failed, every worker's message) and judges
-    /// them. With one worker, judges this worker's alone.
+    /// Gathers every worker's record and `inline` payload (and, when one failed, every
+    /// worker's message) and judges them. Every agreement moves the same fixed-size slot per
+    /// worker, whatever the worker is doing, so workers in different calls still meet in one
+    /// collective; a reduction of at most [`INLINE_BYTES`] rides in the slot, so it costs one
+    /// round trip in all. With one worker, judges this worker's record alone.
     fn agree_raw(
         &self,
         record: Record,
         message: &str,
-    ) -> (Vec<Record>, Verdict, Option<(usize, String)>) {
+        inline: &[u8],
+    ) -> (Vec<Record>, Verdict, Option<(usize, String)>, Vec<i64>) {
         let w = self.workers();
-        let records = if w == 1 {
-            vec![record]
+        let (records, slots) = if w == 1 {
+            (vec![record], Vec::new())
         } else {
-            let words = record.words();
-            let mut all = vec![0i64; Record::WORDS * w];
+            let mut mine = vec![0i64; SLOT_WORDS];
+            mine[..Record::WORDS].copy_from_slice(&record.words());
+            as_bytes_mut(&mut mine[Record::WORDS..])[..inline.len()].copy_from_slice(inline);
+            let mut all = vec![0i64; SLOT_WORDS * w];
             self.world
-                .all_gather(&words[..], &mut all, self.deadline, &|| {
+                .all_gather(&mine[..], &mut all, self.deadline, &|| {
                     format!("the agreement on {record}")
                 });
-            all.chunks(Record::WORDS)
-                .map(|c| {
-                    Record::from_words(c).unwrap_or_else(|| {
+            let records = all
+                .chunks(SLOT_WORDS)
+                .map(|slot| {
+                    Record::from_words(&slot[..Record::WORDS]).unwrap_or_else(|| {
                         self.world.abort_job(
                             "another worker sent an agreement this build cannot read (workers \
                              built from different sources?)",
                         )
                     })
                 })
-                .collect()
+                .collect();
+            (records, all)
         };
         let verdict = judge(&records);
         let failed = match verdict {
             Verdict::WorkerFailed { worker, .. } => Some((worker, self.messages(message, worker))),
             _ => None,
         };
-        (records, verdict, failed)
+        (records, verdict, failed, slots)
     }
 
     /// The message of `worker`, gathered from every worker (each passes its own).
@@ -308,9 +342,19 @@ impl Inner {
     /// [`Inner::agree_raw`] for a call: every worker's record when they agree, else the error
     /// every worker returns alike.
     fn agree(&self, record: Record, message: &str) -> Result<Vec<Record>, CollectiveError> {
-        let (records, verdict, failed) = self.agree_raw(record, message);
+        Ok(self.agree_with(record, message, &[])?.0)
+    }
+
+    /// [`Inner::agree`] with an inline payload; also returns every worker's slot.
+    fn agree_with(
+        &self,
+        record: Record,
+        message: &str,
+        inline: &[u8],
+    ) -> Result<(Vec<Record>, Vec<i64>), CollectiveError> {
+        let (records, verdict, failed, slots) = self.agree_raw(record, message, inline);
         match verdict {
-            Verdict::Agreed | Verdict::AllEnded => Ok(records),
+            Verdict::Agreed | Verdict::AllEnded => Ok((records, slots)),
             Verdict::WorkerFailed { .. } => {
                 let (worker, message) = failed.expect("a failure carries its message");
                 *lock(&self.remote_failure) = Some(worker);
@@ -318,6 +362,70 @@ impl Inner {
             }
             Verdict::Disagree(description) => Err(CollectiveError::WorkersDisagree(description)),
         }
+    }
+
+    /// The agreement on `record` and the reduction across workers of every bucket (host
+    /// tensors, each worker's local result), `Mean` divided by `count` contributions. One bucket
+    /// of at most [`INLINE_BYTES`] travels with the agreement: one round trip in all.
+    fn reduce_across(
+        &self,
+        record: Record,
+        op: ReduceOp,
+        count: usize,
+        buckets: &[Tensor],
+    ) -> Result<Vec<Tensor>, CollectiveError> {
+        let small = match buckets {
+            [one] if one.size_in_bytes() <= INLINE_BYTES => Some(one),
+            _ => None,
+        };
+        let owned_bytes;
+        let inline: &[u8] = match small {
+            Some(t) => {
+                owned_bytes = t.to_wire_bytes()?;
+                &owned_bytes
+            }
+            None => &[],
+        };
+        let (_, slots) = self.agree_with(record, "", inline)?;
+        let folded = match small {
+            // Every worker's bucket has this size (agreed), so every worker took this path.
+            Some(t) if self.workers() > 1 => vec![with_dtype!(t.dtype(), T => {
+                self.fold_slots::<T>(local_op(op), t, &slots)
+            })?],
+            _ => buckets
+                .iter()
+                .map(|b| self.fold_across(local_op(op), b))
+                .collect::<Result<_, _>>()?,
+        };
+        folded
+            .into_iter()
+            .map(|summed| self.finish_mean(op, summed, count))
+            .collect()
+    }
+
+    /// The fold, in worker order, of the payloads in every worker's agreement slot.
+    fn fold_slots<T: Arith>(
+        &self,
+        op: ReduceOp,
+        like: &Tensor,
+        slots: &[i64],
+    ) -> Result<Tensor, CollectiveError> {
+        let n = like.num_elements();
+        let blocks: Vec<&[T]> = slots
+            .chunks(SLOT_WORDS)
+            .map(|slot| {
+                let payload = &slot[Record::WORDS..];
+                // SAFETY: the payload is 8-byte aligned (it starts on an i64), holds at least
+                // `n` elements of `T` (the agreed size, at most INLINE_BYTES) written by a
+                // worker from the same dtype, and any bit pattern is a valid `T`.
+                unsafe { std::slice::from_raw_parts(payload.as_ptr().cast::<T>(), n) }
+            })
+            .collect();
+        let mut out = vec![T::zero(); n];
+        if n > 0 {
+            kernel::reduce_slices(op, &blocks, &mut out, 1);
+        }
+        Tensor::from_vec(like.device(), like.shape(), out)
     }
 
     /// `Mean`'s division by `count` contributions (on a sum), else the value as it is.
@@ -362,14 +470,23 @@ impl Inner {
             )
         };
         let mut out = vec![T::zero(); n];
-        if w > 2 && std::mem::size_of_val(&data[..]) >= SCATTER_MIN_BYTES {
-            let chunk = n.div_ceil(w);
+        let scatter = w > 2 && std::mem::size_of_val(&data[..]) >= SCATTER_MIN_BYTES;
+        let chunk = if scatter { n.div_ceil(w) } else { n };
+        let mut scratch = lock(&self.scratch);
+        let words = (chunk * w * std::mem::size_of::<T>()).div_ceil(8);
+        if scratch.len() < words {
+            scratch.resize(words, 0);
+        }
+        // SAFETY: the scratch is 8-byte aligned (u64s), at least `chunk · w` elements of `T`
+        // long, and any bit pattern is a valid `T`; the view borrows the locked scratch.
+        let received: &mut [T] =
+            unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<T>(), chunk * w) };
+        if scatter {
             let mut send = vec![T::zero(); chunk * w];
             send[..n].copy_from_slice(&data);
-            let mut received = vec![T::zero(); chunk * w];
             self.world.all_to_all(
                 as_bytes(&send),
-                as_bytes_mut(&mut received),
+                as_bytes_mut(received),
                 self.deadline,
                 &what,
             );
@@ -385,10 +502,9 @@ impl Inner {
             );
             out.copy_from_slice(&gathered[..n]);
         } else {
-            let mut received = vec![T::zero(); n * w];
             self.world.all_gather(
                 as_bytes(&data),
-                as_bytes_mut(&mut received),
+                as_bytes_mut(received),
                 self.deadline,
                 &what,
             );
@@ -419,7 +535,7 @@ impl MpiMember {
     /// Runs `cross` on local replica 0's thread and hands its `count` tensors to every local
     /// replica, each labelled with `device`. A failure of `cross` aborts the local group, so the
     /// other local replicas fail too instead of waiting.
-    fn from_leader(
+    fn via_leader(
         &self,
         count: usize,
         device: &str,
@@ -480,16 +596,10 @@ impl ReplicaCollectives for MpiMember {
         let plan = FusionPlan::new(&local, inner.bytes_per_pack);
         let total = inner.workers() * self.local_replicas();
         let device = tensors.first().map_or("", |t| t.device());
-        let buckets = self.from_leader(plan.num_buckets(), device, || {
+        let buckets = self.via_leader(plan.num_buckets(), device, || {
             let refs: Vec<&Tensor> = local.iter().collect();
-            inner.agree(Record::of(Call::AllReduce, Some(op), &refs), "")?;
-            plan.pack(&local)?
-                .iter()
-                .map(|bucket| {
-                    let summed = inner.fold_across(local_op(op), bucket)?;
-                    inner.finish_mean(op, summed, total)
-                })
-                .collect()
+            let record = Record::of(Call::AllReduce, Some(op), &refs);
+            inner.reduce_across(record, op, total, &plan.pack(&local)?)
         })?;
         plan.unpack(&buckets)?
             .into_iter()
@@ -505,7 +615,7 @@ impl ReplicaCollectives for MpiMember {
             self.member.all_gather(tensor)?.to_host()?
         };
         let inner = &self.inner;
-        let mut out = self.from_leader(1, tensor.device(), || {
+        let mut out = self.via_leader(1, tensor.device(), || {
             let records = inner.agree(Record::of(Call::AllGather, None, &[&local]), "")?;
             if local.rank() == 0 {
                 return Err(CollectiveError::InvalidArgument(
@@ -599,7 +709,7 @@ impl ReplicaCollectives for MpiMember {
         } else {
             Some(self.member.broadcast(local_root, tensor)?.to_host()?)
         };
-        let mut out = self.from_leader(1, &device, || {
+        let mut out = self.via_leader(1, &device, || {
             let record = match &local {
                 Some(t) => Record::of(Call::Broadcast, None, &[t]),
                 None => Record::bare(Call::Broadcast, Status::Ok),
@@ -692,19 +802,10 @@ impl CrossDeviceOps for MpiAllReduce {
         }
         let count = count.unwrap_or(0);
         let refs: Vec<&Tensor> = local.iter().collect();
-        inner.agree(
-            Record::of(Call::Reduce, Some(op), &refs).with_extra(count as i64),
-            "",
-        )?;
+        let record = Record::of(Call::Reduce, Some(op), &refs).with_extra(count as i64);
         let plan = FusionPlan::new(&local, inner.bytes_per_pack);
-        let buckets = plan
-            .pack(&local)?
-            .iter()
-            .map(|bucket| {
-                let summed = inner.fold_across(local_op(op), bucket)?;
-                inner.finish_mean(op, summed, count * inner.workers())
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let buckets =
+            inner.reduce_across(record, op, count * inner.workers(), &plan.pack(&local)?)?;
         plan.unpack(&buckets)?
             .into_iter()
             .zip(pairs)

@@ -6,6 +6,8 @@
 //! - `world`: the process world, MPI initialised once per process, deadline-bounded waits.
 //! - `backend`: [`MpiAllReduce`], the hierarchical backend (local shared memory, then one
 //!   cross-process collective per fused bucket, then back to every local replica).
+//! - `nccl_id`: `NcclAllReduce::for_mpi_world`, NCCL across processes with its unique id
+//!   broadcast over MPI (features `mpi` and `nccl`).
 //!
 //! Knows nothing about strategies: a strategy drives it through [`crate::CrossDeviceOps`],
 //! [`crate::StepLifecycle`] and [`MpiAllReduce::finish_step`].
@@ -16,11 +18,13 @@ mod agreement;
 #[cfg(feature = "mpi")]
 mod backend;
 mod bytes;
+#[cfg(all(feature = "mpi", feature = "nccl"))]
+mod nccl_id;
 #[cfg(feature = "mpi")]
 mod world;
 
 #[cfg(feature = "mpi")]
-pub use backend::{MpiAllReduce, SCATTER_MIN_BYTES};
+pub use backend::{INLINE_BYTES, MpiAllReduce, SCATTER_MIN_BYTES};
 pub(crate) use bytes::{element_bytes, element_bytes_mut};
 #[cfg(feature = "mpi")]
 pub use world::MpiWorld;

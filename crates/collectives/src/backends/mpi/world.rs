@@ -219,7 +219,7 @@ impl MpiWorld {
             }
             polls = polls.wrapping_add(1);
             // Checking the clock on every poll would cost more than the poll.
-            if polls % 1024 == 0 {
+            if polls.is_multiple_of(1024) {
                 if start.elapsed() > deadline {
                     self.abort_job(&format!(
                         "waited {deadline:?} for the other workers in {}",
