@@ -437,8 +437,11 @@ pub(crate) fn launch(args: &[String]) -> Result<()> {
     mpirun(&format!("launch {}", launch.example), &args)
 }
 
-/// `cargo xtask bench multi-worker`: the `multi_worker_bench` example under `mpirun` as 2 and
-/// 4 workers of 1 replica, and 2 workers of 2; the chief prints the JSON lines.
+/// `cargo xtask bench multi-worker`: `distribute-mirrored`'s `multi_worker_bench` example under
+/// `mpirun` as 2 and 4 workers of 1 replica and 2 workers of 2 (its chief prints the
+/// all-reduce and trivial-step lines), then the `linear_regression` example as 2 and 4 workers,
+/// whose steps per second become `multi_worker_linreg` lines (the median of
+/// [`LINREG_RUNS`] runs: one run is only 200 steps).
 pub(crate) fn bench_multi_worker() -> Result<()> {
     let metadata = metadata()?;
     let package = package_of_example(&metadata, MULTI_WORKER_BENCH)?;
@@ -455,7 +458,62 @@ pub(crate) fn bench_multi_worker() -> Result<()> {
             &args,
         )?;
     }
+    let package = package_of_example(&metadata, LINREG)?;
+    let exe = build_release(&metadata, &package, "--example", LINREG)?;
+    for workers in [2, 4] {
+        let mut rates = Vec::new();
+        for _ in 0..LINREG_RUNS {
+            let args = mpirun_args(
+                workers,
+                cores(),
+                &exe,
+                &["--replicas".to_owned(), "1".to_owned(), "--json".to_owned()],
+            );
+            let out = mpirun_output(&format!("{LINREG} ({workers} workers)"), &args)?;
+            rates.push(steps_per_s(&out)?);
+        }
+        rates.sort_by(f64::total_cmp);
+        println!(
+            "{}",
+            serde_json::json!({
+                "bench": "multi_worker_linreg", "workers": workers, "replicas_per_worker": 1,
+                "steps_per_s": rates[rates.len() / 2],
+            })
+        );
+    }
     Ok(())
+}
+
+/// The `steps_per_s` of the one JSON line the linear regression's chief prints.
+fn steps_per_s(stdout: &str) -> Result<f64> {
+    let line = stdout
+        .lines()
+        .find(|line| line.starts_with('{'))
+        .with_context(|| format!("the chief printed no JSON line; stdout:\n{stdout}"))?;
+    let json: Value = serde_json::from_str(line).context("the chief's JSON line")?;
+    json["steps_per_s"]
+        .as_f64()
+        .with_context(|| format!("no steps_per_s in {line}"))
+}
+
+/// [`mpirun`], returning what the processes printed on stdout.
+fn mpirun_output(what: &str, args: &[String]) -> Result<String> {
+    eprintln!("xtask: {what}: mpirun {}", args.join(" "));
+    let output = Command::new("mpirun")
+        .args(args)
+        .envs(run_as_root_env(running_as_root()))
+        .current_dir(workspace_root())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("could not start `mpirun` (Open MPI; Debian/Ubuntu package openmpi-bin)")?;
+    if !output.status.success() {
+        bail!(
+            "{what} failed: `mpirun {}` exited with {}",
+            args.join(" "),
+            output.status
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// Takes `--workers N` (or `--workers=N`) out of the demo's arguments: the worker count, if
@@ -500,10 +558,14 @@ pub(crate) fn demo(workers: usize, args: &[String]) -> Result<()> {
     )
 }
 
-/// The example `cargo xtask bench multi-worker` runs.
+/// The example with the all-reduce and step cases.
 const MULTI_WORKER_BENCH: &str = "multi_worker_bench";
 /// `(workers, replicas per worker)` of the multi-worker bench.
 const MULTI_WORKER_BENCH_SHAPES: [(usize, usize); 3] = [(2, 1), (4, 1), (2, 2)];
+/// The reference workload's example.
+const LINREG: &str = "linear_regression";
+/// Runs of the linear regression per worker count.
+const LINREG_RUNS: usize = 3;
 
 #[cfg(test)]
 mod tests {
@@ -599,6 +661,19 @@ mod tests {
                 "{args:?}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn the_linear_regression_rate_comes_from_the_chiefs_line() {
+        let out = "noise\n{\"workers\":2,\"steps_per_s\":9000.5,\"bias\":0.5}\n";
+        assert_eq!(steps_per_s(out).unwrap(), 9000.5);
+        assert!(
+            steps_per_s("no json here")
+                .unwrap_err()
+                .to_string()
+                .contains("no JSON line")
+        );
+        assert!(steps_per_s("{\"bias\":1}").is_err());
     }
 
     #[test]
