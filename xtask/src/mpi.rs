@@ -548,14 +548,28 @@ pub(crate) fn take_workers(args: &[String]) -> Result<(Option<usize>, Vec<String
 }
 
 /// `cargo xtask demo --workers W [DEMO-ARGS…]`: the demo binary, built in release with `mpi`,
-/// as `W` worker processes under `mpirun`.
+/// as `W` worker processes under `mpirun`, each with one replica unless the arguments say.
 pub(crate) fn demo(workers: usize, args: &[String]) -> Result<()> {
     let metadata = metadata()?;
     let exe = build_release(&metadata, "distribute-demo", "--bin", "demo")?;
     mpirun(
         &format!("demo ({workers} workers)"),
-        &mpirun_args(workers, cores(), &exe, args),
+        &mpirun_args(workers, cores(), &exe, &one_replica_by_default(args)),
     )
+}
+
+/// The demo's arguments with `--replicas 1` first unless they choose the replicas: a worker
+/// of a multi-worker demo has one replica by default (one process alone has two).
+fn one_replica_by_default(args: &[String]) -> Vec<String> {
+    let chosen = args
+        .iter()
+        .any(|a| a.starts_with("--replicas") || a.starts_with("--devices"));
+    let default = (!chosen).then(|| ["--replicas".to_owned(), "1".to_owned()]);
+    default
+        .into_iter()
+        .flatten()
+        .chain(args.iter().cloned())
+        .collect()
 }
 
 /// The example with the all-reduce and step cases.
@@ -688,9 +702,14 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(
-            (workers, rest),
-            (Some(2), strings(&["--replicas", "2", "--steps", "9"]))
+            (workers, &rest),
+            (Some(2), &strings(&["--replicas", "2", "--steps", "9"]))
         );
+        assert_eq!(
+            one_replica_by_default(&strings(&["--steps", "9"])),
+            ["--replicas", "1", "--steps", "9"]
+        );
+        assert_eq!(one_replica_by_default(&rest), rest, "--replicas 2 stays");
         let (workers, rest) = take_workers(&strings(&["--replicas", "2", "--workers=3"])).unwrap();
         assert_eq!((workers, rest), (Some(3), strings(&["--replicas", "2"])));
         assert_eq!(take_workers(&strings(&["--steps", "9"])).unwrap().0, None);
