@@ -154,9 +154,11 @@ impl MpiAllReduce {
         };
         let message = failure.unwrap_or("");
         loop {
-            let (_, verdict, failed, _) =
-                self.inner
-                    .agree_raw(Record::bare(Call::EndStep, status), message, &[]);
+            let Gathered {
+                verdict, failed, ..
+            } = self
+                .inner
+                .agree_raw(Record::bare(Call::EndStep, status), message, &[]);
             match verdict {
                 Verdict::AllEnded => return Ok(()),
                 Verdict::WorkerFailed {
@@ -260,6 +262,17 @@ impl Tensor {
     }
 }
 
+/// What an agreement gathered.
+struct Gathered {
+    /// Every worker's record, in worker order.
+    records: Vec<Record>,
+    verdict: Verdict,
+    /// The worker to name and its message, when one failed.
+    failed: Option<(usize, String)>,
+    /// Every worker's slot (record and inline payload); empty with one worker.
+    slots: Vec<i64>,
+}
+
 /// The op local replicas reduce with: `Mean` sums, and divides once everything is summed.
 fn local_op(op: ReduceOp) -> ReduceOp {
     match op {
@@ -278,12 +291,7 @@ impl Inner {
     /// worker, whatever the worker is doing, so workers in different calls still meet in one
     /// collective; a reduction of at most [`INLINE_BYTES`] rides in the slot, so it costs one
     /// round trip in all. With one worker, judges this worker's record alone.
-    fn agree_raw(
-        &self,
-        record: Record,
-        message: &str,
-        inline: &[u8],
-    ) -> (Vec<Record>, Verdict, Option<(usize, String)>, Vec<i64>) {
+    fn agree_raw(&self, record: Record, message: &str, inline: &[u8]) -> Gathered {
         let w = self.workers();
         let (records, slots) = if w == 1 {
             (vec![record], Vec::new())
@@ -314,7 +322,12 @@ impl Inner {
             Verdict::WorkerFailed { worker, .. } => Some((worker, self.messages(message, worker))),
             _ => None,
         };
-        (records, verdict, failed, slots)
+        Gathered {
+            records,
+            verdict,
+            failed,
+            slots,
+        }
     }
 
     /// The message of `worker`, gathered from every worker (each passes its own).
@@ -352,7 +365,12 @@ impl Inner {
         message: &str,
         inline: &[u8],
     ) -> Result<(Vec<Record>, Vec<i64>), CollectiveError> {
-        let (records, verdict, failed, slots) = self.agree_raw(record, message, inline);
+        let Gathered {
+            records,
+            verdict,
+            failed,
+            slots,
+        } = self.agree_raw(record, message, inline);
         match verdict {
             Verdict::Agreed | Verdict::AllEnded => Ok((records, slots)),
             Verdict::WorkerFailed { .. } => {
