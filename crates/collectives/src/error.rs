@@ -72,9 +72,9 @@ pub enum CollectiveError {
         /// Why, e.g. "replica 1 panicked: …".
         reason: String,
     },
-    /// Another worker's step failed (or this one's: every worker gets the same error), so the
-    /// step fails on every worker of a multi-worker run.
-    #[error("worker {worker} failed its step: {message}")]
+    /// A worker's step (or its part of a collective setup) failed, so it fails on every worker
+    /// of a multi-worker run, this one's included, with the same error.
+    #[error("worker {worker} failed: {message}")]
     WorkerFailed {
         /// The worker that failed on its own (the first, when several did).
         worker: usize,

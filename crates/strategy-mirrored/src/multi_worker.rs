@@ -107,19 +107,10 @@ impl MultiWorkerMirroredStrategy {
         };
         let backend = MpiAllReduce::new(&names, group)?;
         let (worker, workers) = (backend.worker(), backend.num_workers());
-        let tf_config =
-            match config.tf_config {
-                Some(tf) => Some(tf),
-                None => TfConfig::from_env().map(Some).or_else(|e| {
-                    match std::env::var_os("TF_CONFIG") {
-                        Some(_) => Err(StrategyError::from(e)),
-                        None => Ok(None),
-                    }
-                })?,
-            };
-        if let Some(tf) = tf_config.filter(|tf| !tf.cluster.is_empty()) {
-            check_tf_config(&tf, worker, workers)?;
-        }
+        // Checked on every worker, then agreed: a worker whose TF_CONFIG disagrees fails every
+        // worker's construction with an error naming it, rather than leaving the others to wait.
+        let tf_check = tf_config_agrees(config.tf_config, worker, workers);
+        backend.finish_step(tf_check.as_ref().err().map(ToString::to_string).as_deref())?;
         let ops = match gpu_ops(&devices, config.mirrored.deadline)? {
             Some(nccl) => nccl,
             None => Arc::new(backend.clone()) as Arc<dyn CrossDeviceOps>,
@@ -280,6 +271,24 @@ fn gpu_ops(
     }
     let _ = (gpus, deadline);
     Ok(None)
+}
+
+/// `tf_config` (else the `TF_CONFIG` environment variable), when it names a cluster, checked
+/// against the MPI world.
+fn tf_config_agrees(
+    tf_config: Option<TfConfig>,
+    rank: usize,
+    size: usize,
+) -> Result<(), StrategyError> {
+    let tf_config = match tf_config {
+        Some(tf) => Some(tf),
+        None if std::env::var_os("TF_CONFIG").is_some() => Some(TfConfig::from_env()?),
+        None => None,
+    };
+    match tf_config.filter(|tf| !tf.cluster.is_empty()) {
+        Some(tf) => check_tf_config(&tf, rank, size),
+        None => Ok(()),
+    }
 }
 
 /// `TF_CONFIG`'s task must be the MPI rank's worker, and its cluster must have as many

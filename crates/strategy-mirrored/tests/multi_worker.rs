@@ -213,7 +213,7 @@ fn a_failed_or_panicking_worker_is_named_on_every_worker() {
         assert_eq!(errors.len(), 3, "{errors:?}");
         for e in errors {
             assert!(
-                e.contains("worker 1 failed its step") && e.contains("boom on worker 1"),
+                e.contains("worker 1 failed: ") && e.contains("boom on worker 1"),
                 "{e}"
             );
         }
@@ -221,7 +221,7 @@ fn a_failed_or_panicking_worker_is_named_on_every_worker() {
         assert_eq!(panics.len(), 3, "{panics:?}");
         for e in panics {
             assert!(
-                e.contains("worker 2 failed its step") && e.contains("panicked"),
+                e.contains("worker 2 failed: ") && e.contains("panicked"),
                 "{e}"
             );
         }
@@ -229,7 +229,7 @@ fn a_failed_or_panicking_worker_is_named_on_every_worker() {
         assert_eq!(ended.len(), 3, "{ended:?}");
         for e in ended {
             assert!(
-                e.contains("worker 0 failed its step") && e.contains("early exit"),
+                e.contains("worker 0 failed: ") && e.contains("early exit"),
                 "{e}"
             );
         }
@@ -269,7 +269,11 @@ fn tf_config_must_agree_with_mpi() {
     let seen = values(&job, "tf_config");
     assert_eq!(seen.len(), 2, "{seen:?}");
     for e in seen {
-        assert!(e.contains("TF_CONFIG and MPI disagree"), "{e}");
+        // Both workers disagree; every worker names the first.
+        assert!(
+            e.contains("worker 0 failed: TF_CONFIG and MPI disagree"),
+            "{e}"
+        );
     }
 }
 
