@@ -196,6 +196,9 @@ impl<B: Batch> DistributedDataset<B> {
     /// then. An error of the exchange, or another process's failure, ends iteration with an
     /// error on every process on the same step.
     ///
+    /// Only [`iter`](Self::iter) agrees; [`iter_masked`](Self::iter_masked) does not yet, so
+    /// in a multi-worker run whose workers read different streams use `iter`.
+    ///
     /// Errors: a `window` of 0.
     ///
     /// ```
