@@ -196,8 +196,8 @@ impl<B: Batch> DistributedDataset<B> {
     /// then. An error of the exchange, or another process's failure, ends iteration with an
     /// error on every process on the same step.
     ///
-    /// Only [`iter`](Self::iter) agrees; [`iter_masked`](Self::iter_masked) does not yet, so
-    /// in a multi-worker run whose workers read different streams use `iter`.
+    /// [`iter_masked`](Self::iter_masked) agrees the same way, a process that ran out handing
+    /// its replicas padding with all-zero masks.
     ///
     /// Errors: a `window` of 0.
     ///
@@ -238,17 +238,11 @@ impl<B: Batch> DistributedDataset<B> {
     /// The steps, from the start: one [`PerReplica`] batch per step, `None` after the last.
     /// Each call starts over and yields the same sequence (IN-14).
     pub fn iter(&self) -> DistributedIterator<B> {
-        let agreement = match &self.agreement {
-            Some(config) if self.needs_agreement() => {
-                Some(Agreement::new(config.clone(), self.num_processes))
-            }
-            _ => None,
-        };
         DistributedIterator {
             steps: self.steps(),
             num_processes: self.num_processes,
             finished: false,
-            agreement,
+            agreement: self.agreement(),
         }
     }
 
@@ -257,6 +251,17 @@ impl<B: Batch> DistributedDataset<B> {
     pub fn iter_masked(&self) -> MaskedDistributedIterator<B> {
         MaskedDistributedIterator {
             steps: self.steps(),
+            agreement: self.agreement(),
+        }
+    }
+
+    /// An iterator's side of the agreement on the end of data, when it needs one.
+    fn agreement(&self) -> Option<Agreement<B>> {
+        match &self.agreement {
+            Some(config) if self.needs_agreement() => {
+                Some(Agreement::new(config.clone(), self.num_processes))
+            }
+            _ => None,
         }
     }
 

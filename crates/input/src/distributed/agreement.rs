@@ -181,15 +181,23 @@ impl<B: Batch> Agreement<B> {
         &mut self,
         steps: &mut Steps<B>,
     ) -> Option<Result<PerReplica<B>, InputError>> {
+        let step = self.next_local(steps)?;
+        Some(step.and_then(|step| steps.per_replica(step)))
+    }
+
+    /// [`next`](Self::next) before the batches become a `PerReplica`.
+    pub(super) fn next_local(
+        &mut self,
+        steps: &mut Steps<B>,
+    ) -> Option<Result<LocalStep<B>, InputError>> {
         loop {
             if self.agreed > 0 {
                 self.agreed -= 1;
-                let step = match self.buffer.pop_front() {
+                return Some(match self.buffer.pop_front() {
                     Some(step) => Ok(step),
                     // This process ran out while another still has data (IN-26).
                     None => steps.empty_step(),
-                };
-                return Some(step.and_then(|step| steps.per_replica(step)));
+                });
             }
             if let Some(error) = self.pending.take() {
                 self.finish(steps);

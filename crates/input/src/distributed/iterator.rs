@@ -50,13 +50,18 @@ impl<B: Batch> Iterator for DistributedIterator<B> {
 /// [`DistributedDataset::iter_masked`]: crate::DistributedDataset::iter_masked
 pub struct MaskedDistributedIterator<B: Batch> {
     pub(super) steps: Steps<B>,
+    /// As [`DistributedIterator`]'s.
+    pub(super) agreement: Option<Agreement<B>>,
 }
 
 impl<B: Batch> Iterator for MaskedDistributedIterator<B> {
     type Item = Result<PerReplica<Masked<B>>, InputError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let step = self.steps.next_step()?;
+        let step = match &mut self.agreement {
+            Some(agreement) => agreement.next_local(&mut self.steps)?,
+            None => self.steps.next_step()?,
+        };
         Some(step.and_then(|step| {
             Ok(PerReplica::new(
                 Arc::clone(&self.steps.device_map),

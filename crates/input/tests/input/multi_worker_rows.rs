@@ -429,3 +429,50 @@ fn an_exchange_error_ends_iteration_with_it() {
         .with_sum_across_processes(SumAcrossProcesses::new(|_| Ok(())), 0);
     assert!(matches!(no_window, Err(InputError::InvalidOption(_))));
 }
+
+#[test]
+fn masked_iteration_agrees_too_with_zero_masks_for_a_worker_that_ran_out() {
+    let options = InputOptions {
+        partial_batch: PartialBatch::PadWithMask,
+        ..InputOptions::default()
+    };
+    let sum = Arc::new(VectorSum {
+        parts: Mutex::new(vec![Vec::new(); 2]),
+        barrier: Barrier::new(2),
+        calls: AtomicUsize::new(0),
+    });
+    let (tx, rx) = mpsc::channel();
+    for w in 0..2 {
+        let (sum, tx) = (Arc::clone(&sum), tx.clone());
+        std::thread::spawn(move || {
+            let exchange = SumAcrossProcesses::new(move |values| {
+                sum.sum(w, values);
+                Ok(())
+            });
+            let dist = distribute_datasets_from_function(&between(2, w, 1), options, move |_| {
+                Dataset::range([3, 1][w]).batch(2, false)
+            })
+            .unwrap()
+            .with_sum_across_processes(exchange, 4)
+            .unwrap();
+            let masks: Vec<Vec<f32>> = dist
+                .iter_masked()
+                .map(|step| {
+                    let masked = step.unwrap().into_iter().next().unwrap();
+                    masked.mask.to_vec::<f32>().unwrap()
+                })
+                .collect();
+            let _ = tx.send((w, masks));
+        });
+    }
+    let mut got = [Vec::new(), Vec::new()];
+    for _ in 0..2 {
+        let (w, masks) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("no worker hangs");
+        got[w] = masks;
+    }
+    // Worker 0: [0, 1] then [2] padded; worker 1: [0] padded, then all padding.
+    assert_eq!(got[0], [vec![1.0, 1.0], vec![1.0, 0.0]]);
+    assert_eq!(got[1], [vec![1.0, 0.0], vec![0.0, 0.0]]);
+}
