@@ -25,7 +25,7 @@ use distribute_values::{Leaf, ReduceOp};
 
 use super::agreement::{Call, Record, Status, Verdict, judge};
 use super::bytes::{element_bytes as as_bytes, element_bytes_mut as as_bytes_mut};
-use super::world::MpiWorld;
+use super::world::{MpiWorld, Wait};
 use crate::backends::group::{CollectiveGroup, GroupConfig, Member};
 use crate::cross_replica::deliver;
 use crate::kernel::{self, Arith};
@@ -184,7 +184,7 @@ impl MpiAllReduce {
         let mut all = vec![0u8; bytes.len() * inner.world.size()];
         inner
             .world
-            .all_gather(bytes, &mut all, inner.deadline, &|| {
+            .all_gather(bytes, &mut all, Wait::Committed, &|| {
                 "an exchange".to_owned()
             });
         Ok(all
@@ -209,7 +209,7 @@ impl MpiAllReduce {
                 let t = t.to_host()?;
                 with_dtype!(t.dtype(), T => {
                     let mut values: Vec<T> = t.to_vec::<T>()?;
-                    inner.world.broadcast(0, as_bytes_mut(&mut values), inner.deadline, &|| {
+                    inner.world.broadcast(0, as_bytes_mut(&mut values), Wait::Committed, &|| {
                         "the chief's values".to_owned()
                     });
                     Tensor::from_vec(t.device(), t.shape(), values)
@@ -227,7 +227,7 @@ impl MpiAllReduce {
         inner.agree(record, "")?;
         let mut buffer = bytes.to_vec();
         if inner.world.size() > 1 {
-            inner.world.broadcast(0, &mut buffer, inner.deadline, &|| {
+            inner.world.broadcast(0, &mut buffer, Wait::Committed, &|| {
                 "the chief's values".to_owned()
             });
         }
@@ -301,7 +301,7 @@ impl Inner {
             as_bytes_mut(&mut mine[Record::WORDS..])[..inline.len()].copy_from_slice(inline);
             let mut all = vec![0i64; SLOT_WORDS * w];
             self.world
-                .all_gather(&mine[..], &mut all, self.deadline, &|| {
+                .all_gather(&mine[..], &mut all, Wait::Polled(self.deadline), &|| {
                     format!("the agreement on {record}")
                 });
             let records = all
@@ -344,7 +344,7 @@ impl Inner {
         }
         let mut all = vec![0u8; MESSAGE_BYTES * w];
         self.world
-            .all_gather(&send[..], &mut all, self.deadline, &|| {
+            .all_gather(&send[..], &mut all, Wait::Committed, &|| {
                 "the failed worker's message".to_owned()
             });
         let theirs = &all[worker * MESSAGE_BYTES..(worker + 1) * MESSAGE_BYTES];
@@ -505,7 +505,7 @@ impl Inner {
             self.world.all_to_all(
                 as_bytes(&send),
                 as_bytes_mut(received),
-                self.deadline,
+                Wait::Committed,
                 &what,
             );
             let blocks: Vec<&[T]> = received.chunks(chunk).collect();
@@ -515,7 +515,7 @@ impl Inner {
             self.world.all_gather(
                 as_bytes(&mine),
                 as_bytes_mut(&mut gathered),
-                self.deadline,
+                Wait::Committed,
                 &what,
             );
             out.copy_from_slice(&gathered[..n]);
@@ -523,7 +523,7 @@ impl Inner {
             self.world.all_gather(
                 as_bytes(&data),
                 as_bytes_mut(received),
-                self.deadline,
+                Wait::Committed,
                 &what,
             );
             let blocks: Vec<&[T]> = received.chunks(n.max(1)).take(w).collect();
@@ -676,7 +676,7 @@ impl ReplicaCollectives for MpiMember {
                     as_bytes_mut(&mut all),
                     &counts,
                     &displs,
-                    inner.deadline,
+                    Wait::Committed,
                     &|| format!("the all_gather of {local}"),
                 );
                 Ok(vec![Tensor::from_vec(tensor.device(), &shape, all)?])
@@ -748,7 +748,7 @@ impl ReplicaCollectives for MpiMember {
                     Some(t) => t.to_vec::<T>()?,
                     None => vec![T::zero(); shape.iter().product()],
                 };
-                inner.world.broadcast(root_worker, as_bytes_mut(&mut values), inner.deadline, &|| {
+                inner.world.broadcast(root_worker, as_bytes_mut(&mut values), Wait::Committed, &|| {
                     format!("the broadcast from replica {root}")
                 });
                 Ok(vec![Tensor::from_vec(&device, &shape, values)?])
