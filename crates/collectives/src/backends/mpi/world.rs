@@ -46,7 +46,7 @@ pub struct MpiWorld {
     size: usize,
     /// One MPI call at a time (`MPI_THREAD_SERIALIZED`).
     calls: Mutex<()>,
-    /// Nanoseconds spent waiting for cross-process calls to complete, for [`Self::time_in_calls`].
+    /// Nanoseconds spent in cross-process calls, for [`Self::time_in_calls`].
     busy_nanos: AtomicU64,
 }
 
@@ -145,6 +145,7 @@ impl MpiWorld {
         what: &dyn Fn() -> String,
     ) {
         let _one = lock(&self.calls);
+        let _busy = Busy::start(&self.busy_nanos);
         let world = SimpleCommunicator::world();
         let Wait::Polled(deadline) = wait else {
             return world.all_gather_into(send, recv);
@@ -166,6 +167,7 @@ impl MpiWorld {
         what: &dyn Fn() -> String,
     ) {
         let _one = lock(&self.calls);
+        let _busy = Busy::start(&self.busy_nanos);
         let world = SimpleCommunicator::world();
         let mut partition = mpi::datatype::PartitionMut::new(recv, counts, displs);
         let Wait::Polled(deadline) = wait else {
@@ -186,6 +188,7 @@ impl MpiWorld {
         what: &dyn Fn() -> String,
     ) {
         let _one = lock(&self.calls);
+        let _busy = Busy::start(&self.busy_nanos);
         let world = SimpleCommunicator::world();
         let Wait::Polled(deadline) = wait else {
             return world.all_to_all_into(send, recv);
@@ -205,6 +208,7 @@ impl MpiWorld {
         what: &dyn Fn() -> String,
     ) {
         let _one = lock(&self.calls);
+        let _busy = Busy::start(&self.busy_nanos);
         let world = SimpleCommunicator::world();
         let root = world.process_at_rank(root as i32);
         let Wait::Polled(deadline) = wait else {
@@ -237,11 +241,7 @@ impl MpiWorld {
         let mut polls = 0u32;
         loop {
             match request.test() {
-                Ok(_) => {
-                    let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                    self.busy_nanos.fetch_add(nanos, Ordering::Relaxed);
-                    return;
-                }
+                Ok(_) => return,
                 Err(pending) => request = pending,
             }
             polls = polls.wrapping_add(1);
@@ -256,5 +256,28 @@ impl MpiWorld {
                 std::thread::yield_now();
             }
         }
+    }
+}
+
+/// Adds the time from its start to its drop to a counter: one cross-process call, blocking or
+/// polled, for [`MpiWorld::time_in_calls`].
+struct Busy<'a> {
+    nanos: &'a AtomicU64,
+    start: Instant,
+}
+
+impl<'a> Busy<'a> {
+    fn start(nanos: &'a AtomicU64) -> Self {
+        Busy {
+            nanos,
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        let nanos = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 }
