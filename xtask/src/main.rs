@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 mod gpu;
+mod mpi;
 mod nvrtc;
 mod pjrt;
 #[cfg(test)]
@@ -21,11 +22,15 @@ usage: cargo xtask <command> [args]
 
 commands:
   test [CARGO-TEST-ARGS...]   run every test of the workspace (unit, integration, benches in
-                              test mode, doc tests), then the GPU suite that needs only NVRTC
-                              (collectives-nvrtc, with fetch-nvrtc's NVRTC); extra args go to
-                              the test binaries
+                              test mode, doc tests), then again those of the packages with an
+                              `mpi` feature with it on (their multi-process tests start mpirun
+                              with 2, 3 and 4 processes; needs Open MPI and libclang, see
+                              .ci/run; DISTRIBUTE_SKIP_MPI=1 skips them), then the GPU suite
+                              that needs only NVRTC (collectives-nvrtc, with fetch-nvrtc's
+                              NVRTC); extra args go to the test binaries
   ci                          cargo fmt --check, clippy --all-targets -D warnings, clippy again
-                              with the cuda and nccl features, then test
+                              with the cuda and nccl features and with the mpi feature, then
+                              test
   test-gpu                    on a machine with an NVIDIA GPU: run every GPU suite (tests, the
                               gpu and tpu benches, the demo on TpuStrategy) with NVRTC, NCCL
                               (from NCCL_LIB_DIR, the nvidia-nccl-cu13/-cu12 wheel or the
@@ -45,9 +50,17 @@ commands:
                               checked; a no-op when installed) under target/nvrtc/ and print its
                               lib folder; `test` runs it
   bench [SUITE...]            run benchmark suites: device-spec, collectives, input, strategy,
-                              tpu (one JSON line per case), or every bench when none is named
+                              tpu (one JSON line per case), or every bench when none is named;
+                              multi-worker (feature mpi) runs MultiWorkerMirroredStrategy under
+                              mpirun as 2 and 4 workers (×1 replica) and 2 workers × 2
   demo [DEMO-ARGS...]         train an MLP on wine-quality data data-parallel (release build);
-                              `cargo xtask demo --help` lists its options
+                              `cargo xtask demo --help` lists its options; --workers W trains
+                              on W worker processes under mpirun (feature mpi; --replicas R
+                              each), checked against one process with one replica
+  launch -n W EXAMPLE [-- ARGS...]
+                              build EXAMPLE in release with the mpi feature and run it as W
+                              worker processes under mpirun (--oversubscribe past the cores;
+                              allowed as root)
   help                        print this message
 ";
 
@@ -75,6 +88,7 @@ fn run(args: &[String]) -> Result<()> {
         "fetch-nvrtc" => nvrtc::command(&workspace_root(), rest),
         "test-gpu" => gpu::command(rest),
         "demo" => demo(rest),
+        "launch" => mpi::launch(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
@@ -99,6 +113,7 @@ fn test(extra: &[String]) -> Result<()> {
     }
     cargo("tests", &all_targets)?;
     cargo("doc tests", &doc)?;
+    mpi::test(extra)?;
     gpu::test_nvrtc(&root, extra)
 }
 
@@ -126,6 +141,7 @@ fn ci(rest: &[String]) -> Result<()> {
             &gpu_clippy,
         )?;
     }
+    mpi::clippy()?;
     test(&[])
 }
 
@@ -139,14 +155,25 @@ const SUITES: &[(&str, &str, Option<&str>)] = &[
     ("tpu", "distribute-tpu", Some("tpu")),
 ];
 
+/// The suite that runs worker processes under `mpirun` rather than a cargo bench target.
+const MULTI_WORKER_SUITE: &str = "multi-worker";
+
 /// Runs benchmark suites by name, or every bench of the workspace when none is named.
 fn bench(suites: &[String]) -> Result<()> {
     if suites.is_empty() {
         return cargo("benchmarks", &["bench", "--workspace"]);
     }
     for suite in suites {
+        if suite == MULTI_WORKER_SUITE {
+            mpi::bench_multi_worker()?;
+            continue;
+        }
         let Some((name, package, target)) = SUITES.iter().find(|(name, ..)| name == suite) else {
-            let known: Vec<&str> = SUITES.iter().map(|(name, ..)| *name).collect();
+            let known: Vec<&str> = SUITES
+                .iter()
+                .map(|(name, ..)| *name)
+                .chain([MULTI_WORKER_SUITE])
+                .collect();
             bail!(
                 "unknown benchmark suite '{suite}'; known: {}",
                 known.join(", ")
@@ -161,8 +188,13 @@ fn bench(suites: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Runs the training demo (the `demo` binary of `examples/demo`) in release, with `args`.
+/// Runs the training demo (the `demo` binary of `examples/demo`) in release, with `args`; with
+/// `--workers W`, as W worker processes under mpirun.
 fn demo(args: &[String]) -> Result<()> {
+    let (workers, args) = mpi::take_workers(args)?;
+    if let Some(workers) = workers {
+        return mpi::demo(workers, &args);
+    }
     let mut cargo_args = vec![
         "run",
         "--release",
@@ -182,7 +214,7 @@ fn cargo(what: &str, args: &[&str]) -> Result<()> {
 }
 
 /// [`cargo`] with environment variables `env` set for cargo and what it runs.
-fn cargo_env(what: &str, args: &[&str], env: &[(&str, &OsStr)]) -> Result<()> {
+pub(crate) fn cargo_env(what: &str, args: &[&str], env: &[(&str, &OsStr)]) -> Result<()> {
     let cargo = cargo_program();
     eprintln!("xtask: {what}: cargo {}", args.join(" "));
     let start = Instant::now();
@@ -203,11 +235,11 @@ fn cargo_env(what: &str, args: &[&str], env: &[(&str, &OsStr)]) -> Result<()> {
 }
 
 /// The cargo that runs xtask (`$CARGO`), else `cargo` from `PATH`.
-fn cargo_program() -> String {
+pub(crate) fn cargo_program() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
 }
 
-fn workspace_root() -> std::path::PathBuf {
+pub(crate) fn workspace_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives one level below the workspace root")

@@ -8,6 +8,7 @@ use distribute_values::{
 };
 use std::sync::Arc;
 
+use crate::tensor::with_dtype;
 use crate::{Tensor, kernel};
 
 /// Regrouping collapses tensors by identity (same buffer, same device), as TF does with `is`:
@@ -84,6 +85,29 @@ impl VariableValue for Tensor {
 
     fn is_zero(&self) -> bool {
         Tensor::zeros(self.device(), self.dtype(), self.shape()).is_ok_and(|zeros| *self == zeros)
+    }
+
+    /// The elements' native-endian bytes (workers of one job run on one architecture).
+    fn to_wire(&self) -> Option<Vec<u8>> {
+        let host = self.to_host().ok()?;
+        with_dtype!(host.dtype(), T => {
+            let values = host.to_vec::<T>().ok()?;
+            Some(crate::backends::mpi::element_bytes(&values).to_vec())
+        })
+    }
+
+    fn like_from_wire(&self, bytes: &[u8]) -> Option<Tensor> {
+        with_dtype!(self.dtype(), T => {
+            let mut values = vec![<T as crate::Element>::zero(); self.num_elements()];
+            let target = crate::backends::mpi::element_bytes_mut(&mut values);
+            if target.len() != bytes.len() {
+                return None;
+            }
+            target.copy_from_slice(bytes);
+            let host = Tensor::from_vec(self.device(), self.shape(), values).ok()?;
+            // Back where the value lived (a GPU copy for a GPU variable).
+            host.copy_to(self.device()).ok()
+        })
     }
 
     fn try_add(&self, other: &Tensor) -> Result<Tensor, ValuesError> {

@@ -72,6 +72,19 @@ pub enum CollectiveError {
         /// Why, e.g. "replica 1 panicked: …".
         reason: String,
     },
+    /// A worker's step (or its part of a collective setup) failed, so it fails on every worker
+    /// of a multi-worker run, this one's included, with the same error.
+    #[error("worker {worker} failed: {message}")]
+    WorkerFailed {
+        /// The worker that failed on its own (the first, when several did).
+        worker: usize,
+        /// Its error, as it reported it.
+        message: String,
+    },
+    /// The workers of a multi-worker run made different cross-worker calls (another operation,
+    /// dtype or shape): every worker fails the call with the same description.
+    #[error("{0}")]
+    WorkersDisagree(String),
     /// `Mean` of an integer tensor where no exact float64 path exists (a tensor's own axis
     /// reduction, the NCCL backend); the other reductions give TF's float64 mean.
     #[error("MEAN of {0} tensors is not supported: cast to a floating type, or reduce with SUM")]

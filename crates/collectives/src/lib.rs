@@ -38,6 +38,8 @@ use cuda::bridge as gpu;
 #[cfg(not(feature = "cuda"))]
 use no_cuda as gpu;
 
+#[cfg(feature = "mpi")]
+pub use backends::mpi::{INLINE_BYTES, MpiAllReduce, MpiWorld, SCATTER_MIN_BYTES};
 #[cfg(feature = "nccl")]
 pub use backends::nccl::NcclAllReduce;
 pub use backends::nccl::auth::{

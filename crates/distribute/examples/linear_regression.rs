@@ -11,6 +11,17 @@
 //! ```text
 //! cargo run --release -p distribute --example linear_regression -- --replicas 2 --json
 //! ```
+//!
+//! Built with the feature `mpi` and started by `mpirun`, it trains with
+//! `MultiWorkerMirroredStrategy` instead: every process is a worker with `--replicas` local
+//! replicas, and only the chief (worker 0) prints. With W workers × R replicas each step's rows
+//! reach the same W·R replicas' gradient sums as one process with W·R replicas, so the weights
+//! equal that run's (to rounding: the sums are added in another order).
+//!
+//! ```text
+//! cargo build --release -p distribute --example linear_regression --features mpi
+//! mpirun -n 2 target/release/examples/linear_regression --replicas 1 --json
+//! ```
 
 use std::time::Instant;
 
@@ -33,10 +44,57 @@ pub(crate) struct Trained {
     pub(crate) steps_per_s: f64,
 }
 
-/// Trains on `replicas` CPU replicas for `steps` steps.
+/// `replicas` CPU devices.
+fn cpu_devices(replicas: usize) -> Vec<String> {
+    (0..replicas).map(|r| format!("/cpu:{r}")).collect()
+}
+
+/// Trains on `replicas` CPU replicas of this process for `steps` steps.
 pub(crate) fn train(replicas: usize, steps: usize) -> Result<Trained, Box<dyn std::error::Error>> {
-    let devices: Vec<String> = (0..replicas).map(|r| format!("/cpu:{r}")).collect();
-    let strategy = MirroredStrategy::new(&devices)?;
+    let strategy = MirroredStrategy::new(&cpu_devices(replicas))?;
+    train_on(&strategy, steps)
+}
+
+/// Trains as one worker of the MPI job this process belongs to, with `replicas` local CPU
+/// replicas, for `steps` steps; also gives the worker count and whether this is the chief.
+#[cfg(feature = "mpi")]
+pub(crate) fn train_multi_worker(
+    replicas: usize,
+    steps: usize,
+) -> Result<(Trained, usize, bool), Box<dyn std::error::Error>> {
+    let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
+        local_devices: cpu_devices(replicas),
+        ..MultiWorkerConfig::default()
+    })?;
+    let trained = train_on(&strategy, steps)?;
+    Ok((trained, strategy.num_workers(), strategy.is_chief()))
+}
+
+/// Under `mpirun` without the feature every process would train alone and print.
+#[cfg(not(feature = "mpi"))]
+fn train_multi_worker(
+    _replicas: usize,
+    _steps: usize,
+) -> Result<(Trained, usize, bool), Box<dyn std::error::Error>> {
+    Err(
+        "started by mpirun, but built without the `mpi` feature: rebuild with \
+         `cargo build --release -p distribute --example linear_regression --features mpi`"
+            .into(),
+    )
+}
+
+/// Whether `mpirun` (Open MPI's, or an MPICH-style launcher's) started this process.
+fn started_by_mpirun() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some())
+}
+
+/// Trains on `strategy`'s replicas for `steps` steps.
+pub(crate) fn train_on<S: Strategy>(
+    strategy: &S,
+    steps: usize,
+) -> Result<Trained, Box<dyn std::error::Error>> {
     let zeros = |shape: &[usize]| Tensor::zeros("/cpu:0", DType::F32, shape);
     let options = VariableOptions::default;
     let weights = strategy.create_variable("weights", zeros(&[FEATURES])?, options())?;
@@ -114,18 +172,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    let trained = train(replicas, STEPS)?;
+    let (trained, workers, chief) = if started_by_mpirun() {
+        train_multi_worker(replicas, STEPS)?
+    } else {
+        (train(replicas, STEPS)?, 1, true)
+    };
+    if !chief {
+        // Every worker holds the same weights; the chief speaks for all.
+        return Ok(());
+    }
     if json {
         println!(
             "{}",
             serde_json::json!({
-                "replicas": replicas, "steps": STEPS, "weights": trained.weights,
+                "workers": workers, "replicas": replicas, "steps": STEPS,
+                "weights": trained.weights,
                 "bias": trained.bias, "loss": trained.loss, "steps_per_s": trained.steps_per_s,
             })
         );
     } else {
         println!(
-            "{replicas} replicas, {STEPS} steps: loss {:.6}, bias {:.6}, {:.0} steps/s",
+            "{workers} worker(s) × {replicas} replicas, {STEPS} steps: loss {:.6}, bias {:.6}, \
+             {:.0} steps/s",
             trained.loss, trained.bias, trained.steps_per_s
         );
         println!("weights: {:?}", trained.weights);

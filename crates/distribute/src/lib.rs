@@ -18,6 +18,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! With the feature `mpi`, the prelude also has [`MultiWorkerMirroredStrategy`](mirrored::MultiWorkerMirroredStrategy)
+//! for programs started by `mpirun` (one process per worker).
+//!
 //! Downstream projects that need one layer can depend on its crate alone. This crate adds no
 //! behaviour of its own.
 
@@ -35,6 +38,8 @@ pub mod prelude {
     pub use distribute_collectives::{DType, Destinations, Tensor};
     pub use distribute_input::{Dataset, DistributedDataset, InputOptions, PartialBatch};
     pub use distribute_mirrored::{MirroredConfig, MirroredStrategy};
+    #[cfg(feature = "mpi")]
+    pub use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
     pub use distribute_strategy::{
         CrossReplicaContext, DefaultStrategy, ReplicaContext, Strategy, StrategyError,
         VariableOptions, per_replica_inputs,

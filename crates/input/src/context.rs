@@ -94,6 +94,42 @@ impl InputContext {
         }
         Ok(global_batch_size / self.num_replicas_in_sync)
     }
+
+    /// The contiguous rows of each `global_batch_size`-row global batch that this pipeline's
+    /// replicas take: pipeline `p` of `P` takes rows `p·B/P..(p+1)·B/P`, its replicas the
+    /// consecutive per-replica chunks of them. An input function of a multi-worker run selects
+    /// these rows and batches them per replica, so local replica `r` of worker `w` gets global
+    /// chunk `w·R + r`, as TensorFlow's `MultiWorkerMirroredStrategy` gives it. An error unless
+    /// the batch divides by the replica count.
+    ///
+    /// ```
+    /// use distribute_input::InputContext;
+    ///
+    /// // Worker 1 of 2, 2 replicas each: rows 128..256 of a 256-row batch, 64 per replica.
+    /// let cx = InputContext::new(2, 1, 4)?;
+    /// assert_eq!(cx.rows_of_global_batch(256)?, 128..256);
+    /// assert_eq!(cx.per_replica_batch_size(256)?, 64);
+    /// # Ok::<(), distribute_input::InputError>(())
+    /// ```
+    pub fn rows_of_global_batch(
+        &self,
+        global_batch_size: usize,
+    ) -> Result<std::ops::Range<usize>, InputError> {
+        let per_replica = self.per_replica_batch_size(global_batch_size)?;
+        if !self
+            .num_replicas_in_sync
+            .is_multiple_of(self.num_input_pipelines)
+        {
+            return Err(InputError::InvalidOption(format!(
+                "{} replicas cannot be shared evenly by {} input pipelines, so a pipeline has \
+                 no contiguous part of the global batch",
+                self.num_replicas_in_sync, self.num_input_pipelines
+            )));
+        }
+        let per_pipeline = per_replica * self.num_replicas_in_sync / self.num_input_pipelines;
+        let start = self.input_pipeline_id * per_pipeline;
+        Ok(start..start + per_pipeline)
+    }
 }
 
 impl fmt::Display for InputContext {

@@ -9,10 +9,28 @@
 //! replica gets a value on every step and all of them see the end on the same step.
 //!
 //! The parts live beside this file: the options (`options`), one pipeline's pieces and steps
-//! (`pipeline`), the pipelines joined (`steps`), the iterators (`iterator`) and the step
-//! exchange between processes (`across_processes`).
+//! (`pipeline`), the pipelines joined (`steps`), the iterators (`iterator`), the per-step
+//! exchange between processes (`across_processes`) and the windowed agreement on the end of
+//! data that multi-worker runs use (`agreement`).
+//!
+//! # Multi-worker rows
+//!
+//! In a multi-worker run (one process per worker, [`InputWorkers::worker_of_cluster`]) with W
+//! workers × R local replicas, each global batch is cut into W·R per-replica chunks, and the
+//! replicas get TensorFlow's `MultiWorkerMirroredStrategy` rows:
+//! - [`DistributedDataset::new`] sharded by data: local replica `r` of worker `w` gets chunk
+//!   `r·W + w` (the chunks are dealt to the workers round-robin). Sharded by file, worker `w`
+//!   reads files `w`, `w + W`, … and cuts its own global batches the same way, its replicas
+//!   taking consecutive chunks.
+//! - [`distribute_datasets_from_function`]: worker `w`'s function produces its contiguous part
+//!   of each global batch ([`InputContext::rows_of_global_batch`]), batched per replica, and
+//!   local replica `r` gets global chunk `w·R + r`.
+//!
+//! With one replica per worker both give worker `w` rows `w·B/W..(w+1)·B/W` of a `B`-row
+//! batch: the rows a single process with W replicas gives its replicas.
 
 mod across_processes;
+mod agreement;
 mod iterator;
 mod options;
 mod pipeline;
@@ -22,6 +40,8 @@ use std::sync::Arc;
 
 use distribute_values::{PerReplica, ReplicaDeviceMap};
 
+use agreement::{Agreement, AgreementConfig};
+pub use agreement::{DEFAULT_AGREEMENT_WINDOW, SumAcrossProcesses};
 pub use iterator::{DistributedIterator, MaskedDistributedIterator};
 pub use options::{AutoShardPolicy, BatchSplit, InputOptions, PartialBatch};
 use pipeline::{LocalStep, LocalSteps, Plan};
@@ -56,6 +76,10 @@ pub struct DistributedDataset<B: Batch> {
     prefetch: usize,
     partial: PartialBatch,
     applied: Vec<AutoShardPolicy>,
+    /// Whether every process reads the same stream and so knows the end of data alone.
+    same_stream: bool,
+    /// How the processes agree on the end of data when they read different streams.
+    agreement: Option<AgreementConfig>,
 }
 
 impl<B: Batch> DistributedDataset<B> {
@@ -156,8 +180,59 @@ impl<B: Batch> DistributedDataset<B> {
             device_map: Arc::clone(workers.device_map()),
             prefetch: options.prefetch,
             partial: options.partial_batch,
+            same_stream: !applied.contains(&AutoShardPolicy::File),
             applied,
+            agreement: None,
         })
+    }
+
+    /// Lets the iterators of a multi-worker run end on the same step on every process:
+    /// `sum` is an integer sum all-reduce across the worker processes (from the strategy's
+    /// cross-process collectives), called by [`iter`](Self::iter)'s iterators once per
+    /// `window` steps, and only when the processes read different streams (sharded by file,
+    /// or from [`distribute_datasets_from_function`]); data-sharded and unsharded datasets
+    /// end together without it. The rule, in [`SumAcrossProcesses`]: each process reads up to `window` steps ahead, one exchange tells all of them how many steps
+    /// someone has data for, and a process that ran out hands its replicas empty batches until
+    /// then. An error of the exchange, or another process's failure, ends iteration with an
+    /// error on every process on the same step.
+    ///
+    /// [`iter_masked`](Self::iter_masked) agrees the same way, a process that ran out handing
+    /// its replicas padding with all-zero masks.
+    ///
+    /// Errors: a `window` of 0.
+    ///
+    /// ```
+    /// use distribute_input::{distribute_datasets_from_function, Dataset, InputError, InputOptions, InputWorkers, SumAcrossProcesses};
+    ///
+    /// // Worker 0 of 2, alone in this example: the "sum" adds what worker 1 would report
+    /// // with no data at all.
+    /// let workers = InputWorkers::worker_of_cluster(2, 0, "/job:worker/task:0", ["/job:worker/task:0/cpu:0"])?;
+    /// let dist = distribute_datasets_from_function(&workers, InputOptions::default(), |_| {
+    ///     Dataset::range(3).batch(1, false)
+    /// })?
+    /// .with_sum_across_processes(SumAcrossProcesses::new(|_counters| Ok(())), 8)?;
+    /// assert!(dist.needs_agreement());
+    /// assert_eq!(dist.iter().count(), 3);
+    /// # Ok::<(), InputError>(())
+    /// ```
+    pub fn with_sum_across_processes(
+        mut self,
+        sum: SumAcrossProcesses,
+        window: usize,
+    ) -> Result<Self, InputError> {
+        if window == 0 {
+            return Err(InputError::InvalidOption(
+                "the agreement window must be at least one step".into(),
+            ));
+        }
+        self.agreement = Some(AgreementConfig { sum, window });
+        Ok(self)
+    }
+
+    /// Whether the processes of a multi-worker run must exchange to end on the same step:
+    /// more than one process feeds the steps and they read different streams.
+    pub fn needs_agreement(&self) -> bool {
+        self.num_processes > 1 && !self.same_stream
     }
 
     /// The steps, from the start: one [`PerReplica`] batch per step, `None` after the last.
@@ -167,6 +242,7 @@ impl<B: Batch> DistributedDataset<B> {
             steps: self.steps(),
             num_processes: self.num_processes,
             finished: false,
+            agreement: self.agreement(),
         }
     }
 
@@ -175,6 +251,17 @@ impl<B: Batch> DistributedDataset<B> {
     pub fn iter_masked(&self) -> MaskedDistributedIterator<B> {
         MaskedDistributedIterator {
             steps: self.steps(),
+            agreement: self.agreement(),
+        }
+    }
+
+    /// An iterator's side of the agreement on the end of data, when it needs one.
+    fn agreement(&self) -> Option<Agreement<B>> {
+        match &self.agreement {
+            Some(config) if self.needs_agreement() => {
+                Some(Agreement::new(config.clone(), self.num_processes))
+            }
+            _ => None,
         }
     }
 
@@ -322,6 +409,8 @@ where
         device_map: Arc::clone(workers.device_map()),
         prefetch: options.prefetch,
         partial: options.partial_batch,
+        same_stream: false,
+        agreement: None,
     })
 }
 

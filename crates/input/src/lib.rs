@@ -8,7 +8,10 @@
 //! [`DistributedDataset`], which turns a global-batch dataset (or one dataset per pipeline,
 //! with [`distribute_datasets_from_function`]) into one [`PerReplica`] batch per step, with the
 //! auto-shard ([`AutoShardPolicy`]) and partial-batch ([`PartialBatch`]) policies and
-//! [`Prefetch`] on background threads.
+//! [`Prefetch`] on background threads. In a multi-worker run (one process per worker) it gives
+//! each replica TensorFlow's `MultiWorkerMirroredStrategy` rows, and the workers end a finite
+//! dataset on the same step through a [`SumAcrossProcesses`] the strategy provides, without a
+//! round trip per step.
 //!
 //! It builds on device names (layer 1), distributed values (layer 2) and tensors (layer 3). It
 //! knows nothing about strategies, replica threads or collectives' algorithms: it hands out one
@@ -65,8 +68,9 @@ pub use dataset::{
     ShuffleSpec, Source,
 };
 pub use distributed::{
-    AutoShardPolicy, BatchSplit, DistributedDataset, DistributedIterator, InputOptions,
-    MaskedDistributedIterator, PartialBatch, distribute_datasets_from_function,
+    AutoShardPolicy, BatchSplit, DEFAULT_AGREEMENT_WINDOW, DistributedDataset, DistributedIterator,
+    InputOptions, MaskedDistributedIterator, PartialBatch, SumAcrossProcesses,
+    distribute_datasets_from_function,
 };
 pub use error::{ErrorKind, InputError};
 pub use npy::NpySource;

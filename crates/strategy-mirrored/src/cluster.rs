@@ -2,9 +2,9 @@
 //! (`configure(cluster_spec)`, `_initialize_multi_worker`) — every worker's devices, this task's,
 //! the replica count and the cross-device ops it would infer.
 //!
-//! A [`crate::MirroredStrategy`] still runs on one machine only (there is no cross-process
-//! backend yet, so building one over several workers' devices is an error); this is the plan
-//! such a backend will execute, and what a launcher checks a cluster against.
+//! A [`crate::MirroredStrategy`] runs on one machine only (building one over several workers'
+//! devices is an error); across processes, `MultiWorkerMirroredStrategy` (feature `mpi`) runs
+//! the replicas, and checks `TF_CONFIG` against the MPI world with this plan.
 
 use distribute_device_spec::{
     ClusterSpec, DeviceSpec, DeviceSpecError, MAX_GPUS_PER_WORKER, TaskId, TaskType, TfConfig,

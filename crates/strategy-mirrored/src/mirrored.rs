@@ -241,6 +241,26 @@ impl Strategy for MirroredStrategy {
         O: Regroup + Send,
         F: Fn(&ReplicaContext<'_>, D::Local) -> Result<O, StrategyError> + Sync,
     {
+        let outputs = self.run_replicas(self, step, inputs)?;
+        Ok(regroup(&self.devices, outputs)?)
+    }
+}
+
+impl MirroredStrategy {
+    /// Runs `step` once on every replica thread, each with a context over `extended` (this
+    /// strategy, or a multi-worker strategy built on it), and returns the replicas' outputs in
+    /// replica order, or the root-cause error of a failed step.
+    pub(crate) fn run_replicas<D, O, F>(
+        &self,
+        extended: &dyn StrategyExtended,
+        step: F,
+        inputs: &D,
+    ) -> Result<Vec<O>, StrategyError>
+    where
+        D: Distributed + Sync,
+        O: Regroup + Send,
+        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<O, StrategyError> + Sync,
+    {
         if ReplicaPool::on_replica_thread() {
             return Err(StrategyError::Runtime(
                 "run was called from inside a replica's step; use merge_call to reach \
@@ -261,7 +281,7 @@ impl Strategy for MirroredStrategy {
         let job = |replica: usize, collectives: &dyn ReplicaCollectives| {
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 let input = select_replica::<D::Local>(replica, inputs)?;
-                let ctx = ReplicaContext::new(replica, self, collectives);
+                let ctx = ReplicaContext::new(replica, extended, collectives);
                 step(&ctx, input)
             }))
             .unwrap_or_else(|payload| {
@@ -297,7 +317,7 @@ impl Strategy for MirroredStrategy {
         if !errors.is_empty() {
             return Err(root_cause(errors));
         }
-        Ok(regroup(&self.devices, outputs_ok)?)
+        Ok(outputs_ok)
     }
 }
 

@@ -40,7 +40,7 @@ pub trait Strategy: Send + Sync {
 
     /// The number of replicas that run each step.
     fn num_replicas_in_sync(&self) -> usize {
-        self.extended().num_replicas()
+        self.extended().total_replicas()
     }
 
     /// The cross-replica context: reductions, broadcasts and variable updates outside `run`.

@@ -30,6 +30,22 @@ pub trait VariableValue: Clone + fmt::Debug {
         false
     }
 
+    /// The value's bytes, for another process (a multi-worker strategy sends the chief's
+    /// initial values to every worker); `None` for a type that cannot travel.
+    fn to_wire(&self) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// A value like `self` (same type, dtype and shape) holding `bytes` that
+    /// [`to_wire`](Self::to_wire) gave for another process's value; `None` when they do not fit.
+    fn like_from_wire(&self, bytes: &[u8]) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        let _ = bytes;
+        None
+    }
+
     /// `self + other`.
     fn try_add(&self, other: &Self) -> Result<Self, ValuesError>;
 
@@ -67,6 +83,14 @@ macro_rules! float_impls {
                 *self == 0.0
             }
 
+            fn to_wire(&self) -> Option<Vec<u8>> {
+                Some(self.to_le_bytes().to_vec())
+            }
+
+            fn like_from_wire(&self, bytes: &[u8]) -> Option<Self> {
+                Some(<$ty>::from_le_bytes(bytes.try_into().ok()?))
+            }
+
             fn try_add(&self, other: &Self) -> Result<Self, ValuesError> {
                 Ok(self + other)
             }
@@ -97,6 +121,14 @@ macro_rules! int_impls {
 
             fn is_zero(&self) -> bool {
                 *self == 0
+            }
+
+            fn to_wire(&self) -> Option<Vec<u8>> {
+                Some(self.to_le_bytes().to_vec())
+            }
+
+            fn like_from_wire(&self, bytes: &[u8]) -> Option<Self> {
+                Some(<$ty>::from_le_bytes(bytes.try_into().ok()?))
             }
 
             fn try_add(&self, other: &Self) -> Result<Self, ValuesError> {

@@ -19,6 +19,12 @@
 //! largest difference between the two runs' weights must be at most [`TOLERANCE`], or the demo
 //! fails ([`report`]).
 //!
+//! `cargo xtask demo --workers W [--replicas R]` (feature `mpi`) starts the demo as W worker
+//! processes under `mpirun`, training with `MultiWorkerMirroredStrategy` (R replicas each); the
+//! chief reports the time per step with the cross-worker communication as its own part, and
+//! checks the weights against one process with one replica ([`TOLERANCE`]) and that every copy
+//! on every worker has the same bits (`report::run_multi_worker`).
+//!
 //! `--strategy tpu` trains the same model from the same batches with `TpuStrategy`, one replica
 //! per PJRT device, the whole step compiled once ([`tpu`]). It is checked against one TPU
 //! replica ([`TOLERANCE`]) and against MirroredStrategy ([`TPU_MIRRORED_TOLERANCE`]).
@@ -37,6 +43,14 @@ pub mod report;
 pub mod tpu;
 
 pub use cli::{Args, StrategyKind, parse_args};
+
+/// Whether `mpirun` (Open MPI's, or an MPICH-style launcher) started this process: the demo is
+/// then one worker of `cargo xtask demo --workers W`.
+pub fn started_by_mpirun() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some())
+}
 pub use report::run;
 
 /// The largest weight difference allowed between the N-replica and the 1-replica run.

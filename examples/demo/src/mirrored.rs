@@ -30,6 +30,9 @@ pub struct StepTimes {
     /// The rest of `strategy.run`: handing the step to the replica threads and collecting
     /// their results.
     pub dispatch: Duration,
+    /// Of all the above, the time this process spent in cross-worker calls (MPI: the
+    /// all-reduce's cross-process part, the end-of-step agreement); 0 in one process.
+    pub cross_worker: Duration,
 }
 
 impl StepTimes {
@@ -109,11 +112,24 @@ pub(crate) fn training_batches(
 
 /// Trains the MLP on `data.train` with `MirroredStrategy` over `config.devices`.
 pub fn train(config: &Config, data: &WineData) -> Result<Trained> {
+    let strategy = MirroredStrategy::new(&config.devices)?;
+    train_on(&strategy, config, data, || Duration::ZERO)
+}
+
+/// Trains the MLP on `data.train` with `strategy`, whose local replicas are `config.devices`
+/// (a `MultiWorkerMirroredStrategy` trains every worker's replicas together, each step's global
+/// batch shared by all). `cross_worker_clock` says how long this process has spent in
+/// cross-worker calls so far (always 0 in one process).
+pub fn train_on<S: Strategy>(
+    strategy: &S,
+    config: &Config,
+    data: &WineData,
+    cross_worker_clock: impl Fn() -> Duration,
+) -> Result<Trained> {
     ensure!(
         config.steps > 0 && config.global_batch > 0 && config.hidden > 0 && config.eval_every > 0,
         "steps, batch, hidden units and the validation interval must be positive"
     );
-    let strategy = MirroredStrategy::new(&config.devices)?;
     let host = strategy.extended().host_device().to_owned();
     let mean_score = data.train.y.iter().sum::<f32>() / data.train.rows() as f32;
     let init = Params::init(config.hidden, mean_score, config.seed);
@@ -133,7 +149,15 @@ pub fn train(config: &Config, data: &WineData) -> Result<Trained> {
         )?);
     }
 
-    let distributed = input_pipeline(config, &data.train, &host)?;
+    // The strategy's own dataset: in one process `input_pipeline`'s; across workers each
+    // worker's share of every global batch.
+    let distributed = strategy.distribute_dataset(
+        training_batches(config, &data.train, &host)?,
+        InputOptions {
+            partial_batch: PartialBatch::KeepUneven,
+            ..InputOptions::default()
+        },
+    )?;
 
     let (learning_rate, momentum, global_batch) =
         (config.learning_rate, config.momentum, config.global_batch);
@@ -213,6 +237,7 @@ pub fn train(config: &Config, data: &WineData) -> Result<Trained> {
     let mut steps = distributed.iter();
     for step in 0..config.steps {
         let waiting = Instant::now();
+        let cross_before = cross_worker_clock();
         let batch = steps
             .next()
             .ok_or_else(|| anyhow!("the input ended after {step} steps"))??;
@@ -227,11 +252,12 @@ pub fn train(config: &Config, data: &WineData) -> Result<Trained> {
         times.all_reduce += all_reduce;
         times.merge_call += merge_call;
         times.dispatch += (ran - running).saturating_sub(compute + all_reduce + merge_call);
+        times.cross_worker += cross_worker_clock().saturating_sub(cross_before);
         let loss = *loss.local_results()[0];
         losses.push(loss);
 
         if (step + 1) % config.eval_every == 0 || step + 1 == config.steps {
-            let params = read_params(&strategy, &weights)?;
+            let params = read_params(strategy, &weights)?;
             validation.push((step + 1, evaluate(&params, &data.validation)?.mse));
         }
         if step % 20 == 0 || step + 1 == config.steps {
@@ -244,7 +270,7 @@ pub fn train(config: &Config, data: &WineData) -> Result<Trained> {
         }
     }
     bar.finish_and_clear();
-    let params = read_params(&strategy, &weights)?;
+    let params = read_params(strategy, &weights)?;
     let mut copy_difference = 0.0f32;
     for r in 1..config.devices.len() {
         let copy = weights
@@ -269,6 +295,7 @@ pub fn train(config: &Config, data: &WineData) -> Result<Trained> {
             all_reduce: per_step(times.all_reduce),
             merge_call: per_step(times.merge_call),
             dispatch: per_step(times.dispatch),
+            cross_worker: per_step(times.cross_worker),
         },
         steps_per_s: config.steps as f64 / total.as_secs_f64(),
         cross_device_ops: strategy
@@ -295,8 +322,8 @@ fn mean_seconds(per_replica: &Leaf<f64>) -> Duration {
 }
 
 /// The mirrored weights as the cross-replica context reads them.
-fn read_params(
-    strategy: &MirroredStrategy,
+fn read_params<S: Strategy>(
+    strategy: &S,
     weights: &[DistributedVariable<Tensor>],
 ) -> Result<Params> {
     let cross = strategy.cross_replica();

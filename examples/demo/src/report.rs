@@ -106,6 +106,151 @@ fn run_mirrored(args: &Args, data: &WineData) -> Result<()> {
     Ok(())
 }
 
+/// Under `mpirun` (feature `mpi`): trains on every worker process with
+/// `MultiWorkerMirroredStrategy` (`config.devices` are each worker's local replicas); the chief
+/// reports, with the time per step and the cross-worker part of it, and checks the weights
+/// against a 1-process 1-replica run. Fails unless they agree within [`TOLERANCE`] and every
+/// copy of the weights, on every replica of every worker, has the same bits.
+#[cfg(feature = "mpi")]
+pub fn run_multi_worker(args: &Args) -> Result<()> {
+    use distribute::collectives::MpiWorld;
+    use distribute::prelude::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
+
+    let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
+        local_devices: args.config.devices.clone(),
+        ..MultiWorkerConfig::default()
+    })?;
+    let (workers, chief) = (strategy.num_workers(), strategy.is_chief());
+    let config = &Config {
+        progress: args.config.progress && chief,
+        ..args.config.clone()
+    };
+    let replicas = config.devices.len();
+    let data = load_wine(config.seed)?;
+    if chief {
+        println!(
+            "wine quality (red): {} training and {} validation wines, {FEATURES} standardized \
+             features",
+            data.train.rows(),
+            data.validation.rows()
+        );
+        println!(
+            "model: {FEATURES} → {} tanh → 1, SGD lr {} momentum {}, {} steps of global batch {}",
+            config.hidden, config.learning_rate, config.momentum, config.steps, config.global_batch
+        );
+    }
+    let world = MpiWorld::get()?;
+    let trained = mirrored::train_on(&strategy, config, &data, || world.time_in_calls())?;
+    // Every worker's bits of its weights, compared on every worker.
+    let bits: Vec<u8> = trained
+        .params
+        .flat()
+        .iter()
+        .flat_map(|w| w.to_bits().to_le_bytes())
+        .collect();
+    let every_worker = strategy.backend().exchange(&bits)?;
+    let differing: Vec<usize> = (1..every_worker.len())
+        .filter(|&w| every_worker[w] != every_worker[0])
+        .collect();
+    let copies_identical = trained.copy_difference == 0.0;
+    if !chief {
+        ensure!(
+            differing.is_empty() && copies_identical,
+            "worker {}: the weights are not bit-identical on every replica of every worker",
+            strategy.worker()
+        );
+        return Ok(());
+    }
+    println!(
+        "MultiWorkerMirroredStrategy: {workers} worker processes × {replicas} replicas [{}], \
+         cross-device ops: {}",
+        config.devices.join(", "),
+        trained.cross_device_ops
+    );
+    let t = trained.times;
+    let total = micros(t.total());
+    let share = |d: Duration| 100.0 * micros(d) / total;
+    // The MPI waits happen inside the all-reduce and run()'s end-of-step agreement; the rest
+    // of those is this worker's own (shared memory, threads).
+    let local = (t.communication() + t.dispatch).saturating_sub(t.cross_worker);
+    print_speed(config, trained.steps_per_s, &trained.losses);
+    println!(
+        "time per step {total:.1} µs: compute {:.1} µs ({:.0} %), cross-worker communication \
+         {:.1} µs ({:.0} %), local communication and dispatch {:.1} µs ({:.0} %), input {:.1} µs \
+         ({:.0} %)",
+        micros(t.compute),
+        share(t.compute),
+        micros(t.cross_worker),
+        share(t.cross_worker),
+        micros(local),
+        share(local),
+        micros(t.input),
+        share(t.input),
+    );
+    println!("  compute: read variables, forward, backward (mean over this worker's replicas)");
+    println!(
+        "  cross-worker: this process waiting in MPI (the gradient all-reduce's cross-process \
+         part and run()'s end-of-step agreement)"
+    );
+    println!(
+        "  local: the rest of the gradient all-reduce ({:.1} µs with its MPI part), the \
+         merge_call with the momentum update ({:.1} µs) and of run() ({:.1} µs with the \
+         agreement)",
+        micros(t.all_reduce),
+        micros(t.merge_call),
+        micros(t.dispatch)
+    );
+    println!("  input: waiting for this worker's batches");
+    print_metrics(config, &data, &trained.params)?;
+    write_plot(
+        args,
+        "loss_multi_worker.png",
+        &trained.losses,
+        &trained.validation,
+        &format!(
+            "wine quality MLP, {workers} workers × {replicas} replicas, global batch {}",
+            config.global_batch
+        ),
+    )?;
+    println!(
+        "copies of the weights: {} on every replica of every worker",
+        if differing.is_empty() && copies_identical {
+            "bit-identical"
+        } else {
+            "NOT bit-identical"
+        }
+    );
+    ensure!(
+        differing.is_empty(),
+        "workers {differing:?} hold other bits than worker 0: the mirrored variables drifted \
+         between workers"
+    );
+    ensure!(
+        copies_identical,
+        "this worker's replicas' copies differ by {:e}: a mirrored variable was not kept in sync",
+        trained.copy_difference
+    );
+    let one = Config {
+        devices: vec!["/cpu:0".to_owned()],
+        progress: false,
+        ..config.clone()
+    };
+    let reference = mirrored::train(&one, &data)?;
+    let difference = max_weight_difference(&trained.params, &reference.params);
+    println!(
+        "1 process, 1 replica, same global batch and data order: {:.0} steps/s; max |weight \
+         difference| = {difference:.1e} (limit {TOLERANCE:.0e}){}",
+        reference.steps_per_s,
+        bit_identical(&trained.params, &reference.params)
+    );
+    ensure!(
+        difference <= TOLERANCE,
+        "the {workers}×{replicas} weights differ from the 1-replica weights by {difference:e}, \
+         more than {TOLERANCE:e}: the workers did not train the same model"
+    );
+    Ok(())
+}
+
 /// `--strategy tpu`: trains with the compiled step, reports, and checks against one TPU
 /// replica (the same program's arithmetic) and against MirroredStrategy (other arithmetic).
 fn run_tpu(args: &Args, data: &WineData) -> Result<()> {

@@ -7,12 +7,13 @@
 //! - [`nccl`]: NCCL between GPUs (feature `nccl`), with the unique-id exchange of a multi-process
 //!   run beside it.
 //!
-//! A cross-process backend (MPI next) gets a module of its own here, `#[cfg(feature = "mpi")]`
-//! on its `mod` line, implementing [`CrossDeviceOps`](crate::CrossDeviceOps) and
-//! [`StepLifecycle`](crate::StepLifecycle); [`choose_the_best`](crate::choose_the_best) is where
-//! it gets picked.
+//! - [`mpi`]: the hierarchical all-reduce across the worker processes of an MPI job (feature
+//!   `mpi`; its agreement records, which need no MPI, build and are tested without it). A
+//!   multi-worker strategy builds it itself: [`choose_the_best`](crate::choose_the_best) picks
+//!   among the backends of one process.
 
 pub(crate) mod group;
+pub(crate) mod mpi;
 pub(crate) mod nccl;
 pub(crate) mod reduction_to_one;
 pub(crate) mod shared_memory;

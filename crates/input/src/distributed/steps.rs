@@ -31,9 +31,8 @@ impl<B: Batch> Steps<B> {
         }
         let result = self.join();
         if !matches!(result, Some(Ok(_))) {
-            self.done = true;
             // Stop the prefetch threads now rather than when the iterator is dropped.
-            self.pipelines.clear();
+            self.stop();
         }
         result
     }
@@ -102,6 +101,17 @@ impl<B: Batch> Steps<B> {
             self.template = Some(zero_rows(first)?);
         }
         Ok(())
+    }
+
+    /// Ends the steps here and stops the prefetch threads.
+    pub(super) fn stop(&mut self) {
+        self.done = true;
+        self.pipelines.clear();
+    }
+
+    /// Whether some step has shown the data's structure, so empty batches can be made.
+    pub(super) fn has_structure(&self) -> bool {
+        self.template.is_some()
     }
 
     /// Empty batches for every local replica, for a step that only other processes have data

@@ -4,6 +4,7 @@
 mod common;
 mod context;
 mod multi_worker;
+mod multi_worker_rows;
 mod nested;
 mod options;
 mod policies;

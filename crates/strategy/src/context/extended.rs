@@ -20,9 +20,21 @@ pub trait StrategyExtended: Send + Sync {
     /// The replicas' devices.
     fn device_map(&self) -> &Arc<ReplicaDeviceMap>;
 
-    /// The number of replicas.
+    /// The number of replicas this process runs (its device map's).
     fn num_replicas(&self) -> usize {
         self.device_map().num_replicas()
+    }
+
+    /// The number of replicas that run each step together: every replica of every worker (as
+    /// [`num_replicas`](Self::num_replicas) in one process): what `num_replicas_in_sync` says.
+    fn total_replicas(&self) -> usize {
+        self.num_replicas()
+    }
+
+    /// The global id of this process's first replica: 0 in one process; `w·R` on worker `w` of
+    /// a multi-worker run with R replicas per worker.
+    fn first_replica_id(&self) -> usize {
+        0
     }
 
     /// How values move between the devices.

@@ -36,14 +36,15 @@ impl<'a> ReplicaContext<'a> {
         }
     }
 
-    /// This replica's id, in `0..num_replicas_in_sync`.
+    /// This replica's id, in `0..num_replicas_in_sync`: global, so worker `w`'s local replica
+    /// `r` is `w·R + r` in a multi-worker run.
     pub fn replica_id(&self) -> usize {
-        self.replica_id
+        self.extended.first_replica_id() + self.replica_id
     }
 
-    /// The number of replicas running the step together.
+    /// The number of replicas running the step together (every worker's).
     pub fn num_replicas_in_sync(&self) -> usize {
-        self.extended.num_replicas()
+        self.extended.total_replicas()
     }
 
     /// This replica's device, where its values live (its first device when it spans several

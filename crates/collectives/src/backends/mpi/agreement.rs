@@ -1,0 +1,444 @@
+//! What each worker is about to do, gathered from every worker before any cross-process
+//! collective moves data: the call, its reduce op, dtype and shape, and the worker's status. A
+//! worker whose step failed, or that finished its step, sends the same fixed-size record, so its
+//! peers learn it in the very collective they were about to start and fail alike instead of
+//! waiting for data that will never come.
+//!
+//! Pure data and judgement: nothing here touches MPI, so it is tested without it.
+
+use std::fmt;
+
+use distribute_values::ReduceOp;
+
+use crate::{DType, Tensor};
+
+/// Dimensions a record carries in clear (the broadcast receivers need the root's shape); a
+/// tensor of higher rank is refused with an error naming this limit.
+pub(crate) const MAX_DIMS: usize = 7;
+
+/// The `dims` of a tensor of rank above [`MAX_DIMS`].
+const RANK_TOO_HIGH: i64 = -2;
+
+/// The cross-worker calls.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Call {
+    /// A replica-context all-reduce (one tensor or a fused batch).
+    AllReduce = 1,
+    /// A replica-context all-gather; rows may differ per worker.
+    AllGather = 2,
+    /// A broadcast from one global replica (or worker 0's variable values).
+    Broadcast = 3,
+    /// A cross-replica-context reduction (`reduce_to`, `batch_reduce`).
+    Reduce = 4,
+    /// The end of a step: every worker passes through one, so a worker that failed early and
+    /// one that finished meet.
+    EndStep = 5,
+    /// Bytes exchanged by a caller outside the collectives (e.g. an input pipeline's
+    /// end-of-data flag).
+    Exchange = 6,
+    /// Worker 0's values of tensors every worker has alike (variables' initial values).
+    ChiefValues = 7,
+}
+
+impl Call {
+    fn from_word(word: i64) -> Option<Call> {
+        Some(match word {
+            1 => Call::AllReduce,
+            2 => Call::AllGather,
+            3 => Call::Broadcast,
+            4 => Call::Reduce,
+            5 => Call::EndStep,
+            6 => Call::Exchange,
+            7 => Call::ChiefValues,
+            _ => return None,
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Call::AllReduce => "all_reduce",
+            Call::AllGather => "all_gather",
+            Call::Broadcast => "broadcast",
+            Call::Reduce => "reduce",
+            Call::EndStep => "the end of its step",
+            Call::Exchange => "exchange",
+            Call::ChiefValues => "broadcast of the chief's values",
+        }
+    }
+}
+
+/// How a worker stands when it sends a record.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Status {
+    /// Healthy: making the call, or ending a step that succeeded.
+    Ok = 0,
+    /// Its step failed on its own (an error or a panic in one of its replicas).
+    Failed = 1,
+    /// Its step failed because another worker's did.
+    FailedAsConsequence = 2,
+}
+
+/// One worker's record: fixed size, so every worker's fits one gather whatever it is doing.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Record {
+    pub(crate) call: Call,
+    /// The reduce op (`ReduceOp as i64 + 1`), 0 for none.
+    pub(crate) op: i64,
+    /// The dtype (`DType as i64 + 1`), 0 for none; for a fused batch, a hash of every dtype.
+    pub(crate) dtype: i64,
+    /// The first dimension (all-gather: may differ per worker); for a batch, the element count.
+    pub(crate) rows: i64,
+    /// The dimensions after the first, hashed with the rank (and a batch's dtypes and shapes).
+    pub(crate) rest: i64,
+    /// A broadcast's root (global replica), a reduction's replica count, else 0.
+    pub(crate) extra: i64,
+    pub(crate) status: Status,
+    /// The shape in clear, for broadcast receivers; `-1` past the rank.
+    pub(crate) dims: [i64; MAX_DIMS],
+}
+
+impl Record {
+    /// Words on the wire.
+    pub(crate) const WORDS: usize = 7 + MAX_DIMS;
+
+    /// The record of a call on `tensors` (one tensor, or a fused batch).
+    pub(crate) fn of(call: Call, op: Option<ReduceOp>, tensors: &[&Tensor]) -> Record {
+        let mut record = Record::bare(call, Status::Ok);
+        record.op = op.map_or(0, |op| op as i64 + 1);
+        match tensors {
+            [] => {}
+            [one] => {
+                record.dtype = one.dtype() as i64 + 1;
+                record.rows = one.shape().first().map_or(0, |&d| d as i64);
+                let mut rest = Fnv::new();
+                rest.word(one.rank() as u64);
+                one.shape()
+                    .iter()
+                    .skip(1)
+                    .for_each(|&d| rest.word(d as u64));
+                record.rest = rest.finish();
+                if one.rank() > MAX_DIMS {
+                    record.dims = [RANK_TOO_HIGH; MAX_DIMS];
+                } else {
+                    for (slot, &d) in record.dims.iter_mut().zip(one.shape()) {
+                        *slot = d as i64;
+                    }
+                }
+            }
+            many => {
+                let (mut dtype, mut rest) = (Fnv::new(), Fnv::new());
+                for t in many {
+                    dtype.word(t.dtype() as u64);
+                    rest.word(t.rank() as u64);
+                    t.shape().iter().for_each(|&d| rest.word(d as u64));
+                }
+                record.dtype = dtype.finish();
+                record.rows = many.iter().map(|t| t.num_elements() as i64).sum();
+                record.rest = rest.finish();
+            }
+        }
+        record
+    }
+
+    /// A record that carries no tensor: the end of a step, or a receiver of a broadcast.
+    pub(crate) fn bare(call: Call, status: Status) -> Record {
+        Record {
+            call,
+            op: 0,
+            dtype: 0,
+            rows: 0,
+            rest: 0,
+            extra: 0,
+            status,
+            dims: [-1; MAX_DIMS],
+        }
+    }
+
+    pub(crate) fn with_extra(mut self, extra: i64) -> Record {
+        self.extra = extra;
+        self
+    }
+
+    pub(crate) fn words(&self) -> [i64; Record::WORDS] {
+        let mut w = [0i64; Record::WORDS];
+        w[..7].copy_from_slice(&[
+            self.call as i64,
+            self.op,
+            self.dtype,
+            self.rows,
+            self.rest,
+            self.extra,
+            self.status as i64,
+        ]);
+        w[7..].copy_from_slice(&self.dims);
+        w
+    }
+
+    /// A record from the wire; `None` for words no worker of this build sends.
+    pub(crate) fn from_words(w: &[i64]) -> Option<Record> {
+        if w.len() != Record::WORDS {
+            return None;
+        }
+        let status = match w[6] {
+            0 => Status::Ok,
+            1 => Status::Failed,
+            2 => Status::FailedAsConsequence,
+            _ => return None,
+        };
+        let mut dims = [0; MAX_DIMS];
+        dims.copy_from_slice(&w[7..]);
+        Some(Record {
+            call: Call::from_word(w[0])?,
+            op: w[1],
+            dtype: w[2],
+            rows: w[3],
+            rest: w[4],
+            extra: w[5],
+            status,
+            dims,
+        })
+    }
+
+    /// The shape carried in clear; `None` for a rank above [`MAX_DIMS`].
+    pub(crate) fn shape(&self) -> Option<Vec<usize>> {
+        if self.dims[0] == RANK_TOO_HIGH {
+            return None;
+        }
+        Some(
+            self.dims
+                .iter()
+                .take_while(|&&d| d >= 0)
+                .map(|&d| d as usize)
+                .collect(),
+        )
+    }
+
+    /// The dtype of a single-tensor record.
+    pub(crate) fn single_dtype(&self) -> Option<DType> {
+        [
+            DType::F16,
+            DType::BF16,
+            DType::F32,
+            DType::F64,
+            DType::I32,
+            DType::I64,
+        ]
+        .into_iter()
+        .find(|&d| d as i64 + 1 == self.dtype)
+    }
+
+    /// Whether two workers' records describe the same call. All-gather rows may differ, and a
+    /// broadcast's receivers know only the root.
+    fn agrees_with(&self, other: &Record) -> bool {
+        let same_call = self.call == other.call && self.op == other.op;
+        match self.call {
+            Call::Broadcast => same_call && self.extra == other.extra,
+            Call::AllGather => same_call && self.dtype == other.dtype && self.rest == other.rest,
+            _ => {
+                same_call
+                    && self.dtype == other.dtype
+                    && self.rows == other.rows
+                    && self.rest == other.rest
+                    && self.extra == other.extra
+            }
+        }
+    }
+}
+
+impl fmt::Display for Record {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.call.name())?;
+        if self.op > 0 {
+            let op = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Max]
+                .into_iter()
+                .find(|&op| op as i64 + 1 == self.op);
+            match op {
+                Some(op) => write!(f, "({op})")?,
+                None => write!(f, "(op #{})", self.op)?,
+            }
+        }
+        match (self.single_dtype(), self.call) {
+            (_, Call::EndStep) => Ok(()),
+            (Some(dtype), _) => match self.shape() {
+                Some(shape) => write!(f, " of a {dtype} {shape:?} tensor"),
+                None => write!(f, " of a {dtype} tensor of rank above {MAX_DIMS}"),
+            },
+            (None, _) if self.dtype != 0 => {
+                write!(
+                    f,
+                    " of a batch of {} elements (dtypes and shapes #{:x})",
+                    self.rows, self.rest
+                )
+            }
+            (None, _) => Ok(()),
+        }
+    }
+}
+
+/// What the gathered records say.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(crate) enum Verdict {
+    /// Every worker makes the same call: go on.
+    Agreed,
+    /// Every worker is at the end of its step, and none failed.
+    AllEnded,
+    /// Some worker's step failed; `worker` is the first that failed on its own (else the first
+    /// that failed at all). `all_ended` says whether every worker is at the end of its step.
+    WorkerFailed {
+        /// The worker to name.
+        worker: usize,
+        /// Whether every worker is at the end of its step.
+        all_ended: bool,
+    },
+    /// The workers make different calls (or some finished their step while others call):
+    /// every worker fails the call with this description.
+    Disagree(String),
+}
+
+/// Judges every worker's record (in worker order).
+pub(crate) fn judge(records: &[Record]) -> Verdict {
+    let all_ended = records.iter().all(|r| r.call == Call::EndStep);
+    let failed = |status| records.iter().position(|r| r.status == status);
+    if let Some(worker) = failed(Status::Failed).or_else(|| failed(Status::FailedAsConsequence)) {
+        return Verdict::WorkerFailed { worker, all_ended };
+    }
+    if all_ended {
+        return Verdict::AllEnded;
+    }
+    let first = &records[0];
+    if records.iter().all(|r| r.agrees_with(first)) {
+        return Verdict::Agreed;
+    }
+    let calls: Vec<String> = records
+        .iter()
+        .enumerate()
+        .map(|(w, r)| format!("worker {w}: {r}"))
+        .collect();
+    Verdict::Disagree(format!(
+        "the workers made different cross-worker calls ({}); every replica of every worker must \
+         make the same collective calls with the same dtypes and shapes",
+        calls.join("; ")
+    ))
+}
+
+/// FNV-1a over 64-bit words: a hash every worker computes alike, whatever its build.
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn word(&mut self, word: u64) {
+        for byte in word.to_le_bytes() {
+            self.0 ^= u64::from(byte);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    fn finish(&self) -> i64 {
+        self.0 as i64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(shape: &[usize]) -> Tensor {
+        Tensor::zeros("/cpu:0", DType::F32, shape).unwrap()
+    }
+
+    #[test]
+    fn records_round_trip_through_words() {
+        let r = Record::of(Call::AllReduce, Some(ReduceOp::Mean), &[&t(&[3, 4])]).with_extra(5);
+        assert_eq!(Record::from_words(&r.words()), Some(r));
+        assert_eq!(r.shape(), Some(vec![3, 4]));
+        let high = Record::of(Call::Broadcast, None, &[&t(&[1; 8])]);
+        assert_eq!(high.shape(), None);
+        assert_eq!(r.single_dtype(), Some(DType::F32));
+        assert_eq!(Record::from_words(&[9; Record::WORDS]), None);
+        assert_eq!(Record::from_words(&[1; 3]), None);
+    }
+
+    #[test]
+    fn same_calls_agree_and_all_gather_rows_may_differ() {
+        let a = Record::of(Call::AllReduce, Some(ReduceOp::Sum), &[&t(&[4])]);
+        assert_eq!(judge(&[a, a, a]), Verdict::Agreed);
+        let g1 = Record::of(Call::AllGather, None, &[&t(&[1, 3])]);
+        let g2 = Record::of(Call::AllGather, None, &[&t(&[5, 3])]);
+        assert_eq!(judge(&[g1, g2]), Verdict::Agreed);
+        let g3 = Record::of(Call::AllGather, None, &[&t(&[5, 2])]);
+        assert!(matches!(judge(&[g1, g3]), Verdict::Disagree(_)));
+    }
+
+    #[test]
+    fn a_different_shape_dtype_or_op_is_a_disagreement_naming_each_worker() {
+        let a = Record::of(Call::AllReduce, Some(ReduceOp::Sum), &[&t(&[4])]);
+        let shape = Record::of(Call::AllReduce, Some(ReduceOp::Sum), &[&t(&[5])]);
+        let op = Record::of(Call::AllReduce, Some(ReduceOp::Max), &[&t(&[4])]);
+        let dtype = Record::of(
+            Call::AllReduce,
+            Some(ReduceOp::Sum),
+            &[&Tensor::zeros("/cpu:0", DType::F64, &[4]).unwrap()],
+        );
+        for other in [shape, op, dtype] {
+            let Verdict::Disagree(text) = judge(&[a, other]) else {
+                panic!("{other} should disagree with {a}");
+            };
+            assert!(
+                text.contains("worker 0: all_reduce(SUM) of a float32 [4] tensor"),
+                "{text}"
+            );
+            assert!(text.contains("worker 1: "), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_failed_worker_is_named_before_anything_else() {
+        let a = Record::of(Call::AllReduce, Some(ReduceOp::Sum), &[&t(&[4])]);
+        let consequence = Record::bare(Call::EndStep, Status::FailedAsConsequence);
+        let failed = Record::bare(Call::EndStep, Status::Failed);
+        assert_eq!(
+            judge(&[a, consequence, failed]),
+            Verdict::WorkerFailed {
+                worker: 2,
+                all_ended: false
+            }
+        );
+        assert_eq!(
+            judge(&[consequence, failed]),
+            Verdict::WorkerFailed {
+                worker: 1,
+                all_ended: true
+            }
+        );
+        assert_eq!(
+            judge(&[consequence, a]),
+            Verdict::WorkerFailed {
+                worker: 0,
+                all_ended: false
+            }
+        );
+    }
+
+    #[test]
+    fn a_worker_that_ended_while_others_call_is_a_disagreement() {
+        let a = Record::of(Call::AllReduce, Some(ReduceOp::Sum), &[&t(&[4])]);
+        let end = Record::bare(Call::EndStep, Status::Ok);
+        assert_eq!(judge(&[end, end]), Verdict::AllEnded);
+        let Verdict::Disagree(text) = judge(&[a, end]) else {
+            panic!("an ended worker and a calling one disagree");
+        };
+        assert!(text.contains("worker 1: the end of its step"), "{text}");
+    }
+
+    #[test]
+    fn broadcast_receivers_agree_on_the_root_only() {
+        let root = Record::of(Call::Broadcast, None, &[&t(&[2, 2])]).with_extra(3);
+        let receiver = Record::bare(Call::Broadcast, Status::Ok).with_extra(3);
+        assert_eq!(judge(&[receiver, root]), Verdict::Agreed);
+        let other_root = Record::bare(Call::Broadcast, Status::Ok).with_extra(1);
+        assert!(matches!(judge(&[other_root, root]), Verdict::Disagree(_)));
+    }
+}

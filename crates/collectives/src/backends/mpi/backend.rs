@@ -1,0 +1,871 @@
+//! [`MpiAllReduce`]: the hierarchical cross-worker backend. Local replicas reduce in shared
+//! memory (the process's [`CollectiveGroup`]), local replica 0's thread makes one agreement and
+//! one cross-process collective per fused bucket, and the result goes back to every local
+//! replica through the group.
+//!
+//! Bit-identical everywhere: every element of a cross-worker reduction is folded exactly once,
+//! in worker order, by the same code. Below [`SCATTER_MIN_BYTES`] (and always with 2 workers,
+//! where it moves no more data) every worker all-gathers every worker's local result and folds
+//! the W blocks in worker order itself; from it, with 3 or more workers, the buffer is cut into
+//! W chunks, an all-to-all hands worker `p` everyone's chunk `p`, `p` folds them in worker order
+//! and an all-gather returns the folded chunks to everyone (reduce-scatter + all-gather). Both
+//! paths fold element `i` as `x₀ ⊕ x₁ ⊕ … ⊕ x_{W-1}` with the same kernel, so they give the same
+//! bits, and no MPI reduction (whose fold order the standard leaves to each rank) is involved.
+//!
+//! Every cross-worker call starts with an agreement: one all-gather of a fixed-size slot per
+//! worker (its record, see `agreement`, and an inline payload). A reduction of at most
+//! [`INLINE_BYTES`] travels in that slot, so small all-reduces cost one round trip, agreement
+//! included; larger ones a second collective (all-gather, or all-to-all + all-gather).
+
+use std::borrow::Cow;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distribute_values::{Leaf, ReduceOp};
+
+use super::agreement::{Call, Record, Status, Verdict, judge};
+use super::bytes::{element_bytes as as_bytes, element_bytes_mut as as_bytes_mut};
+use super::world::{MpiWorld, Wait};
+use crate::backends::group::{CollectiveGroup, GroupConfig, Member};
+use crate::cross_replica::deliver;
+use crate::kernel::{self, Arith};
+use crate::rendezvous::lock_ignoring_poison as lock;
+use crate::tensor::with_dtype;
+use crate::{
+    AnyTensor, CollectiveError, CrossDeviceOps, Destinations, Element, FusionPlan,
+    ReplicaCollectives, StepLifecycle, Tensor,
+};
+
+/// From this many bytes, 3 or more workers reduce-scatter + all-gather instead of all-gathering
+/// whole buffers (which moves W−1 buffers into each worker).
+pub const SCATTER_MIN_BYTES: usize = 64 * 1024;
+
+/// The payload an agreement carries: a reduction this small travels with it.
+pub const INLINE_BYTES: usize = 4096;
+
+/// Words per worker in an agreement: the record, then the inline payload.
+const SLOT_WORDS: usize = Record::WORDS + INLINE_BYTES / 8;
+
+/// Bytes of a failed worker's message carried to the others.
+const MESSAGE_BYTES: usize = 512;
+
+/// The hierarchical all-reduce across the worker processes of an MPI job (see the module docs):
+/// reductions span every local replica of every worker, and every replica of every worker gets
+/// bit-identical results.
+///
+/// Global replica `w·R + r` is worker `w`'s local replica `r` (R local replicas per worker, the
+/// same on every worker). A strategy calls [`MpiAllReduce::finish_step`] after each step, so a
+/// worker whose step failed is named on every worker.
+#[derive(Debug, Clone)]
+pub struct MpiAllReduce {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    group: CollectiveGroup,
+    devices: Vec<String>,
+    world: &'static MpiWorld,
+    deadline: Duration,
+    bytes_per_pack: usize,
+    /// Set when an agreement showed another worker's failure: this worker's failure in the same
+    /// step is then a consequence.
+    remote_failure: Mutex<Option<usize>>,
+    /// The receive buffer of cross-worker folds, kept between calls: a fresh one per call costs
+    /// a page fault per 4 KiB, as much as the transfer itself. Grows to the largest fold's
+    /// W × bytes and stays.
+    scratch: Mutex<Vec<u64>>,
+}
+
+impl MpiAllReduce {
+    /// A backend for this process's replicas on `devices` (host devices, one replica thread
+    /// each), initialising MPI if no one has. Every worker must have the same number of local
+    /// replicas: they check it here, together, so every worker of the job must build its
+    /// backend (a collective call).
+    ///
+    /// `config.deadline` bounds every wait, local and cross-process; a cross-process wait past it
+    /// aborts the job.
+    pub fn new<S: AsRef<str>>(devices: &[S], config: GroupConfig) -> Result<Self, CollectiveError> {
+        let world = MpiWorld::get()?;
+        let local_replicas = devices.len();
+        let backend = MpiAllReduce {
+            inner: Arc::new(Inner {
+                group: CollectiveGroup::new(local_replicas, config)?,
+                devices: devices.iter().map(|d| d.as_ref().to_owned()).collect(),
+                world,
+                deadline: config.deadline,
+                bytes_per_pack: config.bytes_per_pack,
+                remote_failure: Mutex::new(None),
+                scratch: Mutex::new(Vec::new()),
+            }),
+        };
+        // Every worker checks that all have the same local replica count before any step.
+        let record = Record::bare(Call::Exchange, Status::Ok).with_extra(local_replicas as i64);
+        backend.inner.agree(record, "").map_err(|e| match e {
+            CollectiveError::WorkersDisagree(_) => CollectiveError::InvalidArgument(format!(
+                "every worker must run the same number of local replicas; this worker has \
+                 {local_replicas} ({e})"
+            )),
+            other => other,
+        })?;
+        Ok(backend)
+    }
+
+    /// The process world (rank = worker, size = workers).
+    pub fn world(&self) -> &'static MpiWorld {
+        self.inner.world
+    }
+
+    /// This process's worker index.
+    pub fn worker(&self) -> usize {
+        self.inner.world.rank()
+    }
+
+    /// The number of workers.
+    pub fn num_workers(&self) -> usize {
+        self.inner.world.size()
+    }
+
+    /// Local replicas per worker.
+    pub fn local_replicas(&self) -> usize {
+        self.inner.group.num_replicas()
+    }
+
+    /// Every replica of every worker.
+    pub fn num_replicas_in_sync(&self) -> usize {
+        self.num_workers() * self.local_replicas()
+    }
+
+    /// The local group (shared-memory rendezvous of this process's replicas).
+    pub fn group(&self) -> &CollectiveGroup {
+        &self.inner.group
+    }
+
+    /// The end-of-step agreement: every worker calls it once after each step, with its step's
+    /// error message if it failed. Returns `Ok` when every worker's step succeeded, else
+    /// [`CollectiveError::WorkerFailed`] naming the first worker that failed on its own, with its
+    /// message — the same error on every worker. A worker still in a collective when another
+    /// ends fails that collective and comes here too; ending waits for it (within the deadline).
+    pub fn finish_step(&self, failure: Option<&str>) -> Result<(), CollectiveError> {
+        let status = match failure {
+            None => Status::Ok,
+            Some(_) if lock(&self.inner.remote_failure).is_some() => Status::FailedAsConsequence,
+            Some(_) => Status::Failed,
+        };
+        let message = failure.unwrap_or("");
+        loop {
+            let Gathered {
+                verdict, failed, ..
+            } = self
+                .inner
+                .agree_raw(Record::bare(Call::EndStep, status), message, &[]);
+            match verdict {
+                Verdict::AllEnded => return Ok(()),
+                Verdict::WorkerFailed {
+                    all_ended: true, ..
+                } => {
+                    let (worker, message) = failed.expect("a failure carries its message");
+                    return Err(CollectiveError::WorkerFailed { worker, message });
+                }
+                // Some workers are still in a call: they fail it now and come here next.
+                Verdict::WorkerFailed { .. } | Verdict::Disagree(_) | Verdict::Agreed => {}
+            }
+        }
+    }
+
+    /// Every worker's `bytes` (the same length on every worker), in worker order: a hook for
+    /// what must be agreed between steps or inside one (e.g. an input pipeline's end of data).
+    /// Call it from one thread per worker, in the same order relative to the other cross-worker
+    /// calls on every worker.
+    pub fn exchange(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, CollectiveError> {
+        let record = Record::bare(Call::Exchange, Status::Ok).with_extra(bytes.len() as i64);
+        let inner = &self.inner;
+        inner.agree(record, "")?;
+        let mut all = vec![0u8; bytes.len() * inner.world.size()];
+        inner
+            .world
+            .all_gather(bytes, &mut all, Wait::Committed, &|| {
+                "an exchange".to_owned()
+            });
+        Ok(all
+            .chunks(bytes.len().max(1))
+            .take(inner.world.size())
+            .map(<[u8]>::to_vec)
+            .collect())
+    }
+
+    /// Worker 0's values of `tensors` on every worker (each worker passes its own, of the same
+    /// dtypes and shapes): how variables start identical although initialisers differ.
+    pub fn broadcast_from_chief(&self, tensors: &[Tensor]) -> Result<Vec<Tensor>, CollectiveError> {
+        let refs: Vec<&Tensor> = tensors.iter().collect();
+        let inner = &self.inner;
+        inner.agree(Record::of(Call::ChiefValues, None, &refs), "")?;
+        if inner.world.size() == 1 {
+            return Ok(tensors.to_vec());
+        }
+        tensors
+            .iter()
+            .map(|t| {
+                let t = t.to_host()?;
+                with_dtype!(t.dtype(), T => {
+                    let mut values: Vec<T> = t.to_vec::<T>()?;
+                    inner.world.broadcast(0, as_bytes_mut(&mut values), Wait::Committed, &|| {
+                        "the chief's values".to_owned()
+                    });
+                    Tensor::from_vec(t.device(), t.shape(), values)
+                })
+            })
+            .collect()
+    }
+
+    /// Worker 0's `bytes` on every worker (each passes its own, of the same length): how a
+    /// variable of any [`VariableValue`](distribute_values::VariableValue) type starts with the
+    /// chief's initial value.
+    pub fn bytes_from_chief(&self, bytes: &[u8]) -> Result<Vec<u8>, CollectiveError> {
+        let inner = &self.inner;
+        let record = Record::bare(Call::ChiefValues, Status::Ok).with_extra(bytes.len() as i64);
+        inner.agree(record, "")?;
+        let mut buffer = bytes.to_vec();
+        if inner.world.size() > 1 {
+            inner.world.broadcast(0, &mut buffer, Wait::Committed, &|| {
+                "the chief's values".to_owned()
+            });
+        }
+        Ok(buffer)
+    }
+
+    /// The reduction of `tensor` across workers only (each worker passes one value, already
+    /// reduced over its local replicas): `Sum`, `Min`, `Max`, or `Mean` over the workers.
+    pub fn all_reduce_across_workers(
+        &self,
+        op: ReduceOp,
+        tensor: &Tensor,
+    ) -> Result<Tensor, CollectiveError> {
+        let inner = &self.inner;
+        kernel::check_op(op, tensor.dtype())?;
+        let record = Record::of(Call::Reduce, Some(op), &[tensor]).with_extra(1);
+        let mut out = inner.reduce_across(record, op, inner.workers(), &[tensor.to_host()?])?;
+        Ok(out.swap_remove(0))
+    }
+}
+
+impl Tensor {
+    /// A host tensor's elements as bytes (a copy).
+    fn to_wire_bytes(&self) -> Result<Vec<u8>, CollectiveError> {
+        with_dtype!(self.dtype(), T => {
+            let array = self.array::<T>()?;
+            Ok(match kernel::contiguous(array) {
+                Some(slice) => as_bytes(slice).to_vec(),
+                None => as_bytes(&array.iter().copied().collect::<Vec<T>>()).to_vec(),
+            })
+        })
+    }
+}
+
+/// What an agreement gathered.
+struct Gathered {
+    /// Every worker's record, in worker order.
+    records: Vec<Record>,
+    verdict: Verdict,
+    /// The worker to name and its message, when one failed.
+    failed: Option<(usize, String)>,
+    /// Every worker's slot (record and inline payload); empty with one worker.
+    slots: Vec<i64>,
+}
+
+/// The op local replicas reduce with: `Mean` sums, and divides once everything is summed.
+fn local_op(op: ReduceOp) -> ReduceOp {
+    match op {
+        ReduceOp::Mean => ReduceOp::Sum,
+        other => other,
+    }
+}
+
+impl Inner {
+    fn workers(&self) -> usize {
+        self.world.size()
+    }
+
+    /// Gathers every worker's record and `inline` payload (and, when one failed, every
+    /// worker's message) and judges them. Every agreement moves the same fixed-size slot per
+    /// worker, whatever the worker is doing, so workers in different calls still meet in one
+    /// collective; a reduction of at most [`INLINE_BYTES`] rides in the slot, so it costs one
+    /// round trip in all. With one worker, judges this worker's record alone.
+    fn agree_raw(&self, record: Record, message: &str, inline: &[u8]) -> Gathered {
+        let w = self.workers();
+        let (records, slots) = if w == 1 {
+            (vec![record], Vec::new())
+        } else {
+            let mut mine = vec![0i64; SLOT_WORDS];
+            mine[..Record::WORDS].copy_from_slice(&record.words());
+            as_bytes_mut(&mut mine[Record::WORDS..])[..inline.len()].copy_from_slice(inline);
+            let mut all = vec![0i64; SLOT_WORDS * w];
+            self.world
+                .all_gather(&mine[..], &mut all, Wait::Polled(self.deadline), &|| {
+                    format!("the agreement on {record}")
+                });
+            let records = all
+                .chunks(SLOT_WORDS)
+                .map(|slot| {
+                    Record::from_words(&slot[..Record::WORDS]).unwrap_or_else(|| {
+                        self.world.abort_job(
+                            "another worker sent an agreement this build cannot read (workers \
+                             built from different sources?)",
+                        )
+                    })
+                })
+                .collect();
+            (records, all)
+        };
+        let verdict = judge(&records);
+        let failed = match verdict {
+            Verdict::WorkerFailed { worker, .. } => Some((worker, self.messages(message, worker))),
+            _ => None,
+        };
+        Gathered {
+            records,
+            verdict,
+            failed,
+            slots,
+        }
+    }
+
+    /// The message of `worker`, gathered from every worker (each passes its own).
+    fn messages(&self, mine: &str, worker: usize) -> String {
+        let mut send = [0u8; MESSAGE_BYTES];
+        let mut end = mine.len().min(MESSAGE_BYTES);
+        while !mine.is_char_boundary(end) {
+            end -= 1;
+        }
+        send[..end].copy_from_slice(&mine.as_bytes()[..end]);
+        let w = self.workers();
+        if w == 1 {
+            return mine[..end].to_owned();
+        }
+        let mut all = vec![0u8; MESSAGE_BYTES * w];
+        self.world
+            .all_gather(&send[..], &mut all, Wait::Committed, &|| {
+                "the failed worker's message".to_owned()
+            });
+        let theirs = &all[worker * MESSAGE_BYTES..(worker + 1) * MESSAGE_BYTES];
+        let len = theirs.iter().position(|&b| b == 0).unwrap_or(MESSAGE_BYTES);
+        String::from_utf8_lossy(&theirs[..len]).into_owned()
+    }
+
+    /// [`Inner::agree_raw`] for a call: every worker's record when they agree, else the error
+    /// every worker returns alike.
+    fn agree(&self, record: Record, message: &str) -> Result<Vec<Record>, CollectiveError> {
+        Ok(self.agree_with(record, message, &[])?.0)
+    }
+
+    /// [`Inner::agree`] with an inline payload; also returns every worker's slot.
+    fn agree_with(
+        &self,
+        record: Record,
+        message: &str,
+        inline: &[u8],
+    ) -> Result<(Vec<Record>, Vec<i64>), CollectiveError> {
+        let Gathered {
+            records,
+            verdict,
+            failed,
+            slots,
+        } = self.agree_raw(record, message, inline);
+        match verdict {
+            Verdict::Agreed | Verdict::AllEnded => Ok((records, slots)),
+            Verdict::WorkerFailed { .. } => {
+                let (worker, message) = failed.expect("a failure carries its message");
+                *lock(&self.remote_failure) = Some(worker);
+                Err(CollectiveError::WorkerFailed { worker, message })
+            }
+            Verdict::Disagree(description) => Err(CollectiveError::WorkersDisagree(description)),
+        }
+    }
+
+    /// The agreement on `record` and the reduction across workers of every bucket (host
+    /// tensors, each worker's local result), `Mean` divided by `count` contributions. One bucket
+    /// of at most [`INLINE_BYTES`] travels with the agreement: one round trip in all.
+    fn reduce_across(
+        &self,
+        record: Record,
+        op: ReduceOp,
+        count: usize,
+        buckets: &[Tensor],
+    ) -> Result<Vec<Tensor>, CollectiveError> {
+        let small = match buckets {
+            [one] if one.size_in_bytes() <= INLINE_BYTES => Some(one),
+            _ => None,
+        };
+        let owned_bytes;
+        let inline: &[u8] = match small {
+            Some(t) => {
+                owned_bytes = t.to_wire_bytes()?;
+                &owned_bytes
+            }
+            None => &[],
+        };
+        let (_, slots) = self.agree_with(record, "", inline)?;
+        let folded = match small {
+            // Every worker's bucket has this size (agreed), so every worker took this path.
+            Some(t) if self.workers() > 1 => vec![with_dtype!(t.dtype(), T => {
+                self.fold_slots::<T>(local_op(op), t, &slots)
+            })?],
+            _ => buckets
+                .iter()
+                .map(|b| self.fold_across(local_op(op), b))
+                .collect::<Result<_, _>>()?,
+        };
+        folded
+            .into_iter()
+            .map(|summed| self.finish_mean(op, summed, count))
+            .collect()
+    }
+
+    /// The fold, in worker order, of the payloads in every worker's agreement slot.
+    fn fold_slots<T: Arith>(
+        &self,
+        op: ReduceOp,
+        like: &Tensor,
+        slots: &[i64],
+    ) -> Result<Tensor, CollectiveError> {
+        let n = like.num_elements();
+        let blocks: Vec<&[T]> = slots
+            .chunks(SLOT_WORDS)
+            .map(|slot| {
+                let payload = &slot[Record::WORDS..];
+                // SAFETY: the payload is 8-byte aligned (it starts on an i64), holds at least
+                // `n` elements of `T` (the agreed size, at most INLINE_BYTES) written by a
+                // worker from the same dtype, and any bit pattern is a valid `T`.
+                unsafe { std::slice::from_raw_parts(payload.as_ptr().cast::<T>(), n) }
+            })
+            .collect();
+        let mut out = vec![T::zero(); n];
+        if n > 0 {
+            kernel::reduce_slices(op, &blocks, &mut out, 1);
+        }
+        Tensor::from_vec(like.device(), like.shape(), out)
+    }
+
+    /// `Mean`'s division by `count` contributions (on a sum), else the value as it is.
+    fn finish_mean(
+        &self,
+        op: ReduceOp,
+        summed: Tensor,
+        count: usize,
+    ) -> Result<Tensor, CollectiveError> {
+        match op {
+            ReduceOp::Mean => kernel::divide(&summed, count),
+            _ => Ok(summed),
+        }
+    }
+
+    /// The fold across workers of every worker's host `tensor` (same dtype and shape
+    /// everywhere, agreed before): see the module docs for the two paths.
+    fn fold_across(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
+        if self.workers() == 1 {
+            return Ok(tensor.clone());
+        }
+        with_dtype!(tensor.dtype(), T => self.fold_typed::<T>(op, tensor))
+    }
+
+    fn fold_typed<T: Arith>(
+        &self,
+        op: ReduceOp,
+        tensor: &Tensor,
+    ) -> Result<Tensor, CollectiveError> {
+        let w = self.workers();
+        let array = tensor.array::<T>()?;
+        let data: Cow<'_, [T]> = match kernel::contiguous(array) {
+            Some(slice) => Cow::Borrowed(slice),
+            None => Cow::Owned(array.iter().copied().collect()),
+        };
+        let n = data.len();
+        let what = || {
+            format!(
+                "the reduction of a {} {:?} tensor",
+                tensor.dtype(),
+                tensor.shape()
+            )
+        };
+        let mut out = vec![T::zero(); n];
+        let scatter = w > 2 && std::mem::size_of_val(&data[..]) >= SCATTER_MIN_BYTES;
+        let chunk = if scatter { n.div_ceil(w) } else { n };
+        let mut scratch = lock(&self.scratch);
+        let words = (chunk * w * std::mem::size_of::<T>()).div_ceil(8);
+        if scratch.len() < words {
+            scratch.resize(words, 0);
+        }
+        // SAFETY: the scratch is 8-byte aligned (u64s), at least `chunk · w` elements of `T`
+        // long, and any bit pattern is a valid `T`; the view borrows the locked scratch.
+        let received: &mut [T] =
+            unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<T>(), chunk * w) };
+        if scatter {
+            let mut send = vec![T::zero(); chunk * w];
+            send[..n].copy_from_slice(&data);
+            self.world.all_to_all(
+                as_bytes(&send),
+                as_bytes_mut(received),
+                Wait::Committed,
+                &what,
+            );
+            let blocks: Vec<&[T]> = received.chunks(chunk).collect();
+            let mut mine = vec![T::zero(); chunk];
+            kernel::reduce_slices(op, &blocks, &mut mine, 1);
+            let mut gathered = send;
+            self.world.all_gather(
+                as_bytes(&mine),
+                as_bytes_mut(&mut gathered),
+                Wait::Committed,
+                &what,
+            );
+            out.copy_from_slice(&gathered[..n]);
+        } else {
+            self.world.all_gather(
+                as_bytes(&data),
+                as_bytes_mut(received),
+                Wait::Committed,
+                &what,
+            );
+            let blocks: Vec<&[T]> = received.chunks(n.max(1)).take(w).collect();
+            if n > 0 {
+                kernel::reduce_slices(op, &blocks, &mut out, 1);
+            }
+        }
+        Tensor::from_vec(tensor.device(), tensor.shape(), out)
+    }
+}
+
+/// One local replica's handle: the local group's member, and the backend for the cross-process
+/// step its thread makes when it is local replica 0.
+#[derive(Debug)]
+struct MpiMember {
+    member: Member,
+    inner: Arc<Inner>,
+    /// This replica's device, for results of calls it passed no tensor to.
+    device: String,
+}
+
+impl MpiMember {
+    fn local_replicas(&self) -> usize {
+        self.inner.group.num_replicas()
+    }
+
+    /// Runs `cross` on local replica 0's thread and hands its `count` tensors to every local
+    /// replica, each labelled with `device`. A failure of `cross` aborts the local group, so the
+    /// other local replicas fail too instead of waiting.
+    fn via_leader(
+        &self,
+        count: usize,
+        device: &str,
+        cross: impl FnOnce() -> Result<Vec<Tensor>, CollectiveError>,
+    ) -> Result<Vec<Tensor>, CollectiveError> {
+        if self.local_replicas() == 1 {
+            return cross();
+        }
+        if self.member.replica() == 0 {
+            let results = cross().inspect_err(|e| self.inner.group.abort(e.to_string()))?;
+            for t in &results {
+                self.member.broadcast(0, Some(t))?;
+            }
+            return Ok(results);
+        }
+        (0..count)
+            .map(|_| self.member.broadcast(0, None)?.copy_to(device))
+            .collect()
+    }
+
+    /// The local reduction of every local replica's `tensors` (themselves with one replica).
+    fn local_batch(
+        &self,
+        op: ReduceOp,
+        tensors: &[Tensor],
+    ) -> Result<Vec<Tensor>, CollectiveError> {
+        if self.local_replicas() == 1 {
+            return tensors.iter().map(Tensor::to_host).collect();
+        }
+        self.member
+            .batch_all_reduce(op, tensors)?
+            .iter()
+            .map(Tensor::to_host)
+            .collect()
+    }
+}
+
+impl ReplicaCollectives for MpiMember {
+    fn replica(&self) -> usize {
+        self.member.replica()
+    }
+
+    fn all_reduce(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
+        let mut out = self.batch_all_reduce(op, std::slice::from_ref(tensor))?;
+        Ok(out.swap_remove(0))
+    }
+
+    fn batch_all_reduce(
+        &self,
+        op: ReduceOp,
+        tensors: &[Tensor],
+    ) -> Result<Vec<Tensor>, CollectiveError> {
+        if let Some(t) = tensors.first() {
+            kernel::check_op(op, t.dtype())?;
+        }
+        let local = self.local_batch(local_op(op), tensors)?;
+        let inner = &self.inner;
+        let plan = FusionPlan::new(&local, inner.bytes_per_pack);
+        let total = inner.workers() * self.local_replicas();
+        let device = tensors.first().map_or("", |t| t.device());
+        let buckets = self.via_leader(plan.num_buckets(), device, || {
+            let refs: Vec<&Tensor> = local.iter().collect();
+            let record = Record::of(Call::AllReduce, Some(op), &refs);
+            inner.reduce_across(record, op, total, &plan.pack(&local)?)
+        })?;
+        plan.unpack(&buckets)?
+            .into_iter()
+            .zip(tensors)
+            .map(|(r, t)| r.copy_to(t.device()))
+            .collect()
+    }
+
+    fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
+        let local = if self.local_replicas() == 1 {
+            tensor.to_host()?
+        } else {
+            self.member.all_gather(tensor)?.to_host()?
+        };
+        let inner = &self.inner;
+        let mut out = self.via_leader(1, tensor.device(), || {
+            let records = inner.agree(Record::of(Call::AllGather, None, &[&local]), "")?;
+            if local.rank() == 0 {
+                return Err(CollectiveError::InvalidArgument(
+                    "all_gather concatenates along the first axis: a scalar has none; reshape \
+                     it to [1]"
+                        .into(),
+                ));
+            }
+            if inner.workers() == 1 {
+                return Ok(vec![local.clone()]);
+            }
+            let row: usize = local.shape()[1..].iter().product();
+            let rows: Vec<usize> = records.iter().map(|r| r.rows as usize).collect();
+            let size = local.dtype().size_in_bytes();
+            let too_big = || {
+                CollectiveError::InvalidArgument(
+                    "all_gather across workers moves at most 2 GiB per worker".into(),
+                )
+            };
+            let counts: Vec<i32> = rows
+                .iter()
+                .map(|&r| i32::try_from(r * row * size).map_err(|_| too_big()))
+                .collect::<Result<_, _>>()?;
+            let displs: Vec<i32> = counts
+                .iter()
+                .scan(0i64, |at, &c| {
+                    let here = *at;
+                    *at += i64::from(c);
+                    Some(i32::try_from(here).map_err(|_| too_big()))
+                })
+                .collect::<Result<_, _>>()?;
+            let total_rows: usize = rows.iter().sum();
+            let mut shape = local.shape().to_vec();
+            shape[0] = total_rows;
+            with_dtype!(local.dtype(), T => {
+                let mine: Vec<T> = local.to_vec::<T>()?;
+                let mut all = vec![T::zero(); total_rows * row];
+                inner.world.all_gather_varcount(
+                    as_bytes(&mine),
+                    as_bytes_mut(&mut all),
+                    &counts,
+                    &displs,
+                    Wait::Committed,
+                    &|| format!("the all_gather of {local}"),
+                );
+                Ok(vec![Tensor::from_vec(tensor.device(), &shape, all)?])
+            })
+        })?;
+        out.swap_remove(0).copy_to(tensor.device())
+    }
+
+    fn reduce_scatter(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
+        let reduced = self.all_reduce(op, tensor)?;
+        let n = self.inner.workers() * self.local_replicas();
+        let rows = reduced.shape().first().copied().unwrap_or(0);
+        if rows % n != 0 {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "reduce_scatter: the first dimension ({rows}) must divide evenly among the {n} \
+                 replicas of every worker"
+            )));
+        }
+        let part = rows / n;
+        let global = self.inner.world.rank() * self.local_replicas() + self.member.replica();
+        reduced.slice_rows(global * part..(global + 1) * part)
+    }
+
+    fn broadcast(&self, root: usize, tensor: Option<&Tensor>) -> Result<Tensor, CollectiveError> {
+        let inner = &self.inner;
+        let r = self.local_replicas();
+        if root >= inner.workers() * r {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "broadcast root {root} is out of range for {} replicas ({} workers × {r})",
+                inner.workers() * r,
+                inner.workers()
+            )));
+        }
+        let (root_worker, local_root) = (root / r, root % r);
+        let device = tensor.map_or_else(|| self.device.clone(), |t| t.device().to_owned());
+        let local = if inner.world.rank() != root_worker {
+            None
+        } else if r == 1 {
+            Some(
+                tensor
+                    .ok_or_else(|| {
+                        CollectiveError::InvalidArgument(format!(
+                            "broadcast: the root replica {root} passed no tensor"
+                        ))
+                    })?
+                    .to_host()?,
+            )
+        } else {
+            Some(self.member.broadcast(local_root, tensor)?.to_host()?)
+        };
+        let mut out = self.via_leader(1, &device, || {
+            let record = match &local {
+                Some(t) => Record::of(Call::Broadcast, None, &[t]),
+                None => Record::bare(Call::Broadcast, Status::Ok),
+            };
+            let records = inner.agree(record.with_extra(root as i64), "")?;
+            let source = &records[root_worker];
+            let (Some(dtype), Some(shape)) = (source.single_dtype(), source.shape()) else {
+                return Err(CollectiveError::InvalidArgument(format!(
+                    "broadcast across workers carries tensors of rank up to {}",
+                    super::agreement::MAX_DIMS
+                )));
+            };
+            if inner.workers() == 1 {
+                return Ok(vec![local.clone().expect("one worker is the root")]);
+            }
+            with_dtype!(dtype, T => {
+                let mut values: Vec<T> = match &local {
+                    Some(t) => t.to_vec::<T>()?,
+                    None => vec![T::zero(); shape.iter().product()],
+                };
+                inner.world.broadcast(root_worker, as_bytes_mut(&mut values), Wait::Committed, &|| {
+                    format!("the broadcast from replica {root}")
+                });
+                Ok(vec![Tensor::from_vec(&device, &shape, values)?])
+            })
+        })?;
+        out.swap_remove(0).copy_to(&device)
+    }
+}
+
+impl CrossDeviceOps for MpiAllReduce {
+    fn name(&self) -> &'static str {
+        "MpiAllReduce"
+    }
+
+    /// The reduction of this worker's `values` and every other worker's (each worker passes its
+    /// local replicas' values, dense), delivered to this worker's `destinations`.
+    fn reduce(
+        &self,
+        op: ReduceOp,
+        values: &[AnyTensor],
+        destinations: &Destinations,
+    ) -> Result<Leaf<AnyTensor>, CollectiveError> {
+        let mut out = self.batch_reduce(op, &[(values, destinations)])?;
+        Ok(out.swap_remove(0))
+    }
+
+    /// Every pair reduced over its local values, then one agreement and one cross-process
+    /// collective per fused bucket of the local results.
+    fn batch_reduce(
+        &self,
+        op: ReduceOp,
+        pairs: &[(&[AnyTensor], &Destinations)],
+    ) -> Result<Vec<Leaf<AnyTensor>>, CollectiveError> {
+        let inner = &self.inner;
+        let mut local = Vec::with_capacity(pairs.len());
+        let mut count = None;
+        for (values, destinations) in pairs {
+            let dense: Vec<&Tensor> = values
+                .iter()
+                .map(|v| match v {
+                    AnyTensor::Dense(t) => Ok(t),
+                    AnyTensor::Sparse(_) => Err(CollectiveError::Unimplemented(
+                        "sparse (IndexedSlices) values across workers: densify them first".into(),
+                    )),
+                })
+                .collect::<Result<_, _>>()?;
+            if count.is_some_and(|c| c != dense.len()) {
+                return Err(CollectiveError::InvalidArgument(
+                    "a batch_reduce across workers needs the same number of values in every pair"
+                        .into(),
+                ));
+            }
+            count = Some(dense.len());
+            let first = dense.first().ok_or_else(|| {
+                CollectiveError::InvalidArgument("cannot reduce an empty list of values".into())
+            })?;
+            kernel::check_op(op, first.dtype())?;
+            let host: Vec<Tensor> = dense
+                .iter()
+                .map(|t| t.to_host())
+                .collect::<Result<_, _>>()?;
+            let refs: Vec<&Tensor> = host.iter().collect();
+            local.push(kernel::reduce_tensors(
+                local_op(op),
+                &refs,
+                &destinations.as_slice()[0],
+                1,
+            )?);
+        }
+        let count = count.unwrap_or(0);
+        let refs: Vec<&Tensor> = local.iter().collect();
+        let record = Record::of(Call::Reduce, Some(op), &refs).with_extra(count as i64);
+        let plan = FusionPlan::new(&local, inner.bytes_per_pack);
+        let buckets =
+            inner.reduce_across(record, op, count * inner.workers(), &plan.pack(&local)?)?;
+        plan.unpack(&buckets)?
+            .into_iter()
+            .zip(pairs)
+            .map(|(reduced, (_, destinations))| {
+                let reduced = AnyTensor::Dense(reduced);
+                deliver(destinations, |device| reduced.copy_to(device))
+            })
+            .collect()
+    }
+
+    fn replica_collectives(
+        &self,
+        replica: usize,
+    ) -> Result<Box<dyn ReplicaCollectives>, CollectiveError> {
+        Ok(Box::new(MpiMember {
+            member: self.inner.group.member(replica)?,
+            inner: Arc::clone(&self.inner),
+            device: self.inner.devices[replica].clone(),
+        }))
+    }
+
+    fn num_replicas(&self) -> Option<usize> {
+        Some(self.local_replicas())
+    }
+}
+
+impl StepLifecycle for MpiAllReduce {
+    fn abort(&self, reason: &str) {
+        self.inner.group.abort(reason);
+    }
+
+    fn reset(&self) {
+        self.inner.group.reset();
+        *lock(&self.inner.remote_failure) = None;
+    }
+
+    fn begin_step(&self) {
+        self.inner.group.rendezvous().begin_step();
+    }
+
+    fn replica_finished(&self, replica: usize) {
+        // The hook has no error channel; a replica outside the group has no barrier to leave.
+        let _ = self.inner.group.rendezvous().finish(replica);
+    }
+}

@@ -1,0 +1,470 @@
+//! [`MultiWorkerMirroredStrategy`]: synchronous data parallelism over the replicas of several
+//! worker processes (TF 2.x's `MultiWorkerMirroredStrategy`), reduced through MPI.
+//!
+//! Each worker process runs its local replicas as [`MirroredStrategy`] does (persistent threads,
+//! `merge_call`, typed contexts); collectives go through [`MpiAllReduce`], so reductions span
+//! every replica of every worker and give every one of them the same bits. After each step every
+//! worker passes through one agreement ([`MpiAllReduce::finish_step`]), so a worker whose step
+//! failed or panicked makes every worker's `run` fail with an error naming it.
+
+use std::fmt;
+use std::sync::Arc;
+
+use distribute_collectives::{CrossDeviceOps, GroupConfig, MpiAllReduce};
+use distribute_device_spec::{LocalDevices, TaskType, TfConfig};
+use distribute_input::{
+    Batch, DEFAULT_AGREEMENT_WINDOW, Dataset, DistributedDataset, InputContext, InputError,
+    InputOptions, InputWorkers, SumAcrossProcesses, distribute_datasets_from_function,
+};
+use distribute_strategy::{
+    MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
+    VariableOptions, create_distributed_variable,
+};
+use distribute_values::{
+    Distributed, DistributedVariable, PerReplica, Regroup, ReplicaDeviceMap, SavedValue,
+    VariableAggregation, VariableValue, regroup,
+};
+
+use crate::{MirroredConfig, MirroredStrategy, MultiWorkerDevices};
+
+/// Settings of a [`MultiWorkerMirroredStrategy`].
+#[derive(Debug, Clone)]
+pub struct MultiWorkerConfig {
+    /// This worker's replica devices (host devices; every worker the same count). Default: one
+    /// replica on `/cpu:0`.
+    pub local_devices: Vec<String>,
+    /// The local strategy's settings; `deadline` also bounds every cross-worker wait (past it
+    /// the MPI job is aborted). `cross_device_ops` must be `None`: the backend is MPI's.
+    pub mirrored: MirroredConfig,
+    /// The cluster, when `TF_CONFIG` describes one: it must agree with the MPI world. `None`
+    /// reads the `TF_CONFIG` environment variable (absent: the MPI world alone decides).
+    pub tf_config: Option<TfConfig>,
+}
+
+impl Default for MultiWorkerConfig {
+    fn default() -> Self {
+        MultiWorkerConfig {
+            local_devices: vec!["/cpu:0".to_owned()],
+            mirrored: MirroredConfig::default(),
+            tf_config: None,
+        }
+    }
+}
+
+/// Runs one step function on every replica of every worker process of an MPI job, keeping
+/// variables mirrored across all of them (TF's `tf.distribute.MultiWorkerMirroredStrategy`).
+///
+/// Start the program with `mpirun -n W …`: rank `w` of `W` is worker `w`, worker 0 the chief.
+/// With R local replicas per worker, `num_replicas_in_sync` is W·R and worker `w`'s local
+/// replica `r` has replica id `w·R + r`. Every worker must build the strategy, create the same
+/// variables and run the same steps: each call that crosses workers is agreed on first, so a
+/// worker that differs fails every worker with an error instead of hanging them.
+pub struct MultiWorkerMirroredStrategy {
+    local: MirroredStrategy,
+    /// The replicas' collectives: `backend`, or NCCL across the processes' GPUs.
+    ops: Arc<dyn CrossDeviceOps>,
+    /// Agreements between workers (end of step, chief's values) and, on CPUs, the collectives.
+    backend: MpiAllReduce,
+    worker: usize,
+    workers: usize,
+    input_workers: InputWorkers,
+}
+
+impl fmt::Debug for MultiWorkerMirroredStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiWorkerMirroredStrategy")
+            .field("worker", &self.worker)
+            .field("workers", &self.workers)
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+impl MultiWorkerMirroredStrategy {
+    /// One CPU replica per worker, the MPI world (and `TF_CONFIG`, if set) naming the workers.
+    pub fn new() -> Result<Self, StrategyError> {
+        Self::with_config(MultiWorkerConfig::default())
+    }
+
+    /// A strategy with `config`; every worker of the job must call it (it agrees with the
+    /// others on the local replica count).
+    ///
+    /// Errors: no or repeated local devices, `cross_device_ops` given, `TF_CONFIG` that
+    /// disagrees with the MPI world, or workers with different replica counts.
+    pub fn with_config(config: MultiWorkerConfig) -> Result<Self, StrategyError> {
+        if config.mirrored.cross_device_ops.is_some() {
+            return Err(StrategyError::InvalidArgument(
+                "a MultiWorkerMirroredStrategy reduces through MPI; leave \
+                 MirroredConfig::cross_device_ops unset"
+                    .into(),
+            ));
+        }
+        let devices = LocalDevices::new(&config.local_devices)?;
+        let names: Vec<&str> = devices.names().collect();
+        let group = GroupConfig {
+            deadline: config.mirrored.deadline,
+            ..config.mirrored.collectives
+        };
+        let backend = MpiAllReduce::new(&names, group)?;
+        let (worker, workers) = (backend.worker(), backend.num_workers());
+        // Checked on every worker, then agreed: a worker whose TF_CONFIG disagrees fails every
+        // worker's construction with an error naming it, rather than leaving the others to wait.
+        let tf_check = tf_config_agrees(config.tf_config, worker, workers);
+        backend.finish_step(tf_check.as_ref().err().map(ToString::to_string).as_deref())?;
+        let ops = match gpu_ops(&devices, config.mirrored.deadline)? {
+            Some(nccl) => nccl,
+            None => Arc::new(backend.clone()) as Arc<dyn CrossDeviceOps>,
+        };
+        let local = MirroredStrategy::with_config(
+            &names,
+            MirroredConfig {
+                cross_device_ops: Some(Arc::clone(&ops)),
+                ..config.mirrored
+            },
+        )?;
+        let input_workers =
+            InputWorkers::worker_of_cluster(workers, worker, devices.host(), &names)?;
+        log::info!(
+            "MultiWorkerMirroredStrategy: worker {worker} of {workers}, {} local replicas",
+            devices.len()
+        );
+        Ok(MultiWorkerMirroredStrategy {
+            local,
+            ops,
+            backend,
+            worker,
+            workers,
+            input_workers,
+        })
+    }
+
+    /// This process's worker index (its MPI rank).
+    pub fn worker(&self) -> usize {
+        self.worker
+    }
+
+    /// The number of workers.
+    pub fn num_workers(&self) -> usize {
+        self.workers
+    }
+
+    /// Replicas per worker.
+    pub fn local_replicas(&self) -> usize {
+        self.backend.local_replicas()
+    }
+
+    /// Whether this is the chief (worker 0), which writes checkpoints and summaries.
+    pub fn is_chief(&self) -> bool {
+        self.worker == 0
+    }
+
+    /// The cross-worker backend (e.g. its [`MpiAllReduce::exchange`] for what input pipelines
+    /// must agree on).
+    pub fn backend(&self) -> &MpiAllReduce {
+        &self.backend
+    }
+
+    /// This worker's input workers: one pipeline, `worker` of `num_workers`, feeding its local
+    /// replicas (the hook for distributing datasets).
+    pub fn input_workers(&self) -> &InputWorkers {
+        &self.input_workers
+    }
+
+    /// The input context of this worker's pipeline: `num_input_pipelines` = workers,
+    /// `input_pipeline_id` = worker, `num_replicas_in_sync` = every worker's replicas.
+    pub fn input_context(&self) -> Result<InputContext, StrategyError> {
+        Ok(self.input_workers.input_context(0)?)
+    }
+
+    /// The value to checkpoint, across every worker: a mirrored variable's value (the same on
+    /// every worker); a sync-on-read variable's aggregate over every replica of every worker
+    /// (`Sum`: the sum, `Mean`: the mean, `OnlyFirstReplica`: the chief's). Every worker must
+    /// call it for the same variables in the same order; only the chief
+    /// ([`should_checkpoint`](StrategyExtended::should_checkpoint)) writes the result.
+    pub fn save_variable<T: VariableValue>(
+        &self,
+        variable: &DistributedVariable<T>,
+    ) -> Result<SavedValue<T>, StrategyError> {
+        let local = variable.save()?;
+        let DistributedVariable::SyncOnRead(sync_on_read) = variable else {
+            return Ok(local);
+        };
+        let untransportable = || {
+            StrategyError::InvalidArgument(
+                "this variable's value type cannot be sent to the other workers (it has no \
+                 VariableValue::to_wire); use tensors or numbers"
+                    .into(),
+            )
+        };
+        let bytes = local.value().to_wire().ok_or_else(untransportable)?;
+        let values = self
+            .backend
+            .exchange(&bytes)?
+            .iter()
+            .map(|b| local.value().like_from_wire(b).ok_or_else(untransportable))
+            .collect::<Result<Vec<T>, _>>()?;
+        // Every worker has as many replicas, so the mean of the workers' means is the mean.
+        let value = match sync_on_read.aggregation() {
+            VariableAggregation::Sum => T::sum_all(&values)?,
+            VariableAggregation::Mean => T::mean_all(&values)?,
+            _ => values[0].clone(),
+        };
+        Ok(SavedValue::new(value))
+    }
+
+    /// Restores a checkpoint written with any number of workers and replicas (by
+    /// [`save_variable`](Self::save_variable) or a single process): a `Sum` sync-on-read
+    /// variable gets an equal share on every replica of every worker, anything else the saved
+    /// value.
+    pub fn restore_variable<T: VariableValue>(
+        &self,
+        variable: &DistributedVariable<T>,
+        saved: &SavedValue<T>,
+    ) -> Result<(), StrategyError> {
+        match variable {
+            DistributedVariable::SyncOnRead(v) if v.aggregation() == VariableAggregation::Sum => {
+                // The local restore divides by the local replica count.
+                let share = saved.value().divide_by_count(self.workers)?;
+                variable.restore(&SavedValue::new(share))?;
+            }
+            _ => variable.restore(saved)?,
+        }
+        Ok(())
+    }
+
+    /// The global replica id of local replica `local`.
+    pub fn global_replica_id(&self, local: usize) -> usize {
+        self.worker * self.local_replicas() + local
+    }
+
+    /// The integer sum across workers with which distributed datasets agree on the end of
+    /// data (once per window of steps, and only when the workers read different streams).
+    fn sum_across_workers(&self) -> SumAcrossProcesses {
+        let backend = self.backend.clone();
+        SumAcrossProcesses::new(move |counters| {
+            let bytes: Vec<u8> = counters.iter().flat_map(|c| c.to_le_bytes()).collect();
+            let all = backend.exchange(&bytes)?;
+            counters.fill(0);
+            for worker in &all {
+                for (sum, word) in counters.iter_mut().zip(worker.chunks_exact(8)) {
+                    let word: [u8; 8] = word.try_into().expect("chunks of 8 bytes");
+                    *sum += u64::from_le_bytes(word);
+                }
+            }
+            Ok::<(), InputError>(())
+        })
+    }
+}
+
+/// With the feature `nccl` and only GPUs: NCCL across every process's GPUs, its unique id
+/// broadcast over MPI (untested here: the build machine has no GPU). Otherwise `None`: the
+/// MPI backend reduces, GPU values through the host.
+fn gpu_ops(
+    devices: &LocalDevices,
+    deadline: std::time::Duration,
+) -> Result<Option<Arc<dyn CrossDeviceOps>>, StrategyError> {
+    let gpus: Option<Vec<usize>> = devices.iter().map(|d| d.gpu_index()).collect();
+    #[cfg(feature = "nccl")]
+    if let Some(gpus) = gpus {
+        let nccl = distribute_collectives::NcclAllReduce::for_mpi_world(&gpus, deadline)?;
+        return Ok(Some(Arc::new(nccl)));
+    }
+    let _ = (gpus, deadline);
+    Ok(None)
+}
+
+/// `tf_config` (else the `TF_CONFIG` environment variable), when it names a cluster, checked
+/// against the MPI world.
+fn tf_config_agrees(
+    tf_config: Option<TfConfig>,
+    rank: usize,
+    size: usize,
+) -> Result<(), StrategyError> {
+    let tf_config = match tf_config {
+        Some(tf) => Some(tf),
+        None if std::env::var_os("TF_CONFIG").is_some() => Some(TfConfig::from_env()?),
+        None => None,
+    };
+    match tf_config.filter(|tf| !tf.cluster.is_empty()) {
+        Some(tf) => check_tf_config(&tf, rank, size),
+        None => Ok(()),
+    }
+}
+
+/// `TF_CONFIG`'s task must be the MPI rank's worker, and its cluster must have as many
+/// training tasks as the MPI world has processes (chief first, then the workers).
+fn check_tf_config(tf: &TfConfig, rank: usize, size: usize) -> Result<(), StrategyError> {
+    let plan = MultiWorkerDevices::from_tf_config(tf, 0)?;
+    let task = tf.task.expect("from_tf_config checked the task");
+    let name = format!("/job:{}/task:{}", task.task_type.as_str(), task.index);
+    let index = plan.workers.iter().position(|w| *w == name);
+    if plan.workers.len() != size || index != Some(rank) {
+        let chief = if tf.cluster.tasks(TaskType::Chief).is_empty() {
+            "the workers"
+        } else {
+            "the chief, then the workers"
+        };
+        return Err(StrategyError::InvalidArgument(format!(
+            "TF_CONFIG and MPI disagree: TF_CONFIG makes this process {name}, training task {} \
+             of {}, but MPI makes it rank {rank} of {size}; start one MPI process per training \
+             task, ranks in the cluster's order ({chief}), or unset TF_CONFIG",
+            index.map_or_else(|| "?".to_owned(), |i| i.to_string()),
+            plan.workers.len()
+        )));
+    }
+    Ok(())
+}
+
+impl StrategyExtended for MultiWorkerMirroredStrategy {
+    fn device_map(&self) -> &Arc<ReplicaDeviceMap> {
+        self.local.device_map()
+    }
+
+    fn total_replicas(&self) -> usize {
+        self.workers * self.local_replicas()
+    }
+
+    fn first_replica_id(&self) -> usize {
+        self.global_replica_id(0)
+    }
+
+    fn cross_device_ops(&self) -> &dyn CrossDeviceOps {
+        self.ops.as_ref()
+    }
+
+    fn host_device(&self) -> &str {
+        self.local.host_device()
+    }
+
+    /// Every worker creates the variables (the chief's initial values then reach all).
+    fn should_init(&self) -> bool {
+        true
+    }
+
+    fn should_checkpoint(&self) -> bool {
+        self.is_chief()
+    }
+
+    fn should_save_summary(&self) -> bool {
+        self.is_chief()
+    }
+
+    fn between_graph(&self) -> bool {
+        true
+    }
+
+    fn merge(
+        &self,
+        replica: usize,
+        args: MergeArgs,
+        merge: &mut dyn FnMut(Vec<MergeArgs>) -> Result<MergeResult, StrategyError>,
+    ) -> Result<MergeResult, StrategyError> {
+        self.local.merge(replica, args, merge)
+    }
+}
+
+impl Strategy for MultiWorkerMirroredStrategy {
+    fn extended(&self) -> &dyn StrategyExtended {
+        self
+    }
+
+    /// Runs `step` on every local replica, then agrees with every other worker on how the step
+    /// went: if any worker's step failed, every worker returns
+    /// [`CollectiveError::WorkerFailed`](distribute_collectives::CollectiveError::WorkerFailed)
+    /// naming it. Results are this worker's replicas'.
+    fn run<D, O, F>(&self, step: F, inputs: &D) -> Result<O::Regrouped, StrategyError>
+    where
+        D: Distributed + Sync,
+        O: Regroup + Send,
+        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<O, StrategyError> + Sync,
+    {
+        let outputs = self.local.run_replicas(self, step, inputs);
+        let failure = outputs.as_ref().err().map(ToString::to_string);
+        self.backend.finish_step(failure.as_deref())?;
+        Ok(regroup(self.local.device_map(), outputs?)?)
+    }
+
+    /// Creates the variable on this worker's replicas with the chief's (worker 0's) `initial`
+    /// value, so every worker starts identical even when their initialisers differ. Every
+    /// worker must create the same variables in the same order.
+    fn create_variable<T: VariableValue>(
+        &self,
+        name: &str,
+        initial: T,
+        options: VariableOptions,
+    ) -> Result<DistributedVariable<T>, StrategyError>
+    where
+        Self: Sized,
+    {
+        let bytes = initial.to_wire().ok_or_else(|| {
+            StrategyError::InvalidArgument(format!(
+                "variable {name}: its value type cannot be sent to the other workers (it has no \
+                 VariableValue::to_wire); use tensors or numbers"
+            ))
+        })?;
+        let chiefs = self.backend.bytes_from_chief(&bytes)?;
+        let initial = initial.like_from_wire(&chiefs).ok_or_else(|| {
+            StrategyError::InvalidArgument(format!(
+                "variable {name}: the chief's initial value does not fit this worker's (another \
+                 dtype or shape)"
+            ))
+        })?;
+        create_distributed_variable(name, self.local.device_map(), initial, options)
+    }
+
+    /// This worker's share of a global-batch dataset: auto-sharded per worker (by file when the
+    /// source has a file per worker, else by data), each global batch cut into W·R chunks of
+    /// which local replica `r` of worker `w` gets chunk `r·W + w`, as TF's
+    /// `MultiWorkerMirroredStrategy` deals them. Every worker ends on the same step (see
+    /// [`SumAcrossProcesses`]).
+    fn distribute_dataset<B: Batch>(
+        &self,
+        dataset: Dataset<B>,
+        options: InputOptions,
+    ) -> Result<DistributedDataset<B>, StrategyError>
+    where
+        Self: Sized,
+    {
+        Ok(
+            DistributedDataset::new(dataset, &self.input_workers, options)?
+                .with_sum_across_processes(self.sum_across_workers(), DEFAULT_AGREEMENT_WINDOW)?,
+        )
+    }
+
+    /// This worker's dataset from `dataset_fn`, called with this worker's [`InputContext`]
+    /// (pipeline `w` of W); its consecutive batches go to the local replicas in turn, so a
+    /// function that produces its contiguous part of each global batch
+    /// ([`InputContext::rows_of_global_batch`]) gives local replica `r` global chunk `w·R + r`.
+    /// Every worker ends on the same step (see [`SumAcrossProcesses`]).
+    fn distribute_datasets_from_function<B: Batch>(
+        &self,
+        options: InputOptions,
+        dataset_fn: impl Fn(&InputContext) -> Result<Dataset<B>, InputError>,
+    ) -> Result<DistributedDataset<B>, StrategyError>
+    where
+        Self: Sized,
+    {
+        Ok(
+            distribute_datasets_from_function(&self.input_workers, options, dataset_fn)?
+                .with_sum_across_processes(self.sum_across_workers(), DEFAULT_AGREEMENT_WINDOW)?,
+        )
+    }
+
+    /// One value per local replica from `value_fn(global replica id, num_replicas_in_sync)`.
+    fn distribute_values_from_function<T>(
+        &self,
+        value_fn: impl Fn(usize, usize) -> T,
+    ) -> Result<PerReplica<T>, StrategyError>
+    where
+        Self: Sized,
+    {
+        let n = self.num_replicas_in_sync();
+        let values = (0..self.local_replicas())
+            .map(|r| value_fn(self.global_replica_id(r), n))
+            .collect();
+        Ok(PerReplica::new(
+            Arc::clone(self.local.device_map()),
+            values,
+        )?)
+    }
+}

@@ -1,0 +1,817 @@
+//! The `mpi` feature: which packages have it, what it needs on the machine, and `mpirun`.
+//!
+//! - `cargo xtask ci` lints every package that declares an `mpi` feature with it on, and
+//!   `cargo xtask test` runs those packages' tests with it (their multi-process tests start
+//!   `mpirun` themselves, with 2, 3 and 4 processes).
+//! - `cargo xtask launch -n W EXAMPLE [-- ARGS…]` builds an example in release with `mpi` and
+//!   runs it under `mpirun -n W`.
+//!
+//! The packages are found in `cargo metadata` rather than listed here, so a crate that gains
+//! the feature is linted and tested without touching xtask. Building with the feature needs
+//! Open MPI (`mpicc`, through which the `mpi` crate finds the library, and `mpirun`) and libclang
+//! (the crate's bindgen); builds without it need neither, and `.ci/run` installs both.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::{cargo_env, cargo_program, workspace_root};
+
+/// The feature this module is about.
+const FEATURE: &str = "mpi";
+
+/// What `mpirun` needs as root, where Open MPI refuses to start without it (CI runs as root).
+fn run_as_root_env(root: bool) -> Vec<(&'static str, &'static OsStr)> {
+    if !root {
+        return Vec::new();
+    }
+    vec![
+        ("OMPI_ALLOW_RUN_AS_ROOT", OsStr::new("1")),
+        ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", OsStr::new("1")),
+    ]
+}
+
+/// The environment of the `mpi` tests: [`run_as_root_env`], and leave to start more processes
+/// than the machine has cores (CI machines have two; the tests start up to four) without each
+/// test passing `--oversubscribe`.
+fn test_env(root: bool) -> Vec<(&'static str, &'static OsStr)> {
+    let mut env = run_as_root_env(root);
+    env.push(("OMPI_MCA_rmaps_base_oversubscribe", OsStr::new("1")));
+    env
+}
+
+/// Whether this process runs as root (user id 0).
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().nth(1).map(|id| id == "0"))
+        })
+        .unwrap_or(false)
+}
+
+/// `cargo metadata` of the workspace's own packages.
+fn metadata() -> Result<Value> {
+    let output = Command::new(cargo_program())
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(workspace_root())
+        .output()
+        .context("could not run `cargo metadata`")?;
+    if !output.status.success() {
+        bail!(
+            "`cargo metadata` failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    serde_json::from_slice(&output.stdout).context("`cargo metadata` printed invalid JSON")
+}
+
+/// The workspace packages that declare an `mpi` feature, sorted.
+fn feature_packages(metadata: &Value) -> Vec<String> {
+    let mut packages: Vec<String> = metadata["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|package| package["features"].get(FEATURE).is_some())
+        .filter_map(|package| package["name"].as_str().map(str::to_owned))
+        .collect();
+    packages.sort();
+    packages
+}
+
+/// The package that has example `example`, or an error naming the examples there are.
+fn package_of_example(metadata: &Value, example: &str) -> Result<String> {
+    let mut examples = Vec::new();
+    for package in metadata["packages"].as_array().into_iter().flatten() {
+        for target in package["targets"].as_array().into_iter().flatten() {
+            let is_example = target["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|k| k == "example"));
+            if !is_example {
+                continue;
+            }
+            let name = target["name"].as_str().unwrap_or_default();
+            if name == example {
+                return package["name"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .context("a package without a name in `cargo metadata`");
+            }
+            examples.push(name.to_owned());
+        }
+    }
+    examples.sort();
+    bail!(
+        "no example named '{example}' in the workspace; examples: {}",
+        examples.join(", ")
+    )
+}
+
+/// What building and running with the `mpi` feature needs and this machine lacks, each with
+/// the Debian/Ubuntu package that provides it.
+pub(crate) fn missing() -> Vec<&'static str> {
+    let mut missing = Vec::new();
+    if !runs("mpirun", &["--version"]) {
+        missing.push("`mpirun` (Open MPI; Debian/Ubuntu package openmpi-bin)");
+    }
+    if !runs("mpicc", &["--showme:version"]) {
+        missing.push("`mpicc` and the MPI headers (Debian/Ubuntu package libopenmpi-dev)");
+    }
+    if !has_libclang() {
+        missing.push("libclang, for the mpi crate's bindgen (Debian/Ubuntu package libclang-dev)");
+    }
+    missing
+}
+
+/// The error, or the warning, that says what is missing.
+fn missing_message(what: &str, missing: &[&str]) -> String {
+    format!(
+        "{what} needs Open MPI and libclang, and this machine lacks: {}. Install them (as root \
+         on Debian/Ubuntu: apt-get install openmpi-bin libopenmpi-dev libclang-dev; `.ci/run` \
+         does it) and run again",
+        missing.join("; ")
+    )
+}
+
+fn runs(program: &str, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .output()
+        .is_ok_and(|output| output.status.success())
+}
+
+/// Whether libclang is where bindgen (clang-sys) looks: `LIBCLANG_PATH`, LLVM's folders, or
+/// the system library folders.
+fn has_libclang() -> bool {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("LIBCLANG_PATH")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    for parent in ["/usr/lib", "/usr/local/lib", "/usr/lib64"] {
+        let Ok(entries) = std::fs::read_dir(parent) else {
+            continue;
+        };
+        dirs.push(PathBuf::from(parent));
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("llvm") {
+                dirs.push(path.join("lib"));
+            } else if name.ends_with("-linux-gnu") {
+                dirs.push(path);
+            }
+        }
+    }
+    dirs.iter().any(|dir| has_libclang_in(dir))
+}
+
+fn has_libclang_in(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|entry| {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with("libclang")
+                && !name.starts_with("libclang-cpp")
+                && name.contains(".so")
+        })
+    })
+}
+
+/// `PACKAGE/mpi` for each package, comma-separated: one `--features` value for all of them.
+fn feature_list(packages: &[String]) -> String {
+    packages
+        .iter()
+        .map(|package| format!("{package}/{FEATURE}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `cargo clippy` arguments that lint every target of `packages` with `mpi` on.
+fn clippy_args(packages: &[String]) -> Vec<String> {
+    let mut args = vec!["clippy".to_owned(), "--all-targets".to_owned()];
+    for package in packages {
+        args.extend(["--package".to_owned(), package.clone()]);
+    }
+    args.extend(
+        [
+            "--features",
+            &feature_list(packages),
+            "--",
+            "-D",
+            "warnings",
+        ]
+        .map(str::to_owned),
+    );
+    args
+}
+
+/// `cargo test` arguments for `packages` with `mpi` on: every target, or the doc tests.
+fn test_args(packages: &[String], doc: bool, extra: &[String]) -> Vec<String> {
+    let mut args = vec!["test".to_owned()];
+    for package in packages {
+        args.extend(["--package".to_owned(), package.clone()]);
+    }
+    args.extend([
+        "--features".to_owned(),
+        feature_list(packages),
+        if doc { "--doc" } else { "--all-targets" }.to_owned(),
+    ]);
+    if !extra.is_empty() {
+        args.push("--".to_owned());
+        args.extend(extra.iter().cloned());
+    }
+    args
+}
+
+/// `cargo xtask ci`'s lint with the `mpi` feature; an error when MPI is missing.
+pub(crate) fn clippy() -> Result<()> {
+    let packages = feature_packages(&metadata()?);
+    if packages.is_empty() {
+        eprintln!("xtask: clippy (feature mpi): no package has an `mpi` feature; nothing to lint");
+        return Ok(());
+    }
+    let missing = missing();
+    if !missing.is_empty() {
+        bail!(missing_message("linting with the `mpi` feature", &missing));
+    }
+    let args = clippy_args(&packages);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    cargo_env("clippy (feature mpi)", &args, &[])
+}
+
+/// `cargo xtask test`'s part with the `mpi` feature: every test of the packages that have it,
+/// doc tests included. An error when MPI is missing, unless `DISTRIBUTE_SKIP_MPI=1` (then a
+/// warning).
+pub(crate) fn test(extra: &[String]) -> Result<()> {
+    let packages = feature_packages(&metadata()?);
+    if packages.is_empty() {
+        eprintln!("xtask: tests (feature mpi): no package has an `mpi` feature; nothing to run");
+        return Ok(());
+    }
+    let missing = missing();
+    if !missing.is_empty() {
+        let message = missing_message(
+            &format!("testing {} with the `mpi` feature", packages.join(", ")),
+            &missing,
+        );
+        if std::env::var_os("DISTRIBUTE_SKIP_MPI").is_some_and(|v| v == "1") {
+            eprintln!("xtask: WARNING: SKIPPING the mpi tests (DISTRIBUTE_SKIP_MPI=1): {message}");
+            return Ok(());
+        }
+        bail!("{message} (or set DISTRIBUTE_SKIP_MPI=1 to skip these tests)");
+    }
+    let env = test_env(running_as_root());
+    for doc in [false, true] {
+        let args = test_args(&packages, doc, extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let what = if doc {
+            "doc tests (feature mpi)"
+        } else {
+            "tests (feature mpi)"
+        };
+        cargo_env(what, &args, &env)?;
+    }
+    Ok(())
+}
+
+/// `cargo xtask launch`'s arguments.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Launch {
+    /// Processes to start (`-n`).
+    pub(crate) workers: usize,
+    /// The example to run.
+    pub(crate) example: String,
+    /// Arguments for every process of the example.
+    pub(crate) args: Vec<String>,
+}
+
+pub(crate) const LAUNCH_USAGE: &str = "usage: cargo xtask launch -n W EXAMPLE [-- ARGS...]";
+
+impl Launch {
+    /// Parses `-n W EXAMPLE [-- ARGS…]` (also `-nW`, `-n=W`, `--np W`, and `-n` after the
+    /// example).
+    pub(crate) fn parse(args: &[String]) -> Result<Launch> {
+        let mut workers = None;
+        let mut example = None;
+        let mut rest = Vec::new();
+        let mut iter = args.iter();
+        while let Some(arg) = iter.next() {
+            let count = match arg.as_str() {
+                "--" => {
+                    rest.extend(iter.by_ref().cloned());
+                    break;
+                }
+                "-n" | "--np" => Some(
+                    iter.next()
+                        .with_context(|| format!("{arg} needs a process count; {LAUNCH_USAGE}"))?
+                        .as_str(),
+                ),
+                other => other
+                    .strip_prefix("-n=")
+                    .or_else(|| other.strip_prefix("--np="))
+                    .or_else(|| other.strip_prefix("-n").filter(|n| !n.is_empty())),
+            };
+            if let Some(count) = count {
+                if workers.is_some() {
+                    bail!("the process count is given twice; {LAUNCH_USAGE}");
+                }
+                let n: usize = count.parse().ok().filter(|&n| n > 0).with_context(|| {
+                    format!("the process count must be a positive integer, not '{count}'")
+                })?;
+                workers = Some(n);
+            } else if arg.starts_with('-') {
+                bail!(
+                    "unknown option '{arg}' (the example's own options go after `--`); {LAUNCH_USAGE}"
+                );
+            } else if example.replace(arg.clone()).is_some() {
+                bail!("more than one example named ('{arg}'); {LAUNCH_USAGE}");
+            }
+        }
+        Ok(Launch {
+            workers: workers
+                .with_context(|| format!("how many processes? give -n W; {LAUNCH_USAGE}"))?,
+            example: example.with_context(|| format!("which example? {LAUNCH_USAGE}"))?,
+            args: rest,
+        })
+    }
+}
+
+/// `mpirun`'s arguments that start `workers` copies of `program args`: oversubscribed when
+/// there are more processes than `cores`, which Open MPI otherwise refuses.
+pub(crate) fn mpirun_args(
+    workers: usize,
+    cores: usize,
+    program: &Path,
+    args: &[String],
+) -> Vec<String> {
+    let mut mpirun = vec!["-n".to_owned(), workers.to_string()];
+    if workers > cores {
+        mpirun.push("--oversubscribe".to_owned());
+    }
+    mpirun.push(program.display().to_string());
+    mpirun.extend(args.iter().cloned());
+    mpirun
+}
+
+/// The machine's core count as Open MPI counts slots (at least 1).
+pub(crate) fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+/// Runs `mpirun ARGS` with the run-as-root variables when root; an error on a non-zero exit.
+pub(crate) fn mpirun(what: &str, args: &[String]) -> Result<()> {
+    eprintln!("xtask: {what}: mpirun {}", args.join(" "));
+    let status = Command::new("mpirun")
+        .args(args)
+        .envs(run_as_root_env(running_as_root()))
+        .current_dir(workspace_root())
+        .status()
+        .context("could not start `mpirun` (Open MPI; Debian/Ubuntu package openmpi-bin)")?;
+    if !status.success() {
+        bail!(
+            "{what} failed: `mpirun {}` exited with {status}",
+            args.join(" ")
+        );
+    }
+    Ok(())
+}
+
+/// Builds `target` (`--example NAME` or `--bin NAME`) of `package` in release with `mpi` on and
+/// returns its executable.
+pub(crate) fn build_release(
+    metadata: &Value,
+    package: &str,
+    kind: &str,
+    name: &str,
+) -> Result<PathBuf> {
+    if !feature_packages(metadata).iter().any(|p| p == package) {
+        bail!("package {package} has no `{FEATURE}` feature, so {name} cannot run multi-worker");
+    }
+    let missing = missing();
+    if !missing.is_empty() {
+        bail!(missing_message(
+            &format!("building {name} with the `mpi` feature"),
+            &missing
+        ));
+    }
+    let feature = format!("{package}/{FEATURE}");
+    cargo_env(
+        &format!("build {name} (release, feature mpi)"),
+        &[
+            "build",
+            "--release",
+            "--package",
+            package,
+            "--features",
+            &feature,
+            kind,
+            name,
+        ],
+        &[],
+    )?;
+    let target_dir = metadata["target_directory"]
+        .as_str()
+        .context("`cargo metadata` gave no target directory")?;
+    let mut exe = PathBuf::from(target_dir).join("release");
+    if kind == "--example" {
+        exe.push("examples");
+    }
+    exe.push(name);
+    Ok(exe)
+}
+
+/// `cargo xtask launch -n W EXAMPLE [-- ARGS…]`.
+pub(crate) fn launch(args: &[String]) -> Result<()> {
+    let launch = Launch::parse(args)?;
+    let metadata = metadata()?;
+    let package = package_of_example(&metadata, &launch.example)?;
+    let exe = build_release(&metadata, &package, "--example", &launch.example)?;
+    let args = mpirun_args(launch.workers, cores(), &exe, &launch.args);
+    mpirun(&format!("launch {}", launch.example), &args)
+}
+
+/// `cargo xtask bench multi-worker`: `distribute-mirrored`'s `multi_worker_bench` example under
+/// `mpirun` as 2 and 4 workers of 1 replica and 2 workers of 2 (its chief prints the
+/// all-reduce and trivial-step lines), then the `linear_regression` example as 2 and 4 workers,
+/// whose steps per second become `multi_worker_linreg` lines (the median of
+/// [`LINREG_RUNS`] runs: one run is only 200 steps).
+pub(crate) fn bench_multi_worker() -> Result<()> {
+    let metadata = metadata()?;
+    let package = package_of_example(&metadata, MULTI_WORKER_BENCH)?;
+    let exe = build_release(&metadata, &package, "--example", MULTI_WORKER_BENCH)?;
+    for (workers, replicas) in MULTI_WORKER_BENCH_SHAPES {
+        let args = mpirun_args(
+            workers,
+            cores(),
+            &exe,
+            &["--replicas".to_owned(), replicas.to_string()],
+        );
+        mpirun(
+            &format!("benchmarks 'multi-worker' ({workers} workers × {replicas} replicas)"),
+            &args,
+        )?;
+    }
+    let package = package_of_example(&metadata, LINREG)?;
+    let exe = build_release(&metadata, &package, "--example", LINREG)?;
+    for workers in [2, 4] {
+        let mut rates = Vec::new();
+        for _ in 0..LINREG_RUNS {
+            let args = mpirun_args(
+                workers,
+                cores(),
+                &exe,
+                &["--replicas".to_owned(), "1".to_owned(), "--json".to_owned()],
+            );
+            let out = mpirun_output(&format!("{LINREG} ({workers} workers)"), &args)?;
+            rates.push(steps_per_s(&out)?);
+        }
+        rates.sort_by(f64::total_cmp);
+        println!(
+            "{}",
+            serde_json::json!({
+                "bench": "multi_worker_linreg", "workers": workers, "replicas_per_worker": 1,
+                "steps_per_s": rates[rates.len() / 2],
+            })
+        );
+    }
+    Ok(())
+}
+
+/// The `steps_per_s` of the one JSON line the linear regression's chief prints.
+fn steps_per_s(stdout: &str) -> Result<f64> {
+    let line = stdout
+        .lines()
+        .find(|line| line.starts_with('{'))
+        .with_context(|| format!("the chief printed no JSON line; stdout:\n{stdout}"))?;
+    let json: Value = serde_json::from_str(line).context("the chief's JSON line")?;
+    json["steps_per_s"]
+        .as_f64()
+        .with_context(|| format!("no steps_per_s in {line}"))
+}
+
+/// [`mpirun`], returning what the processes printed on stdout.
+fn mpirun_output(what: &str, args: &[String]) -> Result<String> {
+    eprintln!("xtask: {what}: mpirun {}", args.join(" "));
+    let output = Command::new("mpirun")
+        .args(args)
+        .envs(run_as_root_env(running_as_root()))
+        .current_dir(workspace_root())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("could not start `mpirun` (Open MPI; Debian/Ubuntu package openmpi-bin)")?;
+    if !output.status.success() {
+        bail!(
+            "{what} failed: `mpirun {}` exited with {}",
+            args.join(" "),
+            output.status
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Takes `--workers N` (or `--workers=N`) out of the demo's arguments: the worker count, if
+/// given, and the arguments left for the demo itself.
+pub(crate) fn take_workers(args: &[String]) -> Result<(Option<usize>, Vec<String>)> {
+    let mut workers = None;
+    let mut rest = Vec::new();
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        let value = match arg.strip_prefix("--workers") {
+            Some("") => Some(
+                iter.next()
+                    .context("--workers needs a number of worker processes")?
+                    .as_str(),
+            ),
+            Some(eq) if eq.starts_with('=') => Some(&eq[1..]),
+            _ => None,
+        };
+        match value {
+            Some(value) => {
+                let n: usize = value.parse().ok().filter(|&n| n > 0).with_context(|| {
+                    format!("--workers must be a positive integer, not '{value}'")
+                })?;
+                if workers.replace(n).is_some() {
+                    bail!("--workers is given twice");
+                }
+            }
+            None => rest.push(arg.clone()),
+        }
+    }
+    Ok((workers, rest))
+}
+
+/// `cargo xtask demo --workers W [DEMO-ARGS…]`: the demo binary, built in release with `mpi`,
+/// as `W` worker processes under `mpirun`, each with one replica unless the arguments say.
+pub(crate) fn demo(workers: usize, args: &[String]) -> Result<()> {
+    let metadata = metadata()?;
+    let exe = build_release(&metadata, "distribute-demo", "--bin", "demo")?;
+    mpirun(
+        &format!("demo ({workers} workers)"),
+        &mpirun_args(workers, cores(), &exe, &one_replica_by_default(args)),
+    )
+}
+
+/// The demo's arguments with `--replicas 1` first unless they choose the replicas: a worker
+/// of a multi-worker demo has one replica by default (one process alone has two).
+fn one_replica_by_default(args: &[String]) -> Vec<String> {
+    let chosen = args
+        .iter()
+        .any(|a| a.starts_with("--replicas") || a.starts_with("--devices"));
+    let default = (!chosen).then(|| ["--replicas".to_owned(), "1".to_owned()]);
+    default
+        .into_iter()
+        .flatten()
+        .chain(args.iter().cloned())
+        .collect()
+}
+
+/// The example with the all-reduce and step cases.
+const MULTI_WORKER_BENCH: &str = "multi_worker_bench";
+/// `(workers, replicas per worker)` of the multi-worker bench.
+const MULTI_WORKER_BENCH_SHAPES: [(usize, usize); 3] = [(2, 1), (4, 1), (2, 2)];
+/// The reference workload's example.
+const LINREG: &str = "linear_regression";
+/// Runs of the linear regression per worker count.
+const LINREG_RUNS: usize = 3;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    fn parse(args: &[&str]) -> Result<Launch> {
+        Launch::parse(&strings(args))
+    }
+
+    #[test]
+    fn launch_takes_the_count_the_example_and_its_arguments() {
+        let expected = Launch {
+            workers: 2,
+            example: "linear_regression".to_owned(),
+            args: strings(&["--replicas", "2", "--json"]),
+        };
+        for form in [
+            &[
+                "-n",
+                "2",
+                "linear_regression",
+                "--",
+                "--replicas",
+                "2",
+                "--json",
+            ][..],
+            &[
+                "-n2",
+                "linear_regression",
+                "--",
+                "--replicas",
+                "2",
+                "--json",
+            ],
+            &[
+                "-n=2",
+                "linear_regression",
+                "--",
+                "--replicas",
+                "2",
+                "--json",
+            ],
+            &[
+                "--np",
+                "2",
+                "linear_regression",
+                "--",
+                "--replicas",
+                "2",
+                "--json",
+            ],
+            &[
+                "linear_regression",
+                "-n",
+                "2",
+                "--",
+                "--replicas",
+                "2",
+                "--json",
+            ],
+        ] {
+            assert_eq!(parse(form).unwrap(), expected, "{form:?}");
+        }
+        let bare = parse(&["-n", "3", "linear_regression"]).unwrap();
+        assert_eq!((bare.workers, bare.args.len()), (3, 0));
+        // After `--` everything is the example's, even `-n`.
+        assert_eq!(
+            parse(&["-n", "2", "x", "--", "-n", "5"]).unwrap().args,
+            ["-n", "5"]
+        );
+    }
+
+    #[test]
+    fn launch_rejects_bad_arguments_with_the_usage() {
+        for (args, says) in [
+            (&["linear_regression"][..], "give -n W"),
+            (&["-n", "2"], "which example"),
+            (&["-n"], "-n needs a process count"),
+            (&["-n", "0", "x"], "positive integer, not '0'"),
+            (&["-n", "two", "x"], "positive integer, not 'two'"),
+            (&["-n", "2", "-n", "3", "x"], "given twice"),
+            (&["-n", "2", "x", "y"], "more than one example"),
+            (&["-n", "2", "x", "--json"], "unknown option '--json'"),
+        ] {
+            let err = parse(args).unwrap_err().to_string();
+            assert!(err.contains(says), "{args:?}: {err}");
+            assert!(
+                err.contains("usage") || says.contains("positive"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_linear_regression_rate_comes_from_the_chiefs_line() {
+        let out = "noise\n{\"workers\":2,\"steps_per_s\":9000.5,\"bias\":0.5}\n";
+        assert_eq!(steps_per_s(out).unwrap(), 9000.5);
+        assert!(
+            steps_per_s("no json here")
+                .unwrap_err()
+                .to_string()
+                .contains("no JSON line")
+        );
+        assert!(steps_per_s("{\"bias\":1}").is_err());
+    }
+
+    #[test]
+    fn the_demo_gives_up_its_worker_count() {
+        let (workers, rest) = take_workers(&strings(&[
+            "--workers",
+            "2",
+            "--replicas",
+            "2",
+            "--steps",
+            "9",
+        ]))
+        .unwrap();
+        assert_eq!(
+            (workers, &rest),
+            (Some(2), &strings(&["--replicas", "2", "--steps", "9"]))
+        );
+        assert_eq!(
+            one_replica_by_default(&strings(&["--steps", "9"])),
+            ["--replicas", "1", "--steps", "9"]
+        );
+        assert_eq!(one_replica_by_default(&rest), rest, "--replicas 2 stays");
+        let (workers, rest) = take_workers(&strings(&["--replicas", "2", "--workers=3"])).unwrap();
+        assert_eq!((workers, rest), (Some(3), strings(&["--replicas", "2"])));
+        assert_eq!(take_workers(&strings(&["--steps", "9"])).unwrap().0, None);
+        for (bad, says) in [
+            (&["--workers"][..], "needs a number"),
+            (&["--workers", "0"], "positive integer, not '0'"),
+            (&["--workers=x"], "positive integer, not 'x'"),
+            (&["--workers", "2", "--workers", "2"], "given twice"),
+        ] {
+            let err = take_workers(&strings(bad)).unwrap_err().to_string();
+            assert!(err.contains(says), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn mpirun_oversubscribes_only_past_the_cores() {
+        let exe = Path::new("/t/release/examples/linear_regression");
+        assert_eq!(
+            mpirun_args(2, 2, exe, &strings(&["--json"])).join(" "),
+            "-n 2 /t/release/examples/linear_regression --json"
+        );
+        assert_eq!(
+            mpirun_args(4, 2, exe, &[]).join(" "),
+            "-n 4 --oversubscribe /t/release/examples/linear_regression"
+        );
+    }
+
+    #[test]
+    fn root_gets_the_run_as_root_variables() {
+        let names = |root| {
+            test_env(root)
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(true),
+            [
+                "OMPI_ALLOW_RUN_AS_ROOT",
+                "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
+                "OMPI_MCA_rmaps_base_oversubscribe"
+            ]
+        );
+        assert_eq!(names(false), ["OMPI_MCA_rmaps_base_oversubscribe"]);
+    }
+
+    const METADATA: &str = r#"{"target_directory":"/t","packages":[
+        {"name":"distribute-mirrored","features":{"mpi":["dep:mpi"],"nccl":[]},"targets":[{"kind":["lib"],"name":"distribute_mirrored"}]},
+        {"name":"distribute","features":{"mpi":["distribute-mirrored/mpi"]},"targets":[{"kind":["lib"],"name":"distribute"},{"kind":["example"],"name":"linear_regression"}]},
+        {"name":"distribute-input","features":{},"targets":[{"kind":["example"],"name":"csv_demo"}]}
+    ]}"#;
+
+    #[test]
+    fn the_mpi_packages_and_examples_come_from_metadata() {
+        let metadata: Value = serde_json::from_str(METADATA).unwrap();
+        assert_eq!(
+            feature_packages(&metadata),
+            ["distribute", "distribute-mirrored"]
+        );
+        assert_eq!(
+            package_of_example(&metadata, "linear_regression").unwrap(),
+            "distribute"
+        );
+        let err = package_of_example(&metadata, "nope")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no example named 'nope'") && err.contains("csv_demo, linear_regression"),
+            "{err}"
+        );
+        let err = build_release(&metadata, "distribute-input", "--example", "csv_demo")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no `mpi` feature"), "{err}");
+    }
+
+    #[test]
+    fn cargo_arguments_name_every_package_with_the_feature() {
+        let packages = strings(&["distribute", "distribute-mirrored"]);
+        assert_eq!(
+            clippy_args(&packages).join(" "),
+            "clippy --all-targets --package distribute --package distribute-mirrored \
+             --features distribute/mpi,distribute-mirrored/mpi -- -D warnings"
+        );
+        assert_eq!(
+            test_args(&packages, false, &strings(&["--nocapture"])).join(" "),
+            "test --package distribute --package distribute-mirrored --features \
+             distribute/mpi,distribute-mirrored/mpi --all-targets -- --nocapture"
+        );
+        assert!(test_args(&packages, true, &[]).join(" ").ends_with("--doc"));
+    }
+
+    #[test]
+    fn the_missing_message_names_the_packages_to_install() {
+        let message = missing_message(
+            "testing x",
+            &["`mpirun` (Open MPI; Debian/Ubuntu package openmpi-bin)"],
+        );
+        assert!(
+            message.contains("openmpi-bin libopenmpi-dev libclang-dev"),
+            "{message}"
+        );
+        assert!(message.contains("lacks: `mpirun`"), "{message}");
+    }
+}
