@@ -187,11 +187,10 @@ impl MpiAllReduce {
             .all_gather(bytes, &mut all, Wait::Committed, &|| {
                 "an exchange".to_owned()
             });
-        Ok(all
-            .chunks(bytes.len().max(1))
-            .take(inner.world.size())
-            .map(<[u8]>::to_vec)
-            .collect())
+        if bytes.is_empty() {
+            return Ok(vec![Vec::new(); inner.world.size()]);
+        }
+        Ok(all.chunks(bytes.len()).map(<[u8]>::to_vec).collect())
     }
 
     /// Worker 0's values of `tensors` on every worker (each worker passes its own, of the same
