@@ -24,6 +24,11 @@
 //! Downstream projects that need one layer can depend on its crate alone. This crate adds no
 //! behaviour of its own.
 
+// The README's Rust blocks are doc tests of this crate, so its examples keep compiling and passing.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
+
 pub use distribute_collectives as collectives;
 pub use distribute_device_spec as device_spec;
 pub use distribute_input as input;
