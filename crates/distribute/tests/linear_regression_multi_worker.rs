@@ -10,11 +10,10 @@
 #[allow(dead_code)]
 mod example;
 
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use distribute_test_support::linear_regression::STEPS;
+use distribute_test_support::mpirun::run_self;
 
 /// The variable that makes the ignored `worker` test train, with this many local replicas.
 const WORKER_REPLICAS: &str = "DISTRIBUTE_TEST_LINREG_WORKER_REPLICAS";
@@ -47,41 +46,12 @@ fn worker() {
 /// Runs `mpirun -n 2` on this test binary's `worker` with `replicas` each; the chief's weights
 /// and bias.
 fn two_workers(replicas: usize) -> (Vec<f32>, f32) {
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new("mpirun")
-        .args(["-n", "2", "--oversubscribe"])
-        .arg(&exe)
-        .args([
-            "--exact",
-            "worker",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(WORKER_REPLICAS, replicas.to_string())
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("mpirun (Open MPI) must be installed to test the mpi feature");
-    let mut stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut out = String::new();
-        stdout.read_to_string(&mut out).map(|_| out)
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("mpirun with {replicas} replicas per worker ran past {LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let out = reader.join().unwrap().unwrap();
+    let (status, out) = run_self(
+        "worker",
+        2,
+        &[(WORKER_REPLICAS, replicas.to_string())],
+        LIMIT,
+    );
     assert!(
         status.success(),
         "mpirun exited with {status}; stdout:\n{out}"

@@ -6,13 +6,12 @@
 //! in time.
 #![cfg(feature = "mpi")]
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use distribute::input::{AutoShardPolicy, NpySource, npy};
 use distribute::prelude::*;
+use distribute_test_support::mpirun::run_self;
 
 /// The folder of the npy files; its presence makes the ignored `worker` test run.
 const FILES: &str = "DISTRIBUTE_TEST_INPUT_FILES";
@@ -90,41 +89,12 @@ fn file(dir: &Path, f: usize) -> PathBuf {
 
 /// Runs the workers as `workers` processes; each one's result.
 fn launch(workers: usize, dir: &Path) -> Vec<serde_json::Value> {
-    let exe = std::env::current_exe().unwrap();
-    let mut child = Command::new("mpirun")
-        .args(["-n", &workers.to_string(), "--oversubscribe"])
-        .arg(&exe)
-        .args([
-            "--exact",
-            "worker",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(FILES, dir)
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("mpirun (Open MPI) must be installed to test the mpi feature");
-    let mut stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut out = String::new();
-        stdout.read_to_string(&mut out).map(|_| out)
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if start.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("mpirun -n {workers} ran past {LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let out = reader.join().unwrap().unwrap();
+    let (status, out) = run_self(
+        "worker",
+        workers,
+        &[(FILES, dir.display().to_string())],
+        LIMIT,
+    );
     assert!(
         status.success(),
         "mpirun exited with {status}; stdout:\n{out}"
