@@ -151,6 +151,37 @@ fn every_replica_of_every_worker_gets_the_same_bits() {
 }
 
 #[test]
+fn cross_replica_counts_span_every_worker() {
+    for (workers, replicas) in [(2, 1), (2, 2), (3, 1)] {
+        let what = format!("counts on {workers} workers × {replicas}");
+        let job = launch(workers, replicas, "counts");
+        completed(&job, workers, &what);
+        let n = workers * replicas;
+        // Global replica g holds g + 1 rows of the value g.
+        let rows: usize = (0..n).map(|g| g + 1).sum();
+        let weighted: usize = (0..n).map(|g| g * (g + 1)).sum();
+        let expected = [
+            ("in_sync", n.to_string()),
+            ("plain_sum_along", (4 * n).to_string()),
+            ("plain_mean_along", "2".to_owned()),
+            (
+                "rows_mean_along",
+                format!("{:.6}", weighted as f64 / rows as f64),
+            ),
+            ("plain_sum_refused", "true".to_owned()),
+        ];
+        for (key, want) in expected {
+            let seen = values(&job, key);
+            assert_eq!(seen.len(), workers, "{what}: {key}: {seen:?}");
+            assert!(
+                seen.iter().all(|v| *v == want),
+                "{what}: {key}: {seen:?} (want {want})"
+            );
+        }
+    }
+}
+
+#[test]
 fn variables_start_with_the_chiefs_values() {
     for workers in [2, 3] {
         let job = launch(workers, 2, "variables");
@@ -311,6 +342,7 @@ fn worker_entry() {
         "tf_config" => tf_config(&strategy, &mut lines),
         "checkpoint_write" => checkpoint_write(&strategy, &mut lines),
         "checkpoint_restore" => checkpoint_restore(&strategy, &mut lines),
+        "counts" => counts(&strategy, &mut lines),
         other => panic!("no scenario {other}"),
     }
     lines.push("done".to_owned());
@@ -756,4 +788,46 @@ fn checkpoint_restore(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<St
         "restored={}",
         saved_json(strategy, &weight, &total)
     ));
+}
+
+/// Replica counts in cross-replica context: every worker's replicas, for plain values too.
+fn counts(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
+    let cross = strategy.cross_replica();
+    lines.push(format!("in_sync={}", cross.num_replicas_in_sync()));
+    // A plain value stands for every replica of every worker.
+    let plain = Leaf::Same(Tensor::from_vec("/cpu:0", &[2], vec![1.0f32, 3.0]).unwrap());
+    let sum = strategy.reduce(ReduceOp::Sum, &plain, Some(0)).unwrap();
+    lines.push(format!(
+        "plain_sum_along={}",
+        sum.to_vec::<f32>().unwrap()[0]
+    ));
+    let mean = strategy.reduce(ReduceOp::Mean, &plain, Some(0)).unwrap();
+    lines.push(format!(
+        "plain_mean_along={}",
+        mean.to_vec::<f32>().unwrap()[0]
+    ));
+    // Row counts differ per replica and per worker: the mean weighs every row of every worker.
+    let parts: Vec<Tensor> = (0..strategy.local_replicas())
+        .map(|r| {
+            let g = strategy.global_replica_id(r);
+            Tensor::from_vec(&format!("/cpu:{r}"), &[g + 1], vec![g as f32; g + 1]).unwrap()
+        })
+        .collect();
+    let per_replica = Leaf::PerReplica(
+        PerReplica::new(
+            std::sync::Arc::clone(strategy.extended().device_map()),
+            parts,
+        )
+        .unwrap(),
+    );
+    let rows_mean = strategy
+        .reduce(ReduceOp::Mean, &per_replica, Some(0))
+        .unwrap();
+    lines.push(format!(
+        "rows_mean_along={:.6}",
+        f64::from(rows_mean.to_vec::<f32>().unwrap()[0])
+    ));
+    // The sum of one plain value over several replicas is undefined (TF refuses it).
+    let refused = strategy.reduce(ReduceOp::Sum, &plain, None).is_err();
+    lines.push(format!("plain_sum_refused={refused}"));
 }

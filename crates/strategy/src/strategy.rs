@@ -112,7 +112,8 @@ pub trait Strategy: Send + Sync {
     fn gather(&self, value: &Leaf<Tensor>, axis: usize) -> Result<Tensor, StrategyError> {
         let host = self.extended().host_device();
         let parts: Vec<Tensor> = match value {
-            Leaf::Same(t) => vec![t.clone(); self.num_replicas_in_sync()],
+            // Once per replica of this process: the value stands for each one's.
+            Leaf::Same(t) => vec![t.clone(); self.extended().num_replicas()],
             Leaf::PerReplica(p) => p.values().to_vec(),
             Leaf::Mirrored(m) => m.values().to_vec(),
         };
@@ -357,7 +358,8 @@ fn reduce_along(
     host: &Destinations,
 ) -> Result<Tensor, StrategyError> {
     let parts: Vec<Tensor> = match value {
-        Leaf::Same(t) => vec![t.clone(); cross.num_replicas_in_sync()],
+        // Once per local replica: the cross-device reduction adds the other workers' replicas.
+        Leaf::Same(t) => vec![t.clone(); cross.num_local_replicas()],
         Leaf::PerReplica(p) => p.values().to_vec(),
         Leaf::Mirrored(m) => m.values().to_vec(),
     };
@@ -385,7 +387,8 @@ fn reduce_along(
                 .iter()
                 .map(|t| local(t, ReduceOp::Sum))
                 .collect::<Result<_, _>>()?;
-            (ReduceOp::Sum, sums, parts.iter().map(length).sum::<usize>())
+            let count = parts.iter().map(length).sum::<usize>();
+            (ReduceOp::Sum, sums, rows_everywhere(cross, count, host)?)
         }
         ReduceOp::Min | ReduceOp::Max => {
             let non_empty: Vec<AnyTensor> = parts
@@ -419,6 +422,50 @@ fn reduce_along(
         return Ok(total.divided_by(count)?);
     }
     Ok(total)
+}
+
+/// `local` (this process's rows along the reduced axis) summed over every worker: as it is in
+/// one process; across workers, one more reduction, since workers' replicas may hold different
+/// row counts (an uneven last batch).
+fn rows_everywhere(
+    cross: &CrossReplicaContext<'_>,
+    local: usize,
+    host: &Destinations,
+) -> Result<usize, StrategyError> {
+    if cross.num_replicas_in_sync() == cross.num_local_replicas() {
+        return Ok(local);
+    }
+    let too_many = || StrategyError::InvalidArgument(format!("{local} rows do not fit an i64"));
+    let rows = i64::try_from(local).map_err(|_| too_many())?;
+    // The whole count on the first local replica, zero on the others: the sum is the same.
+    let mut counts = vec![AnyTensor::Dense(Tensor::from_vec(
+        host.as_slice()[0].as_str(),
+        &[],
+        vec![rows],
+    )?)];
+    for _ in 1..cross.num_local_replicas() {
+        counts.push(AnyTensor::Dense(Tensor::from_vec(
+            host.as_slice()[0].as_str(),
+            &[],
+            vec![0i64],
+        )?));
+    }
+    let total = match cross
+        .cross_device_ops()
+        .reduce(ReduceOp::Sum, &counts, host)?
+    {
+        Leaf::Same(t) => t.to_dense()?.to_vec::<i64>()?,
+        other => {
+            return Err(StrategyError::Invariant(format!(
+                "a reduction to one device gave {other:?}"
+            )));
+        }
+    };
+    let total = total.first().copied().ok_or_else(|| {
+        StrategyError::Invariant("the reduction of row counts gave no value".into())
+    })?;
+    usize::try_from(total)
+        .map_err(|_| StrategyError::Invariant(format!("the workers' row counts summed to {total}")))
 }
 
 /// An integer tensor as float64, for TF's true division of integer means.

@@ -29,8 +29,15 @@ impl<'a> CrossReplicaContext<'a> {
         CrossReplicaContext { extended }
     }
 
-    /// The number of replicas.
+    /// The number of replicas that run each step together: every replica of every worker in a
+    /// multi-worker run (what a plain value counts as in a reduction).
     pub fn num_replicas_in_sync(&self) -> usize {
+        self.extended.total_replicas()
+    }
+
+    /// The number of replicas this process runs: how many copies its distributed values and
+    /// variables hold (the device map's count).
+    pub fn num_local_replicas(&self) -> usize {
         self.extended.num_replicas()
     }
 
@@ -180,7 +187,7 @@ impl<'a> CrossReplicaContext<'a> {
         variable: &DistributedVariable<T>,
         mut f: impl FnMut(&UpdateContext<'_>, &T) -> Result<T, StrategyError>,
     ) -> Result<(), StrategyError> {
-        let components = (0..self.num_replicas_in_sync())
+        let components = (0..self.num_local_replicas())
             .map(|r| variable.component(r))
             .collect::<Result<Vec<_>, _>>()?;
         let updated = components
