@@ -18,7 +18,7 @@ use distribute_input::{
 };
 use distribute_strategy::{
     MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
-    VariableOptions, create_distributed_variable,
+    VariableOptions, create_distributed_variable, initial_value_from_chief,
 };
 use distribute_values::{
     Distributed, DistributedVariable, PerReplica, Regroup, ReplicaDeviceMap, SavedValue,
@@ -345,6 +345,10 @@ impl StrategyExtended for MultiWorkerMirroredStrategy {
         self.is_chief()
     }
 
+    fn bytes_from_chief(&self, bytes: &[u8]) -> Result<Option<Vec<u8>>, StrategyError> {
+        Ok(Some(self.backend.bytes_from_chief(bytes)?))
+    }
+
     fn should_save_summary(&self) -> bool {
         self.is_chief()
     }
@@ -396,19 +400,7 @@ impl Strategy for MultiWorkerMirroredStrategy {
     where
         Self: Sized,
     {
-        let bytes = initial.to_wire().ok_or_else(|| {
-            StrategyError::InvalidArgument(format!(
-                "variable {name}: its value type cannot be sent to the other workers (it has no \
-                 VariableValue::to_wire); use tensors or numbers"
-            ))
-        })?;
-        let chiefs = self.backend.bytes_from_chief(&bytes)?;
-        let initial = initial.like_from_wire(&chiefs).ok_or_else(|| {
-            StrategyError::InvalidArgument(format!(
-                "variable {name}: the chief's initial value does not fit this worker's (another \
-                 dtype or shape)"
-            ))
-        })?;
+        let initial = initial_value_from_chief(self, name, initial)?;
         create_distributed_variable(name, self.local.device_map(), initial, options)
     }
 

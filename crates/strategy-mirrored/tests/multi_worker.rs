@@ -186,7 +186,7 @@ fn variables_start_with_the_chiefs_values() {
     for workers in [2, 3] {
         let job = launch(workers, 2, "variables");
         completed(&job, workers, "variables");
-        for key in ["tensor_variable", "scalar_variable"] {
+        for key in ["tensor_variable", "scalar_variable", "step_variable"] {
             let seen = values(&job, key);
             assert_eq!(seen.len(), workers * 2, "{key}: {seen:?}");
             assert!(seen.iter().all(|v| *v == "chief"), "{key}: {seen:?}");
@@ -574,6 +574,24 @@ fn variables(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
             "scalar_variable={}",
             if value == 100 { "chief" } else { "other" }
         ));
+    }
+    // Created inside a step: replica 0 of each worker creates it with its worker's value, and
+    // the chief's must win on every replica of every worker.
+    let flags = strategy
+        .run(
+            |ctx, ()| {
+                let mine = Tensor::from_vec(ctx.device(), &[2], vec![w as f32 + 0.25, 9.0])?;
+                let inner = ctx.create_variable(Some("inner"), mine, VariableOptions::default())?;
+                let chief = ctx.read_variable(&inner)?.to_vec::<f32>()? == [0.25, 9.0];
+                let flag = if chief { "chief" } else { "other" };
+                Ok(format!("{}:{flag}", ctx.replica_id()))
+            },
+            &(),
+        )
+        .expect("a step creating a variable");
+    for flag in flags.local_results() {
+        let (_, flag) = flag.split_once(':').expect("id:flag");
+        lines.push(format!("step_variable={flag}"));
     }
     // Replica ids are global and a step can read them.
     let ids = strategy

@@ -27,6 +27,7 @@ mod variables;
 
 pub use context::{
     CrossReplicaContext, MergeArgs, MergeResult, ReplicaContext, StrategyExtended, UpdateContext,
+    initial_value_from_chief,
 };
 pub use default::DefaultStrategy;
 pub use error::StrategyError;
