@@ -10,7 +10,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use distribute_collectives::{CrossDeviceOps, GroupConfig, MpiAllReduce};
+use distribute_collectives::{CrossDeviceOps, GroupConfig, MpiAllReduce, Tensor};
 use distribute_device_spec::{LocalDevices, TaskType, TfConfig};
 use distribute_input::{
     Batch, DEFAULT_AGREEMENT_WINDOW, Dataset, DistributedDataset, InputContext, InputError,
@@ -347,6 +347,10 @@ impl StrategyExtended for MultiWorkerMirroredStrategy {
 
     fn bytes_from_chief(&self, bytes: &[u8]) -> Result<Option<Vec<u8>>, StrategyError> {
         Ok(Some(self.backend.bytes_from_chief(bytes)?))
+    }
+
+    fn tensors_from_chief(&self, tensors: &[Tensor]) -> Result<Option<Vec<Tensor>>, StrategyError> {
+        Ok(Some(self.backend.broadcast_from_chief(tensors)?))
     }
 
     fn should_save_summary(&self) -> bool {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use distribute_collectives::{DType, Tensor};
 use distribute_mirrored::{MirroredConfig, MultiWorkerConfig, MultiWorkerMirroredStrategy};
 use distribute_strategy::{Strategy, StrategyError, VariableOptions};
-use distribute_values::{Leaf, PerReplica, ReduceOp};
+use distribute_values::{DistributedValues, Leaf, PerReplica, ReduceOp};
 
 const SCENARIO: &str = "DISTRIBUTE_MW_SCENARIO";
 const OUT: &str = "DISTRIBUTE_MW_OUT";
@@ -182,6 +182,22 @@ fn cross_replica_counts_span_every_worker() {
 }
 
 #[test]
+fn cross_replica_broadcast_sends_the_chiefs_value() {
+    for (workers, replicas) in [(2, 1), (3, 2)] {
+        let what = format!("broadcast on {workers} workers × {replicas}");
+        let job = launch(workers, replicas, "broadcast");
+        completed(&job, workers, &what);
+        let seen = values(&job, "broadcast_to");
+        assert_eq!(seen.len(), workers * replicas, "{what}: {seen:?}");
+        assert!(seen.iter().all(|v| *v == "chief"), "{what}: {seen:?}");
+        // A worker passing another shape is an error on every worker, not a hang.
+        let refused = values(&job, "broadcast_mismatch");
+        assert_eq!(refused.len(), workers, "{what}: {refused:?}");
+        assert!(refused.iter().all(|v| *v != "ok"), "{what}: {refused:?}");
+    }
+}
+
+#[test]
 fn variables_start_with_the_chiefs_values() {
     for workers in [2, 3] {
         let job = launch(workers, 2, "variables");
@@ -343,6 +359,7 @@ fn worker_entry() {
         "checkpoint_write" => checkpoint_write(&strategy, &mut lines),
         "checkpoint_restore" => checkpoint_restore(&strategy, &mut lines),
         "counts" => counts(&strategy, &mut lines),
+        "broadcast" => broadcast(&strategy, &mut lines),
         other => panic!("no scenario {other}"),
     }
     lines.push("done".to_owned());
@@ -848,4 +865,36 @@ fn counts(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
     // The sum of one plain value over several replicas is undefined (TF refuses it).
     let refused = strategy.reduce(ReduceOp::Sum, &plain, None).is_err();
     lines.push(format!("plain_sum_refused={refused}"));
+}
+
+/// Cross-replica `broadcast_to`: every worker passes its own value, every replica of every
+/// worker gets the chief's.
+fn broadcast(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
+    let w = strategy.worker();
+    let cross = strategy.cross_replica();
+    let mine = Tensor::from_vec("/cpu:0", &[2, 2], vec![w as f64 + 0.5, 1.0, 2.0, -3.0]).unwrap();
+    let copies = cross
+        .broadcast_to(&mine, &cross.all_devices().unwrap())
+        .expect("a broadcast");
+    let copies: Vec<Tensor> = match copies {
+        Leaf::Mirrored(m) => m.values().to_vec(),
+        Leaf::PerReplica(p) => p.values().to_vec(),
+        Leaf::Same(t) => vec![t; strategy.local_replicas()],
+    };
+    assert_eq!(copies.len(), strategy.local_replicas());
+    for (r, copy) in copies.iter().enumerate() {
+        assert_eq!(
+            copy.device(),
+            strategy.extended().device_map().primary_device(r).unwrap()
+        );
+        let chief = copy.to_vec::<f64>().unwrap() == [0.5, 1.0, 2.0, -3.0];
+        lines.push(format!(
+            "broadcast_to={}",
+            if chief { "chief" } else { "other" }
+        ));
+    }
+    let shape: &[usize] = if w == 1 { &[4] } else { &[2, 2] };
+    let odd = Tensor::from_vec("/cpu:0", shape, vec![1.0f64; 4]).unwrap();
+    let result = cross.broadcast_to(&odd, &cross.all_devices().unwrap());
+    record(lines, "broadcast_mismatch", result);
 }

@@ -4,7 +4,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use distribute_collectives::CrossDeviceOps;
+use distribute_collectives::{CrossDeviceOps, Tensor};
 use distribute_values::{ReplicaDeviceMap, VariableValue};
 
 use crate::StrategyError;
@@ -73,6 +73,14 @@ pub trait StrategyExtended: Send + Sync {
     /// worker. `None` in one process, which has no other worker to hear from.
     fn bytes_from_chief(&self, bytes: &[u8]) -> Result<Option<Vec<u8>>, StrategyError> {
         let _ = bytes;
+        Ok(None)
+    }
+
+    /// Worker 0's values of `tensors` on every worker, on the host (each worker passes its own,
+    /// of the same dtypes and shapes, agreed before anything moves): what a cross-replica
+    /// broadcast sends in a multi-worker run. `None` in one process.
+    fn tensors_from_chief(&self, tensors: &[Tensor]) -> Result<Option<Vec<Tensor>>, StrategyError> {
+        let _ = tensors;
         Ok(None)
     }
 
