@@ -18,10 +18,10 @@ use distribute_input::{
 };
 use distribute_strategy::{
     MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
-    VariableOptions, create_distributed_variable, initial_value_from_chief,
+    VariableOptions, create_distributed_variable, gather_local_replicas, initial_value_from_chief,
 };
 use distribute_values::{
-    Distributed, DistributedVariable, PerReplica, Regroup, ReplicaDeviceMap, SavedValue,
+    Distributed, DistributedVariable, Leaf, PerReplica, Regroup, ReplicaDeviceMap, SavedValue,
     VariableAggregation, VariableValue, regroup,
 };
 
@@ -390,6 +390,15 @@ impl Strategy for MultiWorkerMirroredStrategy {
         let failure = outputs.as_ref().err().map(ToString::to_string);
         self.backend.finish_step(failure.as_deref())?;
         Ok(regroup(self.local.device_map(), outputs?)?)
+    }
+
+    /// Every replica of every worker's value joined along `axis`, in global replica order, on
+    /// the host: this worker's replicas joined, then the workers' parts gathered through MPI
+    /// (their lengths along `axis` may differ; dtype, rank and the other dimensions are agreed
+    /// first, so a mismatch is an error on every worker). Every worker must call it.
+    fn gather(&self, value: &Leaf<Tensor>, axis: usize) -> Result<Tensor, StrategyError> {
+        let local = gather_local_replicas(self, value, axis)?;
+        Ok(self.backend.all_gather_across_workers(&local, axis)?)
     }
 
     /// Creates the variable on this worker's replicas with the chief's (worker 0's) `initial`

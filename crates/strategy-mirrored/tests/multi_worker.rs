@@ -198,6 +198,26 @@ fn cross_replica_broadcast_sends_the_chiefs_value() {
 }
 
 #[test]
+fn gather_joins_every_worker_in_global_replica_order() {
+    for (workers, replicas) in [(2, 1), (2, 2), (3, 2)] {
+        let what = format!("gather on {workers} workers × {replicas}");
+        let job = launch(workers, replicas, "gather");
+        completed(&job, workers, &what);
+        for key in ["gather_rows", "gather_columns", "gather_plain"] {
+            let seen = values(&job, key);
+            assert_eq!(seen.len(), workers, "{what}: {key}: {seen:?}");
+            assert!(
+                seen.iter().all(|v| *v == "expected"),
+                "{what}: {key}: {seen:?}"
+            );
+        }
+        let refused = values(&job, "gather_mismatch");
+        assert_eq!(refused.len(), workers, "{what}: {refused:?}");
+        assert!(refused.iter().all(|v| *v != "ok"), "{what}: {refused:?}");
+    }
+}
+
+#[test]
 fn variables_start_with_the_chiefs_values() {
     for workers in [2, 3] {
         let job = launch(workers, 2, "variables");
@@ -360,6 +380,7 @@ fn worker_entry() {
         "checkpoint_restore" => checkpoint_restore(&strategy, &mut lines),
         "counts" => counts(&strategy, &mut lines),
         "broadcast" => broadcast(&strategy, &mut lines),
+        "gather" => gather(&strategy, &mut lines),
         other => panic!("no scenario {other}"),
     }
     lines.push("done".to_owned());
@@ -897,4 +918,76 @@ fn broadcast(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
     let odd = Tensor::from_vec("/cpu:0", shape, vec![1.0f64; 4]).unwrap();
     let result = cross.broadcast_to(&odd, &cross.all_devices().unwrap());
     record(lines, "broadcast_mismatch", result);
+}
+
+/// `Strategy::gather` across workers: rows differ per replica, joined in global replica order.
+fn gather(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
+    let n = strategy.num_replicas_in_sync();
+    let host = strategy.extended().host_device().to_owned();
+    let rows = |g: usize| g % 3 + 1;
+    let per_replica = |make: &dyn Fn(usize, &str) -> Tensor| {
+        let parts: Vec<Tensor> = (0..strategy.local_replicas())
+            .map(|r| make(strategy.global_replica_id(r), &format!("/cpu:{r}")))
+            .collect();
+        Leaf::PerReplica(
+            PerReplica::new(
+                std::sync::Arc::clone(strategy.extended().device_map()),
+                parts,
+            )
+            .unwrap(),
+        )
+    };
+    let verdict = |got: &Tensor, shape: &[usize], want: Vec<i32>| {
+        let ok =
+            got.shape() == shape && got.device() == host && got.to_vec::<i32>().unwrap() == want;
+        if ok { "expected" } else { "wrong" }
+    };
+    // Replica g: g % 3 + 1 rows of 2, values g·100 + i.
+    let by_rows = per_replica(&|g, device| {
+        Tensor::from_vec(
+            device,
+            &[rows(g), 2],
+            (0..rows(g) * 2).map(|i| (g * 100 + i) as i32).collect(),
+        )
+        .unwrap()
+    });
+    let got = strategy.gather(&by_rows, 0).expect("a gather along rows");
+    let want: Vec<i32> = (0..n)
+        .flat_map(|g| (0..rows(g) * 2).map(move |i| (g * 100 + i) as i32))
+        .collect();
+    let total: usize = (0..n).map(rows).sum();
+    lines.push(format!("gather_rows={}", verdict(&got, &[total, 2], want)));
+    // Replica g: 2 rows of g % 3 + 1 columns, joined along the columns.
+    let by_columns = per_replica(&|g, device| {
+        Tensor::from_vec(
+            device,
+            &[2, rows(g)],
+            (0..2 * rows(g)).map(|i| (g * 100 + i) as i32).collect(),
+        )
+        .unwrap()
+    });
+    let got = strategy
+        .gather(&by_columns, 1)
+        .expect("a gather along columns");
+    let want: Vec<i32> = (0..2)
+        .flat_map(|row| {
+            (0..n)
+                .flat_map(move |g| (0..rows(g)).map(move |c| (g * 100 + row * rows(g) + c) as i32))
+        })
+        .collect();
+    lines.push(format!(
+        "gather_columns={}",
+        verdict(&got, &[2, total], want)
+    ));
+    // A plain value counts once per replica of every worker.
+    let plain = Leaf::Same(Tensor::from_vec("/cpu:0", &[1, 2], vec![7i32, 8]).unwrap());
+    let got = strategy
+        .gather(&plain, 0)
+        .expect("a gather of a plain value");
+    let want: Vec<i32> = (0..n).flat_map(|_| [7, 8]).collect();
+    lines.push(format!("gather_plain={}", verdict(&got, &[n, 2], want)));
+    // A worker with another column count is an error on every worker.
+    let columns = if strategy.worker() == 1 { 3 } else { 2 };
+    let odd = Leaf::Same(Tensor::from_vec("/cpu:0", &[1, columns], vec![0i32; columns]).unwrap());
+    record(lines, "gather_mismatch", strategy.gather(&odd, 0));
 }

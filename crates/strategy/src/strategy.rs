@@ -110,44 +110,7 @@ pub trait Strategy: Send + Sync {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     fn gather(&self, value: &Leaf<Tensor>, axis: usize) -> Result<Tensor, StrategyError> {
-        let host = self.extended().host_device();
-        let parts: Vec<Tensor> = match value {
-            // Once per replica of this process: the value stands for each one's.
-            Leaf::Same(t) => vec![t.clone(); self.extended().num_replicas()],
-            Leaf::PerReplica(p) => p.values().to_vec(),
-            Leaf::Mirrored(m) => m.values().to_vec(),
-        };
-        let first = &parts[0];
-        if axis >= first.rank() {
-            return Err(StrategyError::InvalidArgument(format!(
-                "gather along axis {axis}: the values have rank {}; the axis must be below it",
-                first.rank()
-            )));
-        }
-        if let Some((r, t)) = parts.iter().enumerate().find(|(_, t)| {
-            t.dtype() != first.dtype()
-                || t.rank() != first.rank()
-                || t.shape()
-                    .iter()
-                    .zip(first.shape())
-                    .enumerate()
-                    .any(|(d, (a, b))| d != axis && a != b)
-        }) {
-            return Err(StrategyError::InvalidArgument(format!(
-                "gather along axis {axis}: replica {r} has a {} {:?} tensor and replica 0 a {} \
-                 {:?}; values must share dtype and rank (above the axis) and may differ only in \
-                 the length of the axis",
-                t.dtype(),
-                t.shape(),
-                first.dtype(),
-                first.shape()
-            )));
-        }
-        let on_host = parts
-            .iter()
-            .map(|t| t.copy_to(host))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Tensor::concat(host, &on_host, axis)?)
+        gather_local_replicas(self.extended(), value, axis)
     }
 
     /// Creates a distributed variable on every replica's device (in the strategy's scope, in TF's
@@ -347,6 +310,54 @@ pub fn per_replica_inputs<B: Regroup>(step: PerReplica<B>) -> Result<B::Regroupe
         ..RegroupOptions::default()
     };
     Ok(regroup_with(&devices, values, options)?)
+}
+
+/// This process's replicas' values of `value` joined along `axis`, in replica order, on the host
+/// ([`Strategy::gather`] in one process; a multi-worker strategy then joins the workers'). A plain
+/// or mirrored value counts once per local replica.
+pub fn gather_local_replicas(
+    extended: &dyn StrategyExtended,
+    value: &Leaf<Tensor>,
+    axis: usize,
+) -> Result<Tensor, StrategyError> {
+    let host = extended.host_device();
+    let parts: Vec<Tensor> = match value {
+        // Once per replica of this process: the value stands for each one's.
+        Leaf::Same(t) => vec![t.clone(); extended.num_replicas()],
+        Leaf::PerReplica(p) => p.values().to_vec(),
+        Leaf::Mirrored(m) => m.values().to_vec(),
+    };
+    let first = &parts[0];
+    if axis >= first.rank() {
+        return Err(StrategyError::InvalidArgument(format!(
+            "gather along axis {axis}: the values have rank {}; the axis must be below it",
+            first.rank()
+        )));
+    }
+    if let Some((r, t)) = parts.iter().enumerate().find(|(_, t)| {
+        t.dtype() != first.dtype()
+            || t.rank() != first.rank()
+            || t.shape()
+                .iter()
+                .zip(first.shape())
+                .enumerate()
+                .any(|(d, (a, b))| d != axis && a != b)
+    }) {
+        return Err(StrategyError::InvalidArgument(format!(
+            "gather along axis {axis}: replica {r} has a {} {:?} tensor and replica 0 a {} \
+             {:?}; values must share dtype and rank (above the axis) and may differ only in \
+             the length of the axis",
+            t.dtype(),
+            t.shape(),
+            first.dtype(),
+            first.shape()
+        )));
+    }
+    let on_host = parts
+        .iter()
+        .map(|t| t.copy_to(host))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Tensor::concat(host, &on_host, axis)?)
 }
 
 /// [`Strategy::reduce`] along `axis`.
