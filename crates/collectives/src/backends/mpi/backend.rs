@@ -46,6 +46,9 @@ pub const INLINE_BYTES: usize = 4096;
 /// Words per worker in an agreement: the record, then the inline payload.
 const SLOT_WORDS: usize = Record::WORDS + INLINE_BYTES / 8;
 
+// An agreement slot travels as one eager message on shared memory (see `EAGER_LIMIT_BYTES`).
+const _: () = assert!(SLOT_WORDS * 8 <= super::world::EAGER_LIMIT_BYTES);
+
 /// Bytes of a failed worker's message carried to the others.
 const MESSAGE_BYTES: usize = 512;
 
