@@ -693,12 +693,21 @@ impl ReplicaCollectives for MpiMember {
         let plan = FusionPlan::new(&local, inner.bytes_per_pack);
         let total = inner.workers() * self.local_replicas();
         let device = tensors.first().map_or("", |t| t.device());
+        // One tensor is its own bucket: no packing, no unpacking (a copy each way saved).
+        let single = local.len() == 1;
         let buckets = self.via_leader(plan.num_buckets(), device, || {
             let refs: Vec<&Tensor> = local.iter().collect();
             let record = Record::of(Call::AllReduce, Some(op), &refs);
-            inner.reduce_across(record, op, total, &plan.pack(&local)?)
+            match single {
+                true => inner.reduce_across(record, op, total, &local),
+                false => inner.reduce_across(record, op, total, &plan.pack(&local)?),
+            }
         })?;
-        plan.unpack(&buckets)?
+        let reduced = match single {
+            true => buckets,
+            false => plan.unpack(&buckets)?,
+        };
+        reduced
             .into_iter()
             .zip(tensors)
             .map(|(r, t)| r.copy_to(t.device()))
