@@ -10,7 +10,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use distribute_collectives::{CrossDeviceOps, GroupConfig, MpiAllReduce};
+use distribute_collectives::{CrossDeviceOps, GroupConfig, MpiAllReduce, Tensor};
 use distribute_device_spec::{LocalDevices, TaskType, TfConfig};
 use distribute_input::{
     Batch, DEFAULT_AGREEMENT_WINDOW, Dataset, DistributedDataset, InputContext, InputError,
@@ -18,10 +18,10 @@ use distribute_input::{
 };
 use distribute_strategy::{
     MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
-    VariableOptions, create_distributed_variable,
+    VariableOptions, create_distributed_variable, gather_local_replicas, initial_value_from_chief,
 };
 use distribute_values::{
-    Distributed, DistributedVariable, PerReplica, Regroup, ReplicaDeviceMap, SavedValue,
+    Distributed, DistributedVariable, Leaf, PerReplica, Regroup, ReplicaDeviceMap, SavedValue,
     VariableAggregation, VariableValue, regroup,
 };
 
@@ -345,6 +345,14 @@ impl StrategyExtended for MultiWorkerMirroredStrategy {
         self.is_chief()
     }
 
+    fn bytes_from_chief(&self, bytes: &[u8]) -> Result<Option<Vec<u8>>, StrategyError> {
+        Ok(Some(self.backend.bytes_from_chief(bytes)?))
+    }
+
+    fn tensors_from_chief(&self, tensors: &[Tensor]) -> Result<Option<Vec<Tensor>>, StrategyError> {
+        Ok(Some(self.backend.broadcast_from_chief(tensors)?))
+    }
+
     fn should_save_summary(&self) -> bool {
         self.is_chief()
     }
@@ -384,6 +392,15 @@ impl Strategy for MultiWorkerMirroredStrategy {
         Ok(regroup(self.local.device_map(), outputs?)?)
     }
 
+    /// Every replica of every worker's value joined along `axis`, in global replica order, on
+    /// the host: this worker's replicas joined, then the workers' parts gathered through MPI
+    /// (their lengths along `axis` may differ; dtype, rank and the other dimensions are agreed
+    /// first, so a mismatch is an error on every worker). Every worker must call it.
+    fn gather(&self, value: &Leaf<Tensor>, axis: usize) -> Result<Tensor, StrategyError> {
+        let local = gather_local_replicas(self, value, axis)?;
+        Ok(self.backend.all_gather_across_workers(&local, axis)?)
+    }
+
     /// Creates the variable on this worker's replicas with the chief's (worker 0's) `initial`
     /// value, so every worker starts identical even when their initialisers differ. Every
     /// worker must create the same variables in the same order.
@@ -396,19 +413,7 @@ impl Strategy for MultiWorkerMirroredStrategy {
     where
         Self: Sized,
     {
-        let bytes = initial.to_wire().ok_or_else(|| {
-            StrategyError::InvalidArgument(format!(
-                "variable {name}: its value type cannot be sent to the other workers (it has no \
-                 VariableValue::to_wire); use tensors or numbers"
-            ))
-        })?;
-        let chiefs = self.backend.bytes_from_chief(&bytes)?;
-        let initial = initial.like_from_wire(&chiefs).ok_or_else(|| {
-            StrategyError::InvalidArgument(format!(
-                "variable {name}: the chief's initial value does not fit this worker's (another \
-                 dtype or shape)"
-            ))
-        })?;
+        let initial = initial_value_from_chief(self, name, initial)?;
         create_distributed_variable(name, self.local.device_map(), initial, options)
     }
 

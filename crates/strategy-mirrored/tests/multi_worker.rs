@@ -13,7 +13,7 @@ use std::time::Duration;
 use distribute_collectives::{DType, Tensor};
 use distribute_mirrored::{MirroredConfig, MultiWorkerConfig, MultiWorkerMirroredStrategy};
 use distribute_strategy::{Strategy, StrategyError, VariableOptions};
-use distribute_values::{Leaf, PerReplica, ReduceOp};
+use distribute_values::{DistributedValues, Leaf, PerReplica, ReduceOp};
 
 const SCENARIO: &str = "DISTRIBUTE_MW_SCENARIO";
 const OUT: &str = "DISTRIBUTE_MW_OUT";
@@ -151,11 +151,78 @@ fn every_replica_of_every_worker_gets_the_same_bits() {
 }
 
 #[test]
+fn cross_replica_counts_span_every_worker() {
+    for (workers, replicas) in [(2, 1), (2, 2), (3, 1)] {
+        let what = format!("counts on {workers} workers × {replicas}");
+        let job = launch(workers, replicas, "counts");
+        completed(&job, workers, &what);
+        let n = workers * replicas;
+        // Global replica g holds g + 1 rows of the value g.
+        let rows: usize = (0..n).map(|g| g + 1).sum();
+        let weighted: usize = (0..n).map(|g| g * (g + 1)).sum();
+        let expected = [
+            ("in_sync", n.to_string()),
+            ("plain_sum_along", (4 * n).to_string()),
+            ("plain_mean_along", "2".to_owned()),
+            (
+                "rows_mean_along",
+                format!("{:.6}", weighted as f64 / rows as f64),
+            ),
+            ("plain_sum_refused", "true".to_owned()),
+        ];
+        for (key, want) in expected {
+            let seen = values(&job, key);
+            assert_eq!(seen.len(), workers, "{what}: {key}: {seen:?}");
+            assert!(
+                seen.iter().all(|v| *v == want),
+                "{what}: {key}: {seen:?} (want {want})"
+            );
+        }
+    }
+}
+
+#[test]
+fn cross_replica_broadcast_sends_the_chiefs_value() {
+    for (workers, replicas) in [(2, 1), (3, 2)] {
+        let what = format!("broadcast on {workers} workers × {replicas}");
+        let job = launch(workers, replicas, "broadcast");
+        completed(&job, workers, &what);
+        let seen = values(&job, "broadcast_to");
+        assert_eq!(seen.len(), workers * replicas, "{what}: {seen:?}");
+        assert!(seen.iter().all(|v| *v == "chief"), "{what}: {seen:?}");
+        // A worker passing another shape is an error on every worker, not a hang.
+        let refused = values(&job, "broadcast_mismatch");
+        assert_eq!(refused.len(), workers, "{what}: {refused:?}");
+        assert!(refused.iter().all(|v| *v != "ok"), "{what}: {refused:?}");
+    }
+}
+
+#[test]
+fn gather_joins_every_worker_in_global_replica_order() {
+    for (workers, replicas) in [(2, 1), (2, 2), (3, 2)] {
+        let what = format!("gather on {workers} workers × {replicas}");
+        let job = launch(workers, replicas, "gather");
+        completed(&job, workers, &what);
+        for key in ["gather_rows", "gather_columns", "gather_plain"] {
+            let seen = values(&job, key);
+            assert_eq!(seen.len(), workers, "{what}: {key}: {seen:?}");
+            assert!(
+                seen.iter().all(|v| *v == "expected"),
+                "{what}: {key}: {seen:?}"
+            );
+        }
+        let refused = values(&job, "gather_mismatch");
+        assert_eq!(refused.len(), workers, "{what}: {refused:?}");
+        assert!(refused.iter().all(|v| *v != "ok"), "{what}: {refused:?}");
+    }
+}
+
+#[test]
 fn variables_start_with_the_chiefs_values() {
     for workers in [2, 3] {
         let job = launch(workers, 2, "variables");
         completed(&job, workers, "variables");
-        for key in ["tensor_variable", "scalar_variable"] {
+        for key in ["tensor_variable", "scalar_variable", "step_variable"] {
             let seen = values(&job, key);
             assert_eq!(seen.len(), workers * 2, "{key}: {seen:?}");
             assert!(seen.iter().all(|v| *v == "chief"), "{key}: {seen:?}");
@@ -311,6 +378,9 @@ fn worker_entry() {
         "tf_config" => tf_config(&strategy, &mut lines),
         "checkpoint_write" => checkpoint_write(&strategy, &mut lines),
         "checkpoint_restore" => checkpoint_restore(&strategy, &mut lines),
+        "counts" => counts(&strategy, &mut lines),
+        "broadcast" => broadcast(&strategy, &mut lines),
+        "gather" => gather(&strategy, &mut lines),
         other => panic!("no scenario {other}"),
     }
     lines.push("done".to_owned());
@@ -543,6 +613,24 @@ fn variables(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
             if value == 100 { "chief" } else { "other" }
         ));
     }
+    // Created inside a step: replica 0 of each worker creates it with its worker's value, and
+    // the chief's must win on every replica of every worker.
+    let flags = strategy
+        .run(
+            |ctx, ()| {
+                let mine = Tensor::from_vec(ctx.device(), &[2], vec![w as f32 + 0.25, 9.0])?;
+                let inner = ctx.create_variable(Some("inner"), mine, VariableOptions::default())?;
+                let chief = ctx.read_variable(&inner)?.to_vec::<f32>()? == [0.25, 9.0];
+                let flag = if chief { "chief" } else { "other" };
+                Ok(format!("{}:{flag}", ctx.replica_id()))
+            },
+            &(),
+        )
+        .expect("a step creating a variable");
+    for flag in flags.local_results() {
+        let (_, flag) = flag.split_once(':').expect("id:flag");
+        lines.push(format!("step_variable={flag}"));
+    }
     // Replica ids are global and a step can read them.
     let ids = strategy
         .run(|ctx, ()| Ok(ctx.replica_id() as i64), &())
@@ -756,4 +844,150 @@ fn checkpoint_restore(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<St
         "restored={}",
         saved_json(strategy, &weight, &total)
     ));
+}
+
+/// Replica counts in cross-replica context: every worker's replicas, for plain values too.
+fn counts(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
+    let cross = strategy.cross_replica();
+    lines.push(format!("in_sync={}", cross.num_replicas_in_sync()));
+    // A plain value stands for every replica of every worker.
+    let plain = Leaf::Same(Tensor::from_vec("/cpu:0", &[2], vec![1.0f32, 3.0]).unwrap());
+    let sum = strategy.reduce(ReduceOp::Sum, &plain, Some(0)).unwrap();
+    lines.push(format!(
+        "plain_sum_along={}",
+        sum.to_vec::<f32>().unwrap()[0]
+    ));
+    let mean = strategy.reduce(ReduceOp::Mean, &plain, Some(0)).unwrap();
+    lines.push(format!(
+        "plain_mean_along={}",
+        mean.to_vec::<f32>().unwrap()[0]
+    ));
+    // Row counts differ per replica and per worker: the mean weighs every row of every worker.
+    let parts: Vec<Tensor> = (0..strategy.local_replicas())
+        .map(|r| {
+            let g = strategy.global_replica_id(r);
+            Tensor::from_vec(&format!("/cpu:{r}"), &[g + 1], vec![g as f32; g + 1]).unwrap()
+        })
+        .collect();
+    let per_replica = Leaf::PerReplica(
+        PerReplica::new(
+            std::sync::Arc::clone(strategy.extended().device_map()),
+            parts,
+        )
+        .unwrap(),
+    );
+    let rows_mean = strategy
+        .reduce(ReduceOp::Mean, &per_replica, Some(0))
+        .unwrap();
+    lines.push(format!(
+        "rows_mean_along={:.6}",
+        f64::from(rows_mean.to_vec::<f32>().unwrap()[0])
+    ));
+    // The sum of one plain value over several replicas is undefined (TF refuses it).
+    let refused = strategy.reduce(ReduceOp::Sum, &plain, None).is_err();
+    lines.push(format!("plain_sum_refused={refused}"));
+}
+
+/// Cross-replica `broadcast_to`: every worker passes its own value, every replica of every
+/// worker gets the chief's.
+fn broadcast(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
+    let w = strategy.worker();
+    let cross = strategy.cross_replica();
+    let mine = Tensor::from_vec("/cpu:0", &[2, 2], vec![w as f64 + 0.5, 1.0, 2.0, -3.0]).unwrap();
+    let copies = cross
+        .broadcast_to(&mine, &cross.all_devices().unwrap())
+        .expect("a broadcast");
+    let copies: Vec<Tensor> = match copies {
+        Leaf::Mirrored(m) => m.values().to_vec(),
+        Leaf::PerReplica(p) => p.values().to_vec(),
+        Leaf::Same(t) => vec![t; strategy.local_replicas()],
+    };
+    assert_eq!(copies.len(), strategy.local_replicas());
+    for (r, copy) in copies.iter().enumerate() {
+        assert_eq!(
+            copy.device(),
+            strategy.extended().device_map().primary_device(r).unwrap()
+        );
+        let chief = copy.to_vec::<f64>().unwrap() == [0.5, 1.0, 2.0, -3.0];
+        lines.push(format!(
+            "broadcast_to={}",
+            if chief { "chief" } else { "other" }
+        ));
+    }
+    let shape: &[usize] = if w == 1 { &[4] } else { &[2, 2] };
+    let odd = Tensor::from_vec("/cpu:0", shape, vec![1.0f64; 4]).unwrap();
+    let result = cross.broadcast_to(&odd, &cross.all_devices().unwrap());
+    record(lines, "broadcast_mismatch", result);
+}
+
+/// `Strategy::gather` across workers: rows differ per replica, joined in global replica order.
+fn gather(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
+    let n = strategy.num_replicas_in_sync();
+    let host = strategy.extended().host_device().to_owned();
+    let rows = |g: usize| g % 3 + 1;
+    let per_replica = |make: &dyn Fn(usize, &str) -> Tensor| {
+        let parts: Vec<Tensor> = (0..strategy.local_replicas())
+            .map(|r| make(strategy.global_replica_id(r), &format!("/cpu:{r}")))
+            .collect();
+        Leaf::PerReplica(
+            PerReplica::new(
+                std::sync::Arc::clone(strategy.extended().device_map()),
+                parts,
+            )
+            .unwrap(),
+        )
+    };
+    let verdict = |got: &Tensor, shape: &[usize], want: Vec<i32>| {
+        let ok =
+            got.shape() == shape && got.device() == host && got.to_vec::<i32>().unwrap() == want;
+        if ok { "expected" } else { "wrong" }
+    };
+    // Replica g: g % 3 + 1 rows of 2, values g·100 + i.
+    let by_rows = per_replica(&|g, device| {
+        Tensor::from_vec(
+            device,
+            &[rows(g), 2],
+            (0..rows(g) * 2).map(|i| (g * 100 + i) as i32).collect(),
+        )
+        .unwrap()
+    });
+    let got = strategy.gather(&by_rows, 0).expect("a gather along rows");
+    let want: Vec<i32> = (0..n)
+        .flat_map(|g| (0..rows(g) * 2).map(move |i| (g * 100 + i) as i32))
+        .collect();
+    let total: usize = (0..n).map(rows).sum();
+    lines.push(format!("gather_rows={}", verdict(&got, &[total, 2], want)));
+    // Replica g: 2 rows of g % 3 + 1 columns, joined along the columns.
+    let by_columns = per_replica(&|g, device| {
+        Tensor::from_vec(
+            device,
+            &[2, rows(g)],
+            (0..2 * rows(g)).map(|i| (g * 100 + i) as i32).collect(),
+        )
+        .unwrap()
+    });
+    let got = strategy
+        .gather(&by_columns, 1)
+        .expect("a gather along columns");
+    let want: Vec<i32> = (0..2)
+        .flat_map(|row| {
+            (0..n)
+                .flat_map(move |g| (0..rows(g)).map(move |c| (g * 100 + row * rows(g) + c) as i32))
+        })
+        .collect();
+    lines.push(format!(
+        "gather_columns={}",
+        verdict(&got, &[2, total], want)
+    ));
+    // A plain value counts once per replica of every worker.
+    let plain = Leaf::Same(Tensor::from_vec("/cpu:0", &[1, 2], vec![7i32, 8]).unwrap());
+    let got = strategy
+        .gather(&plain, 0)
+        .expect("a gather of a plain value");
+    let want: Vec<i32> = (0..n).flat_map(|_| [7, 8]).collect();
+    lines.push(format!("gather_plain={}", verdict(&got, &[n, 2], want)));
+    // A worker with another column count is an error on every worker.
+    let columns = if strategy.worker() == 1 { 3 } else { 2 };
+    let odd = Leaf::Same(Tensor::from_vec("/cpu:0", &[1, columns], vec![0i32; columns]).unwrap());
+    record(lines, "gather_mismatch", strategy.gather(&odd, 0));
 }

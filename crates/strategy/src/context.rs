@@ -41,5 +41,5 @@ mod extended;
 mod replica;
 
 pub use cross_replica::{CrossReplicaContext, UpdateContext};
-pub use extended::{MergeArgs, MergeResult, StrategyExtended};
+pub use extended::{MergeArgs, MergeResult, StrategyExtended, initial_value_from_chief};
 pub use replica::ReplicaContext;

@@ -27,11 +27,12 @@ mod variables;
 
 pub use context::{
     CrossReplicaContext, MergeArgs, MergeResult, ReplicaContext, StrategyExtended, UpdateContext,
+    initial_value_from_chief,
 };
 pub use default::DefaultStrategy;
 pub use error::StrategyError;
 pub use steps::{LastStepOutput, MultiStepContext};
-pub use strategy::{Strategy, per_replica_inputs};
+pub use strategy::{Strategy, gather_local_replicas, per_replica_inputs};
 pub use variables::{
     VariableCreator, VariableOptions, canonicalize_variable_name, create_distributed_variable,
     replica_variable_name,

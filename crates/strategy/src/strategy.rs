@@ -110,43 +110,7 @@ pub trait Strategy: Send + Sync {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     fn gather(&self, value: &Leaf<Tensor>, axis: usize) -> Result<Tensor, StrategyError> {
-        let host = self.extended().host_device();
-        let parts: Vec<Tensor> = match value {
-            Leaf::Same(t) => vec![t.clone(); self.num_replicas_in_sync()],
-            Leaf::PerReplica(p) => p.values().to_vec(),
-            Leaf::Mirrored(m) => m.values().to_vec(),
-        };
-        let first = &parts[0];
-        if axis >= first.rank() {
-            return Err(StrategyError::InvalidArgument(format!(
-                "gather along axis {axis}: the values have rank {}; the axis must be below it",
-                first.rank()
-            )));
-        }
-        if let Some((r, t)) = parts.iter().enumerate().find(|(_, t)| {
-            t.dtype() != first.dtype()
-                || t.rank() != first.rank()
-                || t.shape()
-                    .iter()
-                    .zip(first.shape())
-                    .enumerate()
-                    .any(|(d, (a, b))| d != axis && a != b)
-        }) {
-            return Err(StrategyError::InvalidArgument(format!(
-                "gather along axis {axis}: replica {r} has a {} {:?} tensor and replica 0 a {} \
-                 {:?}; values must share dtype and rank (above the axis) and may differ only in \
-                 the length of the axis",
-                t.dtype(),
-                t.shape(),
-                first.dtype(),
-                first.shape()
-            )));
-        }
-        let on_host = parts
-            .iter()
-            .map(|t| t.copy_to(host))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Tensor::concat(host, &on_host, axis)?)
+        gather_local_replicas(self.extended(), value, axis)
     }
 
     /// Creates a distributed variable on every replica's device (in the strategy's scope, in TF's
@@ -348,6 +312,54 @@ pub fn per_replica_inputs<B: Regroup>(step: PerReplica<B>) -> Result<B::Regroupe
     Ok(regroup_with(&devices, values, options)?)
 }
 
+/// This process's replicas' values of `value` joined along `axis`, in replica order, on the host
+/// ([`Strategy::gather`] in one process; a multi-worker strategy then joins the workers'). A plain
+/// or mirrored value counts once per local replica.
+pub fn gather_local_replicas(
+    extended: &dyn StrategyExtended,
+    value: &Leaf<Tensor>,
+    axis: usize,
+) -> Result<Tensor, StrategyError> {
+    let host = extended.host_device();
+    let parts: Vec<Tensor> = match value {
+        // Once per replica of this process: the value stands for each one's.
+        Leaf::Same(t) => vec![t.clone(); extended.num_replicas()],
+        Leaf::PerReplica(p) => p.values().to_vec(),
+        Leaf::Mirrored(m) => m.values().to_vec(),
+    };
+    let first = &parts[0];
+    if axis >= first.rank() {
+        return Err(StrategyError::InvalidArgument(format!(
+            "gather along axis {axis}: the values have rank {}; the axis must be below it",
+            first.rank()
+        )));
+    }
+    if let Some((r, t)) = parts.iter().enumerate().find(|(_, t)| {
+        t.dtype() != first.dtype()
+            || t.rank() != first.rank()
+            || t.shape()
+                .iter()
+                .zip(first.shape())
+                .enumerate()
+                .any(|(d, (a, b))| d != axis && a != b)
+    }) {
+        return Err(StrategyError::InvalidArgument(format!(
+            "gather along axis {axis}: replica {r} has a {} {:?} tensor and replica 0 a {} \
+             {:?}; values must share dtype and rank (above the axis) and may differ only in \
+             the length of the axis",
+            t.dtype(),
+            t.shape(),
+            first.dtype(),
+            first.shape()
+        )));
+    }
+    let on_host = parts
+        .iter()
+        .map(|t| t.copy_to(host))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Tensor::concat(host, &on_host, axis)?)
+}
+
 /// [`Strategy::reduce`] along `axis`.
 fn reduce_along(
     cross: &CrossReplicaContext<'_>,
@@ -357,7 +369,8 @@ fn reduce_along(
     host: &Destinations,
 ) -> Result<Tensor, StrategyError> {
     let parts: Vec<Tensor> = match value {
-        Leaf::Same(t) => vec![t.clone(); cross.num_replicas_in_sync()],
+        // Once per local replica: the cross-device reduction adds the other workers' replicas.
+        Leaf::Same(t) => vec![t.clone(); cross.num_local_replicas()],
         Leaf::PerReplica(p) => p.values().to_vec(),
         Leaf::Mirrored(m) => m.values().to_vec(),
     };
@@ -385,7 +398,8 @@ fn reduce_along(
                 .iter()
                 .map(|t| local(t, ReduceOp::Sum))
                 .collect::<Result<_, _>>()?;
-            (ReduceOp::Sum, sums, parts.iter().map(length).sum::<usize>())
+            let count = parts.iter().map(length).sum::<usize>();
+            (ReduceOp::Sum, sums, rows_everywhere(cross, count, host)?)
         }
         ReduceOp::Min | ReduceOp::Max => {
             let non_empty: Vec<AnyTensor> = parts
@@ -419,6 +433,50 @@ fn reduce_along(
         return Ok(total.divided_by(count)?);
     }
     Ok(total)
+}
+
+/// `local` (this process's rows along the reduced axis) summed over every worker: as it is in
+/// one process; across workers, one more reduction, since workers' replicas may hold different
+/// row counts (an uneven last batch).
+fn rows_everywhere(
+    cross: &CrossReplicaContext<'_>,
+    local: usize,
+    host: &Destinations,
+) -> Result<usize, StrategyError> {
+    if cross.num_replicas_in_sync() == cross.num_local_replicas() {
+        return Ok(local);
+    }
+    let too_many = || StrategyError::InvalidArgument(format!("{local} rows do not fit an i64"));
+    let rows = i64::try_from(local).map_err(|_| too_many())?;
+    // The whole count on the first local replica, zero on the others: the sum is the same.
+    let mut counts = vec![AnyTensor::Dense(Tensor::from_vec(
+        host.as_slice()[0].as_str(),
+        &[],
+        vec![rows],
+    )?)];
+    for _ in 1..cross.num_local_replicas() {
+        counts.push(AnyTensor::Dense(Tensor::from_vec(
+            host.as_slice()[0].as_str(),
+            &[],
+            vec![0i64],
+        )?));
+    }
+    let total = match cross
+        .cross_device_ops()
+        .reduce(ReduceOp::Sum, &counts, host)?
+    {
+        Leaf::Same(t) => t.to_dense()?.to_vec::<i64>()?,
+        other => {
+            return Err(StrategyError::Invariant(format!(
+                "a reduction to one device gave {other:?}"
+            )));
+        }
+    };
+    let total = total.first().copied().ok_or_else(|| {
+        StrategyError::Invariant("the reduction of row counts gave no value".into())
+    })?;
+    usize::try_from(total)
+        .map_err(|_| StrategyError::Invariant(format!("the workers' row counts summed to {total}")))
 }
 
 /// An integer tensor as float64, for TF's true division of integer means.

@@ -29,8 +29,15 @@ impl<'a> CrossReplicaContext<'a> {
         CrossReplicaContext { extended }
     }
 
-    /// The number of replicas.
+    /// The number of replicas that run each step together: every replica of every worker in a
+    /// multi-worker run (what a plain value counts as in a reduction).
     pub fn num_replicas_in_sync(&self) -> usize {
+        self.extended.total_replicas()
+    }
+
+    /// The number of replicas this process runs: how many copies its distributed values and
+    /// variables hold (the device map's count).
+    pub fn num_local_replicas(&self) -> usize {
         self.extended.num_replicas()
     }
 
@@ -115,13 +122,28 @@ impl<'a> CrossReplicaContext<'a> {
             .collect()
     }
 
-    /// A copy of `tensor` on every destination device.
+    /// A copy of `tensor` on every destination device. In a multi-worker run the chief's
+    /// (worker 0's) `tensor` is what every worker gets (TF broadcasts from the chief task):
+    /// every worker must call it, with a tensor of the same dtype and shape.
     pub fn broadcast_to(
         &self,
         tensor: &Tensor,
         destinations: &Destinations,
     ) -> Result<Leaf<Tensor>, StrategyError> {
-        Ok(self.cross_device_ops().broadcast(tensor, destinations)?)
+        let chiefs = match self
+            .extended
+            .tensors_from_chief(std::slice::from_ref(tensor))?
+        {
+            Some(mut chiefs) if chiefs.len() == 1 => chiefs.swap_remove(0),
+            Some(chiefs) => {
+                return Err(StrategyError::Invariant(format!(
+                    "one tensor was sent from the chief but {} came back",
+                    chiefs.len()
+                )));
+            }
+            None => return Ok(self.cross_device_ops().broadcast(tensor, destinations)?),
+        };
+        Ok(self.cross_device_ops().broadcast(&chiefs, destinations)?)
     }
 
     /// TF's `extended.update` with an update op: a plain value is applied to every copy; a
@@ -180,7 +202,7 @@ impl<'a> CrossReplicaContext<'a> {
         variable: &DistributedVariable<T>,
         mut f: impl FnMut(&UpdateContext<'_>, &T) -> Result<T, StrategyError>,
     ) -> Result<(), StrategyError> {
-        let components = (0..self.num_replicas_in_sync())
+        let components = (0..self.num_local_replicas())
             .map(|r| variable.component(r))
             .collect::<Result<Vec<_>, _>>()?;
         let updated = components

@@ -4,8 +4,8 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use distribute_collectives::CrossDeviceOps;
-use distribute_values::ReplicaDeviceMap;
+use distribute_collectives::{CrossDeviceOps, Tensor};
+use distribute_values::{ReplicaDeviceMap, VariableValue};
 
 use crate::StrategyError;
 
@@ -68,6 +68,22 @@ pub trait StrategyExtended: Send + Sync {
         false
     }
 
+    /// Worker 0's `bytes` on every worker (each worker passes its own, of the same length): how
+    /// values that must start identical everywhere (variables' initial values) reach every
+    /// worker. `None` in one process, which has no other worker to hear from.
+    fn bytes_from_chief(&self, bytes: &[u8]) -> Result<Option<Vec<u8>>, StrategyError> {
+        let _ = bytes;
+        Ok(None)
+    }
+
+    /// Worker 0's values of `tensors` on every worker, on the host (each worker passes its own,
+    /// of the same dtypes and shapes, agreed before anything moves): what a cross-replica
+    /// broadcast sends in a multi-worker run. `None` in one process.
+    fn tensors_from_chief(&self, tensors: &[Tensor]) -> Result<Option<Vec<Tensor>>, StrategyError> {
+        let _ = tensors;
+        Ok(None)
+    }
+
     /// The `merge_call` rendezvous: `replica` deposits `args` and waits for every replica; replica
     /// 0 then calls its `merge` with every replica's arguments in replica order, and every replica
     /// gets the result. Fails (never hangs) when replicas make different numbers of calls or one
@@ -78,4 +94,37 @@ pub trait StrategyExtended: Send + Sync {
         args: MergeArgs,
         merge: &mut dyn FnMut(Vec<MergeArgs>) -> Result<MergeResult, StrategyError>,
     ) -> Result<MergeResult, StrategyError>;
+}
+
+/// The initial value variable `name` starts with: `initial` in one process; the chief's
+/// (worker 0's) `initial` on every worker of a multi-worker run, so every worker starts
+/// identical even when their initialisers differ. Every worker must call it for the same
+/// variables in the same order (`Strategy::create_variable` and
+/// `ReplicaContext::create_variable` do).
+///
+/// Errors: across workers, a value type without [`VariableValue::to_wire`], or a chief's value
+/// of another dtype or shape than this worker's.
+pub fn initial_value_from_chief<T: VariableValue>(
+    extended: &dyn StrategyExtended,
+    name: &str,
+    initial: T,
+) -> Result<T, StrategyError> {
+    if extended.total_replicas() == extended.num_replicas() {
+        return Ok(initial);
+    }
+    let bytes = initial.to_wire().ok_or_else(|| {
+        StrategyError::InvalidArgument(format!(
+            "variable {name}: its value type cannot be sent to the other workers (it has no \
+             VariableValue::to_wire); use tensors or numbers"
+        ))
+    })?;
+    let Some(chiefs) = extended.bytes_from_chief(&bytes)? else {
+        return Ok(initial);
+    };
+    initial.like_from_wire(&chiefs).ok_or_else(|| {
+        StrategyError::InvalidArgument(format!(
+            "variable {name}: the chief's initial value does not fit this worker's (another \
+             dtype or shape)"
+        ))
+    })
 }

@@ -12,7 +12,7 @@ use crate::StrategyError;
 use crate::variables::{VariableOptions, canonicalize_variable_name, create_distributed_variable};
 
 use super::cross_replica::CrossReplicaContext;
-use super::{MergeArgs, MergeResult, StrategyExtended};
+use super::{MergeArgs, MergeResult, StrategyExtended, initial_value_from_chief};
 
 /// The context of a step function inside one replica: which replica this is, collectives with the
 /// other replicas, and `merge_call` into cross-replica context.
@@ -119,6 +119,7 @@ impl<'a> ReplicaContext<'a> {
 
     /// Creates a distributed variable from inside the step: replica 0 creates it with its name and
     /// initial value, and every replica gets that same variable (TF's shared variable creator).
+    /// Across workers, the chief's replica 0's initial value wins on every worker.
     /// Replicas must create variables in the same order, with names that canonicalize alike
     /// (`foo_1` and `foo` do; `foo` and `bar` do not).
     pub fn create_variable<T>(
@@ -148,6 +149,7 @@ impl<'a> ReplicaContext<'a> {
             }
             let (name, initial, options) = requests.into_iter().next().expect("replica 0");
             let name = name.unwrap_or_else(|| "Variable".to_owned());
+            let initial = initial_value_from_chief(extended, &name, initial)?;
             let variable =
                 create_distributed_variable(&name, extended.device_map(), initial, options)?;
             Ok(Arc::new(variable))

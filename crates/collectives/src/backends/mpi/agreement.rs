@@ -140,6 +140,26 @@ impl Record {
         record
     }
 
+    /// The record of a worker-level all-gather of `tensor` along `axis`: `rows` is the length of
+    /// the axis (which may differ per worker); the rank, the axis and every other dimension must
+    /// agree.
+    pub(crate) fn gather_along(tensor: &Tensor, axis: usize) -> Record {
+        let mut record = Record::bare(Call::AllGather, Status::Ok);
+        record.dtype = tensor.dtype() as i64 + 1;
+        record.rows = tensor.shape().get(axis).map_or(0, |&d| d as i64);
+        let mut rest = Fnv::new();
+        rest.word(tensor.rank() as u64);
+        rest.word(axis as u64);
+        tensor
+            .shape()
+            .iter()
+            .enumerate()
+            .filter(|&(d, _)| d != axis)
+            .for_each(|(_, &d)| rest.word(d as u64));
+        record.rest = rest.finish();
+        record
+    }
+
     /// A record that carries no tensor: the end of a step, or a receiver of a broadcast.
     pub(crate) fn bare(call: Call, status: Status) -> Record {
         Record {
@@ -370,6 +390,18 @@ mod tests {
         assert_eq!(judge(&[g1, g2]), Verdict::Agreed);
         let g3 = Record::of(Call::AllGather, None, &[&t(&[5, 2])]);
         assert!(matches!(judge(&[g1, g3]), Verdict::Disagree(_)));
+    }
+
+    #[test]
+    fn a_gather_along_an_axis_lets_only_that_axis_differ() {
+        let a = Record::gather_along(&t(&[2, 1, 3]), 1);
+        let b = Record::gather_along(&t(&[2, 4, 3]), 1);
+        assert_eq!(judge(&[a, b]), Verdict::Agreed);
+        assert_eq!((a.rows, b.rows), (1, 4));
+        let other_dim = Record::gather_along(&t(&[3, 4, 3]), 1);
+        assert!(matches!(judge(&[a, other_dim]), Verdict::Disagree(_)));
+        let other_axis = Record::gather_along(&t(&[2, 3, 3]), 2);
+        assert!(matches!(judge(&[a, other_axis]), Verdict::Disagree(_)));
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub const INLINE_BYTES: usize = 4096;
 /// Words per worker in an agreement: the record, then the inline payload.
 const SLOT_WORDS: usize = Record::WORDS + INLINE_BYTES / 8;
 
+// An agreement slot travels as one eager message on shared memory (see `EAGER_LIMIT_BYTES`).
+const _: () = assert!(SLOT_WORDS * 8 <= super::world::EAGER_LIMIT_BYTES);
+
 /// Bytes of a failed worker's message carried to the others.
 const MESSAGE_BYTES: usize = 512;
 
@@ -231,6 +234,83 @@ impl MpiAllReduce {
             });
         }
         Ok(buffer)
+    }
+
+    /// Every worker's `tensor` joined along `axis`, in worker order, on the host (each worker
+    /// passes one value, e.g. its local replicas' already joined): the length of `axis` may
+    /// differ per worker, the dtype, rank and other dimensions may not (a mismatch is an error
+    /// on every worker).
+    pub fn all_gather_across_workers(
+        &self,
+        tensor: &Tensor,
+        axis: usize,
+    ) -> Result<Tensor, CollectiveError> {
+        let inner = &self.inner;
+        let local = tensor.to_host()?;
+        // Agreed first, so a bad axis (the same on every worker, or a disagreement) fails
+        // every worker alike.
+        let records = inner.agree(Record::gather_along(&local, axis), "")?;
+        if axis >= local.rank() {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "an all-gather along axis {axis} of a tensor of rank {}: the axis must be below \
+                 the rank",
+                local.rank()
+            )));
+        }
+        if inner.workers() == 1 {
+            return Ok(local);
+        }
+        let lengths: Vec<usize> = records.iter().map(|r| r.rows as usize).collect();
+        let shape = local.shape();
+        let outside: usize = shape
+            .iter()
+            .enumerate()
+            .filter(|&(d, _)| d != axis)
+            .map(|(_, &d)| d)
+            .product();
+        let size = local.dtype().size_in_bytes();
+        let too_big = || {
+            CollectiveError::InvalidArgument(
+                "an all-gather across workers moves at most 2 GiB per worker".into(),
+            )
+        };
+        let counts: Vec<i32> = lengths
+            .iter()
+            .map(|&l| i32::try_from(l * outside * size).map_err(|_| too_big()))
+            .collect::<Result<_, _>>()?;
+        let displs: Vec<i32> = counts
+            .iter()
+            .scan(0i64, |at, &c| {
+                let here = *at;
+                *at += i64::from(c);
+                Some(i32::try_from(here).map_err(|_| too_big()))
+            })
+            .collect::<Result<_, _>>()?;
+        let total: usize = lengths.iter().sum::<usize>() * outside;
+        let parts = with_dtype!(local.dtype(), T => {
+            let mine: Vec<T> = local.to_vec::<T>()?;
+            let mut all = vec![T::zero(); total];
+            inner.world.all_gather_varcount(
+                as_bytes(&mine),
+                as_bytes_mut(&mut all),
+                &counts,
+                &displs,
+                Wait::Committed,
+                &|| format!("the all-gather of {local} along axis {axis}"),
+            );
+            let mut at = 0;
+            lengths
+                .iter()
+                .map(|&l| {
+                    let mut part_shape = shape.to_vec();
+                    part_shape[axis] = l;
+                    let part = all[at..at + l * outside].to_vec();
+                    at += l * outside;
+                    Tensor::from_vec(local.device(), &part_shape, part)
+                })
+                .collect::<Result<Vec<Tensor>, _>>()?
+        });
+        Tensor::concat(local.device(), &parts, axis)
     }
 
     /// The reduction of `tensor` across workers only (each worker passes one value, already
@@ -613,12 +693,21 @@ impl ReplicaCollectives for MpiMember {
         let plan = FusionPlan::new(&local, inner.bytes_per_pack);
         let total = inner.workers() * self.local_replicas();
         let device = tensors.first().map_or("", |t| t.device());
+        // One tensor is its own bucket: no packing, no unpacking (a copy each way saved).
+        let single = local.len() == 1;
         let buckets = self.via_leader(plan.num_buckets(), device, || {
             let refs: Vec<&Tensor> = local.iter().collect();
             let record = Record::of(Call::AllReduce, Some(op), &refs);
-            inner.reduce_across(record, op, total, &plan.pack(&local)?)
+            match single {
+                true => inner.reduce_across(record, op, total, &local),
+                false => inner.reduce_across(record, op, total, &plan.pack(&local)?),
+            }
         })?;
-        plan.unpack(&buckets)?
+        let reduced = match single {
+            true => buckets,
+            false => plan.unpack(&buckets)?,
+        };
+        reduced
             .into_iter()
             .zip(tensors)
             .map(|(r, t)| r.copy_to(t.device()))
