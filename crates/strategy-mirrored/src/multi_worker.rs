@@ -349,6 +349,10 @@ impl StrategyExtended for MultiWorkerMirroredStrategy {
         Ok(Some(self.backend.bytes_from_chief(bytes)?))
     }
 
+    fn bytes_from_every_worker(&self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, StrategyError> {
+        Ok(Some(self.backend.exchange(bytes)?))
+    }
+
     fn tensors_from_chief(&self, tensors: &[Tensor]) -> Result<Option<Vec<Tensor>>, StrategyError> {
         Ok(Some(self.backend.broadcast_from_chief(tensors)?))
     }

@@ -231,6 +231,32 @@ fn variables_start_with_the_chiefs_values() {
 }
 
 #[test]
+fn replica_context_updates_aggregate_every_worker() {
+    for (workers, replicas) in [(2, 1), (2, 2), (3, 1)] {
+        let what = format!("replica updates on {workers} workers × {replicas}");
+        let job = launch(workers, replicas, "replica_updates");
+        completed(&job, workers, &what);
+        let n = workers * replicas;
+        // Replica g adds g + 1 (Sum) and assigns g + 1 to a Mean variable.
+        let sum: usize = (1..=n).sum();
+        let expected = [
+            ("sum_update", format!("{:?}", sum as f32)),
+            ("mean_update", format!("{:?}", sum as f32 / n as f32)),
+            ("constant_mean", "0.5".to_owned()),
+            ("constant_sum_refused", "true".to_owned()),
+        ];
+        for (key, want) in expected {
+            let seen = values(&job, key);
+            assert_eq!(seen.len(), workers * replicas, "{what}: {key}: {seen:?}");
+            assert!(
+                seen.iter().all(|v| *v == want),
+                "{what}: {key}: {seen:?}, want {want}"
+            );
+        }
+    }
+}
+
+#[test]
 fn the_chief_writes_checkpoints_that_any_worker_count_restores() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let checkpoint = dir.path().join("checkpoint.json");
@@ -379,6 +405,7 @@ fn worker_entry() {
         "checkpoint_write" => checkpoint_write(&strategy, &mut lines),
         "checkpoint_restore" => checkpoint_restore(&strategy, &mut lines),
         "counts" => counts(&strategy, &mut lines),
+        "replica_updates" => replica_updates(&strategy, &mut lines),
         "broadcast" => broadcast(&strategy, &mut lines),
         "gather" => gather(&strategy, &mut lines),
         other => panic!("no scenario {other}"),
@@ -637,6 +664,57 @@ fn variables(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
         .expect("a step");
     let got: Vec<i64> = ids.local_results().into_iter().copied().collect();
     assert_eq!(got, (0..r).map(|l| (w * r + l) as i64).collect::<Vec<_>>());
+}
+
+/// Replica-context updates of mirrored variables with Sum and Mean aggregation: every worker
+/// must apply the aggregate of every worker's contributions, so every copy ends the same.
+fn replica_updates(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
+    let options = |aggregation| VariableOptions {
+        aggregation,
+        ..VariableOptions::default()
+    };
+    use distribute_values::{UpdateOp, VariableAggregation};
+    let sum = strategy
+        .create_variable("sum", 0.0f32, options(VariableAggregation::Sum))
+        .expect("a Sum variable");
+    let mean = strategy
+        .create_variable("mean", 0.0f32, options(VariableAggregation::Mean))
+        .expect("a Mean variable");
+    let constant = strategy
+        .create_variable("constant", 0.0f32, options(VariableAggregation::Mean))
+        .expect("a Mean variable");
+    let refused = strategy
+        .create_variable("refused", 0.0f32, options(VariableAggregation::Sum))
+        .expect("a Sum variable");
+    strategy
+        .run(
+            |ctx, ()| {
+                let mine = ctx.replica_id() as f32 + 1.0;
+                ctx.update_variable(&sum, UpdateOp::AssignAdd, mine)?;
+                ctx.update_variable(&mean, UpdateOp::Assign, mine)?;
+                ctx.update_variable_with_constant(&constant, UpdateOp::Assign, 0.5)?;
+                Ok(())
+            },
+            &(),
+        )
+        .expect("a step of replica-context updates");
+    let sum_of_constant = strategy.run(
+        |ctx, ()| ctx.update_variable_with_constant(&refused, UpdateOp::AssignAdd, 1.0f32),
+        &(),
+    );
+    let r = strategy.local_replicas();
+    for i in 0..r {
+        lines.push(format!("sum_update={:?}", sum.component(i).unwrap().read()));
+        lines.push(format!(
+            "mean_update={:?}",
+            mean.component(i).unwrap().read()
+        ));
+        lines.push(format!(
+            "constant_mean={:?}",
+            constant.component(i).unwrap().read()
+        ));
+        lines.push(format!("constant_sum_refused={}", sum_of_constant.is_err()));
+    }
 }
 
 /// Records `result`'s error (or "ok") under `key`.

@@ -447,6 +447,27 @@ impl<T: VariableValue> MirroredVariable<T> {
         Ok(new.swap_remove(0))
     }
 
+    /// [`update_aggregated`](Self::update_aggregated) from the contributions of every replica
+    /// of every worker, in global replica order (`contributions.len()` may exceed this process's
+    /// component count): how a multi-worker strategy applies one aggregate on every worker, so
+    /// that no worker's copies drift from another's.
+    pub fn update_aggregated_across(
+        &self,
+        op: UpdateOp,
+        contributions: &[T],
+    ) -> Result<T, ValuesError> {
+        if contributions.is_empty() {
+            return Err(ValuesError::ReplicaCountMismatch {
+                what: "aggregated update across workers",
+                expected: self.0.components.len(),
+                found: 0,
+            });
+        }
+        let aggregated = self.aggregate_contributions(contributions)?;
+        let mut new = self.0.update_all(op, &aggregated)?;
+        Ok(new.swap_remove(0))
+    }
+
     fn aggregate(&self, value: &Leaf<T>) -> Result<T, ValuesError> {
         let core = &self.0;
         let n = core.components.len();
@@ -470,6 +491,12 @@ impl<T: VariableValue> MirroredVariable<T> {
         };
         core.devices
             .check_count("aggregated update", values.len())?;
+        self.aggregate_contributions(values)
+    }
+
+    /// The aggregate of one contribution per replica.
+    fn aggregate_contributions(&self, values: &[T]) -> Result<T, ValuesError> {
+        let core = &self.0;
         // The variable was built floating (VAL-36), but a value type whose dtype is per value (a
         // tensor) can still bring integers here, and their mean would divide as integers.
         if core.aggregation == VariableAggregation::Mean && values.iter().any(|v| !v.is_floating())

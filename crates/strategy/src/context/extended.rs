@@ -76,6 +76,14 @@ pub trait StrategyExtended: Send + Sync {
         Ok(None)
     }
 
+    /// Every worker's `bytes`, in worker order, on every worker (each passes its own, of the same
+    /// length): how a replica-context update of a mirrored variable hears every worker's
+    /// contributions, so that every worker applies the same aggregate. `None` in one process.
+    fn bytes_from_every_worker(&self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, StrategyError> {
+        let _ = bytes;
+        Ok(None)
+    }
+
     /// Worker 0's values of `tensors` on every worker, on the host (each worker passes its own,
     /// of the same dtypes and shapes, agreed before anything moves): what a cross-replica
     /// broadcast sends in a multi-worker run. `None` in one process.

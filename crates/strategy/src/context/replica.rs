@@ -233,8 +233,21 @@ impl<'a> ReplicaContext<'a> {
             DistributedVariable::Mirrored(v) => v.clone(),
         };
         let devices = Arc::clone(self.extended.device_map());
+        let extended = self.extended;
         let mut apply = |all: Vec<MergeArgs>| -> Result<MergeResult, StrategyError> {
             let values = downcast_all::<T>(all, "variable update values")?;
+            // In a multi-worker run every worker aggregates every worker's contributions, in
+            // global replica order, so that the copies on all workers stay bit-identical.
+            if let Some(every) = contributions_of_every_worker(extended, mirrored.name(), &values)?
+            {
+                return Ok(Arc::new(match contribution {
+                    Contribution::PerReplica => mirrored.update_aggregated_across(op, &every)?,
+                    Contribution::Constant => {
+                        constant_across_workers(&mirrored, &every, extended.total_replicas())?;
+                        mirrored.update_aggregated(op, &Leaf::Same(every[0].clone()))?
+                    }
+                }));
+            }
             let gathered = match contribution {
                 Contribution::PerReplica => {
                     Leaf::PerReplica(PerReplica::new(Arc::clone(&devices), values)?)
@@ -272,6 +285,93 @@ enum Contribution {
     PerReplica,
     /// Every replica passes the same value.
     Constant,
+}
+
+/// Every replica's contribution on every worker, in global replica order, when the strategy
+/// spans several workers (`None` in one process). Each value travels as its wire bytes, each
+/// preceded by its length; values of a type that cannot travel are an error.
+fn contributions_of_every_worker<T: VariableValue>(
+    extended: &dyn StrategyExtended,
+    name: &str,
+    values: &[T],
+) -> Result<Option<Vec<T>>, StrategyError> {
+    if extended.total_replicas() == extended.num_replicas() {
+        return Ok(None);
+    }
+    let cannot_travel = || {
+        StrategyError::InvalidArgument(format!(
+            "update of '{name}': its values cannot be sent to other workers, so a multi-worker \
+             update cannot aggregate them"
+        ))
+    };
+    let mut mine = Vec::new();
+    for value in values {
+        let wire = value.to_wire().ok_or_else(cannot_travel)?;
+        mine.extend_from_slice(&(wire.len() as u64).to_le_bytes());
+        mine.extend_from_slice(&wire);
+    }
+    let Some(workers) = extended.bytes_from_every_worker(&mine)? else {
+        return Ok(None);
+    };
+    let like = &values[0];
+    let mut every = Vec::with_capacity(extended.total_replicas());
+    for (worker, bytes) in workers.iter().enumerate() {
+        let mut rest = bytes.as_slice();
+        while !rest.is_empty() {
+            let value = (rest.len() >= 8)
+                .then(|| u64::from_le_bytes(rest[..8].try_into().expect("8 bytes")) as usize)
+                .filter(|&len| rest.len() - 8 >= len)
+                .and_then(|len| {
+                    let value = like.like_from_wire(&rest[8..8 + len]);
+                    rest = &rest[8 + len..];
+                    value
+                })
+                .ok_or_else(|| {
+                    StrategyError::Runtime(format!(
+                        "update of '{name}': worker {worker} sent a value unlike this worker's \
+                         (another dtype or shape); every replica must pass values alike"
+                    ))
+                })?;
+            every.push(value);
+        }
+    }
+    if every.len() != extended.total_replicas() {
+        return Err(StrategyError::Runtime(format!(
+            "update of '{name}': {} contributions came from the workers for {} replicas",
+            every.len(),
+            extended.total_replicas()
+        )));
+    }
+    Ok(Some(every))
+}
+
+/// Checks that a constant update passed the same value on every replica of every worker, and
+/// refuses a `Sum` of it over several replicas (it would multiply the value by their count).
+fn constant_across_workers<T: VariableValue + PartialEq>(
+    mirrored: &distribute_values::MirroredVariable<T>,
+    every: &[T],
+    total_replicas: usize,
+) -> Result<(), StrategyError> {
+    if let Some(r) = every.iter().position(|v| *v != every[0]) {
+        return Err(StrategyError::InvalidArgument(format!(
+            "update of '{}' with a constant: replica 0 passed {:?} but replica {r} passed {:?}; \
+             pass per-replica values with update_variable",
+            mirrored.name(),
+            every[0],
+            every[r]
+        )));
+    }
+    if mirrored.aggregation() == VariableAggregation::Sum
+        && total_replicas > 1
+        && !every[0].is_zero()
+    {
+        return Err(distribute_values::ValuesError::SumOfNonDistributed {
+            value: format!("{:?}", every[0]),
+            num_replicas: total_replicas,
+        }
+        .into());
+    }
+    Ok(())
 }
 
 /// Moves every replica's boxed arguments back to `A`, or explains which replica passed what.
