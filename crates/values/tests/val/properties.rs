@@ -96,9 +96,10 @@ fn shape(node: &Node) -> String {
     let mut tags: Vec<u8> = node.tags.keys().copied().collect();
     tags.sort_unstable();
     let children: Vec<String> = node.children.iter().map(shape).collect();
+    // An `Option` that is `Some` on some replicas and `None` on others regroups per replica
+    // (as TF's PerReplica of None and values), so whether `label` is set is not part of the shape.
     format!(
-        "{}{:?}{:?}[{}]",
-        node.label.is_some(),
+        "{:?}{:?}[{}]",
         node.attrs.keys().collect::<Vec<_>>(),
         tags,
         children.join(",")
