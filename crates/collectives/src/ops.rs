@@ -84,6 +84,23 @@ pub trait CrossDeviceOps: StepLifecycle + Send + Sync + fmt::Debug {
         replica: usize,
     ) -> Result<Box<dyn ReplicaCollectives>, CollectiveError>;
 
+    /// Replica `replica`'s handle for collective calls, usable from whichever thread holds it
+    /// (one at a time), or `None` when this backend's handles are tied to the thread that made
+    /// them (the default; an NCCL communicator is). Host-memory backends return one, so that a
+    /// strategy can run a replica on the thread that calls `run` instead of handing every step
+    /// to a thread of its own: on a machine with as many cores as replicas, a caller that only
+    /// waits takes a core the replicas need.
+    ///
+    /// A backend hands out one handle per replica: a strategy asks for a replica either here or
+    /// through [`CrossDeviceOps::replica_collectives`], never both.
+    fn movable_replica_collectives(
+        &self,
+        replica: usize,
+    ) -> Result<Option<Box<dyn ReplicaCollectives + Send>>, CollectiveError> {
+        let _ = replica;
+        Ok(None)
+    }
+
     /// How many replicas the replica collectives are built for, when the backend has a fixed
     /// count (a strategy checks it against its devices).
     fn num_replicas(&self) -> Option<usize> {

@@ -33,6 +33,12 @@ pub struct MirroredConfig {
     /// before sleeping:
     /// longer makes back-to-back steps start faster, shorter frees the cores sooner.
     pub idle_spin: Duration,
+    /// Whether the thread calling `run` runs replica 0 itself (the default), rather than handing
+    /// it to a thread of its own and waiting. It does so only when replica 0's device is not a
+    /// GPU and the cross-device ops' handles may move between threads; otherwise replica 0
+    /// keeps its thread whatever this says. Off, every replica has its own thread, and a step
+    /// may rely on running on the same thread every time.
+    pub caller_runs_replica_0: bool,
     /// The cross-device operations; `None` picks them with `choose_the_best`.
     pub cross_device_ops: Option<Arc<dyn CrossDeviceOps>>,
     /// Settings of the collectives `choose_the_best` builds (its deadline is `deadline`).
@@ -51,6 +57,7 @@ impl Default for MirroredConfig {
         MirroredConfig {
             deadline: Duration::from_secs(300),
             idle_spin: Duration::from_micros(50),
+            caller_runs_replica_0: true,
             cross_device_ops: None,
             collectives: GroupConfig::default(),
         }
@@ -62,6 +69,7 @@ impl fmt::Debug for MirroredConfig {
         f.debug_struct("MirroredConfig")
             .field("deadline", &self.deadline)
             .field("idle_spin", &self.idle_spin)
+            .field("caller_runs_replica_0", &self.caller_runs_replica_0)
             .field(
                 "cross_device_ops",
                 &self.cross_device_ops.as_ref().map(|ops| ops.name()),
@@ -169,7 +177,12 @@ impl MirroredStrategy {
                 ops.name()
             )));
         }
-        let pool = ReplicaPool::start(Arc::clone(&ops), &devices, config.idle_spin)?;
+        let pool = ReplicaPool::start(
+            Arc::clone(&ops),
+            &devices,
+            config.idle_spin,
+            config.caller_runs_replica_0,
+        )?;
         log::info!("MirroredStrategy over {devices}: {ops_reason}");
         Ok(MirroredStrategy {
             devices: Arc::new(ReplicaDeviceMap::new(devices.names())?),

@@ -1,10 +1,19 @@
-//! [`ReplicaPool`]: one persistent thread per replica, created once and reused by every `run`.
+//! [`ReplicaPool`]: one persistent thread per replica, created once and reused by every `run`,
+//! and the calling thread itself as replica 0 when it can be.
 //!
 //! TF starts a thread per replica on every `run`, which is most of its step overhead. Here each
 //! replica thread owns its collectives handle (an NCCL communicator must stay on one thread) and
-//! waits for jobs: it polls (yielding its core) for a short while after
-//! each job, so back-to-back steps start in about a microsecond, then parks so an idle strategy
-//! costs no CPU.
+//! waits for jobs: it spins, then polls (yielding its core) for a short while after each job, so
+//! back-to-back steps start in well under a microsecond, then parks so an idle strategy costs no
+//! CPU.
+//!
+//! Replica 0 runs on the thread that calls `run` when its device is the host's and the backend's
+//! handles may move between threads ([`CrossDeviceOps::movable_replica_collectives`]), as TF and
+//! JAX drive their first replica from the calling thread. A caller that only waited for N replica
+//! threads would take one of the cores they need: on 2 cores, 2 replicas plus a waiting caller
+//! plus an input pipeline's prefetch thread are 4 runnable threads, and the step pays for their
+//! preemptions. One replica then runs with no hand-over at all. A GPU replica 0 keeps its thread:
+//! the thread owns the GPU's context and stream.
 //!
 //! A job borrows from the caller's stack (the step function, the inputs, the output slots), so
 //! its lifetime is erased while the threads run it; that is sound because [`ReplicaPool::execute`]
@@ -48,18 +57,45 @@ struct Shared {
     idle_spin: Duration,
 }
 
-/// One pause of a short wait. Yielding rather than spinning: on a machine whose cores are
-/// shared (with other replicas, the caller, or other processes) a spinning thread keeps the
-/// replica everyone waits for off its core until the scheduler's next tick, tens to hundreds of
-/// µs per step; a yield with nothing else runnable costs a fraction of a µs.
-fn pause() {
-    std::thread::yield_now();
+/// Busy-wait iterations before a wait starts yielding: about a microsecond, the time a peer
+/// that is running on another core needs to notice a new job or finish a trivial one. Longer
+/// spinning keeps a thread that is not running off its core; a yield is a system call (~0.3 µs).
+const SPIN_ITERATIONS: u32 = 512;
+
+/// Waits until `ready()`: spins briefly, then yields its core until `polling` has passed, then
+/// parks (a futex wait) for at most `nap` at a time; whoever makes `ready()` true unparks this
+/// thread. Yielding rather than spinning past the first microsecond: on a machine whose cores are
+/// shared (with other replicas, the caller, an input pipeline, other processes) a spinning
+/// thread keeps the thread everyone waits for off its core until the scheduler's next tick, tens
+/// to hundreds of µs per step; a yield with nothing else runnable costs a fraction of a µs.
+fn wait_until(ready: impl Fn() -> bool, polling: Duration, nap: Option<Duration>) {
+    for _ in 0..SPIN_ITERATIONS {
+        if ready() {
+            return;
+        }
+        std::hint::spin_loop();
+    }
+    let start = Instant::now();
+    while !ready() {
+        if start.elapsed() < polling {
+            std::thread::yield_now();
+        } else {
+            match nap {
+                Some(nap) => std::thread::park_timeout(nap),
+                None => std::thread::park(),
+            }
+        }
+    }
 }
 
-/// Persistent replica threads.
+/// Persistent replica threads, and replica 0's handle when the caller runs it.
 pub(crate) struct ReplicaPool {
     shared: Arc<Shared>,
+    /// The threads of replicas `first_threaded..`, in replica order.
     threads: Vec<JoinHandle<()>>,
+    /// Replica 0's collectives when the thread calling `execute` runs replica 0 itself; locked
+    /// for the whole job, which `running` already makes exclusive.
+    caller_replica: Option<Mutex<Box<dyn ReplicaCollectives + Send>>>,
     /// One `run` at a time: the threads serve one job.
     running: Mutex<()>,
 }
@@ -69,12 +105,24 @@ impl ReplicaPool {
     ///
     /// With feature `cuda`, the thread of a GPU device opens its GPU with a stream of its own and
     /// makes it the thread's current GPU before anything else (NCCL communicators need it).
+    ///
+    /// With `caller_runs_replica_0`, replica 0 runs on the thread calling
+    /// [`ReplicaPool::execute`] instead, when its device is not a GPU and `ops` hands out a
+    /// movable handle for it.
     pub(crate) fn start(
         ops: Arc<dyn CrossDeviceOps>,
         devices: &LocalDevices,
         idle_spin: Duration,
+        caller_runs_replica_0: bool,
     ) -> Result<ReplicaPool, StrategyError> {
-        let num_replicas = devices.len();
+        let caller_replica = match devices.iter().next() {
+            Some(first) if caller_runs_replica_0 && first.gpu_index().is_none() => {
+                movable_handle(ops.as_ref())?.map(Mutex::new)
+            }
+            _ => None,
+        };
+        let first_threaded = usize::from(caller_replica.is_some());
+        let num_threads = devices.len() - first_threaded;
         let shared = Arc::new(Shared {
             epoch: AtomicU64::new(0),
             job: Mutex::new(None),
@@ -87,11 +135,12 @@ impl ReplicaPool {
         // which stops and joins the threads already started.
         let mut pool = ReplicaPool {
             shared,
-            threads: Vec::with_capacity(num_replicas),
+            threads: Vec::with_capacity(num_threads),
+            caller_replica,
             running: Mutex::new(()),
         };
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        for (replica, device) in devices.iter().enumerate() {
+        for (replica, device) in devices.iter().enumerate().skip(first_threaded) {
             let (shared, ops, ready) =
                 (Arc::clone(&pool.shared), Arc::clone(&ops), ready_tx.clone());
             let device = device.clone();
@@ -106,7 +155,7 @@ impl ReplicaPool {
         // Only the threads hold senders now: one that dies without reporting ends `recv`.
         drop(ready_tx);
         // Every thread reports whether it could make its collectives handle.
-        for _ in 0..num_replicas {
+        for _ in 0..num_threads {
             match ready_rx.recv() {
                 Ok(Ok(())) => {}
                 Ok(Err(error)) => return Err(error),
@@ -125,10 +174,11 @@ impl ReplicaPool {
         ON_REPLICA_THREAD.with(Cell::get)
     }
 
-    /// Runs `job` on every replica thread and returns when all have finished it.
+    /// Runs `job` for every replica (on the replica threads, and replica 0 on this thread when
+    /// the caller runs it) and returns when all have finished it.
     ///
-    /// A panic that escapes `job` is caught on the replica thread, which still reports back; the
-    /// job must record its own outcome to tell the caller.
+    /// A panic that escapes `job` is caught, and the replica still reports back; the job must
+    /// record its own outcome to tell the caller.
     pub(crate) fn execute(&self, job: &Job<'_>) -> Result<(), StrategyError> {
         if Self::on_replica_thread() {
             return Err(StrategyError::Runtime(
@@ -139,21 +189,76 @@ impl ReplicaPool {
         }
         let _one_at_a_time = lock(&self.running);
         let shared = &*self.shared;
-        // SAFETY: erasing the lifetime is sound because the `Finish` guard below, which no path
-        // out of this function can skip (returning or unwinding), waits until every replica
-        // thread has finished the job (`remaining` reaches 0) and then clears it.
-        let erased: *const Job<'static> =
-            unsafe { std::mem::transmute::<*const Job<'_>, *const Job<'static>>(job) };
-        *lock(&shared.job) = Some(JobRef(erased));
-        *lock(&shared.caller) = Some(std::thread::current());
-        shared.remaining.store(self.threads.len(), Ordering::SeqCst);
-        shared.epoch.fetch_add(1, Ordering::SeqCst);
-        let finish = Finish { shared };
-        for thread in &self.threads {
-            thread.thread().unpark();
+        let finish = if self.threads.is_empty() {
+            None
+        } else {
+            // SAFETY: erasing the lifetime is sound because the `Finish` guard below, which no
+            // path out of this function can skip (returning or unwinding), waits until every
+            // replica thread has finished the job (`remaining` reaches 0) and then clears it.
+            let erased: *const Job<'static> =
+                unsafe { std::mem::transmute::<*const Job<'_>, *const Job<'static>>(job) };
+            *lock(&shared.job) = Some(JobRef(erased));
+            *lock(&shared.caller) = Some(std::thread::current());
+            shared.remaining.store(self.threads.len(), Ordering::SeqCst);
+            shared.epoch.fetch_add(1, Ordering::SeqCst);
+            let finish = Finish { shared };
+            for thread in &self.threads {
+                // No system call unless the thread is parked.
+                thread.thread().unpark();
+            }
+            Some(finish)
+        };
+        if let Some(collectives) = &self.caller_replica {
+            let collectives = lock(collectives);
+            let _on_replica = OnReplicaThread::enter();
+            run_caught(|| job(0, collectives.as_ref()));
         }
         drop(finish);
         Ok(())
+    }
+}
+
+/// Replica 0's movable handle from `ops`, or `None` when the backend has none; a panicking
+/// backend hook is an error, as on a replica thread.
+fn movable_handle(
+    ops: &dyn CrossDeviceOps,
+) -> Result<Option<Box<dyn ReplicaCollectives + Send>>, StrategyError> {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| ops.movable_replica_collectives(0))) {
+        Ok(made) => Ok(made?),
+        Err(payload) => {
+            std::mem::forget(payload);
+            Err(StrategyError::Runtime(
+                "replica 0's collectives handle panicked while being made".into(),
+            ))
+        }
+    }
+}
+
+/// Runs a job for one replica, catching what escapes it: jobs catch their step's panics
+/// themselves, so this catches the rest (a panicking user `CrossDeviceOps` hook); the job has
+/// then stored no result, which the caller reports as that replica's failure. A payload whose
+/// `Drop` panicked would unwind past the replica's report and leave `execute` waiting forever:
+/// it is leaked instead (this path is already a bug in a user's hook).
+fn run_caught(job: impl FnOnce()) {
+    if let Err(payload) = std::panic::catch_unwind(AssertUnwindSafe(job)) {
+        std::mem::forget(payload);
+    }
+}
+
+/// Marks the calling thread as running a replica while it runs replica 0's job, so that a step
+/// calling `run` fails instead of deadlocking, as on a replica thread.
+struct OnReplicaThread;
+
+impl OnReplicaThread {
+    fn enter() -> Self {
+        ON_REPLICA_THREAD.with(|flag| flag.set(true));
+        OnReplicaThread
+    }
+}
+
+impl Drop for OnReplicaThread {
+    fn drop(&mut self) {
+        ON_REPLICA_THREAD.with(|flag| flag.set(false));
     }
 }
 
@@ -166,14 +271,13 @@ struct Finish<'a> {
 impl Drop for Finish<'_> {
     fn drop(&mut self) {
         let shared = self.shared;
-        let start = Instant::now();
-        while shared.remaining.load(Ordering::SeqCst) != 0 {
-            if start.elapsed() < shared.idle_spin {
-                pause();
-            } else {
-                std::thread::park_timeout(Duration::from_millis(10));
-            }
-        }
+        // The last replica thread to finish unparks this thread; the nap bounds a wake-up lost
+        // to a stale unpark token.
+        wait_until(
+            || shared.remaining.load(Ordering::SeqCst) == 0,
+            shared.idle_spin,
+            Some(Duration::from_millis(10)),
+        );
         *lock(&shared.job) = None;
     }
 }
@@ -245,39 +349,24 @@ fn replica_thread(
     drop(ready);
     let mut seen = 0;
     loop {
-        let idle_since = Instant::now();
-        loop {
-            if shared.shutdown.load(Ordering::SeqCst) {
-                return;
-            }
-            if shared.epoch.load(Ordering::SeqCst) != seen {
-                break;
-            }
-            if idle_since.elapsed() < shared.idle_spin {
-                pause();
-            } else {
-                std::thread::park();
-            }
+        wait_until(
+            || {
+                shared.shutdown.load(Ordering::SeqCst)
+                    || shared.epoch.load(Ordering::SeqCst) != seen
+            },
+            shared.idle_spin,
+            None,
+        );
+        if shared.shutdown.load(Ordering::SeqCst) {
+            return;
         }
         seen = shared.epoch.load(Ordering::SeqCst);
         let job = *lock(&shared.job);
         if let Some(JobRef(job)) = job {
-            // Jobs catch their step's panics themselves; this catches the rest (a panicking
-            // user `CrossDeviceOps` hook), so the thread survives and still reports back below.
-            // The job then has stored no result, which the caller reports as this replica's
-            // failure.
             let collectives = collectives.as_ref();
             // SAFETY: `execute` keeps the job alive until `remaining` reaches 0, which cannot
             // happen before this thread's decrement below.
-            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| unsafe {
-                (*job)(replica, collectives)
-            }));
-            // A payload whose `Drop` panicked would unwind this thread past the report below,
-            // and `execute` would wait forever: leak it instead (this path is already a bug in
-            // a user's hook).
-            if let Err(payload) = outcome {
-                std::mem::forget(payload);
-            }
+            run_caught(|| unsafe { (*job)(replica, collectives) });
         }
         if shared.remaining.fetch_sub(1, Ordering::SeqCst) == 1
             && let Some(caller) = lock(&shared.caller).as_ref()

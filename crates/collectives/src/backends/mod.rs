@@ -44,6 +44,14 @@ macro_rules! group_backed_ops {
             Ok(Box::new(self.group.member(replica)?))
         }
 
+        fn movable_replica_collectives(
+            &self,
+            replica: usize,
+        ) -> Result<Option<Box<dyn $crate::ReplicaCollectives + Send>>, CollectiveError> {
+            // A group member is a handle on shared host memory, tied to no thread.
+            Ok(Some(Box::new(self.group.member(replica)?)))
+        }
+
         fn num_replicas(&self) -> Option<usize> {
             Some(self.group.num_replicas())
         }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use distribute_mirrored::{MirroredConfig, MirroredStrategy};
 use distribute_strategy::{Strategy, StrategyError, VariableOptions};
 use distribute_values::{DistributedValues, Leaf, PerReplica, Regroup};
 
@@ -259,5 +260,113 @@ fn sm54_replicas_share_variables_in_creation_order() {
     match err {
         StrategyError::Runtime(m) => assert!(m.contains("different number"), "{m}"),
         other => panic!("expected Runtime, got {other:?}"),
+    }
+}
+
+fn thread_id() -> String {
+    format!("{:?}", std::thread::current().id())
+}
+
+/// The thread each replica ran on, over three runs of `strategy`, seen from the calling thread.
+fn replica_threads(strategy: &MirroredStrategy) -> Vec<Vec<String>> {
+    (0..3)
+        .map(|_| {
+            let threads: Leaf<String> = strategy.run(|_, ()| Ok(thread_id()), &()).unwrap();
+            threads.local_results().into_iter().cloned().collect()
+        })
+        .collect()
+}
+
+#[test]
+fn the_calling_thread_runs_replica_0_and_every_other_replica_keeps_its_thread() {
+    let caller = thread_id();
+    for n in [1, 2, 3] {
+        let runs = replica_threads(&cpus(n));
+        for threads in &runs {
+            assert_eq!(
+                threads[0], caller,
+                "{n} replicas: replica 0 runs on the caller"
+            );
+            assert!(
+                threads[1..].iter().all(|t| *t != caller),
+                "{n} replicas: only replica 0 runs on the caller: {threads:?}"
+            );
+            assert_eq!(threads, &runs[0], "{n} replicas: persistent threads");
+        }
+        let distinct: std::collections::HashSet<_> = runs[0].iter().collect();
+        assert_eq!(distinct.len(), n, "one thread per replica: {:?}", runs[0]);
+    }
+}
+
+#[test]
+fn replica_0_keeps_a_thread_of_its_own_when_asked_or_on_a_gpu() {
+    let caller = thread_id();
+    let own_thread = MirroredStrategy::with_config(
+        &["/cpu:0", "/cpu:1"],
+        MirroredConfig {
+            caller_runs_replica_0: false,
+            ..MirroredConfig::default()
+        },
+    )
+    .unwrap();
+    // A GPU replica's thread owns the GPU's context, so it never moves to the caller.
+    for strategy in [own_thread, super::gpu_and_cpu()] {
+        let runs = replica_threads(&strategy);
+        for threads in &runs {
+            assert!(threads.iter().all(|t| *t != caller), "{threads:?}");
+            assert_eq!(threads, &runs[0], "persistent threads");
+        }
+    }
+}
+
+#[test]
+fn a_step_on_the_calling_thread_cannot_start_another_run_and_the_caller_can_run_again() {
+    for n in [1, 2] {
+        let strategy = cpus(n);
+        let err = strategy
+            .run(
+                |ctx, ()| {
+                    if ctx.replica_id() == 0 {
+                        strategy.run(|_, ()| Ok(()), &())?;
+                    }
+                    Ok(())
+                },
+                &(),
+            )
+            .unwrap_err();
+        match err {
+            StrategyError::Runtime(m) => assert!(m.contains("inside a replica's step"), "{m}"),
+            other => panic!("expected Runtime, got {other:?}"),
+        }
+        // The calling thread is a caller again once the step is over.
+        let ids: Leaf<usize> = strategy.run(|ctx, ()| Ok(ctx.replica_id()), &()).unwrap();
+        assert_eq!(ids.local_results().len(), n);
+    }
+}
+
+#[test]
+fn a_panic_of_replica_0_on_the_calling_thread_is_an_error_and_the_caller_can_run_again() {
+    for n in [1, 2] {
+        let strategy = cpus(n);
+        let err = strategy
+            .run(
+                |ctx, ()| -> Result<(), StrategyError> {
+                    if ctx.replica_id() == 0 {
+                        panic!("replica 0 breaks");
+                    }
+                    Ok(())
+                },
+                &(),
+            )
+            .unwrap_err();
+        match err {
+            StrategyError::ReplicaPanicked { replica, message } => {
+                assert_eq!(replica, 0);
+                assert!(message.contains("replica 0 breaks"), "{message}");
+            }
+            other => panic!("expected ReplicaPanicked, got {other:?}"),
+        }
+        let ids: Leaf<usize> = strategy.run(|ctx, ()| Ok(ctx.replica_id()), &()).unwrap();
+        assert_eq!(ids.local_results().len(), n);
     }
 }
