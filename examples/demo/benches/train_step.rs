@@ -83,8 +83,7 @@ const BIG: MlpCase = MlpCase {
 };
 
 /// Where the `peers` figures come from, carried in every line that has them.
-const PEERS_SOURCE: &str = "issue 16: measured by its author on this kind of 2-core machine \
-                            (TensorFlow 2.21 MirroredStrategy, JAX 0.10), not by this run";
+const PEERS_SOURCE: &str = "issue 16: its author on this kind of 2-core machine, not this run";
 
 /// The replica counts compared, in the order each repetition runs them.
 const REPLICAS: [usize; 2] = [1, 2];
