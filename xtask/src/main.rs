@@ -51,6 +51,9 @@ commands:
                               lib folder; `test` runs it
   bench [SUITE...]            run benchmark suites: device-spec, collectives, input, strategy,
                               tpu (one JSON line per case), or every bench when none is named;
+                              strategy also runs the demo's training loop on 1 and 2 replicas
+                              and issue 16's MLP configurations on both strategies (the tpu ones
+                              with the PJRT CPU plugin, fetched first as fetch-pjrt does);
                               multi-worker (feature mpi) runs MultiWorkerMirroredStrategy under
                               mpirun as 2 and 4 workers (×1 replica) and 2 workers × 2
   demo [DEMO-ARGS...]         train an MLP on wine-quality data data-parallel (release build);
@@ -146,14 +149,21 @@ fn ci(rest: &[String]) -> Result<()> {
 }
 
 /// Benchmark suites: the name `cargo xtask bench` takes, the package, and its bench target that
-/// prints one JSON line per case (`None`: the package's criterion benches).
+/// prints one JSON line per case (`None`: the package's criterion benches). A suite of several
+/// rows runs each in order.
 const SUITES: &[(&str, &str, Option<&str>)] = &[
     ("device-spec", "distribute-device-spec", None),
     ("collectives", "distribute-collectives", Some("collectives")),
     ("input", "distribute-input", Some("input")),
     ("strategy", "distribute-mirrored", Some("strategy")),
+    // The demo's own training loop, and issue 16's MLP configurations on both strategies.
+    ("strategy", "distribute-demo", Some("train_step")),
     ("tpu", "distribute-tpu", Some("tpu")),
 ];
+
+/// The suite whose `tpu` cases want the PJRT CPU plugin, fetched first unless `PJRT_PLUGIN`
+/// names one.
+const SUITE_WITH_TPU_CASES: &str = "strategy";
 
 /// The suite that runs worker processes under `mpirun` rather than a cargo bench target.
 const MULTI_WORKER_SUITE: &str = "multi-worker";
@@ -168,24 +178,44 @@ fn bench(suites: &[String]) -> Result<()> {
             mpi::bench_multi_worker()?;
             continue;
         }
-        let Some((name, package, target)) = SUITES.iter().find(|(name, ..)| name == suite) else {
-            let known: Vec<&str> = SUITES
+        let targets: Vec<_> = SUITES.iter().filter(|(name, ..)| name == suite).collect();
+        if targets.is_empty() {
+            let mut known: Vec<&str> = SUITES
                 .iter()
                 .map(|(name, ..)| *name)
                 .chain([MULTI_WORKER_SUITE])
                 .collect();
+            known.dedup();
             bail!(
                 "unknown benchmark suite '{suite}'; known: {}",
                 known.join(", ")
             );
-        };
-        let mut args = vec!["bench", "--package", package];
-        if let Some(target) = target {
-            args.extend(["--bench", target]);
         }
-        cargo(&format!("benchmarks '{name}'"), &args)?;
+        if suite == SUITE_WITH_TPU_CASES {
+            fetch_pjrt_for_bench();
+        }
+        for (name, package, target) in targets {
+            let mut args = vec!["bench", "--package", package];
+            if let Some(target) = target {
+                args.extend(["--bench", target]);
+            }
+            cargo(&format!("benchmarks '{name}'"), &args)?;
+        }
     }
     Ok(())
+}
+
+/// Installs the pinned PJRT CPU plugin unless `PJRT_PLUGIN` names a plugin. A failed install
+/// (no network, no pip) only warns: the bench then prints a `skipped` line for its `tpu` cases.
+fn fetch_pjrt_for_bench() {
+    if std::env::var_os("PJRT_PLUGIN").is_some_and(|path| !path.is_empty()) {
+        return;
+    }
+    if let Err(err) = pjrt::fetch(&workspace_root(), &[]) {
+        eprintln!(
+            "xtask: warning: could not install the PJRT CPU plugin ({err:#}); the tpu cases will be skipped"
+        );
+    }
 }
 
 /// Runs the training demo (the `demo` binary of `examples/demo`) in release, with `args`; with
@@ -257,6 +287,7 @@ mod tests {
             err.contains("unknown benchmark suite 'nonsense'") && err.contains("collectives"),
             "{err}"
         );
+        assert_eq!(err.matches("strategy").count(), 1, "{err}");
     }
 
     #[test]

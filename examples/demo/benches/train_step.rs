@@ -1,0 +1,357 @@
+//! `cargo xtask bench strategy` (beside `distribute-mirrored`'s step-overhead bench): the demo's
+//! own training loop, as a user runs it, one JSON line per case. Every run is a call of the demo
+//! library's [`mirrored::train`] or [`tpu::train_tpu`], the functions `cargo xtask demo` calls:
+//! a fresh strategy, the wine data's global batches from `distribute_dataset` (prefetched per
+//! replica on the input pipeline's background thread), mirrored variables, one fused gradient
+//! `all_reduce` and one `merge_call` momentum update a step, validation every 50 steps and the
+//! progress bar updated every 20 steps. The bar is indicatif's on stderr: it draws when stderr is
+//! a terminal and is hidden (updated, not drawn) when it is not, as in the demo; indicatif starts
+//! no redraw thread for it (no steady tick).
+//!
+//! - `train_step`: the demo's default configuration (`cargo xtask demo --replicas 1|2`: hidden
+//!   32, global batch 128, 2000 steps), 7 runs of 1 and 2 replicas alternating. `median_s` is
+//!   the median over runs of the time per step as the demo counts it (waiting for the input plus
+//!   `strategy.run`; validation excluded), `speedup_vs_1` the ratio of steps/s against the
+//!   1-replica median of the same invocation, and `split` the demo's own time split (mean per
+//!   step) of the median run.
+//! - `mlp`: the peer-comparison configurations of issue 16, both strategies, 1 and 2 replicas
+//!   alternating, median steps/s: small (hidden 32, global batch 128; the mirrored figures are
+//!   the `train_step` runs) and big (hidden 256, global batch 1024). `peers` carries the figures
+//!   the issue's author measured on the same kind of 2-core machine with TensorFlow 2.21
+//!   MirroredStrategy and JAX 0.10 (`pmap` with flattened gradients; `jit` on one device): they
+//!   are references, not measured by this run. The `tpu` cases need a PJRT CPU plugin
+//!   (`PJRT_PLUGIN`, else the pinned one of `cargo xtask fetch-pjrt`, which `cargo xtask bench
+//!   strategy` runs first); without one each prints a `skipped` line saying why.
+//!
+//! Every run is checked: the replicas' copies of the weights must agree within
+//! [`TOLERANCE`] and the losses must be finite. Without `--bench` (as `cargo test --all-targets`
+//! runs it) a short smoke run also checks that the loss goes down, that 2 replicas train the
+//! weights of 1, and (with a plugin) that `TpuStrategy` trains those of `MirroredStrategy`.
+
+use anyhow::{Result, ensure};
+use distribute::pjrt::Plugin;
+use distribute_demo::data::{WineData, load_wine};
+use distribute_demo::model::max_weight_difference;
+use distribute_demo::{Config, TOLERANCE, TPU_MIRRORED_TOLERANCE, mirrored, tpu};
+use serde_json::{Value, json};
+
+/// The strategies the `mlp` cases compare.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Mirrored,
+    Tpu,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Mirrored => "mirrored",
+            Kind::Tpu => "tpu",
+        }
+    }
+}
+
+/// One of the issue's peer-comparison configurations, with the peers' steps/s on 1 and 2
+/// replicas (devices) as the issue reports them; `jax_jit` is one device in both.
+struct MlpCase {
+    hidden: usize,
+    global_batch: usize,
+    /// Steps of one timed run, a few hundred milliseconds at today's speeds (`None`: the demo's
+    /// default).
+    steps: Option<usize>,
+    tf: [f64; 2],
+    jax_pmap: [f64; 2],
+    jax_jit: f64,
+}
+
+const SMALL: MlpCase = MlpCase {
+    hidden: 32,
+    global_batch: 128,
+    steps: None,
+    tf: [980.0, 580.0],
+    jax_pmap: [8300.0, 4400.0],
+    jax_jit: 10100.0,
+};
+
+const BIG: MlpCase = MlpCase {
+    hidden: 256,
+    global_batch: 1024,
+    steps: Some(300),
+    tf: [440.0, 320.0],
+    jax_pmap: [1800.0, 1500.0],
+    jax_jit: 1800.0,
+};
+
+/// Where the `peers` figures come from, carried in every line that has them.
+const PEERS_SOURCE: &str = "issue 16: its author on this kind of 2-core machine, not this run";
+
+/// The replica counts compared, in the order each repetition runs them.
+const REPLICAS: [usize; 2] = [1, 2];
+
+/// One training run's result that the bench reports.
+#[derive(Clone, Debug)]
+struct Run {
+    /// Steps trained.
+    steps: usize,
+    /// Time per step as the demo counts it.
+    per_step: f64,
+    /// The mirrored run's split (`None` for TpuStrategy, whose step is one program).
+    split: Option<mirrored::StepTimes>,
+}
+
+fn main() -> Result<()> {
+    let full = std::env::args().any(|a| a == "--bench");
+    let data = load_wine(Config::DEFAULT.seed)?;
+    if full { bench(&data) } else { smoke(&data) }
+}
+
+/// The full bench: `train_step`, then the `mlp` cases.
+fn bench(data: &WineData) -> Result<()> {
+    let plugin = tpu_plugin();
+    let train_step = repeated(7, |replicas| mirrored_run(&default_config(replicas), data))?;
+    print_train_step(&train_step);
+    print_mlp(Kind::Mirrored, &SMALL, &train_step);
+    let big_mirrored = repeated(5, |replicas| {
+        mirrored_run(&mlp_config(&BIG, replicas), data)
+    })?;
+    match &plugin {
+        Ok(()) => {
+            let small_tpu = repeated(5, |replicas| tpu_run(&mlp_config(&SMALL, replicas), data))?;
+            print_mlp(Kind::Tpu, &SMALL, &small_tpu);
+        }
+        Err(reason) => print_skipped(&SMALL, reason),
+    }
+    print_mlp(Kind::Mirrored, &BIG, &big_mirrored);
+    match &plugin {
+        Ok(()) => {
+            let big_tpu = repeated(5, |replicas| tpu_run(&mlp_config(&BIG, replicas), data))?;
+            print_mlp(Kind::Tpu, &BIG, &big_tpu);
+        }
+        Err(reason) => print_skipped(&BIG, reason),
+    }
+    Ok(())
+}
+
+/// The smoke run: short trainings that check what the bench's runs rely on, and the lines
+/// printed from them.
+fn smoke(data: &WineData) -> Result<()> {
+    let short = |replicas| Config {
+        steps: 150,
+        ..default_config(replicas)
+    };
+    let one = mirrored::train(&short(1), data)?;
+    let two = mirrored::train(&short(2), data)?;
+    for trained in [&one, &two] {
+        let first = trained.losses[0];
+        let last = mean(&trained.losses[trained.losses.len() - 20..]);
+        ensure!(
+            last < 0.8 * first,
+            "the training loss did not go down: {first} at the first step, {last} over the last 20"
+        );
+    }
+    ensure!(
+        two.copy_difference == 0.0,
+        "the 2 replicas' copies of the weights differ by {}",
+        two.copy_difference
+    );
+    let difference = max_weight_difference(&one.params, &two.params);
+    ensure!(
+        difference <= TOLERANCE,
+        "2 replicas trained other weights than 1: they differ by {difference}"
+    );
+    let runs = [&one, &two].map(|trained| {
+        vec![Run {
+            steps: trained.losses.len(),
+            per_step: trained.times.total().as_secs_f64(),
+            split: Some(trained.times),
+        }]
+    });
+    print_train_step(&runs);
+
+    match tpu_plugin() {
+        Ok(()) => {
+            let on_tpu = REPLICAS.map(|replicas| tpu::train_tpu(&short(replicas), data));
+            let [tpu_one, tpu_two] = on_tpu;
+            let (tpu_one, tpu_two) = (tpu_one?, tpu_two?);
+            ensure!(
+                tpu_two.copy_difference == 0.0,
+                "the 2 TPU replicas' copies of the weights differ by {}",
+                tpu_two.copy_difference
+            );
+            for (replicas, on_tpu, on_mirrored) in [(1, &tpu_one, &one), (2, &tpu_two, &two)] {
+                let difference = max_weight_difference(&on_tpu.params, &on_mirrored.params);
+                ensure!(
+                    difference <= TPU_MIRRORED_TOLERANCE,
+                    "on {replicas} replicas TpuStrategy trained other weights than \
+                     MirroredStrategy: they differ by {difference}"
+                );
+            }
+            let runs = [&tpu_one, &tpu_two].map(|trained| {
+                vec![Run {
+                    steps: trained.losses.len(),
+                    per_step: trained.times.total().as_secs_f64(),
+                    split: None,
+                }]
+            });
+            print_mlp(Kind::Tpu, &SMALL, &runs);
+        }
+        Err(reason) => print_skipped(&SMALL, &reason),
+    }
+    Ok(())
+}
+
+/// The demo's default configuration on `replicas` CPU replicas: `cargo xtask demo --replicas N`.
+fn default_config(replicas: usize) -> Config {
+    Config::new((0..replicas).map(|r| format!("/cpu:{r}")).collect())
+}
+
+/// `case`'s model and batch, otherwise the demo's defaults, on `replicas` replicas.
+fn mlp_config(case: &MlpCase, replicas: usize) -> Config {
+    Config {
+        hidden: case.hidden,
+        global_batch: case.global_batch,
+        steps: case.steps.unwrap_or(Config::DEFAULT.steps),
+        ..default_config(replicas)
+    }
+}
+
+/// One `MirroredStrategy` training run, checked.
+fn mirrored_run(config: &Config, data: &WineData) -> Result<Run> {
+    let trained = mirrored::train(config, data)?;
+    check(config, trained.copy_difference, &trained.losses)?;
+    Ok(Run {
+        steps: config.steps,
+        per_step: trained.times.total().as_secs_f64(),
+        split: Some(trained.times),
+    })
+}
+
+/// One `TpuStrategy` training run (compilation excluded, as the demo counts), checked.
+fn tpu_run(config: &Config, data: &WineData) -> Result<Run> {
+    let trained = tpu::train_tpu(config, data)?;
+    check(config, trained.copy_difference, &trained.losses)?;
+    Ok(Run {
+        steps: config.steps,
+        per_step: trained.times.total().as_secs_f64(),
+        split: None,
+    })
+}
+
+/// What every timed run must show: copies in sync, a loss for every step, all finite.
+fn check(config: &Config, copy_difference: f32, losses: &[f32]) -> Result<()> {
+    ensure!(
+        copy_difference <= TOLERANCE,
+        "{} replicas' copies of the weights differ by {copy_difference}",
+        config.devices.len()
+    );
+    ensure!(
+        losses.len() == config.steps && losses.iter().all(|l| l.is_finite()),
+        "a run of {} steps ended with {} losses, or a loss that is not finite",
+        config.steps,
+        losses.len()
+    );
+    Ok(())
+}
+
+/// `repetitions` runs of each replica count of [`REPLICAS`], alternating so that the machine's
+/// drift falls on both alike; the runs of each count in order.
+fn repeated(
+    repetitions: usize,
+    mut run: impl FnMut(usize) -> Result<Run>,
+) -> Result<[Vec<Run>; 2]> {
+    let mut runs: [Vec<Run>; 2] = Default::default();
+    for _ in 0..repetitions {
+        for (i, &replicas) in REPLICAS.iter().enumerate() {
+            runs[i].push(run(replicas)?);
+        }
+    }
+    Ok(runs)
+}
+
+/// The run whose time per step is the median (the upper one of an even count).
+fn median_run(runs: &[Run]) -> &Run {
+    let mut sorted: Vec<&Run> = runs.iter().collect();
+    sorted.sort_by(|a, b| a.per_step.total_cmp(&b.per_step));
+    sorted[sorted.len() / 2]
+}
+
+fn print_train_step(runs: &[Vec<Run>; 2]) {
+    let one = median_run(&runs[0]).per_step;
+    for (&replicas, runs) in REPLICAS.iter().zip(runs) {
+        let median = median_run(runs);
+        let split = median.split.unwrap_or_default();
+        println!(
+            "{}",
+            json!({
+                "bench": "train_step",
+                "replicas": replicas,
+                "runs": runs.len(),
+                "steps": median.steps,
+                "median_s": median.per_step,
+                "steps_per_s": 1.0 / median.per_step,
+                "speedup_vs_1": one / median.per_step,
+                "split": {
+                    "compute_s": split.compute.as_secs_f64(),
+                    "all_reduce_s": split.all_reduce.as_secs_f64(),
+                    "merge_call_s": split.merge_call.as_secs_f64(),
+                    "input_s": split.input.as_secs_f64(),
+                    "dispatch_s": split.dispatch.as_secs_f64(),
+                },
+            })
+        );
+    }
+}
+
+fn print_mlp(kind: Kind, case: &MlpCase, runs: &[Vec<Run>; 2]) {
+    let one = median_run(&runs[0]).per_step;
+    for (i, (&replicas, runs)) in REPLICAS.iter().zip(runs).enumerate() {
+        let median = median_run(runs);
+        println!(
+            "{}",
+            json!({
+                "bench": "mlp",
+                "strategy": kind.name(),
+                "hidden": case.hidden,
+                "global_batch": case.global_batch,
+                "replicas": replicas,
+                "runs": runs.len(),
+                "steps": median.steps,
+                "steps_per_s": 1.0 / median.per_step,
+                "speedup_vs_1": one / median.per_step,
+                "peers": peers(case, i),
+            })
+        );
+    }
+}
+
+/// The issue's peer figures for `case` on `REPLICAS[i]` replicas.
+fn peers(case: &MlpCase, i: usize) -> Value {
+    json!({
+        "tf": case.tf[i],
+        "jax_pmap": case.jax_pmap[i],
+        "jax_jit": case.jax_jit,
+        "source": PEERS_SOURCE,
+    })
+}
+
+fn print_skipped(case: &MlpCase, reason: &str) {
+    println!(
+        "{}",
+        json!({
+            "bench": "mlp",
+            "strategy": Kind::Tpu.name(),
+            "hidden": case.hidden,
+            "global_batch": case.global_batch,
+            "skipped": reason,
+        })
+    );
+}
+
+/// Whether a PJRT plugin can be loaded for the `tpu` cases, and if not, why.
+fn tpu_plugin() -> Result<(), String> {
+    Plugin::discover().map(drop).map_err(|err| err.to_string())
+}
+
+fn mean(values: &[f32]) -> f32 {
+    values.iter().sum::<f32>() / values.len() as f32
+}
