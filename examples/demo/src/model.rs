@@ -251,3 +251,145 @@ pub fn max_weight_difference(a: &Params, b: &Params) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, |max, d| if d > max || d.is_nan() { d } else { max })
 }
+
+#[cfg(test)]
+mod tests {
+    use ndarray::{Array, s};
+
+    use super::*;
+
+    /// A batch of `rows` rows of features in [−2, 2) and scores near 5.5.
+    fn batch(rows: usize, seed: u64) -> (Array2<f32>, Array1<f32>) {
+        let mut rng = SplitMix(seed);
+        let x = Array::from_shape_simple_fn((rows, FEATURES), || 2.0 * rng.symmetric());
+        let y = Array::from_shape_simple_fn(rows, || 5.5 + rng.symmetric());
+        (x, y)
+    }
+
+    /// The gradient sums computed the plain way: every value in f64, libm's tanh.
+    fn reference_sums(params: &Params, x: &Array2<f32>, y: &Array1<f32>) -> (Vec<f64>, f64) {
+        let hidden = params.b1.len();
+        let mut grads = vec![0.0f64; (FEATURES + 2) * hidden + 1];
+        let mut squared_error = 0.0;
+        for (row, &score) in x.rows().into_iter().zip(y) {
+            let h: Vec<f64> = (0..hidden)
+                .map(|j| {
+                    let z = (0..FEATURES).fold(f64::from(params.b1[j]), |z, f| {
+                        z + f64::from(row[f]) * f64::from(params.w1[(f, j)])
+                    });
+                    z.tanh()
+                })
+                .collect();
+            let predicted = (0..hidden).fold(f64::from(params.b2), |p, j| {
+                p + h[j] * f64::from(params.w2[j])
+            });
+            let error = predicted - f64::from(score);
+            squared_error += error * error;
+            let d = 2.0 * error;
+            for j in 0..hidden {
+                let dh = d * f64::from(params.w2[j]) * (1.0 - h[j] * h[j]);
+                for f in 0..FEATURES {
+                    grads[f * hidden + j] += f64::from(row[f]) * dh;
+                }
+                grads[FEATURES * hidden + j] += dh;
+                grads[(FEATURES + 1) * hidden + j] += h[j] * d;
+            }
+            grads[(FEATURES + 2) * hidden] += d;
+        }
+        (grads, squared_error)
+    }
+
+    fn flat(grads: &Gradients) -> Vec<f64> {
+        let mut all = grads.w1.clone();
+        all.extend(&grads.b1);
+        all.extend(&grads.w2);
+        all.push(grads.b2);
+        all
+    }
+
+    #[test]
+    fn gradient_sums_are_the_f64_reference_to_f32_precision() {
+        for (hidden, rows) in [(1, 3), (8, 30), (37, 45), (256, 19)] {
+            let params = Params::init(hidden, 5.5, 3);
+            let (x, y) = batch(rows, 11);
+            let (grads, squared_error) = params
+                .slices()
+                .unwrap()
+                .gradient_sums(x.view(), y.view())
+                .unwrap();
+            let (want, want_squared_error) = reference_sums(&params, &x, &y);
+            let got = flat(&grads);
+            let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-5 * scale,
+                    "hidden {hidden}: gradient {i} is {g}, the reference {w}"
+                );
+            }
+            assert!((squared_error - want_squared_error).abs() <= 1e-5 * want_squared_error);
+        }
+    }
+
+    /// The promise behind the 1-replica vs N-replica check: the gradient of a batch cut in two
+    /// and summed is the whole batch's, to f64 rounding, and the same f32 mean.
+    #[test]
+    fn a_batch_cut_in_two_sums_to_the_whole_batch() {
+        let params = Params::init(32, 5.5, 5);
+        let (x, y) = batch(128, 13);
+        let slices = params.slices().unwrap();
+        let (whole, whole_squared_error) = slices.gradient_sums(x.view(), y.view()).unwrap();
+        let (a, a_squared_error) = slices
+            .gradient_sums(x.slice(s![..50, ..]), y.slice(s![..50]))
+            .unwrap();
+        let (b, b_squared_error) = slices
+            .gradient_sums(x.slice(s![50.., ..]), y.slice(s![50..]))
+            .unwrap();
+        let whole = flat(&whole);
+        let scale = whole.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        for ((w, a), b) in whole.iter().zip(flat(&a)).zip(flat(&b)) {
+            let cut = a + b;
+            assert!((w - cut).abs() <= 1e-13 * scale, "{w} vs {cut}");
+            assert_eq!((w / 128.0) as f32, (cut / 128.0) as f32);
+        }
+        let cut = a_squared_error + b_squared_error;
+        assert!((whole_squared_error - cut).abs() <= 1e-13 * cut);
+    }
+
+    #[test]
+    fn a_row_major_copy_of_a_transposed_layout_gives_the_same_bits() {
+        let params = Params::init(8, 5.5, 5);
+        let (x, y) = batch(20, 17);
+        let fortran_x = x.t().as_standard_layout().t().to_owned();
+        assert!(fortran_x.as_slice().is_none());
+        let slices = params.slices().unwrap();
+        let (a, _) = slices.gradient_sums(x.view(), y.view()).unwrap();
+        let (b, _) = slices.gradient_sums(fortran_x.view(), y.view()).unwrap();
+        let bits = |g: &Gradients| flat(g).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a), bits(&b));
+    }
+
+    #[test]
+    fn mismatched_shapes_are_errors_not_panics() {
+        let params = Params::init(8, 5.5, 5);
+        let slices = params.slices().unwrap();
+        let (x, y) = batch(10, 1);
+        let short_y = y.slice(s![..9]);
+        assert!(slices.gradient_sums(x.view(), short_y).is_err());
+        let narrow_x = x.slice(s![.., ..10]);
+        assert!(slices.gradient_sums(narrow_x, y.view()).is_err());
+        assert!(slices.predict(narrow_x).is_err());
+        let no_units = Params::init(0, 5.5, 5);
+        assert!(no_units.slices().is_err());
+        let bad = Params {
+            w2: Array1::zeros(7),
+            ..params.clone()
+        };
+        assert!(bad.slices().is_err());
+        let tensors = params.to_tensors("/cpu:0");
+        assert!(ParamSlices::from_tensors(&tensors[..3]).is_err());
+        let mut two_biases = tensors.clone();
+        two_biases[3] = Tensor::from_array("/cpu:0", Array1::from_elem(2, 1.0f32));
+        assert!(ParamSlices::from_tensors(&two_biases).is_err());
+        assert!(ParamSlices::from_tensors(&tensors).is_ok());
+    }
+}

@@ -1,4 +1,4 @@
-//! tanh in f32 without libm: branch-free arithmetic that compilers vectorise, within 1.5 ulp of
+//! tanh in f32 without libm: branch-free arithmetic that compilers vectorise, within 1.34 ulp of
 //! the exact value, as XLA and Eigen evaluate f32 tanh. glibc's `tanhf` is a scalar call per
 //! element (a third of the demo's training time went into it); this one runs 8 or 16 lanes at a
 //! time inside the model's loops.
@@ -19,8 +19,9 @@
 //!   there so that e^{2x} stays finite.
 //!
 //! The coefficients were computed for this module (iteratively reweighted least-squares fits
-//! of the relative error, Lawson's method), then the whole function was checked in f32 against
-//! the exact tanh on every f32 in [1e-30, 20]: at most 1.4 ulp, 99.99 % within 1 ulp.
+//! of the relative error, Lawson's method), then the whole function was checked against f64
+//! `tanh` on every one of the 1.1e9 f32 values in [0, 20): at most 1.34 ulp (at 0.958), all but
+//! 4,876 within 1 ulp; beyond 20 it is exactly ±1, and it is odd bit for bit.
 
 /// N(s) = N0 + N1·s; N0 is −1/3, tanh's own cubic coefficient.
 const N0: f32 = -0.333_333_34;
@@ -37,7 +38,7 @@ const SATURATION: f32 = 9.1;
 /// 1/ln 2, and ln 2 in two parts: `LN2_HI` has 9 significant bits, so `k·LN2_HI` is exact for
 /// the |k| ≤ 27 met here.
 const LOG2_E: f32 = std::f32::consts::LOG2_E;
-const LN2_HI: f32 = 0.693_359_375;
+const LN2_HI: f32 = f32::from_bits(0x3F31_8000); // 0.693359375 exactly
 const LN2_LO: f32 = -2.121_944_4e-4;
 /// 1.5·2^23: adding it rounds an f32 of magnitude below 2^22 to an integer (to nearest, ties to
 /// even) without a rounding instruction, which SSE2 lacks, and leaves that integer in the low
