@@ -2,16 +2,18 @@
 //! per-replica chunks, the mirrored variables, the replica step (gradient sums, one fused
 //! `all_reduce`, SGD with momentum in a `merge_call`), and where each step's time goes.
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, ensure};
+use distribute::collectives::Element;
 use distribute::input::InputWorkers;
 use distribute::prelude::*;
 use ndarray::{Ix1, Ix2};
 
 use crate::Config;
 use crate::data::{FEATURES, Split, WineData};
-use crate::model::{Params, evaluate, max_weight_difference};
+use crate::model::{ParamSlices, Params, evaluate, max_weight_difference};
 use crate::report::progress_bar;
 
 /// Mean time per step spent in each phase, over all steps.
@@ -168,14 +170,15 @@ pub fn train_on<S: Strategy>(
             .iter()
             .map(|w| ctx.read_variable(w))
             .collect::<Result<Vec<Tensor>, _>>()?;
-        let params = Params::from_tensors(&current)?;
+        let params = ParamSlices::from_tensors(&current)?;
         let (grads, squared_error) =
-            params.gradient_sums(x.view::<f32, Ix2>()?, y.view::<f32, Ix1>()?);
+            params.gradient_sums(x.view::<f32, Ix2>()?, y.view::<f32, Ix1>()?)?;
+        let hidden = grads.b1.len();
         let sums = (
             vec![
-                Tensor::from_array(&device, grads.w1),
-                Tensor::from_array(&device, grads.b1),
-                Tensor::from_array(&device, grads.w2),
+                Tensor::from_vec(&device, &[FEATURES, hidden], grads.w1)?,
+                Tensor::from_vec(&device, &[hidden], grads.b1)?,
+                Tensor::from_vec(&device, &[hidden], grads.w2)?,
                 Tensor::from_vec(&device, &[1], vec![grads.b2])?,
             ],
             Tensor::from_vec(&device, &[2], vec![squared_error, y.shape()[0] as f64])?,
@@ -193,30 +196,29 @@ pub fn train_on<S: Strategy>(
                  {global_batch}"
             )));
         }
-        // The gradient of the global batch's mean squared error (TF's
-        // `compute_average_loss(..., global_batch_size)`).
-        let grads = grad_sums
-            .iter()
-            .map(|g| {
-                let mean = g.array::<f64>()?.mapv(|v| (v / rows) as f32);
-                Ok(Tensor::from_shared(&device, mean.into_shared()))
-            })
-            .collect::<Result<Vec<Tensor>, StrategyError>>()?;
-        ctx.merge_call::<Vec<Tensor>, (), _>(grads, |cross, grads: Vec<Leaf<Tensor>>| {
+        ctx.merge_call::<Vec<Tensor>, (), _>(grad_sums, |cross, grad_sums: Vec<Leaf<Tensor>>| {
             // SGD with momentum on every copy: v ← μ·v + g, then w ← w − lr·v, each device's
-            // copy with that device's all-reduced gradient.
-            for ((weight, velocity), grad) in weights.iter().zip(&velocities).zip(&grads) {
+            // copy with that device's all-reduced gradient sums. g is the gradient of the global
+            // batch's mean squared error (TF's `compute_average_loss(..., global_batch_size)`),
+            // rounded to f32 from the f64 sum. One pass and one new buffer per copy.
+            for ((weight, velocity), sum) in weights.iter().zip(&velocities).zip(&grad_sums) {
                 cross.update_with(velocity, |at, v| {
-                    let v_device = v.device();
-                    let g = replica_value(grad, at.replica())?.array::<f32>()?;
-                    let v = v.array::<f32>()?.mapv(|v| v * momentum) + g;
-                    Ok(Tensor::from_shared(v_device, v.into_shared()))
+                    let sum = elements::<f64>(replica_value(sum, at.replica())?)?;
+                    let new = elements::<f32>(v)?
+                        .iter()
+                        .zip(sum.iter())
+                        .map(|(&v, &sum)| v * momentum + (sum / rows) as f32)
+                        .collect();
+                    Ok(Tensor::from_vec(v.device(), v.shape(), new)?)
                 })?;
                 cross.update_with(weight, |at, w| {
                     let v = velocity.component(at.replica())?.read();
-                    let step = v.array::<f32>()?.mapv(|v| v * learning_rate);
-                    let new = w.array::<f32>()? - &step;
-                    Ok(Tensor::from_shared(w.device(), new.into_shared()))
+                    let new = elements::<f32>(w)?
+                        .iter()
+                        .zip(elements::<f32>(&v)?.iter())
+                        .map(|(&w, &v)| w - v * learning_rate)
+                        .collect();
+                    Ok(Tensor::from_vec(w.device(), w.shape(), new)?)
                 })?;
             }
             Ok(())
@@ -303,6 +305,15 @@ pub fn train_on<S: Strategy>(
             .cross_device_ops()
             .name()
             .to_owned(),
+    })
+}
+
+/// The elements of a host tensor in row-major order, borrowed when it is laid out so.
+fn elements<T: Element>(tensor: &Tensor) -> Result<Cow<'_, [T]>, StrategyError> {
+    let array = tensor.array::<T>()?;
+    Ok(match array.as_slice() {
+        Some(elements) => Cow::Borrowed(elements),
+        None => Cow::Owned(array.iter().copied().collect()),
     })
 }
 

@@ -326,7 +326,7 @@ fn run_tpu(args: &Args, data: &WineData) -> Result<()> {
         "MirroredStrategy, {replicas} CPU replicas, same data and hyperparameters: {:.0} \
          steps/s; max |weight difference| = {difference:.1e} (limit \
          {TPU_MIRRORED_TOLERANCE:.0e}: the step's dot products and tanh round from f64, \
-         ndarray's and libm's from f32)",
+         the mirrored replicas' from f32)",
         mirrored.steps_per_s
     );
     ensure!(
