@@ -4,7 +4,10 @@
 //!
 //! The structure walk is the values crate's; this file only says what happens to each tensor.
 //! The row operations are built on `Tensor`'s public API; strided rows share the buffer, so a
-//! sharded in-memory dataset copies nothing until batches are joined or padded.
+//! sharded in-memory dataset copies nothing until batches are joined or padded. Selecting,
+//! joining and padding copy whole rows with `memcpy` (`rows.rs`) where the tensors are in
+//! standard layout, and fall back to ndarray's general operations otherwise; a slice that stays
+//! on its tensor's device keeps the tensor's shared device name instead of allocating one.
 
 use std::ops::Range;
 
