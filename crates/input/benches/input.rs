@@ -5,9 +5,10 @@
 //! `{"bench": "input", "source": …, "replicas": N, "samples_per_s": …, "raw_samples_per_s": …,
 //! "ratio": …}`. Both loops consume every value (a checksum), so the ratio measures what the
 //! split and the hand-over between threads cost a consumer; the checksums must agree. Rates are
-//! medians of alternating repetitions, and the ratio is the median of each back-to-back pair's
-//! ratio (the machine is shared and noisy). Prefetch depth is `InputOptions`' default unless
-//! `INPUT_BENCH_PREFETCH` sets it. Without `--bench` in the arguments (as under
+//! medians of 31 repetitions, and the ratio is the median of each back-to-back pair's ratio,
+//! the pair's order alternating (the machine is shared and noisy). Prefetch depth is `InputOptions`' default unless
+//! `INPUT_BENCH_PREFETCH` sets it; `INPUT_BENCH_ONLY` (e.g. `memory:8,csv`) runs only the
+//! cases it names. Without `--bench` in the arguments (as under
 //! `cargo test --all-targets`) it runs tiny sizes once, checking results only.
 
 use std::path::PathBuf;
@@ -34,7 +35,7 @@ fn main() {
         Sizes {
             rows: 1 << 18,
             csv_rows: 1 << 15,
-            repetitions: 7,
+            repetitions: 31,
         }
     } else {
         Sizes {
@@ -142,12 +143,26 @@ fn distributed_pass(dist: &DistributedDataset<Tensor>) -> (usize, f64) {
     (samples, sum)
 }
 
+/// Whether `INPUT_BENCH_ONLY` (a comma-separated list of `source` or `source:replicas`, e.g.
+/// `memory:8,csv`) selects this case; every case runs when it is unset.
+fn selected(source: &str, replicas: usize) -> bool {
+    std::env::var("INPUT_BENCH_ONLY").map_or(true, |only| {
+        only.split(',').any(|case| {
+            let case = case.trim();
+            case == source || case == format!("{source}:{replicas}")
+        })
+    })
+}
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
 }
 
 fn run_case(source: &str, ds: &Dataset<Tensor>, replicas: usize, sizes: &Sizes) {
+    if !selected(source, replicas) {
+        return;
+    }
     let workers = InputWorkers::local((0..replicas).map(|i| format!("/cpu:{i}"))).unwrap();
     let prefetch: usize =
         std::env::var("INPUT_BENCH_PREFETCH").map_or(InputOptions::default().prefetch, |v| {
@@ -171,13 +186,20 @@ fn run_case(source: &str, ds: &Dataset<Tensor>, replicas: usize, sizes: &Sizes) 
         "{source}: distributed data differs from the source"
     );
     let (mut raw_rates, mut rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..sizes.repetitions {
-        let start = Instant::now();
-        let raw = raw_pass(ds);
-        let raw_rate = raw.0 as f64 / start.elapsed().as_secs_f64();
-        let start = Instant::now();
-        let got = distributed_pass(&dist);
-        let rate = got.0 as f64 / start.elapsed().as_secs_f64();
+    for repetition in 0..sizes.repetitions {
+        let timed = |pass: &dyn Fn() -> (usize, f64)| {
+            let start = Instant::now();
+            let got = pass();
+            (got, got.0 as f64 / start.elapsed().as_secs_f64())
+        };
+        // Alternating which loop goes first cancels a drift in the machine's load.
+        let ((raw, raw_rate), (got, rate)) = if repetition % 2 == 0 {
+            let raw = timed(&|| raw_pass(ds));
+            (raw, timed(&|| distributed_pass(&dist)))
+        } else {
+            let got = timed(&|| distributed_pass(&dist));
+            (timed(&|| raw_pass(ds)), got)
+        };
         assert_eq!(
             (raw, got),
             (reference, reference),

@@ -4,47 +4,51 @@
 //!
 //! The structure walk is the values crate's; this file only says what happens to each tensor.
 //! The row operations are built on `Tensor`'s public API; strided rows share the buffer, so a
-//! sharded in-memory dataset copies nothing until batches are joined or padded.
+//! sharded in-memory dataset copies nothing until batches are joined or padded. Selecting,
+//! joining and padding copy whole rows with `memcpy` (`rows.rs`) where the tensors are in
+//! standard layout, and fall back to ndarray's general operations otherwise; a slice that stays
+//! on its tensor's device keeps the tensor's shared device name instead of allocating one.
 
 use std::ops::Range;
 
-use distribute_collectives::{DType, Tensor};
+use distribute_collectives::Tensor;
 use distribute_values::{Nest, Path, Regroup, ValuesError};
 use ndarray::{Axis, Slice};
 
-use crate::InputError;
+use crate::{InputError, rows};
 
 /// Calls the rows operation with the Rust element type of `dtype` bound to `$t`.
 macro_rules! typed {
     ($dtype:expr, $t:ident => $body:expr) => {
         match $dtype {
-            DType::F16 => {
+            distribute_collectives::DType::F16 => {
                 type $t = half::f16;
                 $body
             }
-            DType::BF16 => {
+            distribute_collectives::DType::BF16 => {
                 type $t = half::bf16;
                 $body
             }
-            DType::F32 => {
+            distribute_collectives::DType::F32 => {
                 type $t = f32;
                 $body
             }
-            DType::F64 => {
+            distribute_collectives::DType::F64 => {
                 type $t = f64;
                 $body
             }
-            DType::I32 => {
+            distribute_collectives::DType::I32 => {
                 type $t = i32;
                 $body
             }
-            DType::I64 => {
+            distribute_collectives::DType::I64 => {
                 type $t = i64;
                 $body
             }
         }
     };
 }
+pub(crate) use typed;
 
 /// A batch of examples: a [`Nest`] whose every leaf is a [`Tensor`] with the same size along
 /// axis 0, the rows.
@@ -145,6 +149,9 @@ pub trait Batch: Nest + Clone + Send + Sync + 'static {
         }
         Self::try_zip_leaves(parts, |_, leaves: &[&Tensor]| {
             let device = leaves.first().map_or("", |t| t.device());
+            if let Some(joined) = rows::join(device, leaves) {
+                return Ok(joined);
+            }
             let owned: Vec<Tensor> = leaves.iter().map(|t| (*t).clone()).collect();
             Ok(Tensor::concat_rows(device, &owned)?)
         })
@@ -251,6 +258,10 @@ fn slice_onto(
             detail: format!("rows {range:?} of {path} are out of range for a batch of {rows} rows"),
         });
     }
+    if device == t.device() {
+        // Keeps the tensor's shared device name: no allocation per slice.
+        return Ok(t.slice_rows(range)?);
+    }
     typed!(t.dtype(), T => {
         let array = t.array::<T>()?.clone().slice_axis_move(Axis(0), Slice::from(range));
         Ok(Tensor::from_shared(device, array))
@@ -280,6 +291,9 @@ fn select_tensor(path: &Path<'_>, t: &Tensor, indices: &[usize]) -> Result<Tenso
             detail: format!("row {bad} of {path} is out of range for a batch of {rows} rows"),
         });
     }
+    if let Some(gathered) = rows::gather(t, indices) {
+        return Ok(gathered);
+    }
     typed!(t.dtype(), T => {
         let array = t.array::<T>()?.select(Axis(0), indices);
         Ok(Tensor::from_array(t.device(), array))
@@ -296,6 +310,9 @@ fn pad_tensor(path: &Path<'_>, t: &Tensor, rows: usize) -> Result<Tensor, InputE
             origin: "padding rows".into(),
             detail: format!("cannot pad {path}, a batch of {have} rows, down to {rows}"),
         });
+    }
+    if let Some(padded) = rows::pad(t, rows) {
+        return Ok(padded);
     }
     let mut shape = t.shape().to_vec();
     shape[0] = rows - have;

@@ -6,6 +6,7 @@
 //! [`Dataset::iter`] starts from the beginning, so iterating twice gives the same batches.
 
 use std::fmt;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -529,7 +530,7 @@ pub struct DatasetIter<B: Batch> {
     pending: Vec<B>,
     pending_rows: usize,
     /// The block being cut, with the index of its first unused row and its row count.
-    current: Option<(B, usize, usize)>,
+    current: Option<(Arc<B>, usize, usize)>,
     done: bool,
 }
 
@@ -581,7 +582,7 @@ impl<B: Batch> DatasetIter<B> {
     }
 
     /// The next batch before batch sharding.
-    fn next_batch(&mut self) -> Option<Result<B, InputError>> {
+    fn next_batch(&mut self) -> Option<Result<Cut<B>, InputError>> {
         let size = self.spec.sizes[self.slot % self.spec.sizes.len()];
         let batch = self.cut(size);
         if matches!(batch, Some(Ok(_))) {
@@ -591,12 +592,12 @@ impl<B: Batch> DatasetIter<B> {
     }
 
     /// The next `size` rows, or fewer at the end.
-    fn cut(&mut self, size: usize) -> Option<Result<B, InputError>> {
+    fn cut(&mut self, size: usize) -> Option<Result<Cut<B>, InputError>> {
         if size == 0 && !self.exhausted {
             // As TF's rebatch: an empty batch without reading on, so long as the end has not
             // been seen.
             if let Some(empty) = &self.empty {
-                return Some(Ok(empty.clone()));
+                return Some(Ok(Cut::Own(empty.clone())));
             }
         }
         loop {
@@ -615,7 +616,7 @@ impl<B: Batch> DatasetIter<B> {
                                 Err(e) => return Some(Err(e)),
                             }
                         }
-                        self.current = Some((block, 0, rows))
+                        self.current = Some((Arc::new(block), 0, rows))
                     }
                     Some(Err(e)) => return Some(Err(e)),
                     None => {
@@ -623,39 +624,41 @@ impl<B: Batch> DatasetIter<B> {
                         if self.pending_rows == 0 || self.spec.drop_remainder {
                             return None;
                         }
-                        return Some(self.join_pending());
+                        return Some(self.join_pending().map(Cut::Own));
                     }
                 }
             }
             let (block, used, rows) = self.current.as_mut().expect("set above");
             let take = (size - self.pending_rows).min(*rows - *used);
-            let piece = block.slice_rows(*used..*used + take);
+            let range = *used..*used + take;
             *used += take;
-            if *used == *rows {
-                self.current = None;
-            }
-            let piece = match piece {
-                Ok(p) => p,
-                Err(e) => return Some(Err(e)),
+            let block = if *used == *rows {
+                self.current.take().expect("set above").0
+            } else {
+                Arc::clone(block)
             };
             if take == size {
-                return Some(Ok(piece));
+                return Some(Ok(Cut::Rows(block, range)));
             }
             if take > 0 {
-                self.pending.push(piece);
+                match block.slice_rows(range) {
+                    Ok(piece) => self.pending.push(piece),
+                    Err(e) => return Some(Err(e)),
+                }
                 self.pending_rows += take;
             }
             if self.pending_rows == size {
-                return Some(self.join_pending());
+                return Some(self.join_pending().map(Cut::Own));
             }
         }
     }
 }
 
-impl<B: Batch> Iterator for DatasetIter<B> {
-    type Item = Result<B, InputError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
+impl<B: Batch> DatasetIter<B> {
+    /// The next batch as cut: rows of a source block, or a batch of its own. The distributed
+    /// pipeline cuts replicas' pieces from the block directly, so a batch inside one block is
+    /// never materialised.
+    pub(crate) fn next_cut(&mut self) -> Option<Result<Cut<B>, InputError>> {
         if self.done {
             return None;
         }
@@ -674,6 +677,34 @@ impl<B: Batch> Iterator for DatasetIter<B> {
                 Some((num, index)) if k % num != index => continue,
                 _ => return item,
             }
+        }
+    }
+}
+
+impl<B: Batch> Iterator for DatasetIter<B> {
+    type Item = Result<B, InputError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let batch = self.next_cut()?.and_then(Cut::into_batch);
+        self.done |= batch.is_err();
+        Some(batch)
+    }
+}
+
+/// A batch as a [`DatasetIter`] cuts it.
+pub(crate) enum Cut<B> {
+    /// Rows `range` of a source block (after shuffling and row sharding), not yet sliced.
+    Rows(Arc<B>, Range<usize>),
+    /// A batch with buffers of its own: joined from several blocks, or empty.
+    Own(B),
+}
+
+impl<B: Batch> Cut<B> {
+    /// The batch, sharing the block's buffers where it lies inside one.
+    pub(crate) fn into_batch(self) -> Result<B, InputError> {
+        match self {
+            Cut::Rows(block, range) => block.slice_rows(range),
+            Cut::Own(batch) => Ok(batch),
         }
     }
 }

@@ -58,6 +58,7 @@ mod distributed;
 mod error;
 pub mod npy;
 mod prefetch;
+mod rows;
 mod split;
 
 pub use batch::{Batch, Masked, MaskedRegrouped};

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::Arc;
 
+use crate::dataset::Cut;
 use crate::split::split_sizes_iter;
 use crate::{Batch, Dataset, DatasetIter, InputError, Masked, PartialBatch};
 
@@ -51,9 +52,41 @@ impl<B: Batch> LocalStep<B> {
         plan: &Plan<B>,
         device: &str,
     ) -> Result<(), InputError> {
-        self.batches.push(finish(piece, plan, device)?);
+        let placed = piece.0.slice_rows_onto(piece.1.clone(), device)?;
+        self.push_placed(placed, piece.1.len(), plan)
+    }
+
+    /// Adds `piece` as [`push`](Self::push) does, sliced from the copy of its batch placed on
+    /// `device` that `placed` keeps (made once per batch and replica, then reused for every
+    /// piece of the same batch): slicing a placed batch shares its device name, where placing
+    /// every piece would allocate one per tensor per step, freed on the consumer's thread.
+    fn push_via(
+        &mut self,
+        piece: &Piece<B>,
+        plan: &Plan<B>,
+        device: &str,
+        placed: &mut Option<(Arc<B>, B)>,
+    ) -> Result<(), InputError> {
+        let (batch, range) = piece;
+        let on_device = match placed {
+            Some((source, on_device)) if Arc::ptr_eq(source, batch) => on_device,
+            _ => {
+                &placed
+                    .insert((Arc::clone(batch), batch.to_device(device)?))
+                    .1
+            }
+        };
+        let sliced = on_device.slice_rows(range.clone())?;
+        self.push_placed(sliced, range.len(), plan)
+    }
+
+    /// Adds a replica's batch of `real` rows, padded as `plan` says.
+    fn push_placed(&mut self, batch: B, real: usize, plan: &Plan<B>) -> Result<(), InputError> {
         if plan.partial == PartialBatch::PadWithMask {
-            self.real.push(piece.1.len());
+            self.batches.push(batch.pad_rows(plan.full_piece)?);
+            self.real.push(real);
+        } else {
+            self.batches.push(batch);
         }
         Ok(())
     }
@@ -72,10 +105,11 @@ impl<B: Batch> LocalStep<B> {
     }
 }
 
-/// A piece not yet placed: rows `range` of a batch. Slicing and placing happen in one go once
-/// the replica is known, which touches the source buffer's shared reference count once per
-/// piece instead of three times (a slice, a placed copy, the slice dropped); the consumer's
-/// thread touches that count too, so every touch can cost a cache miss.
+/// A piece not yet placed: rows `range` of a batch (often a whole source block, which the
+/// dataset's batch is a range of). Slicing and placing happen in one go once the replica is
+/// known, which touches the source buffer's shared reference count once per piece instead of
+/// three times (a slice, a placed copy, the slice dropped); the consumer's thread touches that
+/// count too, so every touch can cost a cache miss.
 pub(super) type Piece<B> = (Arc<B>, Range<usize>);
 
 /// A 0-row batch of `batch`'s structure. A copy, not a slice: a slice would keep the whole
@@ -92,6 +126,9 @@ pub(super) struct LocalSteps<B: Batch> {
     pub(super) ready: VecDeque<Piece<B>>,
     /// A 0-row batch of the dataset's structure, for replicas without data.
     pub(super) empty: Option<Arc<B>>,
+    /// For each replica, the batch its last piece came from and that batch placed on the
+    /// replica's device, reused while pieces come from the same batch.
+    placed: Vec<Option<(Arc<B>, B)>>,
     pub(super) ended: bool,
 }
 
@@ -99,6 +136,7 @@ impl<B: Batch> LocalSteps<B> {
     pub(super) fn new(plan: Arc<Plan<B>>) -> Self {
         LocalSteps {
             batches: plan.dataset.iter(),
+            placed: vec![None; plan.placement.len()],
             plan,
             ready: VecDeque::new(),
             empty: None,
@@ -106,19 +144,25 @@ impl<B: Batch> LocalSteps<B> {
         }
     }
 
-    fn cut(&mut self, batch: B) -> Result<(), InputError> {
+    fn cut(&mut self, batch: Cut<B>) -> Result<(), InputError> {
         let plan = &self.plan;
-        let rows = batch.rows("a dataset batch")?;
+        // Rows of a block were counted when the block was read.
+        let (batch, first, rows) = match batch {
+            Cut::Rows(block, range) => (block, range.start, range.len()),
+            Cut::Own(batch) => {
+                let rows = batch.rows("a dataset batch")?;
+                (Arc::new(batch), 0, rows)
+            }
+        };
         if plan.partial == PartialBatch::DropRemainder && rows < plan.full_batch {
             // Only the last batch is short.
             self.ended = true;
             return Ok(());
         }
         if self.empty.is_none() {
-            self.empty = Some(zero_rows(&batch)?);
+            self.empty = Some(zero_rows(&*batch)?);
         }
-        let batch = Arc::new(batch);
-        let mut offset = 0;
+        let mut offset = first;
         for size in split_sizes_iter(rows, plan.pieces_per_batch) {
             self.ready
                 .push_back((Arc::clone(&batch), offset..offset + size));
@@ -135,7 +179,7 @@ impl<B: Batch> LocalSteps<B> {
         let replicas = self.plan.placement.len();
         let group = self.plan.keep.map_or(replicas, |(num, _)| num * replicas);
         while self.ready.len() < group && !self.ended {
-            match self.batches.next() {
+            match self.batches.next_cut() {
                 Some(batch) => self.cut(batch?)?,
                 None => self.ended = true,
             }
@@ -147,7 +191,13 @@ impl<B: Batch> LocalSteps<B> {
             return Ok(None);
         }
         let take = group.min(self.ready.len());
-        let (plan, empty) = (&self.plan, &self.empty);
+        let LocalSteps {
+            plan,
+            empty,
+            ready,
+            placed,
+            ..
+        } = self;
         let empty_piece = || {
             let empty = empty.as_ref().expect("set by the batch that made a piece");
             (Arc::clone(empty), 0..0)
@@ -155,34 +205,20 @@ impl<B: Batch> LocalSteps<B> {
         let mut step = LocalStep::with_capacity(replicas, plan.partial);
         match plan.keep {
             None => {
-                for device in &plan.placement {
-                    let piece = self.ready.pop_front().unwrap_or_else(empty_piece);
-                    step.push(&piece, plan, device)?;
+                for (device, placed) in plan.placement.iter().zip(placed) {
+                    let piece = ready.pop_front().unwrap_or_else(empty_piece);
+                    step.push_via(&piece, plan, device, placed)?;
                 }
             }
             Some((num, mine)) => {
-                let mut mine = self.ready.drain(..take).skip(mine).step_by(num);
-                for device in &plan.placement {
+                let mut mine = ready.drain(..take).skip(mine).step_by(num);
+                for (device, placed) in plan.placement.iter().zip(placed) {
                     let piece = mine.next().unwrap_or_else(empty_piece);
-                    step.push(&piece, plan, device)?;
+                    step.push_via(&piece, plan, device, placed)?;
                 }
             }
         }
         Ok(Some(step))
-    }
-}
-
-/// Slices, places and (if the policy says so) pads one replica's batch.
-fn finish<B: Batch>(
-    (batch, range): &Piece<B>,
-    plan: &Plan<B>,
-    device: &str,
-) -> Result<B, InputError> {
-    let piece = batch.slice_rows_onto(range.clone(), device)?;
-    if plan.partial == PartialBatch::PadWithMask {
-        piece.pad_rows(plan.full_piece)
-    } else {
-        Ok(piece)
     }
 }
 
