@@ -180,26 +180,6 @@ impl MpiWorld {
         });
     }
 
-    /// Block `q` of every process's `send` into block `p` of process `q`'s `recv`.
-    pub(crate) fn all_to_all(
-        &self,
-        send: &[u8],
-        recv: &mut [u8],
-        wait: Wait,
-        what: &dyn Fn() -> String,
-    ) {
-        let _one = lock(&self.calls);
-        let _busy = Busy::start(&self.busy_nanos);
-        let world = SimpleCommunicator::world();
-        let Wait::Polled(deadline) = wait else {
-            return world.all_to_all_into(send, recv);
-        };
-        mpi::request::scope(|scope| {
-            let request = world.immediate_all_to_all_into(scope, send, recv);
-            self.wait(request, deadline, what);
-        });
-    }
-
     /// Process `root`'s `buffer` into every process's.
     pub(crate) fn broadcast(
         &self,
@@ -218,6 +198,43 @@ impl MpiWorld {
         mpi::request::scope(|scope| {
             let request = root.immediate_broadcast_into(scope, buffer);
             self.wait(request, deadline, what);
+        });
+    }
+
+    /// Point to point: every `receives` buffer filled from its peer and every `sends` buffer
+    /// sent to its peer, all under `tag`, returning when all are done. Every receive is posted
+    /// before any send, so peers exchanging with each other cannot block one another; the
+    /// buffers are the caller's own (no copy into or out of MPI's), which is why the folds use
+    /// this rather than a collective that also copies this process's own block. Only after an
+    /// agreement ([`Wait::Committed`]): each peer makes the matching calls.
+    pub(crate) fn send_receive(
+        &self,
+        sends: &[(usize, &[u8])],
+        receives: Vec<(usize, &mut [u8])>,
+        tag: i32,
+    ) {
+        let _one = lock(&self.calls);
+        let _busy = Busy::start(&self.busy_nanos);
+        let world = SimpleCommunicator::world();
+        mpi::request::scope(|scope| {
+            let mut requests = Vec::with_capacity(sends.len() + receives.len());
+            // Pieces keep every count within MPI's `int`; a peer cuts the same lengths alike,
+            // and messages between two processes under one tag arrive in order.
+            for (peer, buffer) in receives {
+                let process = world.process_at_rank(peer as i32);
+                for piece in buffer.chunks_mut(MAX_MESSAGE_BYTES) {
+                    requests.push(process.immediate_receive_into_with_tag(scope, piece, tag));
+                }
+            }
+            for &(peer, buffer) in sends {
+                let process = world.process_at_rank(peer as i32);
+                for piece in buffer.chunks(MAX_MESSAGE_BYTES) {
+                    requests.push(process.immediate_send_with_tag(scope, piece, tag));
+                }
+            }
+            for request in requests {
+                request.wait_without_status();
+            }
         });
     }
 
@@ -259,6 +276,9 @@ impl MpiWorld {
         }
     }
 }
+
+/// The largest message [`MpiWorld::send_receive`] posts: counts are C `int`s.
+const MAX_MESSAGE_BYTES: usize = 1 << 30;
 
 /// The eager limit asked of Open MPI's shared-memory transport: an agreement slot (a record and
 /// up to 4 KiB of inline payload) must fit one eager message.
