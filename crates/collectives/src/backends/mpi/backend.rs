@@ -13,11 +13,12 @@
 //! divided in the same pass) with the same kernel, so they give the same bits, and no MPI
 //! reduction (whose fold order the standard leaves to each rank) is involved.
 //!
-//! Measured on 2 workers (shared memory, same runs): at 1 MiB the second path takes about 0.7×
-//! the time of the first, which all-gathers whole buffers and so copies this worker's own block
-//! and folds every element on every worker; at 64 MiB most of the time went to the page faults
-//! of a fresh result buffer, so a result of at least [`REUSE_MIN_BYTES`] is written into the
-//! buffer of an earlier one that no one holds any more (see [`MpiAllReduce`]).
+//! Measured on 2 workers (shared memory; the multi-worker bench's `mpi_ratio`, runs alternating
+//! between the variants, 1 MiB / 64 MiB): all-gathering whole buffers into fresh results
+//! 0.71–0.97 / 0.74–0.94; the same writing into released earlier results' buffers (see
+//! [`MpiAllReduce`]; a fresh 64 MiB buffer's page faults cost as much as its transfer)
+//! 0.78–1.02 / 1.06–1.13; reduce-scatter + all-gather into fresh results 0.90–1.05 / 0.77; both
+//! 0.96–0.99 / 1.85–2.05.
 //!
 //! Every cross-worker call starts with an agreement: one all-gather of a fixed-size slot per
 //! worker (its record, see `agreement`, and an inline payload). A reduction of at most
