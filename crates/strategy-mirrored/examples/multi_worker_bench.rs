@@ -3,7 +3,9 @@
 //!
 //! `multi_worker_all_reduce` lines compare `MpiAllReduce` (through a step's replica
 //! collectives) with a raw `MPI_Allreduce` of the same bytes, timed in the same run:
-//! `mpi_ratio` = raw time ÷ ours (1.0: the layer costs nothing). `multi_worker_step` is a trivial
+//! `mpi_ratio` = raw time ÷ ours (1.0: the layer costs nothing). The two take turns, a block of
+//! calls each, so noise from a shared machine falls on both alike; the raw calls reuse their
+//! buffers, as a plain MPI program would, and ours get a fresh result per call, as a user does. `multi_worker_step` is a trivial
 //! step (one scalar all-reduce) through `run`.
 //!
 //! ```text
