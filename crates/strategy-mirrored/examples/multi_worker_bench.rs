@@ -3,7 +3,9 @@
 //!
 //! `multi_worker_all_reduce` lines compare `MpiAllReduce` (through a step's replica
 //! collectives) with a raw `MPI_Allreduce` of the same bytes, timed in the same run:
-//! `mpi_ratio` = raw time ÷ ours (1.0: the layer costs nothing). `multi_worker_step` is a trivial
+//! `mpi_ratio` = raw time ÷ ours (1.0: the layer costs nothing). The two take turns, a block of
+//! calls each, so noise from a shared machine falls on both alike; the raw calls reuse their
+//! buffers, as a plain MPI program would, and ours get a fresh result per call, as a user does. `multi_worker_step` is a trivial
 //! step (one scalar all-reduce) through `run`.
 //!
 //! ```text
@@ -11,16 +13,19 @@
 //! mpirun -n 2 target/release/examples/multi_worker_bench --replicas 1
 //! ```
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use distribute_collectives::Tensor;
 use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
 use distribute_strategy::{Strategy, StrategyError};
 use distribute_values::ReduceOp;
 
-fn median(mut times: Vec<Duration>) -> f64 {
-    times.sort_unstable();
-    times[times.len() / 2].as_secs_f64()
+/// Rounds of ours-then-raw blocks per size, after one warm-up round.
+const ROUNDS: usize = 8;
+
+fn median(mut seconds: Vec<f64>) -> f64 {
+    seconds.sort_unstable_by(f64::total_cmp);
+    seconds[seconds.len() / 2]
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -44,36 +49,44 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let chief = strategy.is_chief();
     let workers = strategy.num_workers();
+    let world = strategy.backend().world();
     for bytes in sizes {
         let len = bytes / 4;
-        let reps = (256 << 20) / bytes.max(1);
-        let reps = reps.clamp(5, 2000);
-        // Ours: every replica all-reduces `reps` times inside one step; replica 0 times them.
-        let ours = strategy.run(
-            |ctx, ()| {
-                let t = Tensor::from_vec(ctx.device(), &[len], vec![1.0f32; len])?;
-                let mut times = Vec::with_capacity(reps);
-                for _ in 0..reps + 3 {
-                    let start = Instant::now();
-                    ctx.collectives().all_reduce(ReduceOp::Sum, &t)?;
-                    times.push(start.elapsed());
-                }
-                Ok::<f64, StrategyError>(median(times.split_off(3)))
-            },
-            &(),
-        )?;
-        let ours = *ours.local_results()[0];
-        // Raw MPI_Allreduce of the same bytes, buffers reused.
-        let world = strategy.backend().world();
-        let send = vec![1.0f32; len];
-        let mut recv = vec![0.0f32; len];
-        let mut times = Vec::with_capacity(reps);
-        for _ in 0..reps + 3 {
-            let start = Instant::now();
-            world.raw_all_reduce_sum_f32(&send, &mut recv);
-            times.push(start.elapsed());
+        let reps = ((1 << 30) / bytes.max(1)).clamp(16, 2000);
+        let block = reps.div_ceil(ROUNDS);
+        // Ours and the raw MPI_Allreduce take turns, a block of calls each, so both see the
+        // same machine (other processes, caches, clock); the first round is warm-up. Ours: a
+        // step in which every replica all-reduces `block` times (local replica 0's thread
+        // times them); raw: this thread, between steps, as a plain MPI program would.
+        let t = Tensor::from_vec("/cpu:0", &[len], vec![1.0f32; len])?;
+        let (send, mut recv) = (vec![1.0f32; len], vec![0.0f32; len]);
+        let (mut ours, mut raw) = (Vec::new(), Vec::new());
+        for round in 0..=ROUNDS {
+            let step = strategy.run(
+                |ctx, ()| {
+                    let t = t.to_device(ctx.device());
+                    let mut times = Vec::with_capacity(block);
+                    for _ in 0..block {
+                        let start = Instant::now();
+                        ctx.collectives().all_reduce(ReduceOp::Sum, &t)?;
+                        times.push(start.elapsed().as_secs_f64());
+                    }
+                    Ok::<Vec<f64>, StrategyError>(times)
+                },
+                &(),
+            )?;
+            let mut raw_block = Vec::with_capacity(block);
+            for _ in 0..block {
+                let start = Instant::now();
+                world.raw_all_reduce_sum_f32(&send, &mut recv);
+                raw_block.push(start.elapsed().as_secs_f64());
+            }
+            if round > 0 {
+                ours.extend(step.iter().map(|leaf| *leaf.local_results()[0]));
+                raw.extend(raw_block);
+            }
         }
-        let raw = median(times.split_off(3));
+        let (ours, raw) = (median(ours), median(raw));
         if chief {
             println!(
                 "{}",
@@ -96,7 +109,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             |ctx, ()| ctx.all_reduce(ReduceOp::Sum, &Tensor::scalar(ctx.device(), 1.0f32)),
             &(),
         )?;
-        times.push(start.elapsed());
+        times.push(start.elapsed().as_secs_f64());
     }
     if chief {
         println!(

@@ -4,24 +4,33 @@
 //! replica through the group.
 //!
 //! Bit-identical everywhere: every element of a cross-worker reduction is folded exactly once,
-//! in worker order, by the same code. Below [`SCATTER_MIN_BYTES`] (and always with 2 workers,
-//! where it moves no more data) every worker all-gathers every worker's local result and folds
-//! the W blocks in worker order itself; from it, with 3 or more workers, the buffer is cut into
-//! W chunks, an all-to-all hands worker `p` everyone's chunk `p`, `p` folds them in worker order
-//! and an all-gather returns the folded chunks to everyone (reduce-scatter + all-gather). Both
-//! paths fold element `i` as `x₀ ⊕ x₁ ⊕ … ⊕ x_{W-1}` with the same kernel, so they give the same
-//! bits, and no MPI reduction (whose fold order the standard leaves to each rank) is involved.
+//! in worker order, by the same code. Below [`SCATTER_MIN_BYTES`] every worker all-gathers every
+//! worker's local result and folds the W blocks in worker order itself (one round). From it the
+//! buffer is cut into W parts and the workers reduce-scatter then all-gather, point to point
+//! between their own buffers: worker `p` receives every worker's part `p`, folds them in worker
+//! order straight into its result, and sends that part to every other worker, which receives it
+//! straight into its result. Both paths fold element `i` as `x₀ ⊕ x₁ ⊕ … ⊕ x_{W-1}` (`Mean`
+//! divided in the same pass) with the same kernel, so they give the same bits, and no MPI
+//! reduction (whose fold order the standard leaves to each rank) is involved.
+//!
+//! Measured on 2 workers (shared memory; the multi-worker bench's `mpi_ratio`, runs alternating
+//! between the variants, 1 MiB / 64 MiB): all-gathering whole buffers into fresh results
+//! 0.71–0.97 / 0.74–0.94; the same writing into released earlier results' buffers (see
+//! [`MpiAllReduce`]; a fresh 64 MiB buffer's page faults cost as much as its transfer)
+//! 0.78–1.02 / 1.06–1.13; reduce-scatter + all-gather into fresh results 0.90–1.05 / 0.77; both
+//! 0.96–0.99 / 1.85–2.05.
 //!
 //! Every cross-worker call starts with an agreement: one all-gather of a fixed-size slot per
 //! worker (its record, see `agreement`, and an inline payload). A reduction of at most
 //! [`INLINE_BYTES`] travels in that slot, so small all-reduces cost one round trip, agreement
-//! included; larger ones a second collective (all-gather, or all-to-all + all-gather).
+//! included; larger ones move afterwards (an all-gather, or the two point-to-point rounds).
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distribute_values::{Leaf, ReduceOp};
+use ndarray::ArcArray;
 
 use super::agreement::{Call, Record, Status, Verdict, judge};
 use super::bytes::{element_bytes as as_bytes, element_bytes_mut as as_bytes_mut};
@@ -36,8 +45,8 @@ use crate::{
     ReplicaCollectives, StepLifecycle, Tensor,
 };
 
-/// From this many bytes, 3 or more workers reduce-scatter + all-gather instead of all-gathering
-/// whole buffers (which moves W−1 buffers into each worker).
+/// From this many bytes the workers reduce-scatter + all-gather instead of all-gathering whole
+/// buffers (which moves W−1 buffers into each worker, and folds all of it on every worker).
 pub const SCATTER_MIN_BYTES: usize = 64 * 1024;
 
 /// The payload an agreement carries: a reduction this small travels with it.
@@ -49,6 +58,19 @@ const SLOT_WORDS: usize = Record::WORDS + INLINE_BYTES / 8;
 // An agreement slot travels as one eager message on shared memory (see `EAGER_LIMIT_BYTES`).
 const _: () = assert!(SLOT_WORDS * 8 <= super::world::EAGER_LIMIT_BYTES);
 
+/// From this many bytes a fold's result is written into the buffer of an earlier result of the
+/// same shape once no one holds it any more (the backend keeps a share of the last
+/// [`KEPT_OUTPUTS`]): a fresh buffer this large costs a page fault per 4 KiB, about as much as
+/// moving its bytes between workers.
+const REUSE_MIN_BYTES: usize = 256 * 1024;
+
+/// Results of at least [`REUSE_MIN_BYTES`] the backend keeps a share of.
+const KEPT_OUTPUTS: usize = 4;
+
+/// Tags of the two phases of [`Inner::scatter_fold`].
+const REDUCE_SCATTER_TAG: i32 = 1;
+const ALL_GATHER_TAG: i32 = 2;
+
 /// Bytes of a failed worker's message carried to the others.
 const MESSAGE_BYTES: usize = 512;
 
@@ -59,6 +81,12 @@ const MESSAGE_BYTES: usize = 512;
 /// Global replica `w·R + r` is worker `w`'s local replica `r` (R local replicas per worker, the
 /// same on every worker). A strategy calls [`MpiAllReduce::finish_step`] after each step, so a
 /// worker whose step failed is named on every worker.
+///
+/// Results of at least 256 KiB share their buffer with the backend, which keeps the last four:
+/// once every holder has dropped one, the next reduction of its dtype and shape writes into it
+/// instead of a fresh buffer (whose page faults cost as much as the transfer). Reading is
+/// unaffected; writing into such a result in place (`Tensor::array_mut`) copies it first, as for
+/// any shared buffer.
 #[derive(Debug, Clone)]
 pub struct MpiAllReduce {
     inner: Arc<Inner>,
@@ -75,9 +103,11 @@ struct Inner {
     /// step is then a consequence.
     remote_failure: Mutex<Option<usize>>,
     /// The receive buffer of cross-worker folds, kept between calls: a fresh one per call costs
-    /// a page fault per 4 KiB, as much as the transfer itself. Grows to the largest fold's
-    /// W × bytes and stays.
+    /// a page fault per 4 KiB, as much as the transfer itself. Grows to the largest fold's need
+    /// (W × bytes below [`SCATTER_MIN_BYTES`], (W−1)/W × bytes from it) and stays.
     scratch: Mutex<Vec<u64>>,
+    /// Shares of recent large fold results (see [`REUSE_MIN_BYTES`]).
+    kept_outputs: Mutex<Vec<Tensor>>,
 }
 
 impl MpiAllReduce {
@@ -100,6 +130,7 @@ impl MpiAllReduce {
                 bytes_per_pack: config.bytes_per_pack,
                 remote_failure: Mutex::new(None),
                 scratch: Mutex::new(Vec::new()),
+                kept_outputs: Mutex::new(Vec::new()),
             }),
         };
         // Every worker checks that all have the same local replica count before any step.
@@ -484,26 +515,24 @@ impl Inner {
             None => &[],
         };
         let (_, slots) = self.agree_with(record, "", inline)?;
-        let folded = match small {
+        match small {
             // Every worker's bucket has this size (agreed), so every worker took this path.
-            Some(t) if self.workers() > 1 => vec![with_dtype!(t.dtype(), T => {
-                self.fold_slots::<T>(local_op(op), t, &slots)
-            })?],
+            Some(t) if self.workers() > 1 => Ok(vec![with_dtype!(t.dtype(), T => {
+                self.fold_slots::<T>(op, count, t, &slots)
+            })?]),
             _ => buckets
                 .iter()
-                .map(|b| self.fold_across(local_op(op), b))
-                .collect::<Result<_, _>>()?,
-        };
-        folded
-            .into_iter()
-            .map(|summed| self.finish_mean(op, summed, count))
-            .collect()
+                .map(|b| self.fold_across(op, count, b))
+                .collect(),
+        }
     }
 
-    /// The fold, in worker order, of the payloads in every worker's agreement slot.
+    /// The fold, in worker order, of the payloads in every worker's agreement slot (`Mean`
+    /// divided by `count`).
     fn fold_slots<T: Arith>(
         &self,
         op: ReduceOp,
+        count: usize,
         like: &Tensor,
         slots: &[i64],
     ) -> Result<Tensor, CollectiveError> {
@@ -520,45 +549,40 @@ impl Inner {
             .collect();
         let mut out = vec![T::zero(); n];
         if n > 0 {
-            kernel::reduce_slices(op, &blocks, &mut out, 1);
+            kernel::reduce_slices(op, &blocks, &mut out, count);
         }
         Tensor::from_vec(like.device(), like.shape(), out)
     }
 
-    /// `Mean`'s division by `count` contributions (on a sum), else the value as it is.
-    fn finish_mean(
+    /// The fold across workers of every worker's host `tensor` (same dtype and shape
+    /// everywhere, agreed before), `Mean` divided by `count`: see the module docs for the two
+    /// paths.
+    fn fold_across(
         &self,
         op: ReduceOp,
-        summed: Tensor,
         count: usize,
+        tensor: &Tensor,
     ) -> Result<Tensor, CollectiveError> {
-        match op {
-            ReduceOp::Mean => kernel::divide(&summed, count),
-            _ => Ok(summed),
-        }
-    }
-
-    /// The fold across workers of every worker's host `tensor` (same dtype and shape
-    /// everywhere, agreed before): see the module docs for the two paths.
-    fn fold_across(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
         if self.workers() == 1 {
-            return Ok(tensor.clone());
+            return match op {
+                ReduceOp::Mean => kernel::divide(tensor, count),
+                _ => Ok(tensor.clone()),
+            };
         }
-        with_dtype!(tensor.dtype(), T => self.fold_typed::<T>(op, tensor))
+        with_dtype!(tensor.dtype(), T => self.fold_typed::<T>(op, count, tensor))
     }
 
     fn fold_typed<T: Arith>(
         &self,
         op: ReduceOp,
+        count: usize,
         tensor: &Tensor,
     ) -> Result<Tensor, CollectiveError> {
-        let w = self.workers();
         let array = tensor.array::<T>()?;
         let data: Cow<'_, [T]> = match kernel::contiguous(array) {
             Some(slice) => Cow::Borrowed(slice),
             None => Cow::Owned(array.iter().copied().collect()),
         };
-        let n = data.len();
         let what = || {
             format!(
                 "the reduction of a {} {:?} tensor",
@@ -566,52 +590,148 @@ impl Inner {
                 tensor.shape()
             )
         };
-        let mut out = vec![T::zero(); n];
-        let scatter = w > 2 && std::mem::size_of_val(&data[..]) >= SCATTER_MIN_BYTES;
-        let chunk = if scatter { n.div_ceil(w) } else { n };
-        let mut scratch = lock(&self.scratch);
-        let words = (chunk * w * std::mem::size_of::<T>()).div_ceil(8);
-        if scratch.len() < words {
-            scratch.resize(words, 0);
-        }
-        // SAFETY: the scratch is 8-byte aligned (u64s), at least `chunk · w` elements of `T`
-        // long, and any bit pattern is a valid `T`; the view borrows the locked scratch.
-        let received: &mut [T] =
-            unsafe { std::slice::from_raw_parts_mut(scratch.as_mut_ptr().cast::<T>(), chunk * w) };
-        if scatter {
-            let mut send = vec![T::zero(); chunk * w];
-            send[..n].copy_from_slice(&data);
-            self.world.all_to_all(
-                as_bytes(&send),
-                as_bytes_mut(received),
-                Wait::Committed,
-                &what,
-            );
-            let blocks: Vec<&[T]> = received.chunks(chunk).collect();
-            let mut mine = vec![T::zero(); chunk];
-            kernel::reduce_slices(op, &blocks, &mut mine, 1);
-            let mut gathered = send;
-            self.world.all_gather(
-                as_bytes(&mine),
-                as_bytes_mut(&mut gathered),
-                Wait::Committed,
-                &what,
-            );
-            out.copy_from_slice(&gathered[..n]);
+        let mut result = self.output::<T>(tensor)?;
+        let out = result
+            .array_mut::<T>()?
+            .as_slice_mut()
+            .ok_or_else(|| CollectiveError::Invariant("a fold's output is contiguous".into()))?;
+        if std::mem::size_of_val(&data[..]) >= SCATTER_MIN_BYTES {
+            self.scatter_fold(op, count, &data, out);
         } else {
-            self.world.all_gather(
-                as_bytes(&data),
-                as_bytes_mut(received),
-                Wait::Committed,
-                &what,
-            );
-            let blocks: Vec<&[T]> = received.chunks(n.max(1)).take(w).collect();
-            if n > 0 {
-                kernel::reduce_slices(op, &blocks, &mut out, 1);
+            self.gather_fold(op, count, &data, out, &what);
+        }
+        self.keep_for_reuse(&result);
+        Ok(result)
+    }
+
+    /// Every worker's `data` gathered whole, then folded by every worker: one round, the path
+    /// of small buffers.
+    fn gather_fold<T: Arith>(
+        &self,
+        op: ReduceOp,
+        count: usize,
+        data: &[T],
+        out: &mut [T],
+        what: &dyn Fn() -> String,
+    ) {
+        let (w, n) = (self.workers(), data.len());
+        let mut scratch = lock(&self.scratch);
+        let received = scratch_of::<T>(&mut scratch, n * w);
+        self.world.all_gather(
+            as_bytes(data),
+            as_bytes_mut(received),
+            Wait::Committed,
+            what,
+        );
+        let blocks: Vec<&[T]> = received.chunks(n.max(1)).take(w).collect();
+        if n > 0 {
+            kernel::reduce_slices(op, &blocks, out, count);
+        }
+    }
+
+    /// Reduce-scatter then all-gather, point to point straight between the caller's buffers:
+    /// worker `p` receives every worker's part `p`, folds them in worker order into its part of
+    /// `out`, and sends that part to every other worker, which receives it into its own `out`.
+    /// Each worker moves (W−1)/W of the buffer in and out twice, folds 1/W of it, and copies
+    /// nothing locally.
+    fn scatter_fold<T: Arith>(&self, op: ReduceOp, count: usize, data: &[T], out: &mut [T]) {
+        let (w, me, n) = (self.workers(), self.world.rank(), data.len());
+        let part = n.div_ceil(w);
+        let range = |p: usize| (p * part).min(n)..((p + 1) * part).min(n);
+        let mine = range(me);
+        let peers = || (0..w).filter(move |&p| p != me);
+        let mut scratch = lock(&self.scratch);
+        let received = scratch_of::<T>(&mut scratch, mine.len() * (w - 1));
+        let sends: Vec<(usize, &[u8])> = peers().map(|p| (p, as_bytes(&data[range(p)]))).collect();
+        let receives = peers()
+            .zip(split_lengths(
+                &mut *received,
+                (0..w - 1).map(|_| mine.len()),
+            ))
+            .map(|(p, block)| (p, as_bytes_mut(block)))
+            .collect();
+        self.world
+            .send_receive(&sends, receives, REDUCE_SCATTER_TAG);
+        let mut theirs = received.chunks(mine.len().max(1));
+        let blocks: Vec<&[T]> = (0..w)
+            .map(|p| match p == me {
+                true => &data[mine.clone()],
+                false => theirs.next().unwrap_or(&[]),
+            })
+            .collect();
+        if !mine.is_empty() {
+            kernel::reduce_slices(op, &blocks, &mut out[mine.clone()], count);
+        }
+        let mut parts = split_lengths(out, (0..w).map(|p| range(p).len()));
+        let own: &mut [T] = std::mem::take(&mut parts[me]);
+        let own = &*own;
+        let sends: Vec<(usize, &[u8])> = peers().map(|p| (p, as_bytes(own))).collect();
+        let receives = parts
+            .into_iter()
+            .enumerate()
+            .filter(|&(p, _)| p != me)
+            .map(|(p, block)| (p, as_bytes_mut(block)))
+            .collect();
+        self.world.send_receive(&sends, receives, ALL_GATHER_TAG);
+    }
+
+    /// A tensor like `like` (dtype, shape, device) to write a fold into: the buffer of an
+    /// earlier result that no one holds any more, else a fresh one.
+    fn output<T: Element>(&self, like: &Tensor) -> Result<Tensor, CollectiveError> {
+        if like.size_in_bytes() >= REUSE_MIN_BYTES {
+            let mut kept = lock(&self.kept_outputs);
+            let free = kept.iter().position(|t| {
+                t.shape() == like.shape() && t.array::<T>().is_ok_and(ArcArray::is_unique)
+            });
+            if let Some(i) = free {
+                let Tensor { storage, .. } = kept.remove(i);
+                return Ok(Tensor {
+                    storage,
+                    device: Arc::clone(&like.device),
+                });
             }
         }
-        Tensor::from_vec(tensor.device(), tensor.shape(), out)
+        Tensor::from_vec(
+            like.device(),
+            like.shape(),
+            vec![T::zero(); like.num_elements()],
+        )
     }
+
+    /// Keeps a share of a large `result` so that, once its holders drop it, the next fold of
+    /// its size writes into it instead of faulting in fresh pages.
+    fn keep_for_reuse(&self, result: &Tensor) {
+        if result.size_in_bytes() < REUSE_MIN_BYTES {
+            return;
+        }
+        let mut kept = lock(&self.kept_outputs);
+        if kept.len() == KEPT_OUTPUTS {
+            kept.remove(0);
+        }
+        kept.push(result.clone());
+    }
+}
+
+/// `buffer` viewed as `len` elements of `T`, grown to fit.
+fn scratch_of<T: Element>(buffer: &mut Vec<u64>, len: usize) -> &mut [T] {
+    let words = (len * std::mem::size_of::<T>()).div_ceil(8);
+    if buffer.len() < words {
+        buffer.resize(words, 0);
+    }
+    // SAFETY: the buffer is 8-byte aligned (u64s), at least `len` elements of `T` long, and any
+    // bit pattern is a valid `T`; the view borrows the buffer.
+    unsafe { std::slice::from_raw_parts_mut(buffer.as_mut_ptr().cast::<T>(), len) }
+}
+
+/// `buffer` cut into consecutive slices of `lengths` (which must fit in it).
+fn split_lengths<T>(mut buffer: &mut [T], lengths: impl Iterator<Item = usize>) -> Vec<&mut [T]> {
+    lengths
+        .map(|len| {
+            let (head, tail) = std::mem::take(&mut buffer).split_at_mut(len);
+            buffer = tail;
+            head
+        })
+        .collect()
 }
 
 /// One local replica's handle: the local group's member, and the backend for the cross-process

@@ -138,7 +138,7 @@ impl MpiWorld {
     }
 
     /// Every process's `send` (all the same length) into `recv`, in rank order.
-    pub(crate) fn all_gather<T: Equivalence>(
+    pub(crate) fn all_gather<T: Equivalence + Copy>(
         &self,
         send: &[T],
         recv: &mut [T],
@@ -151,9 +151,32 @@ impl MpiWorld {
         let Wait::Polled(deadline) = wait else {
             return world.all_gather_into(send, recv);
         };
+        if self.size > POINT_TO_POINT_GATHER_MAX_WORKERS {
+            return mpi::request::scope(|scope| {
+                let request = world.immediate_all_gather_into(scope, send, recv);
+                self.wait_all(vec![request], deadline, what);
+            });
+        }
+        // A few workers exchange directly: Open MPI's non-blocking all-gather builds a schedule
+        // per call, which costs more than the exchange itself at the size of an agreement.
+        let mut blocks: Vec<&mut [T]> = recv.chunks_mut(send.len().max(1)).collect();
+        if let Some(own) = blocks.get_mut(self.rank) {
+            own.copy_from_slice(send);
+        }
         mpi::request::scope(|scope| {
-            let request = world.immediate_all_gather_into(scope, send, recv);
-            self.wait(request, deadline, what);
+            let mut requests = Vec::with_capacity(2 * self.size);
+            for (peer, block) in blocks.into_iter().enumerate() {
+                if peer != self.rank && !send.is_empty() {
+                    let process = world.process_at_rank(peer as i32);
+                    requests
+                        .push(process.immediate_receive_into_with_tag(scope, block, GATHER_TAG));
+                }
+            }
+            for peer in (0..self.size).filter(|&p| p != self.rank && !send.is_empty()) {
+                let process = world.process_at_rank(peer as i32);
+                requests.push(process.immediate_send_with_tag(scope, send, GATHER_TAG));
+            }
+            self.wait_all(requests, deadline, what);
         });
     }
 
@@ -176,27 +199,7 @@ impl MpiWorld {
         };
         mpi::request::scope(|scope| {
             let request = world.immediate_all_gather_varcount_into(scope, send, &mut partition);
-            self.wait(request, deadline, what);
-        });
-    }
-
-    /// Block `q` of every process's `send` into block `p` of process `q`'s `recv`.
-    pub(crate) fn all_to_all(
-        &self,
-        send: &[u8],
-        recv: &mut [u8],
-        wait: Wait,
-        what: &dyn Fn() -> String,
-    ) {
-        let _one = lock(&self.calls);
-        let _busy = Busy::start(&self.busy_nanos);
-        let world = SimpleCommunicator::world();
-        let Wait::Polled(deadline) = wait else {
-            return world.all_to_all_into(send, recv);
-        };
-        mpi::request::scope(|scope| {
-            let request = world.immediate_all_to_all_into(scope, send, recv);
-            self.wait(request, deadline, what);
+            self.wait_all(vec![request], deadline, what);
         });
     }
 
@@ -217,7 +220,44 @@ impl MpiWorld {
         };
         mpi::request::scope(|scope| {
             let request = root.immediate_broadcast_into(scope, buffer);
-            self.wait(request, deadline, what);
+            self.wait_all(vec![request], deadline, what);
+        });
+    }
+
+    /// Point to point: every `receives` buffer filled from its peer and every `sends` buffer
+    /// sent to its peer, all under `tag`, returning when all are done. Every receive is posted
+    /// before any send, so peers exchanging with each other cannot block one another; the
+    /// buffers are the caller's own (no copy into or out of MPI's), which is why the folds use
+    /// this rather than a collective that also copies this process's own block. Only after an
+    /// agreement ([`Wait::Committed`]): each peer makes the matching calls.
+    pub(crate) fn send_receive(
+        &self,
+        sends: &[(usize, &[u8])],
+        receives: Vec<(usize, &mut [u8])>,
+        tag: i32,
+    ) {
+        let _one = lock(&self.calls);
+        let _busy = Busy::start(&self.busy_nanos);
+        let world = SimpleCommunicator::world();
+        mpi::request::scope(|scope| {
+            let mut requests = Vec::with_capacity(sends.len() + receives.len());
+            // Pieces keep every count within MPI's `int`; a peer cuts the same lengths alike,
+            // and messages between two processes under one tag arrive in order.
+            for (peer, buffer) in receives {
+                let process = world.process_at_rank(peer as i32);
+                for piece in buffer.chunks_mut(MAX_MESSAGE_BYTES) {
+                    requests.push(process.immediate_receive_into_with_tag(scope, piece, tag));
+                }
+            }
+            for &(peer, buffer) in sends {
+                let process = world.process_at_rank(peer as i32);
+                for piece in buffer.chunks(MAX_MESSAGE_BYTES) {
+                    requests.push(process.immediate_send_with_tag(scope, piece, tag));
+                }
+            }
+            for request in requests {
+                request.wait_without_status();
+            }
         });
     }
 
@@ -231,20 +271,20 @@ impl MpiWorld {
         );
     }
 
-    /// Polls `request` until it completes; past `deadline`, aborts the job.
-    fn wait<'a, R: ?Sized, S: Scope<'a>>(
+    /// Polls `requests` until they all complete; past `deadline`, aborts the job.
+    fn wait_all<'a, R: ?Sized, S: Scope<'a>>(
         &self,
-        mut request: Request<'a, R, S>,
+        mut requests: Vec<Request<'a, R, S>>,
         deadline: Duration,
         what: &dyn Fn() -> String,
     ) {
         let start = Instant::now();
         let mut polls = 0u32;
-        loop {
-            match request.test() {
-                Ok(_) => return,
-                Err(pending) => request = pending,
-            }
+        while !requests.is_empty() {
+            requests = requests
+                .into_iter()
+                .filter_map(|request| request.test().err())
+                .collect();
             polls = polls.wrapping_add(1);
             // Checking the clock on every poll would cost more than the poll.
             if polls.is_multiple_of(1024) {
@@ -259,6 +299,16 @@ impl MpiWorld {
         }
     }
 }
+
+/// Up to this many workers a polled all-gather (an agreement) is a direct exchange between
+/// every pair; more use MPI's non-blocking all-gather, whose algorithms need fewer messages.
+const POINT_TO_POINT_GATHER_MAX_WORKERS: usize = 8;
+
+/// The tag of a polled all-gather's messages (the folds use 1 and 2).
+const GATHER_TAG: i32 = 3;
+
+/// The largest message [`MpiWorld::send_receive`] posts: counts are C `int`s.
+const MAX_MESSAGE_BYTES: usize = 1 << 30;
 
 /// The eager limit asked of Open MPI's shared-memory transport: an agreement slot (a record and
 /// up to 4 KiB of inline payload) must fit one eager message.
