@@ -111,6 +111,15 @@ struct Inner {
 }
 
 impl MpiAllReduce {
+    /// Replica `replica`'s handle: its member of the local group and the shared backend.
+    fn member(&self, replica: usize) -> Result<MpiMember, CollectiveError> {
+        Ok(MpiMember {
+            member: self.inner.group.member(replica)?,
+            inner: Arc::clone(&self.inner),
+            device: self.inner.devices[replica].clone(),
+        })
+    }
+
     /// A backend for this process's replicas on `devices` (host devices, one replica thread
     /// each), initialising MPI if no one has. Every worker must have the same number of local
     /// replicas: they check it here, together, so every worker of the job must build its
@@ -1046,11 +1055,16 @@ impl CrossDeviceOps for MpiAllReduce {
         &self,
         replica: usize,
     ) -> Result<Box<dyn ReplicaCollectives>, CollectiveError> {
-        Ok(Box::new(MpiMember {
-            member: self.inner.group.member(replica)?,
-            inner: Arc::clone(&self.inner),
-            device: self.inner.devices[replica].clone(),
-        }))
+        Ok(Box::new(self.member(replica)?))
+    }
+
+    fn movable_replica_collectives(
+        &self,
+        replica: usize,
+    ) -> Result<Option<Box<dyn ReplicaCollectives + Send>>, CollectiveError> {
+        // MPI runs with MPI_THREAD_SERIALIZED and every cross-process call is made under one
+        // lock, so the thread that makes it may change from call to call.
+        Ok(Some(Box::new(self.member(replica)?)))
     }
 
     fn num_replicas(&self) -> Option<usize> {
