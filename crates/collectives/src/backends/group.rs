@@ -6,8 +6,11 @@
 //! counted clones, so nothing dangles) and waits at a barrier; the last replica to arrive checks
 //! that every replica made the same call with the same dtypes and shapes, then either computes
 //! the result alone (small tensors: one barrier, no extra hand-offs) or lays out a shared output
-//! that every replica fills a slice of in parallel (large tensors: a second barrier before anyone
-//! reads it). Every replica gets the same result buffer, shared without copying.
+//! that the replicas fill in parallel, each claiming the next piece until none is left (large
+//! tensors: a second barrier before anyone reads it), so a replica the scheduler holds back
+//! delays the others by one piece, not by its whole share. Every replica gets the same result
+//! buffer, shared without copying; each element is folded in replica order by exactly one
+//! thread, so the bits do not depend on who computed what.
 //!
 //! Replicas meet at a [`Rendezvous`], so every wait has a deadline; a replica that never arrives,
 //! a mismatched call, or a replica that panics (its `Member` is dropped while unwinding) fails
@@ -21,7 +24,7 @@ use std::time::Duration;
 use distribute_values::ReduceOp;
 use ndarray::{Array, IxDyn};
 
-use crate::kernel::{self, Arith, ExactInt};
+use crate::kernel::{self, Arith, ExactInt, Stores};
 use crate::rendezvous::{Rendezvous, lock_ignoring_poison as lock};
 use crate::tensor::with_dtype;
 use crate::{CollectiveError, DType, FusionPlan, ReplicaCollectives, Tensor};
@@ -111,9 +114,9 @@ fn broadcast_outcome(requests: &[Request], root: usize) -> Result<Outcome, Colle
 #[derive(Clone)]
 enum Request {
     AllReduce(ReduceOp, Tensor),
-    /// Packed buckets, plus the dtypes and shapes of the tensors they pack, which replicas must
-    /// agree on.
-    BatchAllReduce(ReduceOp, Vec<Tensor>, String),
+    /// Packed buckets, plus the plan that packed them (the dtypes and shapes of the original
+    /// tensors, which replicas must agree on).
+    BatchAllReduce(ReduceOp, Vec<Tensor>, Arc<FusionPlan>),
     AllGather(Tensor),
     ReduceScatter(ReduceOp, Tensor),
     Broadcast {
@@ -124,16 +127,19 @@ enum Request {
 
 impl Request {
     /// The operation, without its data: what every replica must agree on.
-    fn signature(&self) -> String {
+    fn name(&self) -> CallName {
         match self {
-            Request::AllReduce(op, _) => format!("all_reduce({op})"),
-            Request::BatchAllReduce(op, _, originals) => {
-                format!("batch_all_reduce({op}, [{originals}])")
-            }
-            Request::AllGather(_) => "all_gather".to_owned(),
-            Request::ReduceScatter(op, _) => format!("reduce_scatter({op})"),
-            Request::Broadcast { root, .. } => format!("broadcast(root {root})"),
+            Request::AllReduce(op, _) => CallName::AllReduce(*op),
+            Request::BatchAllReduce(op, _, plan) => CallName::BatchAllReduce(*op, Arc::clone(plan)),
+            Request::AllGather(_) => CallName::AllGather,
+            Request::ReduceScatter(op, _) => CallName::ReduceScatter(*op),
+            Request::Broadcast { root, .. } => CallName::Broadcast { root: *root },
         }
+    }
+
+    /// The operation as messages name it.
+    fn signature(&self) -> String {
+        self.name().signature()
     }
 
     fn tensors(&self) -> &[Tensor] {
@@ -143,6 +149,31 @@ impl Request {
             }
             Request::BatchAllReduce(_, buckets, _) => buckets,
             Request::Broadcast { tensor, .. } => tensor.as_slice(),
+        }
+    }
+}
+
+/// A collective call without its data: what every replica must agree on, compared without
+/// formatting anything (formatting is for messages only).
+#[derive(Clone, PartialEq, Eq)]
+enum CallName {
+    AllReduce(ReduceOp),
+    BatchAllReduce(ReduceOp, Arc<FusionPlan>),
+    AllGather,
+    ReduceScatter(ReduceOp),
+    Broadcast { root: usize },
+}
+
+impl CallName {
+    fn signature(&self) -> String {
+        match self {
+            CallName::AllReduce(op) => format!("all_reduce({op})"),
+            CallName::BatchAllReduce(op, plan) => {
+                format!("batch_all_reduce({op}, [{}])", plan.describe())
+            }
+            CallName::AllGather => "all_gather".to_owned(),
+            CallName::ReduceScatter(op) => format!("reduce_scatter({op})"),
+            CallName::Broadcast { root } => format!("broadcast(root {root})"),
         }
     }
 }
@@ -161,8 +192,14 @@ enum Outcome {
     Shared(Vec<Tensor>),
     /// Every replica returns this error.
     Failed(CollectiveError),
-    /// Each replica reduces its slice of every output, then all wait, then all share them.
-    Sliced(Vec<SlicedWork>),
+    /// The replicas reduce the pieces of every output, each claiming the next unclaimed one,
+    /// then all wait, then all share the outputs.
+    Sliced {
+        works: Vec<SlicedWork>,
+        pieces: Vec<Piece>,
+        /// The next piece to claim.
+        next: AtomicUsize,
+    },
     /// Each replica reduces its own rows of the inputs.
     Scatter {
         op: ReduceOp,
@@ -171,16 +208,31 @@ enum Outcome {
     },
 }
 
-/// A shared output that the replicas fill in parallel, one disjoint slice each.
+/// A shared output that the replicas fill in parallel, one disjoint piece at a time.
 struct SlicedWork {
     op: ReduceOp,
     inputs: Vec<Tensor>,
     output: Tensor,
     /// Address of the output's first element, written through by the replicas.
     output_ptr: usize,
-    /// Elements per replica, a multiple of a cache line so no two replicas write the same line.
-    chunk: usize,
+    /// How the output is written: streaming stores when it is larger than the caches.
+    stores: Stores,
 }
+
+/// Elements `start..end` of output `work`: one replica's unit of work in a sliced reduction.
+struct Piece {
+    work: usize,
+    start: usize,
+    end: usize,
+}
+
+/// The most output bytes in one piece of a sliced reduction: large enough that claiming a piece
+/// (one atomic add) costs nothing beside it, small enough that a replica the scheduler holds
+/// back mid-piece delays the others by little.
+const PIECE_BYTES: usize = 512 << 10;
+
+/// How many of the last outputs a group keeps for reuse.
+const SPARES: usize = 4;
 
 struct Shared {
     num_replicas: usize,
@@ -195,9 +247,10 @@ struct Shared {
     consumed: AtomicUsize,
     /// Collective calls completed, for messages.
     calls: AtomicU64,
-    /// The last large output, reused when no replica holds it any more (64 MiB of fresh pages
-    /// per call would cost more than the reduction).
-    spare: Mutex<Option<Tensor>>,
+    /// The last outputs, each reused by a later call of its dtype and shape once no one holds it
+    /// any more: 64 MiB of fresh pages per call would cost more than the reduction, and even a
+    /// small output's allocation is a good part of a 4 KiB all-reduce.
+    spares: Mutex<Vec<Tensor>>,
     /// Which replicas have a live [`Member`]: two handles for one replica (two strategies
     /// sharing a backend) would meet the wrong peers and silently mix their sums.
     claimed: Box<[AtomicBool]>,
@@ -260,7 +313,7 @@ impl CollectiveGroup {
                 outcome: Mutex::new(None),
                 consumed: AtomicUsize::new(0),
                 calls: AtomicU64::new(0),
-                spare: Mutex::new(None),
+                spares: Mutex::new(Vec::with_capacity(SPARES)),
                 claimed: (0..num_replicas).map(|_| AtomicBool::new(false)).collect(),
             }),
         })
@@ -369,14 +422,14 @@ impl Shared {
                         _ => unreachable!("agreement checked"),
                     })
                     .collect();
-                let works = vec![self.plan_sliced(op, inputs, true)?];
+                let works = vec![self.plan_sliced(op, inputs)?];
                 Ok(self.sliced_or_shared(works))
             }
             Request::BatchAllReduce(op, first, _) => {
                 let works = (0..first.len())
                     .map(|b| {
                         let bucket = requests.iter().map(|r| r.tensors()[b].clone()).collect();
-                        self.plan_sliced(*op, bucket, false)
+                        self.plan_sliced(*op, bucket)
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(self.sliced_or_shared(works))
@@ -414,7 +467,12 @@ impl Shared {
         let sliced = matches!(self.config.plan, ReducePlan::Sliced { min_bytes }
             if self.num_replicas > 1 && bytes >= min_bytes);
         if sliced {
-            return Outcome::Sliced(works);
+            let pieces = self.pieces(&works);
+            return Outcome::Sliced {
+                works,
+                pieces,
+                next: AtomicUsize::new(0),
+            };
         }
         for work in &works {
             work.reduce_range(0, work.output.num_elements(), self.num_replicas);
@@ -422,64 +480,82 @@ impl Shared {
         Outcome::Shared(works.into_iter().map(|w| w.output).collect())
     }
 
-    /// Lays out the reduction of `inputs` (one per replica) into one output; `reuse` lets it
-    /// write into the last large output if no replica holds that any more.
-    fn plan_sliced(
-        &self,
-        op: ReduceOp,
-        inputs: Vec<Tensor>,
-        reuse: bool,
-    ) -> Result<SlicedWork, CollectiveError> {
+    /// Cuts the outputs of `works` into pieces of at most [`PIECE_BYTES`], at least one per
+    /// replica for each output, each a whole number of cache lines (of the output's elements) so
+    /// that two replicas rarely write one line.
+    fn pieces(&self, works: &[SlicedWork]) -> Vec<Piece> {
+        let mut pieces = Vec::new();
+        for (w, work) in works.iter().enumerate() {
+            let len = work.output.num_elements();
+            let size = work.output.dtype().size_in_bytes();
+            let line = (64 / size).max(1);
+            let piece = len
+                .div_ceil(self.num_replicas)
+                .min(PIECE_BYTES / size)
+                .div_ceil(line)
+                .max(1)
+                * line;
+            pieces.extend((0..len).step_by(piece).map(|start| Piece {
+                work: w,
+                start,
+                end: (start + piece).min(len),
+            }));
+        }
+        pieces
+    }
+
+    /// Lays out the reduction of `inputs` (one per replica) into one output, reusing a spare
+    /// output that no one holds any more.
+    fn plan_sliced(&self, op: ReduceOp, inputs: Vec<Tensor>) -> Result<SlicedWork, CollectiveError> {
         // An integer `Mean` writes float64 (TF's true division).
         let dtype = kernel::reduced_dtype(op, inputs[0].dtype());
-        let shape = inputs[0].shape().to_vec();
         // Strided inputs (transposed views) are made contiguous once, here.
         let inputs: Vec<Tensor> = inputs.into_iter().map(contiguous).collect();
-        let (output, output_ptr) = if reuse {
-            self.output_buffer(dtype, &shape, inputs[0].device())
-        } else {
-            fresh_buffer(dtype, &shape, inputs[0].device())
-        };
-        let len = output.num_elements();
-        let line = (64 / dtype.size_in_bytes()).max(1);
-        let chunk = len.div_ceil(self.num_replicas).div_ceil(line) * line;
+        let (output, output_ptr) = self.output_buffer(dtype, &inputs[0]);
+        let stores = Stores::for_output(output.size_in_bytes());
         Ok(SlicedWork {
             op,
             inputs,
             output,
             output_ptr,
-            chunk,
+            stores,
         })
     }
 
-    /// A writable output of `shape`, reusing the last one when no replica still holds it.
-    fn output_buffer(&self, dtype: DType, shape: &[usize], device: &str) -> (Tensor, usize) {
-        let mut spare = lock(&self.spare);
-        // The spare must not count as a holder while testing uniqueness, so take it out.
-        let (tensor, ptr) = with_dtype!(dtype, T => writable::<T>(spare.take(), shape, device));
-        *spare = Some(tensor.clone());
+    /// A writable output of `dtype` shaped and labelled like `like`: a spare of that dtype and
+    /// shape that no one else holds, else a new one, which becomes a spare.
+    fn output_buffer(&self, dtype: DType, like: &Tensor) -> (Tensor, usize) {
+        let mut spares = lock(&self.spares);
+        let found = spares
+            .iter()
+            .position(|t| t.dtype() == dtype && t.shape() == like.shape() && t.is_sole_holder());
+        let (tensor, ptr) = match found {
+            // Taken out so that the spare list does not count as a holder.
+            Some(i) => with_dtype!(dtype, T => writable::<T>(Some(spares.swap_remove(i)), like)),
+            None => {
+                if spares.len() == SPARES {
+                    spares.remove(0);
+                }
+                with_dtype!(dtype, T => writable::<T>(None, like))
+            }
+        };
+        spares.push(tensor.clone());
         (tensor, ptr)
     }
 }
 
-/// A new writable output of `shape`.
-fn fresh_buffer(dtype: DType, shape: &[usize], device: &str) -> (Tensor, usize) {
-    with_dtype!(dtype, T => writable::<T>(None, shape, device))
-}
-
-/// A tensor of `shape` and the address of its elements: `spare`'s buffer when it fits and is
-/// held by nothing else, else a new one.
-fn writable<T: Arith>(spare: Option<Tensor>, shape: &[usize], device: &str) -> (Tensor, usize) {
+/// A tensor shaped and labelled like `like` and the address of its elements: `spare`'s buffer
+/// when it is held by nothing else, else a new one.
+fn writable<T: Arith>(spare: Option<Tensor>, like: &Tensor) -> (Tensor, usize) {
     let reusable = spare
-        .filter(|t| t.shape() == shape)
         .and_then(|t| t.array::<T>().ok().cloned())
         .and_then(|a| a.try_into_owned_nocopy().ok());
     let mut owned: Array<T, IxDyn> =
-        reusable.unwrap_or_else(|| Array::from_elem(IxDyn(shape), T::zero()));
+        reusable.unwrap_or_else(|| Array::from_elem(IxDyn(like.shape()), T::zero()));
     let ptr = owned.as_mut_ptr() as usize;
     // `into_shared` moves the buffer into an `Arc` without reallocating it, so `ptr` stays valid
     // for as long as the tensor lives.
-    (Tensor::from_shared(device, owned.into_shared()), ptr)
+    (Tensor::from_shared_like(owned.into_shared(), like), ptr)
 }
 
 /// The tensor itself if its elements are contiguous, else a contiguous copy.
@@ -500,7 +576,7 @@ fn contiguous(tensor: Tensor) -> Tensor {
 fn check_agreement(requests: &[Request], call: u64) -> Result<(), CollectiveError> {
     let first = &requests[0];
     for (replica, request) in requests.iter().enumerate().skip(1) {
-        let same_op = first.signature() == request.signature();
+        let same_op = first.name() == request.name();
         let same_tensors = same_op
             && match (first, request) {
                 (Request::AllGather(a), Request::AllGather(b)) => {
@@ -582,7 +658,7 @@ impl Member {
     /// with this replica's device. `Mean` divides by the replica count.
     pub fn all_reduce(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
         let mut out = self.call(Request::AllReduce(op, tensor.clone()))?;
-        out.swap_remove(0).copy_to(tensor.device())
+        out.swap_remove(0).copy_to_device_of(tensor)
     }
 
     /// [`Member::all_reduce`] of several tensors in one rendezvous; results in input order,
@@ -603,13 +679,16 @@ impl Member {
             // Packing works on host memory: GPU tensors are reduced one call each.
             return tensors.iter().map(|t| self.all_reduce(op, t)).collect();
         }
-        let plan = FusionPlan::new(tensors, self.group.config().bytes_per_pack);
+        let plan = Arc::new(FusionPlan::new(
+            tensors,
+            self.group.config().bytes_per_pack,
+        ));
         let buckets = plan.pack(tensors)?;
-        let reduced = self.call(Request::BatchAllReduce(op, buckets, describe(tensors)))?;
+        let reduced = self.call(Request::BatchAllReduce(op, buckets, Arc::clone(&plan)))?;
         plan.unpack_reduced(op, &reduced)?
             .into_iter()
             .zip(tensors)
-            .map(|(r, t)| r.copy_to(t.device()))
+            .map(|(r, t)| r.copy_to_device_of(t))
             .collect()
     }
 
@@ -648,9 +727,9 @@ impl Member {
 
     fn call(&self, request: Request) -> Result<Vec<Tensor>, CollectiveError> {
         let shared = &*self.group.shared;
-        let signature = request.signature();
+        let name = request.name();
         let call = shared.calls.load(Ordering::SeqCst);
-        let what = || format!("{signature} #{call}");
+        let what = || format!("{} #{call}", name.signature());
         *lock(&shared.slots[self.replica]) = Some(request);
         shared.rendezvous.arrive(self.replica, &what, || {
             let outcome = shared.plan();
@@ -690,9 +769,15 @@ impl Member {
                     n,
                 )?])
             }
-            Outcome::Sliced(works) => {
-                for work in works {
-                    work.reduce_slice(self.replica, shared.num_replicas);
+            Outcome::Sliced {
+                works,
+                pieces,
+                next,
+            } => {
+                // Relaxed is enough: the claims only need to be distinct, and the barrier below
+                // publishes the outputs.
+                while let Some(piece) = pieces.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    works[piece.work].reduce_range(piece.start, piece.end, shared.num_replicas);
                 }
                 shared.rendezvous.arrive(self.replica, &what, || {})?;
                 Ok(works.iter().map(|w| w.output.clone()).collect())
@@ -727,14 +812,6 @@ impl ReplicaCollectives for Member {
 }
 
 impl SlicedWork {
-    /// Reduces replica `replica`'s slice into the shared output.
-    fn reduce_slice(&self, replica: usize, num_replicas: usize) {
-        let len = self.output.num_elements();
-        let start = (replica * self.chunk).min(len);
-        let end = ((replica + 1) * self.chunk).min(len);
-        self.reduce_range(start, end, num_replicas);
-    }
-
     /// Reduces elements `start..end` of every input into the output. Callers give disjoint
     /// ranges and read the output only after all ranges are done.
     fn reduce_range(&self, start: usize, end: usize, num_replicas: usize) {
@@ -761,7 +838,7 @@ impl SlicedWork {
             let out = unsafe {
                 std::slice::from_raw_parts_mut((work.output_ptr as *mut T).add(start), end - start)
             };
-            kernel::reduce_slices(work.op, &inputs, out, num_replicas);
+            kernel::reduce_slices_with(work.op, &inputs, out, num_replicas, work.stores);
         }
         /// The float64 output of an integer `Mean`, from inputs of the integer type `T`.
         fn integer_mean<T: ExactInt>(work: &SlicedWork, start: usize, end: usize, n: usize) {
