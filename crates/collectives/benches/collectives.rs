@@ -3,7 +3,8 @@
 //! measured in the same run.
 //!
 //! Without `--bench` (as `cargo test --all-targets` runs it) it does a quick smoke run that still
-//! checks the results.
+//! checks the results. `COLLECTIVES_BENCH_BYTES=4096,67108864` runs only those sizes (at 2
+//! replicas), for profiling one case.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +30,17 @@ fn main() {
         )
     } else {
         (&[2, 3], &[4 * KIB, 64 * KIB], MIB)
+    };
+    let only: Option<Vec<usize>> = std::env::var("COLLECTIVES_BENCH_BYTES")
+        .ok()
+        .map(|list| {
+            list.split(',')
+                .map(|b| b.trim().parse().expect("COLLECTIVES_BENCH_BYTES: byte counts"))
+                .collect()
+        });
+    let (replica_counts, sizes) = match &only {
+        Some(only) => (&[2][..], &only[..]),
+        None => (replica_counts, sizes),
     };
     let membw = memory_bandwidth(membw_bytes, full);
     for &replicas in replica_counts {
