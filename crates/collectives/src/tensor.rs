@@ -286,6 +286,14 @@ impl Tensor {
         }
     }
 
+    /// Whether this is a host tensor whose elements lie contiguously in row-major order.
+    pub(crate) fn is_contiguous(&self) -> bool {
+        match &self.storage {
+            Storage::Host(host) => with_host!(host, a => a.is_standard_layout()),
+            Storage::Gpu(_) => false,
+        }
+    }
+
     /// Whether this is a host tensor whose buffer no other tensor or view shares.
     pub(crate) fn is_sole_holder(&self) -> bool {
         match &self.storage {

@@ -413,8 +413,26 @@ impl Shared {
             return plan_on_gpu(requests, n);
         }
         match &requests[0] {
-            Request::AllReduce(op, _) => {
+            Request::AllReduce(op, first) => {
                 let op = *op;
+                let dtype = kernel::reduced_dtype(op, first.dtype());
+                let bytes = first.num_elements() * dtype.size_in_bytes();
+                if !self.splits(bytes) && requests.iter().all(|r| r.tensors()[0].is_contiguous()) {
+                    // The common small case: reduced here and now, straight from the requests.
+                    let inputs: Vec<&Tensor> = requests.iter().map(|r| &r.tensors()[0]).collect();
+                    let (output, ptr) = self.output_buffer(dtype, first);
+                    let target = Output {
+                        dtype,
+                        ptr,
+                        stores: Stores::for_output(bytes),
+                    };
+                    let len = output.num_elements();
+                    // SAFETY: `ptr` points at the elements of `output`, just made or taken from
+                    // the spares because no one else held it, and no one sees it before the
+                    // outcome is published.
+                    unsafe { reduce_into(op, &inputs, target, 0, len, n) };
+                    return Ok(Outcome::Shared(vec![output]));
+                }
                 let inputs: Vec<Tensor> = requests
                     .into_iter()
                     .map(|r| match r {
@@ -464,9 +482,7 @@ impl Shared {
     /// otherwise the last arriver (this thread) does it all now.
     fn sliced_or_shared(&self, works: Vec<SlicedWork>) -> Outcome {
         let bytes: usize = works.iter().map(|w| w.output.size_in_bytes()).sum();
-        let sliced = matches!(self.config.plan, ReducePlan::Sliced { min_bytes }
-            if self.num_replicas > 1 && bytes >= min_bytes);
-        if sliced {
+        if self.splits(bytes) {
             let pieces = self.pieces(&works);
             return Outcome::Sliced {
                 works,
@@ -474,10 +490,18 @@ impl Shared {
                 next: AtomicUsize::new(0),
             };
         }
-        for work in &works {
+        let mut outputs = Vec::with_capacity(works.len());
+        for work in works {
             work.reduce_range(0, work.output.num_elements(), self.num_replicas);
+            outputs.push(work.output);
         }
-        Outcome::Shared(works.into_iter().map(|w| w.output).collect())
+        Outcome::Shared(outputs)
+    }
+
+    /// Whether outputs of `bytes` bytes in all are reduced by every replica in parallel.
+    fn splits(&self, bytes: usize) -> bool {
+        matches!(self.config.plan, ReducePlan::Sliced { min_bytes }
+            if self.num_replicas > 1 && bytes >= min_bytes)
     }
 
     /// Cuts the outputs of `works` into pieces of at most [`PIECE_BYTES`], at least one per
@@ -549,13 +573,13 @@ impl Shared {
 fn writable<T: Arith>(spare: Option<Tensor>, like: &Tensor) -> (Tensor, usize) {
     let reusable = spare
         .and_then(|t| t.array::<T>().ok().cloned())
-        .and_then(|a| a.try_into_owned_nocopy().ok());
-    let mut owned: Array<T, IxDyn> =
-        reusable.unwrap_or_else(|| Array::from_elem(IxDyn(like.shape()), T::zero()));
-    let ptr = owned.as_mut_ptr() as usize;
-    // `into_shared` moves the buffer into an `Arc` without reallocating it, so `ptr` stays valid
-    // for as long as the tensor lives.
-    (Tensor::from_shared_like(owned.into_shared(), like), ptr)
+        .filter(|a| a.is_unique() && a.is_standard_layout());
+    let mut array = reusable
+        .unwrap_or_else(|| Array::from_elem(IxDyn(like.shape()), T::zero()).into_shared());
+    // The array is its buffer's only holder, so this does not copy; the buffer stays where it
+    // is for as long as the tensor lives.
+    let ptr = array.as_mut_ptr() as usize;
+    (Tensor::from_shared_like(array, like), ptr)
 }
 
 /// The tensor itself if its elements are contiguous, else a contiguous copy.
@@ -815,65 +839,109 @@ impl SlicedWork {
     /// Reduces elements `start..end` of every input into the output. Callers give disjoint
     /// ranges and read the output only after all ranges are done.
     fn reduce_range(&self, start: usize, end: usize, num_replicas: usize) {
-        fn typed<T: Arith>(work: &SlicedWork, start: usize, end: usize, num_replicas: usize) {
-            if start == end {
-                return;
+        let output = Output {
+            dtype: self.output.dtype(),
+            ptr: self.output_ptr,
+            stores: self.stores,
+        };
+        // SAFETY: `output_ptr` points at the elements of `self.output`, which `self` keeps alive,
+        // and the callers' ranges are within it, disjoint, and read only once all are done.
+        unsafe { reduce_into(self.op, &self.inputs, output, start, end, num_replicas) };
+    }
+}
+
+/// Where a reduction writes: the elements of an output tensor of `dtype` at address `ptr`.
+#[derive(Clone, Copy)]
+struct Output {
+    dtype: DType,
+    ptr: usize,
+    stores: Stores,
+}
+
+/// Reduces elements `start..end` of the contiguous `inputs` (one dtype and shape) into
+/// `output`, dividing a `Mean` by `num_replicas`.
+///
+/// # Safety
+///
+/// `output.ptr` must point at the elements of a live tensor of `output.dtype` (the reduced
+/// dtype of the inputs') holding at least `end` elements, that nothing else writes or reads in
+/// `start..end` while this runs.
+unsafe fn reduce_into<I: std::borrow::Borrow<Tensor>>(
+    op: ReduceOp,
+    inputs: &[I],
+    output: Output,
+    start: usize,
+    end: usize,
+    num_replicas: usize,
+) {
+    fn slices<T: crate::tensor::Element, I: std::borrow::Borrow<Tensor>>(
+        inputs: &[I],
+        start: usize,
+        end: usize,
+    ) -> Vec<&[T]> {
+        inputs
+            .iter()
+            .map(|t| {
+                let all = t
+                    .borrow()
+                    .array::<T>()
+                    .ok()
+                    .and_then(|a| a.as_slice())
+                    .expect("planned inputs are contiguous and of one dtype");
+                &all[start..end]
+            })
+            .collect()
+    }
+    /// # Safety
+    ///
+    /// As for `reduce_into`.
+    unsafe fn typed<T: Arith, I: std::borrow::Borrow<Tensor>>(
+        op: ReduceOp,
+        inputs: &[I],
+        output: Output,
+        start: usize,
+        end: usize,
+        num_replicas: usize,
+    ) {
+        let inputs = slices::<T, I>(inputs, start, end);
+        // SAFETY: the caller's contract.
+        let out = unsafe {
+            std::slice::from_raw_parts_mut((output.ptr as *mut T).add(start), end - start)
+        };
+        kernel::reduce_slices_with(op, &inputs, out, num_replicas, output.stores);
+    }
+    /// The float64 output of an integer `Mean`, from inputs of the integer type `T`.
+    ///
+    /// # Safety
+    ///
+    /// As for `reduce_into`; the output is float64 (`reduced_dtype`).
+    unsafe fn integer_mean<T: ExactInt, I: std::borrow::Borrow<Tensor>>(
+        inputs: &[I],
+        output: Output,
+        start: usize,
+        end: usize,
+        n: usize,
+    ) {
+        let inputs = slices::<T, I>(inputs, start, end);
+        // SAFETY: the caller's contract.
+        let out = unsafe {
+            std::slice::from_raw_parts_mut((output.ptr as *mut f64).add(start), end - start)
+        };
+        kernel::integer_mean_slices(&inputs, out, n);
+    }
+    if start >= end {
+        return;
+    }
+    // SAFETY (all arms): the caller's contract, passed on.
+    unsafe {
+        match inputs[0].borrow().dtype() {
+            DType::I32 if op == ReduceOp::Mean => {
+                integer_mean::<i32, I>(inputs, output, start, end, num_replicas)
             }
-            let inputs: Vec<&[T]> = work
-                .inputs
-                .iter()
-                .map(|t| {
-                    let all = t
-                        .array::<T>()
-                        .ok()
-                        .and_then(|a| a.as_slice())
-                        .expect("planned inputs are contiguous and of the output's dtype");
-                    &all[start..end]
-                })
-                .collect();
-            // SAFETY: `output_ptr` points at the output tensor's elements, which `work` keeps
-            // alive, and `end` is within them. Callers reduce disjoint ranges, and nothing reads
-            // the output until every range is done (the barrier that follows, or the planner
-            // publishing the outcome).
-            let out = unsafe {
-                std::slice::from_raw_parts_mut((work.output_ptr as *mut T).add(start), end - start)
-            };
-            kernel::reduce_slices_with(work.op, &inputs, out, num_replicas, work.stores);
-        }
-        /// The float64 output of an integer `Mean`, from inputs of the integer type `T`.
-        fn integer_mean<T: ExactInt>(work: &SlicedWork, start: usize, end: usize, n: usize) {
-            if start == end {
-                return;
+            DType::I64 if op == ReduceOp::Mean => {
+                integer_mean::<i64, I>(inputs, output, start, end, num_replicas)
             }
-            let inputs: Vec<&[T]> = work
-                .inputs
-                .iter()
-                .map(|t| {
-                    let all = t
-                        .array::<T>()
-                        .ok()
-                        .and_then(|a| a.as_slice())
-                        .expect("planned inputs are contiguous and of one integer dtype");
-                    &all[start..end]
-                })
-                .collect();
-            // SAFETY: as in `typed`; the output is float64 (`reduced_dtype`).
-            let out = unsafe {
-                std::slice::from_raw_parts_mut(
-                    (work.output_ptr as *mut f64).add(start),
-                    end - start,
-                )
-            };
-            kernel::integer_mean_slices(&inputs, out, n);
-        }
-        match self.inputs[0].dtype() {
-            DType::I32 if self.op == ReduceOp::Mean => {
-                integer_mean::<i32>(self, start, end, num_replicas)
-            }
-            DType::I64 if self.op == ReduceOp::Mean => {
-                integer_mean::<i64>(self, start, end, num_replicas)
-            }
-            _ => with_dtype!(self.output.dtype(), T => typed::<T>(self, start, end, num_replicas)),
+            _ => with_dtype!(output.dtype, T => typed::<T, I>(op, inputs, output, start, end, num_replicas)),
         }
     }
 }
