@@ -687,7 +687,9 @@ impl Member {
 
     /// [`Member::all_reduce`] of several tensors in one rendezvous; results in input order,
     /// bitwise equal to reducing them one by one. Same-dtype tensors are packed into buckets of
-    /// [`GroupConfig::bytes_per_pack`] bytes, each replica packing its own in parallel.
+    /// [`GroupConfig::bytes_per_pack`] bytes, each replica packing its own in parallel. A batch
+    /// of one tensor is that tensor's [`Member::all_reduce`] (there is nothing to pack), so
+    /// every replica must pass one tensor then, or every replica more.
     pub fn batch_all_reduce(
         &self,
         op: ReduceOp,
@@ -696,9 +698,10 @@ impl Member {
         if tensors.is_empty() {
             return Ok(Vec::new());
         }
-        if tensors
-            .iter()
-            .any(|t| t.placement() != crate::Placement::Host)
+        if tensors.len() == 1
+            || tensors
+                .iter()
+                .any(|t| t.placement() != crate::Placement::Host)
         {
             // Packing works on host memory: GPU tensors are reduced one call each.
             return tensors.iter().map(|t| self.all_reduce(op, t)).collect();
@@ -942,6 +945,105 @@ unsafe fn reduce_into<I: std::borrow::Borrow<Tensor>>(
                 integer_mean::<i64, I>(inputs, output, start, end, num_replicas)
             }
             _ => with_dtype!(output.dtype, T => typed::<T, I>(op, inputs, output, start, end, num_replicas)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_on<T: Send>(group: &CollectiveGroup, step: impl Fn(&Member) -> T + Sync) -> Vec<T> {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..group.num_replicas())
+                .map(|r| {
+                    let member = group.member(r).unwrap();
+                    let step = &step;
+                    s.spawn(move || step(&member))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// Values whose sums round differently in different orders.
+    fn input(r: usize, len: usize) -> Tensor {
+        let data: Vec<f32> = (0..len)
+            .map(|i| ((i * 31 + r * 7) as f32).sin() * 10f32.powi((i % 7) as i32 - 3))
+            .collect();
+        Tensor::from_vec(&format!("/cpu:{r}"), &[len], data).unwrap()
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    }
+
+    #[test]
+    fn outputs_past_the_caches_are_streamed_and_give_the_one_reducer_bits() {
+        // Past STREAM_MIN_BYTES, and not a whole number of pieces or tiles.
+        let len = kernel::STREAM_MIN_BYTES / 4 + 1001;
+        for n in [2, 3] {
+            let inputs: Vec<Tensor> = (0..n).map(|r| input(r, len)).collect();
+            let refs: Vec<&Tensor> = inputs.iter().collect();
+            let host = kernel::reduce_tensors(ReduceOp::Sum, &refs, "/cpu:0", n).unwrap();
+            for plan in [ReducePlan::OneReducer, ReducePlan::Sliced { min_bytes: 0 }] {
+                let config = GroupConfig {
+                    plan,
+                    ..GroupConfig::default()
+                };
+                let group = CollectiveGroup::new(n, config).unwrap();
+                let out = run_on(&group, |m| {
+                    m.all_reduce(ReduceOp::Sum, &inputs[m.replica()]).unwrap()
+                });
+                for (r, t) in out.iter().enumerate() {
+                    assert_eq!(t.device(), format!("/cpu:{r}"));
+                    assert!(bits(t) == bits(&host), "{plan:?}, {n} replicas, replica {r}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_batch_of_one_tensor_is_its_all_reduce() {
+        let group = CollectiveGroup::new(2, GroupConfig::default()).unwrap();
+        let out = run_on(&group, |m| {
+            let t = crate::flat::reshape(&input(m.replica(), 12), &[3, 4]).unwrap();
+            let batched = m.batch_all_reduce(ReduceOp::Mean, &[t.clone()]).unwrap();
+            let single = m.all_reduce(ReduceOp::Mean, &t).unwrap();
+            (batched, single)
+        });
+        for (batched, single) in &out {
+            assert_eq!(batched.len(), 1);
+            assert_eq!(batched[0].shape(), [3, 4]);
+            assert!(bits(&batched[0]) == bits(single));
+        }
+    }
+
+    #[test]
+    fn pieces_cover_every_output_once_in_whole_cache_lines() {
+        let group = CollectiveGroup::new(3, GroupConfig::default()).unwrap();
+        for len in [1, 15, 16, 17, 1000, (PIECE_BYTES / 4) * 5 + 3] {
+            let inputs: Vec<Tensor> = (0..3).map(|r| input(r, len)).collect();
+            let works = vec![
+                group.shared.plan_sliced(ReduceOp::Sum, inputs.clone()).unwrap(),
+                group.shared.plan_sliced(ReduceOp::Sum, inputs).unwrap(),
+            ];
+            let pieces = group.shared.pieces(&works);
+            for w in 0..2 {
+                let mine: Vec<&Piece> = pieces.iter().filter(|p| p.work == w).collect();
+                assert!(mine.len() >= 3.min(len.div_ceil(16)), "len {len}");
+                assert_eq!(mine[0].start, 0);
+                assert_eq!(mine.last().unwrap().end, len);
+                for pair in mine.windows(2) {
+                    assert_eq!(pair[0].end, pair[1].start);
+                    assert_eq!(pair[1].start % 16, 0, "len {len}");
+                    assert!(pair[1].start - pair[0].start <= PIECE_BYTES / 4);
+                }
+            }
         }
     }
 }
