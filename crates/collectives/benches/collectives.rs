@@ -32,15 +32,19 @@ fn main() {
     } else {
         (&[2, 3], &[4 * KIB, 64 * KIB], MIB)
     };
-    let only: Option<Vec<usize>> = std::env::var("COLLECTIVES_BENCH_BYTES")
-        .ok()
-        .map(|list| {
-            list.split(',')
-                .map(|b| b.trim().parse().expect("COLLECTIVES_BENCH_BYTES: byte counts"))
-                .collect()
-        });
-    let only_replicas: [usize; 1] = [std::env::var("COLLECTIVES_BENCH_REPLICAS")
-        .map_or(2, |n| n.parse().expect("COLLECTIVES_BENCH_REPLICAS: a replica count"))];
+    let only: Option<Vec<usize>> = std::env::var("COLLECTIVES_BENCH_BYTES").ok().map(|list| {
+        list.split(',')
+            .map(|b| {
+                b.trim()
+                    .parse()
+                    .expect("COLLECTIVES_BENCH_BYTES: byte counts")
+            })
+            .collect()
+    });
+    let only_replicas: [usize; 1] = [std::env::var("COLLECTIVES_BENCH_REPLICAS").map_or(2, |n| {
+        n.parse()
+            .expect("COLLECTIVES_BENCH_REPLICAS: a replica count")
+    })];
     let (replica_counts, sizes) = match &only {
         Some(only) => (&only_replicas[..], &only[..]),
         None => (replica_counts, sizes),

@@ -117,7 +117,11 @@ impl FusionPlan {
         let parts: Vec<String> = self
             .buckets
             .iter()
-            .flat_map(|b| b.shapes.iter().map(move |shape| format!("{} {shape:?}", b.dtype)))
+            .flat_map(|b| {
+                b.shapes
+                    .iter()
+                    .map(move |shape| format!("{} {shape:?}", b.dtype))
+            })
             .collect();
         parts.join(", ")
     }

@@ -327,7 +327,8 @@ fn fold<T: Arith>(
         Stores::Streaming => out.as_ptr().align_offset(64).min(len),
         Stores::Cached => 0,
     };
-    let streaming = stores == Stores::Streaming && out.as_ptr().wrapping_add(head) as usize % 64 == 0;
+    let streaming = stores == Stores::Streaming
+        && (out.as_ptr().wrapping_add(head) as usize).is_multiple_of(64);
     for (i, o) in out[..head].iter_mut().enumerate() {
         *o = one(i);
     }
@@ -446,7 +447,8 @@ pub(crate) fn reduce_tensors(
         let slices: Vec<&[T]> = owned.iter().map(|c| &c[..]).collect();
         let shape = inputs[0].shape().to_vec();
         let mut out = vec![T::zero(); slices[0].len()];
-        reduce_slices(op, &slices, &mut out, divisor);
+        let stores = Stores::for_output(std::mem::size_of_val(&out[..]));
+        reduce_slices_with(op, &slices, &mut out, divisor, stores);
         Tensor::from_vec(device, &shape, out)
     }
     if is_integer_mean(op, first.dtype()) {

@@ -530,7 +530,11 @@ impl Shared {
 
     /// Lays out the reduction of `inputs` (one per replica) into one output, reusing a spare
     /// output that no one holds any more.
-    fn plan_sliced(&self, op: ReduceOp, inputs: Vec<Tensor>) -> Result<SlicedWork, CollectiveError> {
+    fn plan_sliced(
+        &self,
+        op: ReduceOp,
+        inputs: Vec<Tensor>,
+    ) -> Result<SlicedWork, CollectiveError> {
         // An integer `Mean` writes float64 (TF's true division).
         let dtype = kernel::reduced_dtype(op, inputs[0].dtype());
         // Strided inputs (transposed views) are made contiguous once, here.
@@ -574,8 +578,8 @@ fn writable<T: Arith>(spare: Option<Tensor>, like: &Tensor) -> (Tensor, usize) {
     let reusable = spare
         .and_then(|t| t.array::<T>().ok().cloned())
         .filter(|a| a.is_unique() && a.is_standard_layout());
-    let mut array = reusable
-        .unwrap_or_else(|| Array::from_elem(IxDyn(like.shape()), T::zero()).into_shared());
+    let mut array =
+        reusable.unwrap_or_else(|| Array::from_elem(IxDyn(like.shape()), T::zero()).into_shared());
     // The array is its buffer's only holder, so this does not copy; the buffer stays where it
     // is for as long as the tensor lives.
     let ptr = array.as_mut_ptr() as usize;
@@ -706,10 +710,7 @@ impl Member {
             // Packing works on host memory: GPU tensors are reduced one call each.
             return tensors.iter().map(|t| self.all_reduce(op, t)).collect();
         }
-        let plan = Arc::new(FusionPlan::new(
-            tensors,
-            self.group.config().bytes_per_pack,
-        ));
+        let plan = Arc::new(FusionPlan::new(tensors, self.group.config().bytes_per_pack));
         let buckets = plan.pack(tensors)?;
         let reduced = self.call(Request::BatchAllReduce(op, buckets, Arc::clone(&plan)))?;
         plan.unpack_reduced(op, &reduced)?
@@ -944,7 +945,9 @@ unsafe fn reduce_into<I: std::borrow::Borrow<Tensor>>(
             DType::I64 if op == ReduceOp::Mean => {
                 integer_mean::<i64, I>(inputs, output, start, end, num_replicas)
             }
-            _ => with_dtype!(output.dtype, T => typed::<T, I>(op, inputs, output, start, end, num_replicas)),
+            _ => {
+                with_dtype!(output.dtype, T => typed::<T, I>(op, inputs, output, start, end, num_replicas))
+            }
         }
     }
 }
@@ -1001,7 +1004,10 @@ mod tests {
                 });
                 for (r, t) in out.iter().enumerate() {
                     assert_eq!(t.device(), format!("/cpu:{r}"));
-                    assert!(bits(t) == bits(&host), "{plan:?}, {n} replicas, replica {r}");
+                    assert!(
+                        bits(t) == bits(&host),
+                        "{plan:?}, {n} replicas, replica {r}"
+                    );
                 }
             }
         }
@@ -1012,7 +1018,9 @@ mod tests {
         let group = CollectiveGroup::new(2, GroupConfig::default()).unwrap();
         let out = run_on(&group, |m| {
             let t = crate::flat::reshape(&input(m.replica(), 12), &[3, 4]).unwrap();
-            let batched = m.batch_all_reduce(ReduceOp::Mean, &[t.clone()]).unwrap();
+            let batched = m
+                .batch_all_reduce(ReduceOp::Mean, std::slice::from_ref(&t))
+                .unwrap();
             let single = m.all_reduce(ReduceOp::Mean, &t).unwrap();
             (batched, single)
         });
@@ -1029,7 +1037,10 @@ mod tests {
         for len in [1, 15, 16, 17, 1000, (PIECE_BYTES / 4) * 5 + 3] {
             let inputs: Vec<Tensor> = (0..3).map(|r| input(r, len)).collect();
             let works = vec![
-                group.shared.plan_sliced(ReduceOp::Sum, inputs.clone()).unwrap(),
+                group
+                    .shared
+                    .plan_sliced(ReduceOp::Sum, inputs.clone())
+                    .unwrap(),
                 group.shared.plan_sliced(ReduceOp::Sum, inputs).unwrap(),
             ];
             let pieces = group.shared.pieces(&works);
