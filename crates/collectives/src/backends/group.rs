@@ -114,8 +114,8 @@ fn broadcast_outcome(requests: &[Request], root: usize) -> Result<Outcome, Colle
 #[derive(Clone)]
 enum Request {
     AllReduce(ReduceOp, Tensor),
-    /// Packed buckets, plus the plan that packed them (the dtypes and shapes of the original
-    /// tensors, which replicas must agree on).
+    /// The tensors, plus their fusion plan: the buckets their results share, and the dtypes and
+    /// shapes replicas must agree on.
     BatchAllReduce(ReduceOp, Vec<Tensor>, Arc<FusionPlan>),
     AllGather(Tensor),
     ReduceScatter(ReduceOp, Tensor),
@@ -212,9 +212,13 @@ enum Outcome {
 struct SlicedWork {
     op: ReduceOp,
     inputs: Vec<Tensor>,
-    output: Tensor,
-    /// Address of the output's first element, written through by the replicas.
+    /// What the replicas get: the output, or (in a batch) this tensor's part of its bucket's
+    /// output; either way it keeps the written buffer alive.
+    result: Tensor,
+    /// Address of the first element written, through which the replicas write.
     output_ptr: usize,
+    /// How many elements are written.
+    len: usize,
     /// How the output is written: streaming stores when it is larger than the caches.
     stores: Stores,
 }
@@ -420,7 +424,7 @@ impl Shared {
                 if !self.splits(bytes) && requests.iter().all(|r| r.tensors()[0].is_contiguous()) {
                     // The common small case: reduced here and now, straight from the requests.
                     let inputs: Vec<&Tensor> = requests.iter().map(|r| &r.tensors()[0]).collect();
-                    let (output, ptr) = self.output_buffer(dtype, first);
+                    let (output, ptr) = self.output_buffer(dtype, first.shape(), first);
                     let target = Output {
                         dtype,
                         ptr,
@@ -443,13 +447,8 @@ impl Shared {
                 let works = vec![self.plan_sliced(op, inputs)?];
                 Ok(self.sliced_or_shared(works))
             }
-            Request::BatchAllReduce(op, first, _) => {
-                let works = (0..first.len())
-                    .map(|b| {
-                        let bucket = requests.iter().map(|r| r.tensors()[b].clone()).collect();
-                        self.plan_sliced(*op, bucket)
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
+            Request::BatchAllReduce(op, first, plan) => {
+                let works = self.plan_batch(*op, first, plan, &requests)?;
                 Ok(self.sliced_or_shared(works))
             }
             Request::AllGather(first) => {
@@ -481,7 +480,10 @@ impl Shared {
     /// Splits the work among the replicas when it is big enough to pay for the second barrier;
     /// otherwise the last arriver (this thread) does it all now.
     fn sliced_or_shared(&self, works: Vec<SlicedWork>) -> Outcome {
-        let bytes: usize = works.iter().map(|w| w.output.size_in_bytes()).sum();
+        let bytes: usize = works
+            .iter()
+            .map(|w| w.len * w.result.dtype().size_in_bytes())
+            .sum();
         if self.splits(bytes) {
             let pieces = self.pieces(&works);
             return Outcome::Sliced {
@@ -492,8 +494,8 @@ impl Shared {
         }
         let mut outputs = Vec::with_capacity(works.len());
         for work in works {
-            work.reduce_range(0, work.output.num_elements(), self.num_replicas);
-            outputs.push(work.output);
+            work.reduce_range(0, work.len, self.num_replicas);
+            outputs.push(work.result);
         }
         Outcome::Shared(outputs)
     }
@@ -510,8 +512,8 @@ impl Shared {
     fn pieces(&self, works: &[SlicedWork]) -> Vec<Piece> {
         let mut pieces = Vec::new();
         for (w, work) in works.iter().enumerate() {
-            let len = work.output.num_elements();
-            let size = work.output.dtype().size_in_bytes();
+            let len = work.len;
+            let size = work.result.dtype().size_in_bytes();
             let line = (64 / size).max(1);
             let piece = len
                 .div_ceil(self.num_replicas)
@@ -539,32 +541,86 @@ impl Shared {
         let dtype = kernel::reduced_dtype(op, inputs[0].dtype());
         // Strided inputs (transposed views) are made contiguous once, here.
         let inputs: Vec<Tensor> = inputs.into_iter().map(contiguous).collect();
-        let (output, output_ptr) = self.output_buffer(dtype, &inputs[0]);
+        let (output, output_ptr) = self.output_buffer(dtype, inputs[0].shape(), &inputs[0]);
         let stores = Stores::for_output(output.size_in_bytes());
         Ok(SlicedWork {
             op,
             inputs,
-            output,
+            len: output.num_elements(),
+            result: output,
             output_ptr,
             stores,
         })
     }
 
+    /// Lays out a batch: each bucket of `plan` is one output (reused like any other), and each
+    /// tensor of the batch is reduced straight from the replicas' tensors into its part of it,
+    /// so nothing is packed (copied) first. Every replica gets the parts, shaped as the
+    /// tensors they reduce.
+    fn plan_batch(
+        &self,
+        op: ReduceOp,
+        first: &[Tensor],
+        plan: &FusionPlan,
+        requests: &[Request],
+    ) -> Result<Vec<SlicedWork>, CollectiveError> {
+        let mut works = Vec::with_capacity(first.len());
+        for b in 0..plan.num_buckets() {
+            let members = plan.members(b).ok_or_else(|| {
+                CollectiveError::Invariant(format!("the fusion plan has no bucket {b}"))
+            })?;
+            let like = &first[members.start];
+            let dtype = kernel::reduced_dtype(op, like.dtype());
+            let size = dtype.size_in_bytes();
+            let total: usize = first[members.clone()]
+                .iter()
+                .map(Tensor::num_elements)
+                .sum();
+            let (bucket, ptr) = self.output_buffer(dtype, &[total], like);
+            let stores = Stores::for_output(total * size);
+            let mut offset = 0;
+            for m in members {
+                let len = first[m].num_elements();
+                let part = crate::flat::reshape(
+                    &bucket.slice_rows(offset..offset + len)?,
+                    first[m].shape(),
+                )?;
+                works.push(SlicedWork {
+                    op,
+                    // Strided inputs (transposed views) are made contiguous once, here.
+                    inputs: requests
+                        .iter()
+                        .map(|r| contiguous(r.tensors()[m].clone()))
+                        .collect(),
+                    result: part,
+                    output_ptr: ptr + offset * size,
+                    len,
+                    stores,
+                });
+                offset += len;
+            }
+        }
+        Ok(works)
+    }
+
     /// A writable output of `dtype` shaped and labelled like `like`: a spare of that dtype and
     /// shape that no one else holds, else a new one, which becomes a spare.
-    fn output_buffer(&self, dtype: DType, like: &Tensor) -> (Tensor, usize) {
+    fn output_buffer(&self, dtype: DType, shape: &[usize], like: &Tensor) -> (Tensor, usize) {
         let mut spares = lock(&self.spares);
         let found = spares
             .iter()
-            .position(|t| t.dtype() == dtype && t.shape() == like.shape() && t.is_sole_holder());
+            .position(|t| t.dtype() == dtype && t.shape() == shape && t.is_sole_holder());
         let (tensor, ptr) = match found {
             // Taken out so that the spare list does not count as a holder.
-            Some(i) => with_dtype!(dtype, T => writable::<T>(Some(spares.swap_remove(i)), like)),
+            Some(i) => {
+                let spare = spares.swap_remove(i);
+                with_dtype!(dtype, T => writable::<T>(Some(spare), shape, like))
+            }
             None => {
                 if spares.len() == SPARES {
                     spares.remove(0);
                 }
-                with_dtype!(dtype, T => writable::<T>(None, like))
+                with_dtype!(dtype, T => writable::<T>(None, shape, like))
             }
         };
         spares.push(tensor.clone());
@@ -572,14 +628,14 @@ impl Shared {
     }
 }
 
-/// A tensor shaped and labelled like `like` and the address of its elements: `spare`'s buffer
+/// A tensor of `shape` labelled like `like` and the address of its elements: `spare`'s buffer
 /// when it is held by nothing else, else a new one.
-fn writable<T: Arith>(spare: Option<Tensor>, like: &Tensor) -> (Tensor, usize) {
+fn writable<T: Arith>(spare: Option<Tensor>, shape: &[usize], like: &Tensor) -> (Tensor, usize) {
     let reusable = spare
         .and_then(|t| t.array::<T>().ok().cloned())
         .filter(|a| a.is_unique() && a.is_standard_layout());
     let mut array =
-        reusable.unwrap_or_else(|| Array::from_elem(IxDyn(like.shape()), T::zero()).into_shared());
+        reusable.unwrap_or_else(|| Array::from_elem(IxDyn(shape), T::zero()).into_shared());
     // The array is its buffer's only holder, so this does not copy; the buffer stays where it
     // is for as long as the tensor lives.
     let ptr = array.as_mut_ptr() as usize;
@@ -690,10 +746,11 @@ impl Member {
     }
 
     /// [`Member::all_reduce`] of several tensors in one rendezvous; results in input order,
-    /// bitwise equal to reducing them one by one. Same-dtype tensors are packed into buckets of
-    /// [`GroupConfig::bytes_per_pack`] bytes, each replica packing its own in parallel. A batch
-    /// of one tensor is that tensor's [`Member::all_reduce`] (there is nothing to pack), so
-    /// every replica must pass one tensor then, or every replica more.
+    /// bitwise equal to reducing them one by one. The results of same-dtype tensors share buckets
+    /// of about [`GroupConfig::bytes_per_pack`] bytes (one output each, like a fused all-reduce),
+    /// but nothing is packed: each tensor is reduced straight from the replicas' own. A batch of
+    /// one tensor is that tensor's [`Member::all_reduce`], so every replica must pass one tensor
+    /// then, or every replica more.
     pub fn batch_all_reduce(
         &self,
         op: ReduceOp,
@@ -711,9 +768,15 @@ impl Member {
             return tensors.iter().map(|t| self.all_reduce(op, t)).collect();
         }
         let plan = Arc::new(FusionPlan::new(tensors, self.group.config().bytes_per_pack));
-        let buckets = plan.pack(tensors)?;
-        let reduced = self.call(Request::BatchAllReduce(op, buckets, Arc::clone(&plan)))?;
-        plan.unpack_reduced(op, &reduced)?
+        let reduced = self.call(Request::BatchAllReduce(op, tensors.to_vec(), plan))?;
+        if reduced.len() != tensors.len() {
+            return Err(CollectiveError::Invariant(format!(
+                "{} tensors were all-reduced but {} came back",
+                tensors.len(),
+                reduced.len()
+            )));
+        }
+        reduced
             .into_iter()
             .zip(tensors)
             .map(|(r, t)| r.copy_to_device_of(t))
@@ -808,7 +871,7 @@ impl Member {
                     works[piece.work].reduce_range(piece.start, piece.end, shared.num_replicas);
                 }
                 shared.rendezvous.arrive(self.replica, &what, || {})?;
-                Ok(works.iter().map(|w| w.output.clone()).collect())
+                Ok(works.iter().map(|w| w.result.clone()).collect())
             }
         }
     }
@@ -844,7 +907,7 @@ impl SlicedWork {
     /// ranges and read the output only after all ranges are done.
     fn reduce_range(&self, start: usize, end: usize, num_replicas: usize) {
         let output = Output {
-            dtype: self.output.dtype(),
+            dtype: self.result.dtype(),
             ptr: self.output_ptr,
             stores: self.stores,
         };
@@ -1028,6 +1091,38 @@ mod tests {
             assert_eq!(batched.len(), 1);
             assert_eq!(batched[0].shape(), [3, 4]);
             assert!(bits(&batched[0]) == bits(single));
+        }
+    }
+
+    #[test]
+    fn a_batch_reduces_strided_tensors_into_shared_buckets_without_packing() {
+        let group = CollectiveGroup::new(2, GroupConfig::default()).unwrap();
+        let out = run_on(&group, |m| {
+            let r = m.replica();
+            let values: Vec<f32> = input(r, 12).to_vec().unwrap();
+            // A transposed view: its elements are not in row-major order in memory.
+            let strided = Tensor::from_array(
+                &format!("/cpu:{r}"),
+                ndarray::Array2::from_shape_vec((3, 4), values)
+                    .unwrap()
+                    .reversed_axes(),
+            );
+            let tensors = [input(r, 5), strided.clone(), input(r + 7, 9)];
+            let batched = m.batch_all_reduce(ReduceOp::Sum, &tensors).unwrap();
+            let single: Vec<Tensor> = tensors
+                .iter()
+                .map(|t| m.all_reduce(ReduceOp::Sum, t).unwrap())
+                .collect();
+            (batched, single)
+        });
+        for (batched, single) in &out {
+            for (b, s) in batched.iter().zip(single) {
+                assert_eq!(b.shape(), s.shape());
+                assert!(b.bitwise_eq(s), "{b} vs {s}");
+            }
+            // One bucket: the results are consecutive parts of one output.
+            let address = |t: &Tensor| t.array::<f32>().unwrap().as_ptr() as usize;
+            assert_eq!(address(&batched[2]), address(&batched[0]) + (5 + 12) * 4);
         }
     }
 
