@@ -3,7 +3,9 @@
 //! measured in the same run.
 //!
 //! Without `--bench` (as `cargo test --all-targets` runs it) it does a quick smoke run that still
-//! checks the results.
+//! checks the results. `COLLECTIVES_BENCH_BYTES=4096,67108864` runs only those sizes, at 2
+//! replicas or at `COLLECTIVES_BENCH_REPLICAS` (1 measures a call's own cost, with no peer to
+//! wait for), for profiling one case.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +31,23 @@ fn main() {
         )
     } else {
         (&[2, 3], &[4 * KIB, 64 * KIB], MIB)
+    };
+    let only: Option<Vec<usize>> = std::env::var("COLLECTIVES_BENCH_BYTES").ok().map(|list| {
+        list.split(',')
+            .map(|b| {
+                b.trim()
+                    .parse()
+                    .expect("COLLECTIVES_BENCH_BYTES: byte counts")
+            })
+            .collect()
+    });
+    let only_replicas: [usize; 1] = [std::env::var("COLLECTIVES_BENCH_REPLICAS").map_or(2, |n| {
+        n.parse()
+            .expect("COLLECTIVES_BENCH_REPLICAS: a replica count")
+    })];
+    let (replica_counts, sizes) = match &only {
+        Some(only) => (&only_replicas[..], &only[..]),
+        None => (replica_counts, sizes),
     };
     let membw = memory_bandwidth(membw_bytes, full);
     for &replicas in replica_counts {

@@ -24,7 +24,7 @@ pub(crate) fn reshape(tensor: &Tensor, shape: &[usize]) -> Result<Tensor, Collec
         if array.is_standard_layout()
             && let Ok(shared) = array.clone().into_shape_with_order(IxDyn(shape))
         {
-            return Ok(Tensor::from_shared(tensor.device(), shared));
+            return Ok(Tensor::from_shared_like(shared, tensor));
         }
         Tensor::from_vec(tensor.device(), shape, array.iter().copied().collect())
     }
@@ -72,6 +72,9 @@ pub(crate) fn split_lengths(
 /// The 1-D tensors joined end to end on `device`.
 pub(crate) fn concat(device: &str, pieces: &[Tensor]) -> Result<Tensor, CollectiveError> {
     if let [only] = pieces {
+        if only.device() == device {
+            return Ok(only.clone());
+        }
         return Ok(only.to_device(device));
     }
     Tensor::concat_rows(device, pieces)

@@ -111,6 +111,21 @@ impl FusionPlan {
         }
     }
 
+    /// The dtypes and shapes of the tensors the plan is for, as messages name them:
+    /// `float32 [3], float32 [4]`.
+    pub(crate) fn describe(&self) -> String {
+        let parts: Vec<String> = self
+            .buckets
+            .iter()
+            .flat_map(|b| {
+                b.shapes
+                    .iter()
+                    .map(move |shape| format!("{} {shape:?}", b.dtype))
+            })
+            .collect();
+        parts.join(", ")
+    }
+
     /// The number of buckets.
     pub fn num_buckets(&self) -> usize {
         self.buckets.len()

@@ -61,10 +61,16 @@ pub struct Rendezvous {
     sleep_lock: Mutex<()>,
     wake: Condvar,
     /// Busy-wait only when every replica can have a core; otherwise spinning steals the core
-    /// from the replica everyone waits for. Even then only a few µs: the cores may be shared with
+    /// from the replica everyone waits for. Even then only briefly: the cores may be shared with
     /// the strategy's caller thread or other processes, and a peer that is not running now will
     /// not arrive until this thread yields (20 000 spins, ~0.5 ms, made a 2-replica all-reduce
     /// of 4 KiB take 0.4-0.5 ms instead of 20-30 µs on 2 loaded cores).
+    ///
+    /// The spin is plain loads, without the `pause` hint: in a virtual machine a run of `pause`
+    /// longer than the hypervisor's pause-loop window (4096 cycles by default in KVM, a few
+    /// dozen `pause`s) exits to the hypervisor, which takes the core away. On this project's
+    /// 2-core VM under load, 256 spins with `pause` made a 4 KiB all-reduce 19 µs, the same spins
+    /// without it 4.8 µs (`cargo xtask bench collectives`, same run).
     spin_limit: u32,
 }
 
@@ -343,7 +349,6 @@ impl Rendezvous {
             if released() {
                 return Ok(());
             }
-            std::hint::spin_loop();
         }
         let start = Instant::now();
         loop {
@@ -355,14 +360,21 @@ impl Rendezvous {
             if is_aborted_state(state) && !completing {
                 return Err(self.aborted_error());
             }
-            if !completing {
+            let waited = start.elapsed();
+            // Checked without allocating: this runs on every turn of the wait.
+            let any_gone = || {
+                (0..self.num_replicas).any(|r| {
+                    self.progress[r].load(Ordering::SeqCst) != generation + 1
+                        && self.finished[r].load(Ordering::SeqCst)
+                })
+            };
+            if !completing && (waited >= self.deadline || any_gone()) {
                 let missing = self.missing(generation);
                 let gone: Vec<usize> = missing
                     .iter()
                     .copied()
                     .filter(|&r| self.finished[r].load(Ordering::SeqCst))
                     .collect();
-                let waited = start.elapsed();
                 let failure = if !gone.is_empty() {
                     Some(CollectiveError::ReplicaFinished {
                         op: what(),
@@ -386,7 +398,6 @@ impl Rendezvous {
                     }
                 }
             }
-            let waited = start.elapsed();
             if completing || waited < Duration::from_micros(200) {
                 // The peers are probably running, just not here yet (or the last one is
                 // finishing the barrier).

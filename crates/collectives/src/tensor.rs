@@ -266,6 +266,42 @@ impl Tensor {
         }
     }
 
+    /// A host tensor holding `array`, labelled with `like`'s device. The label is shared, not
+    /// copied: collectives label every result this way, and a fresh label is an allocation.
+    pub(crate) fn from_shared_like<T: Element>(array: ArcArray<T, IxDyn>, like: &Tensor) -> Tensor {
+        Tensor {
+            storage: Storage::Host(T::wrap(array)),
+            device: Arc::clone(&like.device),
+        }
+    }
+
+    /// [`Tensor::copy_to`] `like`'s device, sharing `like`'s label where nothing moves.
+    pub(crate) fn copy_to_device_of(&self, like: &Tensor) -> Result<Tensor, CollectiveError> {
+        match &self.storage {
+            Storage::Host(_) => Ok(Tensor {
+                storage: self.storage.clone(),
+                device: Arc::clone(&like.device),
+            }),
+            Storage::Gpu(_) => self.copy_to(like.device()),
+        }
+    }
+
+    /// Whether this is a host tensor whose elements lie contiguously in row-major order.
+    pub(crate) fn is_contiguous(&self) -> bool {
+        match &self.storage {
+            Storage::Host(host) => with_host!(host, a => a.is_standard_layout()),
+            Storage::Gpu(_) => false,
+        }
+    }
+
+    /// Whether this is a host tensor whose buffer no other tensor or view shares.
+    pub(crate) fn is_sole_holder(&self) -> bool {
+        match &self.storage {
+            Storage::Host(host) => with_host!(host, a => a.is_unique()),
+            Storage::Gpu(_) => false,
+        }
+    }
+
     /// A tensor of `shape` from elements in row-major order; fails if the counts differ.
     pub fn from_vec<T: Element>(
         device: &str,

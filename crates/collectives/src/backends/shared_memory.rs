@@ -8,11 +8,11 @@ use super::{group_backed_ops, group_lifecycle};
 use crate::cross_replica::reduce_and_deliver;
 use crate::{AnyTensor, CollectiveError, CrossDeviceOps, Destinations};
 
-/// The in-process shared-memory all-reduce: for large tensors every replica thread reduces one
-/// slice of all inputs in parallel and all replicas share the result buffer; small tensors are
-/// reduced by the last replica to arrive. Falls back to [`ReductionToOneDevice`](crate::ReductionToOneDevice)'s path when the
-/// values' devices differ from the destinations or values are sparse, as TF's
-/// `AllReduceCrossDeviceOps` does.
+/// The in-process shared-memory all-reduce: for large tensors the replica threads reduce pieces
+/// of all inputs in parallel (each claiming the next piece) and all replicas share the result
+/// buffer; small tensors are reduced by the last replica to arrive. Falls back to
+/// [`ReductionToOneDevice`](crate::ReductionToOneDevice)'s path when the values' devices differ
+/// from the destinations or values are sparse, as TF's `AllReduceCrossDeviceOps` does.
 #[derive(Debug)]
 pub struct SharedMemoryAllReduce {
     group: CollectiveGroup,
