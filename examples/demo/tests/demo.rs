@@ -113,6 +113,34 @@ fn tpu_replicas_learn_the_one_replica_and_the_mirrored_weights() {
     }
 }
 
+/// With its sums in f64 the compiled step gives the same weights to the bit on 1, 2 and 4
+/// replicas (4 cut the batch of 30 unevenly and pad): the promise `--tpu-arithmetic f64-sums`
+/// makes, where f32 only keeps within [`TOLERANCE`].
+#[test]
+fn tpu_replicas_with_f64_sums_learn_the_same_bits() {
+    let data = load_wine(7).unwrap();
+    let exact = |replicas| Config {
+        tpu_arithmetic: tpu::StepArithmetic::F64Sums,
+        ..short_run(replicas)
+    };
+    let one = tpu::train_tpu(&exact(1), &data).unwrap();
+    let f32_one = tpu::train_tpu(&short_run(1), &data).unwrap();
+    // The two arithmetics are the same model, rounded differently.
+    let difference = max_weight_difference(&one.params, &f32_one.params);
+    assert!(
+        difference <= TPU_MIRRORED_TOLERANCE,
+        "f64 sums and f32 differ by {difference}"
+    );
+    for replicas in [2, 4] {
+        let many = tpu::train_tpu(&exact(replicas), &data).unwrap();
+        assert_eq!(
+            max_weight_difference(&one.params, &many.params),
+            0.0,
+            "{replicas} TPU replicas with f64 sums differ from 1"
+        );
+    }
+}
+
 /// The error when no PJRT plugin can be found says how to install one. `PJRT_PLUGIN` is read
 /// by every TPU test in this process, so the check runs in a child process of this test binary
 /// with `PJRT_PLUGIN` pointing nowhere.
