@@ -71,8 +71,9 @@ pub struct Options {
     /// Seed of the split, the initial weights and the shuffle
     #[arg(long, default_value_t = Config::DEFAULT.seed)]
     pub seed: u64,
-    /// How --strategy tpu's compiled step rounds: f32 (as jax.jit), or f64-sums (the same
-    /// weights to the bit on any number of replicas, slower)
+    /// How --strategy tpu's compiled step rounds: f64-sums (the same weights to the bit on any
+    /// number of replicas), or f32 (the program jax.jit emits: faster, its last bits depend on
+    /// the replica count, which long runs grow past the checks' limits)
     #[arg(long, value_enum, default_value_t = Config::DEFAULT.tpu_arithmetic)]
     pub tpu_arithmetic: StepArithmetic,
     /// Where the loss curve PNG goes [default: target/demo/loss.png]

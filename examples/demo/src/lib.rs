@@ -103,7 +103,7 @@ impl Config {
         seed: 7,
         eval_every: 50,
         progress: true,
-        tpu_arithmetic: tpu::StepArithmetic::F32,
+        tpu_arithmetic: tpu::StepArithmetic::F64Sums,
     };
 
     /// The demo's defaults on `devices`.

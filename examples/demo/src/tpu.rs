@@ -3,10 +3,10 @@
 //! weights as `TpuVariable` device buffers, and batches fed through the strategy's
 //! `distribute_dataset` and `device_batches`.
 //!
-//! The step is the program `jax.jit` emits for the same model ([`StepArithmetic::F32`]), unless
-//! the run asks for sums in f64 ([`StepArithmetic::F64Sums`], `--tpu-arithmetic f64-sums`),
-//! which make the weights the same bits on any number of replicas at several times the cost of
-//! the larger configurations.
+//! The step sums over rows and replicas in f64, so the weights come out the same bits on any
+//! number of replicas ([`StepArithmetic::F64Sums`], the default); `--tpu-arithmetic f32` runs
+//! the program `jax.jit` emits for the same model instead ([`StepArithmetic::F32`]): faster,
+//! but its last bits depend on how the batch was cut across replicas.
 
 use std::time::{Duration, Instant};
 
@@ -84,17 +84,18 @@ fn tpu_strategy(replicas: usize) -> Result<TpuStrategy> {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum StepArithmetic {
     /// Every value in f32, the program `jax.jit` emits for this model: XLA's f32 dot kernels
-    /// and tanh. The sums over a replica's rows round in f32 before the all-reduce adds the
+    /// and tanh, 2–3× faster than [`StepArithmetic::F64Sums`] with `--hidden 256 --batch
+    /// 1024` here. The sums over a replica's rows round in f32 before the all-reduce adds the
     /// replicas' sums, so N replicas and one round the global batch's sums differently in the
-    /// last bits; momentum SGD carries those bits forward (1.6e-6 apart after the default
-    /// 2000 steps on 2 replicas, within [`crate::TOLERANCE`]).
-    #[default]
+    /// last bits, and momentum SGD grows those bits: 1 and 2 replicas ended 1.6e-6 apart after
+    /// the default 2000 steps, within [`crate::TOLERANCE`], but 1.1e-4 apart after 10000,
+    /// past it (and 1.2e-4 from MirroredStrategy, past [`crate::TPU_MIRRORED_TOLERANCE`]).
     F32,
     /// The forward dot products and tanh in f64 rounded once to f32, and the sums over rows
     /// and across replicas in f64, as the mirrored path sums them: the weights come out the
-    /// same bits on 1, 2, 3 or 4 replicas even after 6000 steps at lr 0.02 (where f32 ends
-    /// 1.4e-5 apart on 4 replicas). XLA's f64 products run several times slower than its f32
-    /// ones: about 3× the f32 step with `--hidden 256 --batch 1024` here.
+    /// same bits on 1, 2, 3 or 4 replicas, after 10000 steps or 6000 at lr 0.02 too. XLA's
+    /// f64 products run several times slower than its f32 ones.
+    #[default]
     F64Sums,
 }
 
@@ -160,7 +161,10 @@ fn tpu_step(
         ElementType::F64 => b.scalar(0.0f64),
         _ => b.scalar(0.0f32),
     };
-    let g_w1 = b.dot_general(&x, &d_hidden, &over_rows)?;
+    // As d_hiddenᵀ·x, transposed: the same sums, and XLA's f64 code for this orientation took
+    // half the time of xᵀ·d_hidden with 1024 rows and 256 units (its f32 code, either).
+    let g_w1 = b.dot_general(&d_hidden, &x, &over_rows)?;
+    let g_w1 = b.transpose(&g_w1, &[1, 0])?;
     let g_b1 = b.reduce(&d_hidden, &zero, &[0], Reduction::Sum)?;
     let g_w2 = b.dot_general(&hidden, &d_out, &over_rows)?;
     let g_b2 = b.reduce(&d_out, &zero, &[0], Reduction::Sum)?;
