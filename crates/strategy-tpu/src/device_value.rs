@@ -26,14 +26,14 @@ pub enum StepInput<'a> {
 pub struct DeviceValue {
     pub(crate) buffers: Vec<Buffer>,
     pub(crate) ty: TensorType,
-    /// Each replica's device name.
-    pub(crate) devices: Vec<String>,
+    /// Each replica's device name (shared: every step makes several values).
     pub(crate) device_map: Arc<ReplicaDeviceMap>,
 }
 
 impl std::fmt::Debug for DeviceValue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceValue({} on {:?})", self.ty, self.devices)
+        let devices: Vec<&str> = self.device_map.primary_devices().collect();
+        write!(f, "DeviceValue({} on {devices:?})", self.ty)
     }
 }
 
@@ -43,7 +43,6 @@ impl DeviceValue {
         DeviceValue {
             buffers,
             ty,
-            devices: replicas.names(),
             device_map: Arc::clone(&replicas.device_map),
         }
     }
@@ -62,7 +61,10 @@ impl DeviceValue {
             ))
         })?;
         let shape: Vec<usize> = self.ty.dims.iter().map(|&d| d as usize).collect();
-        let device = &self.devices[r];
+        let device =
+            self.device_map.primary_devices().nth(r).ok_or_else(|| {
+                TpuError::InvalidArgument(format!("replica {r} has no device name"))
+            })?;
         Ok(match self.ty.element {
             ElementType::F32 => Tensor::from_vec(device, &shape, buffer.to_vec::<f32>()?)?,
             ElementType::F64 => Tensor::from_vec(device, &shape, buffer.to_vec::<f64>()?)?,
@@ -146,10 +148,6 @@ pub(crate) fn to_device(
     Ok(DeviceValue::on(replicas, buffers, ty))
 }
 
-pub(crate) fn buffer_type(buffer: &Buffer) -> Result<TensorType, TpuError> {
-    Ok(TensorType::new(buffer.element_type()?, &buffer.dims()?))
-}
-
 fn element_type(dtype: DType) -> Result<ElementType, TpuError> {
     match dtype {
         DType::F32 => Ok(ElementType::F32),
@@ -175,14 +173,29 @@ pub(crate) fn upload(
 ) -> Result<Buffer, TpuError> {
     let dims: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
     Ok(match t.dtype() {
-        DType::F32 => client.buffer_from_host(&t.to_vec::<f32>()?, &dims, device)?,
-        DType::F64 => client.buffer_from_host(&t.to_vec::<f64>()?, &dims, device)?,
-        DType::I32 => client.buffer_from_host(&t.to_vec::<i32>()?, &dims, device)?,
-        DType::I64 => client.buffer_from_host(&t.to_vec::<i64>()?, &dims, device)?,
+        DType::F32 => upload_elements::<f32>(client, t, &dims, device)?,
+        DType::F64 => upload_elements::<f64>(client, t, &dims, device)?,
+        DType::I32 => upload_elements::<i32>(client, t, &dims, device)?,
+        DType::I64 => upload_elements::<i64>(client, t, &dims, device)?,
         other => {
             return Err(element_type(other).err().unwrap_or_else(|| {
                 TpuError::Unimplemented(format!("{} step inputs", other.name()))
             }));
         }
+    })
+}
+
+/// Copies a tensor of `T`s to `device`, straight from its array when that is one row-major
+/// block (a batch's leaves are), through a row-major copy otherwise.
+fn upload_elements<T: distribute_collectives::Element + distribute_pjrt::NativeType>(
+    client: &distribute_pjrt::Client,
+    t: &Tensor,
+    dims: &[i64],
+    device: &distribute_pjrt::Device,
+) -> Result<Buffer, TpuError> {
+    let array = t.array::<T>()?;
+    Ok(match array.as_slice() {
+        Some(elements) => client.buffer_from_host(elements, dims, device)?,
+        None => client.buffer_from_host(&t.to_vec::<T>()?, dims, device)?,
     })
 }

@@ -2,6 +2,7 @@
 //! replicated StableHLO program per input signature, compiles it once (cached), and launches it
 //! on every replica's device. Values stay on the devices between steps as [`DeviceValue`]s.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,7 +12,7 @@ use distribute_pjrt::{Buffer, CompileOptions, LoadedExecutable, PjrtError};
 use distribute_values::DistributedValues;
 
 use crate::TpuError;
-use crate::device_value::{DeviceValue, StepInput, buffer_type, tensor_type, upload};
+use crate::device_value::{DeviceValue, StepInput, tensor_type, upload};
 use crate::replicas::Replicas;
 use crate::step_builder::StepBuilder;
 use crate::variable::TpuVariable;
@@ -35,8 +36,17 @@ pub struct TpuFunction<'s, F> {
 
 type StepResult = Result<Vec<Value>, TpuError>;
 
-/// Compiled programs by kind and per-replica input types.
-type ProgramCache = HashMap<(ProgramKind, Vec<TensorType>), Arc<LoadedExecutable>>;
+/// A compiled program and the per-replica types of its outputs (known from the trace, so a
+/// launch asks the plugin nothing about them).
+struct Program {
+    executable: LoadedExecutable,
+    outputs: Vec<TensorType>,
+}
+
+/// Compiled programs by kind, each with the per-replica input types it was traced for. A kind
+/// has few signatures (usually one), so a run finds its program by comparing types in place
+/// instead of building a key.
+type ProgramCache = HashMap<ProgramKind, Vec<(Vec<TensorType>, Arc<Program>)>>;
 
 impl<'s, F> TpuFunction<'s, F>
 where
@@ -61,14 +71,14 @@ where
     pub fn run(&self, inputs: &[StepInput<'_>]) -> Result<Vec<DeviceValue>, TpuError> {
         let types = self.signature(inputs)?;
         let n = self.replicas.devices.len();
-        let executable = self.compiled(ProgramKind::Step, &types, |b, params| {
+        let program = self.compiled(ProgramKind::Step, &types, |b, params| {
             let mut sb = StepBuilder {
                 builder: b,
                 num_replicas: n,
             };
             (self.step)(&mut sb, params)
         })?;
-        self.launch(&executable, inputs)
+        self.launch(&program, inputs)
     }
 
     /// Runs `k` steps in one device-side loop. The step gets `state` followed by one slice of
@@ -98,7 +108,7 @@ where
         let n = self.replicas.devices.len();
         let carried = state.len();
         let kind = ProgramKind::Steps { k, carried };
-        let executable = self.compiled(kind, &types, |b, params| {
+        let program = self.compiled(kind, &types, |b, params| {
             let counter = b.scalar(0i32);
             let mut init: Vec<&Value> = vec![&counter];
             init.extend(params.iter());
@@ -153,7 +163,7 @@ where
                 (Err(err), None) => Err(err.into()),
             }
         })?;
-        self.launch(&executable, &inputs)
+        self.launch(&program, &inputs)
     }
 
     /// Runs the step once with `variables` as its first inputs: the step gets the variables'
@@ -207,13 +217,16 @@ where
     }
 
     /// Every input's per-replica type; per-replica tensors must agree across replicas.
-    fn signature(&self, inputs: &[StepInput<'_>]) -> Result<Vec<TensorType>, TpuError> {
+    fn signature<'a>(
+        &self,
+        inputs: &[StepInput<'a>],
+    ) -> Result<Vec<Cow<'a, TensorType>>, TpuError> {
         let n = self.replicas.devices.len();
         inputs
             .iter()
             .enumerate()
             .map(|(i, input)| match input {
-                StepInput::Same(t) => tensor_type(t),
+                StepInput::Same(t) => Ok(Cow::Owned(tensor_type(t)?)),
                 StepInput::Device(v) => {
                     if v.buffers.len() != n {
                         return Err(TpuError::InvalidArgument(format!(
@@ -221,7 +234,7 @@ where
                             v.buffers.len()
                         )));
                     }
-                    Ok(v.ty.clone())
+                    Ok(Cow::Borrowed(&v.ty))
                 }
                 StepInput::PerReplica(p) => {
                     let values = p.values();
@@ -242,7 +255,7 @@ where
                             )));
                         }
                     }
-                    Ok(first)
+                    Ok(Cow::Owned(first))
                 }
             })
             .collect()
@@ -252,20 +265,25 @@ where
     fn compiled(
         &self,
         kind: ProgramKind,
-        types: &[TensorType],
+        types: &[Cow<'_, TensorType>],
         trace: impl FnOnce(&mut Builder, &[Value]) -> StepResult,
-    ) -> Result<Arc<LoadedExecutable>, TpuError> {
-        let key = (kind, types.to_vec());
+    ) -> Result<Arc<Program>, TpuError> {
         let mut cache = self
             .cache
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(executable) = cache.get(&key) {
-            return Ok(Arc::clone(executable));
+        let signatures = cache.entry(kind).or_default();
+        let same = |traced: &[TensorType]| {
+            traced.len() == types.len() && traced.iter().zip(types).all(|(a, b)| a == b.as_ref())
+        };
+        if let Some((_, program)) = signatures.iter().find(|(traced, _)| same(traced)) {
+            return Ok(Arc::clone(program));
         }
+        let types: Vec<TensorType> = types.iter().map(|t| t.as_ref().clone()).collect();
         let mut builder = Builder::new();
         let params: Vec<Value> = types.iter().map(|t| builder.parameter(t.clone())).collect();
         let outputs = trace(&mut builder, &params)?;
+        let output_types = outputs.iter().map(|v| v.ty().clone()).collect();
         let n = self.replicas.devices.len() as u32;
         let module = builder.build("tpu_step", &outputs, n)?;
         let mut options = CompileOptions::replicated(n);
@@ -278,18 +296,23 @@ where
                     .collect(),
             );
         }
-        let executable = Arc::new(self.replicas.client.compile(module.text(), &options)?);
+        let executable = self.replicas.client.compile(module.text(), &options)?;
         self.compilations.fetch_add(1, Ordering::Relaxed);
-        cache.insert(key, Arc::clone(&executable));
-        Ok(executable)
+        let program = Arc::new(Program {
+            executable,
+            outputs: output_types,
+        });
+        signatures.push((types, Arc::clone(&program)));
+        Ok(program)
     }
 
     /// Puts every input on every replica's device and launches the program without waiting.
     fn launch(
         &self,
-        executable: &LoadedExecutable,
+        program: &Program,
         inputs: &[StepInput<'_>],
     ) -> Result<Vec<DeviceValue>, TpuError> {
+        let executable = &program.executable;
         let client = &self.replicas.client;
         let devices = &self.replicas.devices;
         // Uploaded buffers live here until the launch has taken its own references.
@@ -327,13 +350,11 @@ where
                 outputs[o].push(buffer);
             }
         }
-        outputs
+        Ok(outputs
             .into_iter()
-            .map(|buffers| {
-                let ty = buffer_type(&buffers[0])?;
-                Ok(DeviceValue::on(self.replicas, buffers, ty))
-            })
-            .collect()
+            .zip(&program.outputs)
+            .map(|(buffers, ty)| DeviceValue::on(self.replicas, buffers, ty.clone()))
+            .collect())
     }
 }
 

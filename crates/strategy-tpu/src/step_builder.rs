@@ -37,10 +37,19 @@ impl StepBuilder<'_> {
 
     /// TF's replica-context `all_reduce` inside the replicated computation (TPU-19): `Sum` is a
     /// cross-replica sum; `Mean` scales by 1/num_replicas, then sums. Other ops are refused, as
-    /// on TPU.
+    /// on TPU. On one replica both are the value itself, and the program gets no collective:
+    /// XLA keeps an all-reduce over a group of one, which costs a step its own copy of the
+    /// operands (of every all-reduce the combiner merged into it).
     pub fn all_reduce(&mut self, op: ReduceOp, value: &Value) -> Result<Value, TpuError> {
         let groups = ReplicaGroups::all(self.num_replicas as u32);
         match op {
+            ReduceOp::Sum if self.num_replicas == 1 => Ok(value.clone()),
+            ReduceOp::Mean if self.num_replicas == 1 => {
+                // Refused for the types several replicas refuse, so a step that cannot run on
+                // two does not pass on one.
+                self.scale(value, 1.0)?;
+                Ok(value.clone())
+            }
             ReduceOp::Sum => Ok(self.builder.all_reduce(value, AllReduceOp::Sum, &groups)?),
             ReduceOp::Mean => {
                 let scale = self.scale(value, 1.0 / self.num_replicas as f64)?;
@@ -59,6 +68,9 @@ impl StepBuilder<'_> {
     /// `value` (replica 0 keeps its value, the others contribute zeros to a cross-replica sum).
     /// Outside a step there is nothing to broadcast: see [`TpuStrategy::broadcast_to`](crate::TpuStrategy::broadcast_to).
     pub fn broadcast_from_first(&mut self, value: &Value) -> Result<Value, TpuError> {
+        if self.num_replicas == 1 {
+            return Ok(value.clone());
+        }
         let groups = ReplicaGroups::all(self.num_replicas as u32);
         let id = self.builder.replica_id();
         let zero_id = self.builder.scalar(0u32);

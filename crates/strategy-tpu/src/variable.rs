@@ -275,7 +275,6 @@ impl TpuVariable {
         self.replace(DeviceValue {
             buffers,
             ty,
-            devices: current.devices.clone(),
             device_map: Arc::clone(&current.device_map),
         });
         Ok(())

@@ -142,6 +142,38 @@ fn tpu_19_reduce_inside_and_outside_the_step() {
     assert!(matches!(err, TpuError::Unimplemented(_)), "{err}");
 }
 
+/// On one replica the replica-context collectives are the value itself (the program carries
+/// no all-reduce over a group of one), and what several replicas refuse is still refused.
+#[test]
+fn one_replica_collectives_are_the_value_and_refuse_the_same_ops() {
+    let s = strategy(1);
+    let x = Tensor::from_vec(&s.worker_devices()[0], &[2], vec![1.5f32, -2.0]).unwrap();
+    let step = s.function(|b, x| {
+        Ok(vec![
+            b.all_reduce(ReduceOp::Sum, &x[0])?,
+            b.all_reduce(ReduceOp::Mean, &x[0])?,
+            b.broadcast_from_first(&x[0])?,
+        ])
+    });
+    let out = step.run(&[StepInput::Same(&x)]).unwrap();
+    for value in &out {
+        assert_eq!(
+            value.replica(0).unwrap().to_vec::<f32>().unwrap(),
+            [1.5, -2.0]
+        );
+    }
+    let min_in = s.function(|b, x| Ok(vec![b.all_reduce(ReduceOp::Min, &x[0])?]));
+    let err = min_in.run(&[StepInput::Same(&x)]).unwrap_err();
+    assert!(matches!(err, TpuError::Unimplemented(_)), "{err}");
+    let n = Tensor::from_vec(&s.worker_devices()[0], &[1], vec![3i32]).unwrap();
+    let int_mean = s.function(|b, x| Ok(vec![b.all_reduce(ReduceOp::Mean, &x[0])?]));
+    let err = int_mean.run(&[StepInput::Same(&n)]).unwrap_err();
+    assert!(matches!(err, TpuError::Type(_)), "{err}");
+    let int_sum = s.function(|b, x| Ok(vec![b.all_reduce(ReduceOp::Sum, &x[0])?]));
+    let out = int_sum.run(&[StepInput::Same(&n)]).unwrap();
+    assert_eq!(out[0].replica(0).unwrap().to_vec::<i32>().unwrap(), [3]);
+}
+
 use distribute_values::DistributedValues;
 
 #[test]

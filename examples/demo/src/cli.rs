@@ -10,6 +10,7 @@ use clap::{Parser, ValueEnum};
 use distribute::device_spec::{DeviceKind, LocalDevices};
 
 use crate::Config;
+use crate::tpu::StepArithmetic;
 
 /// Which strategy `--strategy` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -70,6 +71,11 @@ pub struct Options {
     /// Seed of the split, the initial weights and the shuffle
     #[arg(long, default_value_t = Config::DEFAULT.seed)]
     pub seed: u64,
+    /// How --strategy tpu's compiled step rounds: f64-sums (the same weights to the bit on any
+    /// number of replicas), or f32 (the program jax.jit emits: faster, its last bits depend on
+    /// the replica count, which long runs grow past the checks' limits)
+    #[arg(long, value_enum, default_value_t = Config::DEFAULT.tpu_arithmetic)]
+    pub tpu_arithmetic: StepArithmetic,
     /// Where the loss curve PNG goes [default: target/demo/loss.png]
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
@@ -143,6 +149,7 @@ impl Options {
                 momentum: self.momentum,
                 hidden: self.hidden,
                 seed: self.seed,
+                tpu_arithmetic: self.tpu_arithmetic,
                 ..Config::new(devices)
             },
             strategy: self.strategy,

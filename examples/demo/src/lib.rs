@@ -32,7 +32,7 @@
 //! ```text
 //! cargo xtask demo [--replicas N | --devices /cpu:0,/cpu:1,...] [--strategy mirrored|tpu]
 //!                  [--steps S] [--batch B] [--lr LR] [--momentum M] [--hidden H] [--seed SEED]
-//!                  [--plot FILE.png]
+//!                  [--tpu-arithmetic f32|f64-sums] [--plot FILE.png]
 //! ```
 
 pub mod cli;
@@ -56,12 +56,12 @@ pub use report::run;
 /// The largest weight difference allowed between the N-replica and the 1-replica run.
 pub const TOLERANCE: f32 = 1e-5;
 
-/// The largest weight difference allowed between a TPU run and the mirrored run. Both sum
-/// gradients in f64, but their per-row values round differently: the mirrored replicas sum
-/// their dot products in f32 and compute tanh in f32 (the model's own approximation, within
-/// 1.5 ulp), while the compiled step sums them in f64 and computes tanh in f64 before rounding
-/// to f32 (see [`tpu`]); XLA also fuses multiply-adds. The last-bit differences of each step
-/// are carried forward and grown by momentum SGD: 1e-6 after the default 2000 steps, 1.1e-5
+/// The largest weight difference allowed between a TPU run and the mirrored run. Their values
+/// round differently in the last bits: the compiled step uses XLA's f32 dot kernels and tanh
+/// (or f64 ones, [`tpu::StepArithmetic`]) and fuses multiply-adds, while the mirrored replicas
+/// use the model's own f32 kernels and tanh approximation (within 1.5 ulp). The last-bit
+/// differences of each step are carried forward and grown by momentum SGD: about 1e-6 after
+/// the default 2000 steps, 1.1e-5
 /// after 6000 steps at lr 0.02 on 3 or 4 replicas. Real mistakes are far larger: without the
 /// mask, 4 replicas of the short test ended 0.7 away from 1 replica.
 pub const TPU_MIRRORED_TOLERANCE: f32 = 1e-4;
@@ -87,6 +87,8 @@ pub struct Config {
     pub eval_every: usize,
     /// Whether to draw a progress bar (indicatif hides it anyway when stderr is not a terminal).
     pub progress: bool,
+    /// How `--strategy tpu`'s compiled step rounds (the mirrored path ignores it).
+    pub tpu_arithmetic: tpu::StepArithmetic,
 }
 
 impl Config {
@@ -102,6 +104,7 @@ impl Config {
         seed: 7,
         eval_every: 50,
         progress: true,
+        tpu_arithmetic: tpu::StepArithmetic::F64Sums,
     };
 
     /// The demo's defaults on `devices`.

@@ -259,9 +259,13 @@ fn run_tpu(args: &Args, data: &WineData) -> Result<()> {
     let trained = tpu::train_tpu(config, data)?;
     println!(
         "TpuStrategy on {replicas} replicas [{}] of the PJRT {} plugin, gradient all-reduce \
-         inside the compiled step",
+         inside the compiled step, {}",
         trained.devices.join(", "),
-        trained.platform
+        trained.platform,
+        match config.tpu_arithmetic {
+            tpu::StepArithmetic::F32 => "f32 arithmetic",
+            tpu::StepArithmetic::F64Sums => "sums over rows in f64",
+        }
     );
     let t = trained.times;
     let total = micros(t.total());
@@ -318,15 +322,24 @@ fn run_tpu(args: &Args, data: &WineData) -> Result<()> {
     ensure!(
         difference <= TOLERANCE,
         "the {replicas}-replica TPU weights differ from the 1-replica TPU weights by \
-         {difference:e}, more than {TOLERANCE:e}: the replicas did not train the same model"
+         {difference:e}, more than {TOLERANCE:e}: {}",
+        match config.tpu_arithmetic {
+            tpu::StepArithmetic::F32 => {
+                "in f32, N replicas' sums round differently from one replica's, and a long run \
+                 at a high learning rate can grow that past the limit; --tpu-arithmetic \
+                 f64-sums gives the same bits on any number of replicas, and if it fails too, \
+                 the replicas did not train the same model"
+            }
+            tpu::StepArithmetic::F64Sums => "the replicas did not train the same model",
+        }
     );
     let mirrored = mirrored::train(config, data)?;
     let difference = max_weight_difference(&trained.params, &mirrored.params);
     println!(
         "MirroredStrategy, {replicas} CPU replicas, same data and hyperparameters: {:.0} \
          steps/s; max |weight difference| = {difference:.1e} (limit \
-         {TPU_MIRRORED_TOLERANCE:.0e}: the step's dot products and tanh round from f64, \
-         the mirrored replicas' from f32)",
+         {TPU_MIRRORED_TOLERANCE:.0e}: XLA's dot kernels and tanh round differently from \
+         the mirrored replicas' f32 kernels)",
         mirrored.steps_per_s
     );
     ensure!(

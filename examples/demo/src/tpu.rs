@@ -2,6 +2,11 @@
 //! the momentum update) as one program written with `StepBuilder` and compiled once, the
 //! weights as `TpuVariable` device buffers, and batches fed through the strategy's
 //! `distribute_dataset` and `device_batches`.
+//!
+//! The step sums over rows and replicas in f64, so the weights come out the same bits on any
+//! number of replicas ([`StepArithmetic::F64Sums`], the default); `--tpu-arithmetic f32` runs
+//! the program `jax.jit` emits for the same model instead ([`StepArithmetic::F32`]): faster,
+//! but its last bits depend on how the batch was cut across replicas.
 
 use std::time::{Duration, Instant};
 
@@ -75,17 +80,28 @@ fn tpu_strategy(replicas: usize) -> Result<TpuStrategy> {
     })
 }
 
+/// How the compiled step rounds (`--tpu-arithmetic`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum StepArithmetic {
+    /// Every value in f32, the program `jax.jit` emits for this model: XLA's f32 dot kernels
+    /// and tanh, 2–3× faster than [`StepArithmetic::F64Sums`] with `--hidden 256 --batch
+    /// 1024` here. The sums over a replica's rows round in f32 before the all-reduce adds the
+    /// replicas' sums, so N replicas and one round the global batch's sums differently in the
+    /// last bits, and momentum SGD grows those bits: 1 and 2 replicas ended 1.6e-6 apart after
+    /// the default 2000 steps, within [`crate::TOLERANCE`], but 1.1e-4 apart after 10000,
+    /// past it (and 1.2e-4 from MirroredStrategy, past [`crate::TPU_MIRRORED_TOLERANCE`]).
+    F32,
+    /// The forward dot products and tanh in f64 rounded once to f32, and the sums over rows
+    /// and across replicas in f64, as the mirrored path sums them: the weights come out the
+    /// same bits on 1, 2, 3 or 4 replicas, after 10000 steps or 6000 at lr 0.02 too. XLA's
+    /// f64 products run several times slower than its f32 ones.
+    #[default]
+    F64Sums,
+}
+
 /// One training step of the MLP as a replicated XLA program: the arithmetic of
-/// [`Params::gradient_sums`] and the mirrored `merge_call`, written with symbolic values.
-///
-/// The dot products of the forward pass and tanh are computed in f64 and rounded to f32, where
-/// the mirrored replicas compute them in f32: XLA generates f32 dot and tanh code per shape,
-/// and in f32 the per-replica program of 43 rows and the 1-replica program of 128 rounded some
-/// rows differently (weights 1.4e-5 apart after 6000 steps at lr 0.02 on 3 replicas, past the
-/// 1e-5 limit). A product of two f32 values is exact in f64, and a sum of 11 or 32 of them, in
-/// any order, is within a few f64 ulps of the exact sum, so it rounds to the same f32 unless
-/// the exact sum is that close to a rounding boundary: the runs above now come out
-/// bit-identical.
+/// [`Params::gradient_sums`] and the mirrored `merge_call`, written with symbolic values, in
+/// `arithmetic`.
 ///
 /// Takes `[w1, b1, w2, b2, v_w1, v_b1, v_w2, v_b2, x, y, mask]` and returns the 8 new variables
 /// followed by the global batch's squared-error sum and row count (f64 scalars, the same on
@@ -95,12 +111,18 @@ fn tpu_step(
     args: &[Value],
     learning_rate: f32,
     momentum: f32,
+    arithmetic: StepArithmetic,
 ) -> Result<Vec<Value>, TpuError> {
     let [w1, b1, w2, b2, v_w1, v_b1, v_w2, v_b2, x, y, mask] = args else {
         return Err(TpuError::InvalidArgument(format!(
             "the MLP step takes {VARIABLES} variables then x, y and the mask; got {} inputs",
             args.len()
         )));
+    };
+    // Sums over rows and across replicas, and the arrays they read, in this type.
+    let wide = match arithmetic {
+        StepArithmetic::F32 => ElementType::F32,
+        StepArithmetic::F64Sums => ElementType::F64,
     };
     let rows = x.ty().dims[0];
     let units = w1.ty().dims[1];
@@ -110,16 +132,12 @@ fn tpu_step(
         ..DotDims::default()
     };
 
-    // Forward and backward per row with f32 values, as the mirrored replicas compute them;
-    // only the dot products and tanh are computed in f64 and rounded once to f32 (see
-    // `wide_matmul`).
-    let z = wide_matmul(b, x, w1)?;
+    // Forward and backward per row with f32 values, as the mirrored replicas compute them.
+    let z = matmul_in(b, x, w1, wide)?;
     let bias = b.broadcast_in_dim(b1, &[rows, units], &[1])?;
     let z = b.add(&z, &bias)?;
-    let z = b.convert(&z, ElementType::F64);
-    let hidden = b.unary(UnaryOp::Tanh, &z);
-    let hidden = b.convert(&hidden, ElementType::F32);
-    let predicted = wide_matmul(b, &hidden, w2)?;
+    let hidden = tanh_in(b, &z, wide);
+    let predicted = matmul_in(b, &hidden, w2, wide)?;
     let bias = b.broadcast_in_dim(b2, &[rows], &[0])?;
     let predicted = b.add(&predicted, &bias)?;
     let error = b.subtract(&predicted, y)?;
@@ -136,12 +154,18 @@ fn tpu_step(
     let d_tanh = b.subtract(&one, &squared)?;
     let d_hidden = b.multiply(&d_hidden, &d_tanh)?;
 
-    // Sums over rows and across replicas in f64, as the mirrored path does: the sum over a
-    // global batch then rounds to the same f32 however the batch was cut across replicas.
+    // Sums over rows, then across replicas, in `wide`.
     let [x, hidden, d_hidden, d_out, error, mask] =
-        [x, &hidden, &d_hidden, &d_out, &error, mask].map(|v| b.convert(v, ElementType::F64));
-    let zero = b.scalar(0.0f64);
-    let g_w1 = b.dot_general(&x, &d_hidden, &over_rows)?;
+        [x, &hidden, &d_hidden, &d_out, &error, mask].map(|v| convert_to(b, v, wide));
+    let zero = match wide {
+        ElementType::F64 => b.scalar(0.0f64),
+        _ => b.scalar(0.0f32),
+    };
+    // As d_hiddenᵀ·x, transposed: the same sums in another orientation, whose f64 code XLA
+    // (jaxlib 0.10.2, timed alone) ran in half the time of xᵀ·d_hidden's, 0.6 against 1.2 ms
+    // with 1024 rows and 256 units.
+    let g_w1 = b.dot_general(&d_hidden, &x, &over_rows)?;
+    let g_w1 = b.transpose(&g_w1, &[1, 0])?;
     let g_b1 = b.reduce(&d_hidden, &zero, &[0], Reduction::Sum)?;
     let g_w2 = b.dot_general(&hidden, &d_out, &over_rows)?;
     let g_b2 = b.reduce(&d_out, &zero, &[0], Reduction::Sum)?;
@@ -162,7 +186,7 @@ fn tpu_step(
         let dims = sum.ty().dims.clone();
         let rows = b.broadcast_in_dim(&total_rows, &dims, &[])?;
         let mean = b.divide(&sum, &rows)?;
-        let gradient = b.convert(&mean, ElementType::F32);
+        let gradient = convert_to(b, &mean, ElementType::F32);
         let mu = b.splat(momentum, &dims);
         let decayed = b.multiply(velocity, &mu)?;
         velocities.push(b.add(&decayed, &gradient)?);
@@ -174,22 +198,49 @@ fn tpu_step(
         outputs.push(b.subtract(weight, &step)?);
     }
     outputs.extend(velocities);
-    outputs.push(squared_error);
-    outputs.push(total_rows);
+    outputs.push(convert_to(b, &squared_error, ElementType::F64));
+    outputs.push(convert_to(b, &total_rows, ElementType::F64));
     Ok(outputs)
 }
 
-/// `lhs · rhs` of f32 values with the products and their sum in f64, rounded once to f32.
-fn wide_matmul(b: &mut StepBuilder<'_>, lhs: &Value, rhs: &Value) -> Result<Value, TpuError> {
-    let lhs = b.convert(lhs, ElementType::F64);
-    let rhs = b.convert(rhs, ElementType::F64);
+/// `value` in `element`: itself when it already is (a no-op convert would still be traced).
+fn convert_to(b: &mut StepBuilder<'_>, value: &Value, element: ElementType) -> Value {
+    if value.ty().element == element {
+        value.clone()
+    } else {
+        b.convert(value, element)
+    }
+}
+
+/// `lhs · rhs` of f32 values with the products and their sum in `wide`, rounded once to f32.
+///
+/// In f64: a product of two f32 values is exact, and a sum of 11 or 32 of them, in any order,
+/// is within a few f64 ulps of the exact sum, so it rounds to the same f32 whatever rows XLA
+/// blocks together. In f32, XLA generates dot code per shape, and the per-replica program of
+/// 43 rows and the 1-replica program of 128 can round a row differently.
+fn matmul_in(
+    b: &mut StepBuilder<'_>,
+    lhs: &Value,
+    rhs: &Value,
+    wide: ElementType,
+) -> Result<Value, TpuError> {
+    let lhs = convert_to(b, lhs, wide);
+    let rhs = convert_to(b, rhs, wide);
     let product = b.matmul(&lhs, &rhs)?;
-    Ok(b.convert(&product, ElementType::F32))
+    Ok(convert_to(b, &product, ElementType::F32))
+}
+
+/// tanh of f32 values computed in `wide`, rounded to f32.
+fn tanh_in(b: &mut StepBuilder<'_>, z: &Value, wide: ElementType) -> Value {
+    let z = convert_to(b, z, wide);
+    let hidden = b.unary(UnaryOp::Tanh, &z);
+    convert_to(b, &hidden, ElementType::F32)
 }
 
 /// Trains the MLP on `data.train` with `TpuStrategy`, one replica per PJRT device
 /// (`config.devices.len()` of them), from the same global batches, initial weights and
-/// hyperparameters as [`crate::mirrored::train`].
+/// hyperparameters as [`crate::mirrored::train`], the step computed in
+/// `config.tpu_arithmetic`.
 pub fn train_tpu(config: &Config, data: &WineData) -> Result<TpuTrained> {
     ensure!(
         config.steps > 0 && config.global_batch > 0 && config.hidden > 0 && config.eval_every > 0,
@@ -244,8 +295,10 @@ pub fn train_tpu(config: &Config, data: &WineData) -> Result<TpuTrained> {
         Ok((batch, waiting.elapsed()))
     };
 
-    let (learning_rate, momentum) = (config.learning_rate, config.momentum);
-    let step_fn = strategy.function(move |b, args| tpu_step(b, args, learning_rate, momentum));
+    let (learning_rate, momentum, arithmetic) =
+        (config.learning_rate, config.momentum, config.tpu_arithmetic);
+    let step_fn =
+        strategy.function(move |b, args| tpu_step(b, args, learning_rate, momentum, arithmetic));
 
     // Trace and compile before the timed steps: `run` with the variables' current buffers has
     // the signature `run_updating` will use, so the program lands in the function's cache.

@@ -113,6 +113,40 @@ fn tpu_replicas_learn_the_one_replica_and_the_mirrored_weights() {
     }
 }
 
+/// With its sums in f64 (the default) the compiled step gives the same weights to the bit on
+/// 1, 2 and 4 replicas (4 cut the batch of 30 unevenly and pad); in f32, the program `jax.jit`
+/// emits, a short run stays within [`TOLERANCE`] of one replica and is the same model.
+#[test]
+fn tpu_replicas_with_f64_sums_learn_the_same_bits_and_f32_stays_close() {
+    let data = load_wine(7).unwrap();
+    assert_eq!(short_run(1).tpu_arithmetic, tpu::StepArithmetic::F64Sums);
+    let in_f32 = |replicas| Config {
+        tpu_arithmetic: tpu::StepArithmetic::F32,
+        ..short_run(replicas)
+    };
+    let one = tpu::train_tpu(&short_run(1), &data).unwrap();
+    let f32_one = tpu::train_tpu(&in_f32(1), &data).unwrap();
+    let difference = max_weight_difference(&one.params, &f32_one.params);
+    assert!(
+        difference <= TPU_MIRRORED_TOLERANCE,
+        "f64 sums and f32 differ by {difference}"
+    );
+    for replicas in [2, 4] {
+        let many = tpu::train_tpu(&short_run(replicas), &data).unwrap();
+        assert_eq!(
+            max_weight_difference(&one.params, &many.params),
+            0.0,
+            "{replicas} TPU replicas with f64 sums differ from 1"
+        );
+        let many = tpu::train_tpu(&in_f32(replicas), &data).unwrap();
+        let difference = max_weight_difference(&f32_one.params, &many.params);
+        assert!(
+            difference <= TOLERANCE,
+            "{replicas} TPU replicas in f32 differ from 1 by {difference}"
+        );
+    }
+}
+
 /// The error when no PJRT plugin can be found says how to install one. `PJRT_PLUGIN` is read
 /// by every TPU test in this process, so the check runs in a child process of this test binary
 /// with `PJRT_PLUGIN` pointing nowhere.
