@@ -177,7 +177,7 @@ fn parse_devices(list: &str) -> Result<Vec<String>> {
         match parsed.kind() {
             DeviceKind::Cpu => {}
             DeviceKind::Gpu => bail!(
-                "device '{device}': the demo's MLP computes with ndarray in host memory and has \
+                "device '{device}': the demo's MLP computes with its own loops in host memory and has \
                  no GPU kernels, so it will not run on the CPU under a GPU's name. GPU replicas \
                  (cargo features `cuda`/`nccl`) reduce GPU tensors; see `cargo xtask test-gpu`. \
                  Use CPU devices here, e.g. --devices /cpu:0,/cpu:1"

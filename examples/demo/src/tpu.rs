@@ -100,7 +100,7 @@ pub enum StepArithmetic {
 }
 
 /// One training step of the MLP as a replicated XLA program: the arithmetic of
-/// [`Params::gradient_sums`] and the mirrored `merge_call`, written with symbolic values, in
+/// [`ParamSlices::gradient_sums`](crate::model::ParamSlices::gradient_sums) and the mirrored `merge_call`, written with symbolic values, in
 /// `arithmetic`.
 ///
 /// Takes `[w1, b1, w2, b2, v_w1, v_b1, v_w2, v_b2, x, y, mask]` and returns the 8 new variables
