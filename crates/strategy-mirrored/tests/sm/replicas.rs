@@ -36,6 +36,14 @@ fn sm14_every_replica_id_once() {
     }
 }
 
+/// The error of a `run` started from inside a step or a merge function.
+fn assert_run_inside_a_step_refused(err: StrategyError) {
+    match err {
+        StrategyError::Runtime(m) => assert!(m.contains("inside a replica's step"), "{m}"),
+        other => panic!("expected Runtime, got {other:?}"),
+    }
+}
+
 #[test]
 fn sm16_a_merge_function_cannot_start_another_run() {
     // TF's cases 3 and 4 (merge_fn calls call_for_each_replica) have no Rust counterpart: a
@@ -52,10 +60,7 @@ fn sm16_a_merge_function_cannot_start_another_run() {
             &(),
         )
         .unwrap_err();
-    match err {
-        StrategyError::Runtime(m) => assert!(m.contains("inside a replica's step"), "{m}"),
-        other => panic!("expected Runtime, got {other:?}"),
-    }
+    assert_run_inside_a_step_refused(err);
     // Still usable.
     let out: Leaf<usize> = strategy.run(|ctx, ()| Ok(ctx.replica_id()), &()).unwrap();
     assert_eq!(out.local_results(), [&0, &1]);
@@ -334,10 +339,7 @@ fn a_step_on_the_calling_thread_cannot_start_another_run_and_the_caller_can_run_
                 &(),
             )
             .unwrap_err();
-        match err {
-            StrategyError::Runtime(m) => assert!(m.contains("inside a replica's step"), "{m}"),
-            other => panic!("expected Runtime, got {other:?}"),
-        }
+        assert_run_inside_a_step_refused(err);
         // The calling thread is a caller again once the step is over.
         let ids: Leaf<usize> = strategy.run(|ctx, ()| Ok(ctx.replica_id()), &()).unwrap();
         assert_eq!(ids.local_results().len(), n);
