@@ -24,10 +24,20 @@ fn the_id() -> [u8; UNIQUE_ID_BYTES] {
     std::array::from_fn(|i| (i * 7 + 3) as u8)
 }
 
-/// A loopback address on a port that was free a moment ago.
+/// A loopback address on a port that was free a moment ago, never one this process has handed
+/// out before: the kernel may give a port it just released to the next bind, and two tasks of a
+/// cluster on one address are a `DuplicateAddress` error, not the case under test.
 fn free_address() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    format!("127.0.0.1:{}", listener.local_addr().unwrap().port())
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return format!("127.0.0.1:{port}");
+        }
+    }
 }
 
 /// A cluster on loopback: a chief or not, `workers` workers and a parameter server (no rank).
