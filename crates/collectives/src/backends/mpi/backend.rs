@@ -308,24 +308,10 @@ impl MpiAllReduce {
             .filter(|&(d, _)| d != axis)
             .map(|(_, &d)| d)
             .product();
-        let size = local.dtype().size_in_bytes();
-        let too_big = || {
-            CollectiveError::InvalidArgument(
-                "an all-gather across workers moves at most 2 GiB per worker".into(),
-            )
-        };
-        let counts: Vec<i32> = lengths
-            .iter()
-            .map(|&l| i32::try_from(l * outside * size).map_err(|_| too_big()))
-            .collect::<Result<_, _>>()?;
-        let displs: Vec<i32> = counts
-            .iter()
-            .scan(0i64, |at, &c| {
-                let here = *at;
-                *at += i64::from(c);
-                Some(i32::try_from(here).map_err(|_| too_big()))
-            })
-            .collect::<Result<_, _>>()?;
+        let (counts, displs) = gather_layout(
+            lengths.iter().map(|&l| l * outside),
+            local.dtype().size_in_bytes(),
+        )?;
         let total: usize = lengths.iter().sum::<usize>() * outside;
         let parts = with_dtype!(local.dtype(), T => {
             let mine: Vec<T> = local.to_vec::<T>()?;
@@ -864,24 +850,8 @@ impl ReplicaCollectives for MpiMember {
             }
             let row: usize = local.shape()[1..].iter().product();
             let rows: Vec<usize> = records.iter().map(|r| r.rows as usize).collect();
-            let size = local.dtype().size_in_bytes();
-            let too_big = || {
-                CollectiveError::InvalidArgument(
-                    "all_gather across workers moves at most 2 GiB per worker".into(),
-                )
-            };
-            let counts: Vec<i32> = rows
-                .iter()
-                .map(|&r| i32::try_from(r * row * size).map_err(|_| too_big()))
-                .collect::<Result<_, _>>()?;
-            let displs: Vec<i32> = counts
-                .iter()
-                .scan(0i64, |at, &c| {
-                    let here = *at;
-                    *at += i64::from(c);
-                    Some(i32::try_from(here).map_err(|_| too_big()))
-                })
-                .collect::<Result<_, _>>()?;
+            let (counts, displs) =
+                gather_layout(rows.iter().map(|&r| r * row), local.dtype().size_in_bytes())?;
             let total_rows: usize = rows.iter().sum();
             let mut shape = local.shape().to_vec();
             shape[0] = total_rows;
@@ -1090,4 +1060,34 @@ impl StepLifecycle for MpiAllReduce {
         // The hook has no error channel; a replica outside the group has no barrier to leave.
         let _ = self.inner.group.rendezvous().finish(replica);
     }
+}
+
+/// The byte counts and displacements of an all-gather whose workers send `elements` elements of
+/// `size` bytes each, in worker order: MPI counts them in `i32`, so a part or an offset past
+/// 2 GiB is an error rather than a wrapped count.
+fn gather_layout(
+    elements: impl Iterator<Item = usize>,
+    size: usize,
+) -> Result<(Vec<i32>, Vec<i32>), CollectiveError> {
+    let too_big = || {
+        CollectiveError::InvalidArgument(
+            "an all-gather across workers moves at most 2 GiB per worker".into(),
+        )
+    };
+    let counts: Vec<i32> = elements
+        .map(|n| {
+            n.checked_mul(size)
+                .and_then(|bytes| i32::try_from(bytes).ok())
+                .ok_or_else(too_big)
+        })
+        .collect::<Result<_, _>>()?;
+    let displs: Vec<i32> = counts
+        .iter()
+        .scan(0i64, |at, &c| {
+            let here = *at;
+            *at += i64::from(c);
+            Some(i32::try_from(here).map_err(|_| too_big()))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((counts, displs))
 }
