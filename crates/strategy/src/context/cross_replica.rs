@@ -202,21 +202,11 @@ impl<'a> CrossReplicaContext<'a> {
         variable: &DistributedVariable<T>,
         mut f: impl FnMut(&UpdateContext<'_>, &T) -> Result<T, StrategyError>,
     ) -> Result<(), StrategyError> {
-        let components = (0..self.num_local_replicas())
-            .map(|r| variable.component(r))
-            .collect::<Result<Vec<_>, _>>()?;
-        let updated = components
-            .iter()
-            .map(|component| {
-                let update = UpdateContext {
-                    replica: component.replica(),
-                    device: component.device(),
-                };
-                f(&update, &component.read())
-            })
-            .collect::<Result<Vec<T>, StrategyError>>()?;
-        let values = Leaf::PerReplica(PerReplica::new(Arc::clone(self.device_map()), updated)?);
-        self.update(variable, UpdateOp::Assign, &values)
+        // Straight to the components: the new values are one per copy by construction, so
+        // none of `update`'s checks of a caller's per-replica value apply.
+        variable.update_each_with(|replica, device, current| {
+            f(&UpdateContext { replica, device }, current)
+        })
     }
 
     /// The value of `variable` seen across replicas (TF's `read_var`): a mirrored variable's

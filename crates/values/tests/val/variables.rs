@@ -488,3 +488,43 @@ fn val_43_mean_of_non_float_per_replica_values_is_refused() {
         Scalar::F(1.5)
     );
 }
+
+#[test]
+fn update_each_with_gives_each_copy_its_own_new_value_from_its_current_one() {
+    let v = DistributedVariable::new_on_write("w", cpus(3), 1.0_f32, NoAggregation).unwrap();
+    v.component(2).unwrap().assign(5.0);
+    let mut seen = Vec::new();
+    v.update_each_with(|replica, device, current: &f32| {
+        seen.push((replica, device.to_owned()));
+        // The variable is readable from inside: no lock is held while `f` runs.
+        let primary = v.component(0)?.read();
+        Ok::<_, ValuesError>(current * 10.0 + replica as f32 + primary)
+    })
+    .unwrap();
+    let components: Vec<f32> = (0..3).map(|r| v.component(r).unwrap().read()).collect();
+    assert_eq!(components, [11.0, 12.0, 53.0]);
+    let devices: Vec<(usize, String)> = (0..3)
+        .map(|r| (r, format!("/job:localhost/replica:0/task:0/device:CPU:{r}")))
+        .collect();
+    assert_eq!(
+        seen, devices,
+        "once per copy, in replica order, with its device"
+    );
+}
+
+#[test]
+fn update_each_with_a_failing_copy_changes_no_copy() {
+    let v = DistributedVariable::new_on_read("m", cpus(2), 1.0_f64, Sum).unwrap();
+    let err = v
+        .update_each_with(|replica, _, current: &f64| {
+            if replica == 1 {
+                Err(ValuesError::Arithmetic("copy 1 refuses".into()))
+            } else {
+                Ok(current + 1.0)
+            }
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("copy 1 refuses"), "{err}");
+    let components: Vec<f64> = (0..2).map(|r| v.component(r).unwrap().read()).collect();
+    assert_eq!(components, [1.0, 1.0], "copy 0's new value was not stored");
+}
