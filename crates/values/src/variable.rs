@@ -132,18 +132,6 @@ impl<T: VariableValue> VarCore<T> {
         Ok(new)
     }
 
-    /// Stores `values[i]` in component `i`, every lock held while storing, so no reader sees
-    /// some copies new and others old.
-    fn assign_each(&self, values: Vec<T>) -> Result<(), ValuesError> {
-        self.devices
-            .check_count("assign each component", values.len())?;
-        let mut guards: Vec<_> = self.components.iter().map(|c| c.lock()).collect();
-        for (guard, value) in guards.iter_mut().zip(values) {
-            **guard = value;
-        }
-        Ok(())
-    }
-
     fn update_all(&self, op: UpdateOp, value: &T) -> Result<Vec<T>, ValuesError> {
         self.update_each(op, &vec![value; self.components.len()])
     }
@@ -630,7 +618,7 @@ impl<T: VariableValue> DistributedVariable<T> {
     /// `f(replica, device, &current)` for each replica in order, called without any of the
     /// variable's locks held (so `f` may read the variable). All new values are computed before
     /// any is stored, and then stored together: an error from `f` changes nothing.
-    pub fn update_each_with<E: From<ValuesError>>(
+    pub fn update_each_with<E>(
         &self,
         mut f: impl FnMut(usize, &str, &T) -> Result<T, E>,
     ) -> Result<(), E> {
@@ -640,7 +628,12 @@ impl<T: VariableValue> DistributedVariable<T> {
             let current = cell.lock().clone();
             updated.push(f(cell.replica, &cell.device, &current)?);
         }
-        Ok(core.assign_each(updated)?)
+        // Stored with every lock held, so no reader sees some copies new and others old.
+        let mut guards: Vec<_> = core.components.iter().map(|c| c.lock()).collect();
+        for (guard, value) in guards.iter_mut().zip(updated) {
+            **guard = value;
+        }
+        Ok(())
     }
 
     /// Replica `replica`'s component.
