@@ -48,7 +48,7 @@ pub use error::{ErrorCode, PjrtError, Result};
 pub use options::CompileOptions;
 pub use plugin::{PINNED_PLUGIN_RELATIVE_PATH, PLUGIN_ENV, Plugin, pinned_plugin_path};
 pub use runtime::{
-    Buffer, CPU_PLATFORM, Client, ClientOptions, DEFAULT_MAX_IN_FLIGHT, Device, Execution,
-    LoadedExecutable, MAX_IN_FLIGHT,
+    Buffer, CPU_PLATFORM, Client, ClientOptions, DEFAULT_AWAIT_SPIN, DEFAULT_MAX_IN_FLIGHT, Device,
+    Execution, LoadedExecutable, MAX_IN_FLIGHT,
 };
 pub use types::{ElementType, NativeType};

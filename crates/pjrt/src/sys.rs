@@ -79,6 +79,7 @@ pub(crate) mod index {
     pub(crate) const ERROR_GET_CODE: usize = 2;
     pub(crate) const PLUGIN_INITIALIZE: usize = 3;
     pub(crate) const EVENT_DESTROY: usize = 5;
+    pub(crate) const EVENT_IS_READY: usize = 6;
     pub(crate) const EVENT_AWAIT: usize = 8;
     pub(crate) const CLIENT_CREATE: usize = 10;
     pub(crate) const CLIENT_DESTROY: usize = 11;
@@ -99,8 +100,15 @@ pub(crate) mod index {
     pub(crate) const BUFFER_DESTROY: usize = 58;
     pub(crate) const BUFFER_ELEMENT_TYPE: usize = 59;
     pub(crate) const BUFFER_DIMENSIONS: usize = 60;
+    pub(crate) const BUFFER_GET_MEMORY_LAYOUT: usize = 63;
+    pub(crate) const BUFFER_ON_DEVICE_SIZE_IN_BYTES: usize = 64;
     pub(crate) const BUFFER_DEVICE: usize = 65;
     pub(crate) const BUFFER_TO_HOST_BUFFER: usize = 70;
+    pub(crate) const BUFFER_IS_ON_CPU: usize = 71;
+    pub(crate) const BUFFER_READY_EVENT: usize = 72;
+    pub(crate) const BUFFER_INCREASE_EXTERNAL_REFERENCE_COUNT: usize = 74;
+    pub(crate) const BUFFER_DECREASE_EXTERNAL_REFERENCE_COUNT: usize = 75;
+    pub(crate) const BUFFER_OPAQUE_DEVICE_MEMORY_DATA_POINTER: usize = 76;
     /// The highest index above: a plugin's table must reach it.
     pub(crate) const HIGHEST_USED: usize = BUFFER_TO_HOST_BUFFER;
 }
@@ -375,6 +383,90 @@ pub(crate) struct BufferDeviceArgs {
     pub device: *mut Device,
 }
 
+/// `PJRT_Event_IsReady_Args`.
+#[repr(C)]
+pub(crate) struct EventIsReadyArgs {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub event: *mut Event,
+    /// A C `bool`: 0 or 1.
+    pub is_ready: u8,
+}
+
+/// `PJRT_Buffer_IsOnCpu_Args`.
+#[repr(C)]
+pub(crate) struct BufferIsOnCpuArgs {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub buffer: *mut Buffer,
+    /// A C `bool`: 0 or 1.
+    pub is_on_cpu: u8,
+}
+
+/// `PJRT_Buffer_ReadyEvent_Args`.
+#[repr(C)]
+pub(crate) struct BufferReadyEventArgs {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub buffer: *mut Buffer,
+    pub event: *mut Event,
+}
+
+/// `PJRT_Buffer_IncreaseExternalReferenceCount_Args` and
+/// `PJRT_Buffer_DecreaseExternalReferenceCount_Args` share this layout.
+#[repr(C)]
+pub(crate) struct BufferExternalReferenceArgs {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub buffer: *mut Buffer,
+}
+
+/// `PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args`.
+#[repr(C)]
+pub(crate) struct BufferOpaqueDeviceMemoryDataPointerArgs {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub buffer: *mut Buffer,
+    pub device_memory_ptr: *mut c_void,
+}
+
+/// `PJRT_Buffer_OnDeviceSizeInBytes_Args`.
+#[repr(C)]
+pub(crate) struct BufferOnDeviceSizeArgs {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub buffer: *mut Buffer,
+    pub on_device_size_in_bytes: usize,
+}
+
+/// `PJRT_Buffer_MemoryLayout_Type_Tiled`.
+pub(crate) const MEMORY_LAYOUT_TILED: c_int = 0;
+
+/// `PJRT_Buffer_MemoryLayout`: its union holds `PJRT_Buffer_MemoryLayout_Tiled` (the larger
+/// member, spelled out here) or `PJRT_Buffer_MemoryLayout_Strides`, as `kind` says.
+#[repr(C)]
+pub(crate) struct MemoryLayout {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub tiled_struct_size: usize,
+    pub tiled_extension_start: *mut c_void,
+    pub minor_to_major: *const i64,
+    pub minor_to_major_size: usize,
+    pub tile_dims: *const i64,
+    pub tile_dim_sizes: *const usize,
+    pub num_tiles: usize,
+    pub kind: c_int,
+}
+
+/// `PJRT_Buffer_GetMemoryLayout_Args`.
+#[repr(C)]
+pub(crate) struct BufferGetMemoryLayoutArgs {
+    pub struct_size: usize,
+    pub extension_start: *mut c_void,
+    pub buffer: *mut Buffer,
+    pub layout: MemoryLayout,
+}
+
 #[repr(C)]
 pub(crate) struct BufferToHostBufferArgs {
     pub struct_size: usize,
@@ -418,6 +510,14 @@ const _: () = {
     assert!(size_of::<BufferToHostBufferArgs>() == 56);
     assert!(size_of::<LoadedExecutableAddressableDevicesArgs>() == 40);
     assert!(size_of::<BufferDeviceArgs>() == 32);
+    assert!(size_of::<EventIsReadyArgs>() == 32); // 25 + tail padding
+    assert!(size_of::<BufferIsOnCpuArgs>() == 32); // 25 + tail padding
+    assert!(size_of::<BufferReadyEventArgs>() == 32);
+    assert!(size_of::<BufferExternalReferenceArgs>() == 24);
+    assert!(size_of::<BufferOpaqueDeviceMemoryDataPointerArgs>() == 32);
+    assert!(size_of::<BufferOnDeviceSizeArgs>() == 32);
+    assert!(size_of::<MemoryLayout>() == 80); // 76 + tail padding
+    assert!(size_of::<BufferGetMemoryLayoutArgs>() == 104);
 };
 
 /// Argument structs: plain C data whose first field is `struct_size`.
@@ -473,4 +573,11 @@ args_structs!(
     BufferToHostBufferArgs,
     LoadedExecutableAddressableDevicesArgs,
     BufferDeviceArgs,
+    EventIsReadyArgs,
+    BufferIsOnCpuArgs,
+    BufferReadyEventArgs,
+    BufferExternalReferenceArgs,
+    BufferOpaqueDeviceMemoryDataPointerArgs,
+    BufferOnDeviceSizeArgs,
+    BufferGetMemoryLayoutArgs,
 );
