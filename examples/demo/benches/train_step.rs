@@ -21,17 +21,28 @@
 //!   MirroredStrategy and JAX 0.10 (`pmap` with flattened gradients; `jit` on one device): they
 //!   are references, not measured by this run. The `tpu` cases need a PJRT CPU plugin
 //!   (`PJRT_PLUGIN`, else the pinned one of `cargo xtask fetch-pjrt`, which `cargo xtask bench
-//!   strategy` runs first); without one each prints a `skipped` line saying why.
+//!   strategy` runs first); without one each prints a `skipped` line saying why. They run in
+//!   both of the demo's arithmetics (`--tpu-arithmetic f64-sums`, the default, and `f32`, the
+//!   program `jax.jit` emits).
+//! - `jax_jit` in this run: where `python3` imports `jax`, the `tpu` cases alternate with runs of
+//!   `peers/jax_mlp.py` (the same model and batch with `jax.jit` on one CPU device, the batches
+//!   already on the device), and each 1-replica `tpu` line carries the median JAX steps/s of
+//!   this run (`jax_jit_this_run`) and its own ratio to it (`vs_jax_jit`). Where JAX cannot
+//!   run, the lines say why (`jax_skipped`). JAX is not a dependency of the build or of CI.
 //!
 //! Every run is checked: the replicas' copies of the weights must agree within
 //! [`TOLERANCE`] and the losses must be finite. Without `--bench` (as `cargo test --all-targets`
 //! runs it) a short smoke run also checks that the loss goes down, that 2 replicas train the
 //! weights of 1, and (with a plugin) that `TpuStrategy` trains those of `MirroredStrategy`.
 
-use anyhow::{Result, ensure};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, anyhow, ensure};
 use distribute::pjrt::Plugin;
 use distribute_demo::data::{WineData, load_wine};
 use distribute_demo::model::max_weight_difference;
+use distribute_demo::tpu::StepArithmetic;
 use distribute_demo::{Config, TOLERANCE, TPU_MIRRORED_TOLERANCE, mirrored, tpu};
 use serde_json::{Value, json};
 
@@ -108,28 +119,110 @@ fn main() -> Result<()> {
 /// The full bench: `train_step`, then the `mlp` cases.
 fn bench(data: &WineData) -> Result<()> {
     let plugin = tpu_plugin();
+    let jax = jax_peer();
     let train_step = repeated(7, |replicas| mirrored_run(&default_config(replicas), data))?;
     print_train_step(&train_step);
-    print_mlp(Kind::Mirrored, &SMALL, &train_step);
+    print_mlp(Kind::Mirrored, &SMALL, &train_step, None);
     let big_mirrored = repeated(5, |replicas| {
         mirrored_run(&mlp_config(&BIG, replicas), data)
     })?;
     match &plugin {
-        Ok(()) => {
-            let small_tpu = repeated(5, |replicas| tpu_run(&mlp_config(&SMALL, replicas), data))?;
-            print_mlp(Kind::Tpu, &SMALL, &small_tpu);
-        }
+        Ok(()) => tpu_cases(&SMALL, data, &jax)?,
         Err(reason) => print_skipped(&SMALL, reason),
     }
-    print_mlp(Kind::Mirrored, &BIG, &big_mirrored);
+    print_mlp(Kind::Mirrored, &BIG, &big_mirrored, None);
     match &plugin {
-        Ok(()) => {
-            let big_tpu = repeated(5, |replicas| tpu_run(&mlp_config(&BIG, replicas), data))?;
-            print_mlp(Kind::Tpu, &BIG, &big_tpu);
-        }
+        Ok(()) => tpu_cases(&BIG, data, &jax)?,
         Err(reason) => print_skipped(&BIG, reason),
     }
     Ok(())
+}
+
+/// The `tpu` lines of `case` in both arithmetics, 5 alternating repetitions of every run
+/// (each arithmetic on 1 and 2 replicas, then JAX where it runs), so that the machine's drift
+/// falls on all of them alike.
+fn tpu_cases(case: &MlpCase, data: &WineData, jax: &Result<PathBuf, String>) -> Result<()> {
+    const ARITHMETICS: [StepArithmetic; 2] = [StepArithmetic::F64Sums, StepArithmetic::F32];
+    let mut runs: [[Vec<Run>; 2]; 2] = Default::default();
+    let mut jax_steps_per_s = Vec::new();
+    for _ in 0..5 {
+        for (arithmetic, runs) in ARITHMETICS.iter().zip(&mut runs) {
+            for (i, &replicas) in REPLICAS.iter().enumerate() {
+                let config = Config {
+                    tpu_arithmetic: *arithmetic,
+                    ..mlp_config(case, replicas)
+                };
+                runs[i].push(tpu_run(&config, data)?);
+            }
+        }
+        if let Ok(script) = jax {
+            jax_steps_per_s.push(jax_run(script, case)?);
+        }
+    }
+    let jax = match jax {
+        Ok(_) => Ok(median(&mut jax_steps_per_s)),
+        Err(reason) => Err(reason.as_str()),
+    };
+    for (arithmetic, runs) in ARITHMETICS.iter().zip(&runs) {
+        let label = match arithmetic {
+            StepArithmetic::F64Sums => "f64-sums",
+            StepArithmetic::F32 => "f32",
+        };
+        print_mlp(Kind::Tpu, case, runs, Some((label, jax)));
+    }
+    Ok(())
+}
+
+/// `peers/jax_mlp.py` if `python3` can import `jax`, else why not.
+fn jax_peer() -> Result<PathBuf, String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/jax_mlp.py");
+    let probe = Command::new("python3")
+        .args(["-c", "import jax"])
+        .output()
+        .map_err(|err| format!("python3 does not run: {err}"))?;
+    if !probe.status.success() {
+        return Err(format!(
+            "python3 cannot import jax (pip install jax to compare): {}",
+            String::from_utf8_lossy(&probe.stderr)
+                .trim()
+                .lines()
+                .last()
+                .unwrap_or("")
+        ));
+    }
+    Ok(script)
+}
+
+/// One run of the JAX peer on `case` (the batches on the device, as its default): its steps/s.
+fn jax_run(script: &Path, case: &MlpCase) -> Result<f64> {
+    let steps = case.steps.unwrap_or(Config::DEFAULT.steps);
+    let output = Command::new("python3")
+        .arg(script)
+        .args(["--hidden", &case.hidden.to_string()])
+        .args(["--batch", &case.global_batch.to_string()])
+        .args(["--steps", &steps.to_string()])
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    ensure!(
+        output.status.success(),
+        "{} failed: {}",
+        script.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The script's one line ends in `: N steps/s`.
+    stdout
+        .trim()
+        .strip_suffix(" steps/s")
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .ok_or_else(|| anyhow!("{} printed no steps/s: {stdout:?}", script.display()))
+}
+
+/// The median of `values` (the upper one of an even count).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 /// The smoke run: short trainings that check what the bench's runs rely on, and the lines
@@ -193,7 +286,7 @@ fn smoke(data: &WineData) -> Result<()> {
                     split: None,
                 }]
             });
-            print_mlp(Kind::Tpu, &SMALL, &runs);
+            print_mlp(Kind::Tpu, &SMALL, &runs, None);
         }
         Err(reason) => print_skipped(&SMALL, &reason),
     }
@@ -302,25 +395,44 @@ fn print_train_step(runs: &[Vec<Run>; 2]) {
     }
 }
 
-fn print_mlp(kind: Kind, case: &MlpCase, runs: &[Vec<Run>; 2]) {
+/// The `mlp` lines of one strategy's runs. `tpu` is `Some((arithmetic, JAX))` for the `tpu`
+/// cases: the arithmetic's name, and JAX `jit`'s median steps/s in this run or why it did not
+/// run.
+fn print_mlp(
+    kind: Kind,
+    case: &MlpCase,
+    runs: &[Vec<Run>; 2],
+    tpu: Option<(&str, Result<f64, &str>)>,
+) {
     let one = median_run(&runs[0]).per_step;
     for (i, (&replicas, runs)) in REPLICAS.iter().zip(runs).enumerate() {
         let median = median_run(runs);
-        println!(
-            "{}",
-            json!({
-                "bench": "mlp",
-                "strategy": kind.name(),
-                "hidden": case.hidden,
-                "global_batch": case.global_batch,
-                "replicas": replicas,
-                "runs": runs.len(),
-                "steps": median.steps,
-                "steps_per_s": 1.0 / median.per_step,
-                "speedup_vs_1": one / median.per_step,
-                "peers": peers(case, i),
-            })
-        );
+        let steps_per_s = 1.0 / median.per_step;
+        let mut line = json!({
+            "bench": "mlp",
+            "strategy": kind.name(),
+            "hidden": case.hidden,
+            "global_batch": case.global_batch,
+            "replicas": replicas,
+            "runs": runs.len(),
+            "steps": median.steps,
+            "steps_per_s": steps_per_s,
+            "speedup_vs_1": one / median.per_step,
+            "peers": peers(case, i),
+        });
+        if let Some((arithmetic, jax)) = &tpu {
+            line["arithmetic"] = json!(arithmetic);
+            match jax {
+                // JAX `jit` runs on one device: only the 1-replica line compares with it.
+                Ok(jax) if replicas == 1 => {
+                    line["jax_jit_this_run"] = json!(jax);
+                    line["vs_jax_jit"] = json!(steps_per_s / jax);
+                }
+                Ok(_) => {}
+                Err(reason) => line["jax_skipped"] = json!(reason),
+            }
+        }
+        println!("{line}");
     }
 }
 
