@@ -13,6 +13,10 @@
 //! N replicas. [`Plugin::discover`] finds a plugin: `PJRT_PLUGIN`, else the pinned CPU plugin that
 //! `cargo xtask fetch-pjrt` installs; a missing plugin is an error that says how to get one.
 //!
+//! Reading a result is the per-step latency a training loop pays, so [`Buffer::to_vec`] reads a
+//! buffer that lives in host memory (the CPU plugin's) where it lies, as JAX hands CPU arrays to
+//! NumPy, and waits by polling for [`ClientOptions::await_spin`] before it sleeps.
+//!
 //! ```
 //! use distribute_pjrt::stablehlo::{AllReduceOp, Builder, ReplicaGroups, TensorType};
 //! use distribute_pjrt::{Client, ClientOptions, ElementType, Plugin};

@@ -373,6 +373,11 @@ impl Buffer {
 
     /// Copies the array to the host (row-major), waiting for it to be computed. An execution
     /// that failed reports its error here.
+    ///
+    /// A dense row-major buffer in host memory (every buffer of the CPU plugin) is copied
+    /// straight from that memory, pinned by an external reference while it is read; any other
+    /// goes through the plugin's own copy (`PJRT_Buffer_ToHostBuffer`). Either way the wait
+    /// polls for the client's [`ClientOptions::await_spin`] before it sleeps.
     pub fn to_vec<T: NativeType>(&self) -> Result<Vec<T>> {
         let found = self.element_type()?;
         if found != T::TYPE {

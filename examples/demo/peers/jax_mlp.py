@@ -1,7 +1,9 @@
 """Peer measurement for issue 16: the demo's MLP (11 -> H tanh -> 1, momentum SGD, f32) trained
 with `jax.jit` on one device, to compare with `demo --strategy tpu --replicas 1`.
 
-Not part of the build or CI. Usage (CPU wheels from PyPI, `pip install jax`):
+Not part of the build or CI; `cargo xtask bench strategy` runs it beside the `tpu` cases where
+python3 imports jax, and prints the ratio measured in that run. Usage (CPU wheels from PyPI,
+`pip install jax`):
 
     python3 examples/demo/peers/jax_mlp.py --hidden 32 --batch 128 [--steps 2000]
                                            [--feed device|host] [--hlo]
