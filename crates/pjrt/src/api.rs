@@ -294,6 +294,22 @@ impl Api {
         unsafe { self.call(index::EVENT_AWAIT, "PJRT_Event_Await", &mut args) }
     }
 
+    /// Waits for `event` as [`Api::event_await`] does, then frees it; the wait's error wins.
+    ///
+    /// # Safety
+    /// `event` must be a live event that the caller owns and uses for nothing else.
+    pub(crate) unsafe fn event_await_and_destroy(
+        &self,
+        event: *mut sys::Event,
+        spin: Duration,
+    ) -> Result<()> {
+        // SAFETY: caller's contract.
+        let awaited = unsafe { self.event_await(event, spin) };
+        // SAFETY: caller's contract; the event is not used after this.
+        let destroyed = unsafe { self.event_destroy(event) };
+        awaited.and(destroyed)
+    }
+
     /// Frees `event` (null is allowed).
     pub(crate) unsafe fn event_destroy(&self, event: *mut sys::Event) -> Result<()> {
         let mut args = sys::EventArgs::new();
@@ -748,11 +764,8 @@ impl Api {
                 &mut ready,
             )
         }?;
-        // SAFETY: the event is ours; awaited, then freed.
-        let awaited = unsafe { self.event_await(ready.event, spin) };
-        // SAFETY: as above.
-        let destroyed = unsafe { self.event_destroy(ready.event) };
-        awaited.and(destroyed)?;
+        // SAFETY: the event is ours and used for nothing else.
+        unsafe { self.event_await_and_destroy(ready.event, spin) }?;
 
         let mut size = sys::BufferOnDeviceSizeArgs::new();
         size.buffer = buffer;
@@ -878,11 +891,8 @@ impl Api {
                 &mut args,
             )
         }?;
-        // SAFETY: the event is ours; awaited, then freed.
-        let awaited = unsafe { self.event_await(args.event, spin) };
-        // SAFETY: as above.
-        let destroyed = unsafe { self.event_destroy(args.event) };
-        awaited.and(destroyed)
+        // SAFETY: the event is ours and used for nothing else.
+        unsafe { self.event_await_and_destroy(args.event, spin) }
     }
 }
 
