@@ -275,7 +275,7 @@ impl Api {
                 if ready.is_ready != 0 {
                     break;
                 }
-                polls += 1;
+                polls = polls.wrapping_add(1);
                 // Give the core away now and then: on a machine with fewer cores than busy
                 // threads, the thread that would make the event ready may be waiting for it.
                 if polls.is_multiple_of(SPIN_POLLS_PER_YIELD) {
@@ -683,12 +683,15 @@ impl Api {
     /// busy 2-core machine. JAX hands CPU arrays to NumPy the same way.
     ///
     /// Returns `Ok(false)`, having copied nothing, when the in-place read does not apply: the
-    /// buffer is not in host memory, the plugin lacks one of the calls it needs, or the bytes
-    /// are not a dense row-major array of `dst.len()` bytes (`rank` dimensions). The caller then
-    /// copies with [`Api::buffer_to_host`]. An execution that failed is reported as `Err`.
+    /// buffer is not in host memory, the plugin lacks one of the calls it needs or answers one
+    /// with an error, or the bytes are not a dense row-major array of `dst.len()` bytes (`rank`
+    /// dimensions). The caller then copies with [`Api::buffer_to_host`]. An execution that
+    /// failed is reported as `Err`.
     ///
     /// # Safety
-    /// `buffer` must be a live buffer of this plugin.
+    /// `buffer` must be a live buffer of this plugin, and no other thread may call this for the
+    /// same buffer at the same time: the C API keeps a buffer's external references in a list
+    /// it does not lock.
     pub(crate) unsafe fn buffer_read_in_place(
         &self,
         buffer: *mut sys::Buffer,
@@ -709,23 +712,29 @@ impl Api {
         }
         let mut on_cpu = sys::BufferIsOnCpuArgs::new();
         on_cpu.buffer = buffer;
+        // A call that fails here only means this read is not for this plugin: the plugin's own
+        // copy still works, and reports any real problem.
         // SAFETY: caller passes a live buffer.
-        unsafe { self.call(index::BUFFER_IS_ON_CPU, "PJRT_Buffer_IsOnCpu", &mut on_cpu) }?;
-        if on_cpu.is_on_cpu == 0 {
+        let asked =
+            unsafe { self.call(index::BUFFER_IS_ON_CPU, "PJRT_Buffer_IsOnCpu", &mut on_cpu) };
+        if asked.is_err() || on_cpu.is_on_cpu == 0 {
             return Ok(false);
         }
         // The external reference keeps the memory where it is (not freed, donated or moved)
         // until it is dropped below, whatever other threads do with the buffer meanwhile.
         let mut reference = sys::BufferExternalReferenceArgs::new();
         reference.buffer = buffer;
-        // SAFETY: as above.
-        unsafe {
+        // SAFETY: as above; no other thread changes this buffer's references (caller's contract).
+        let referenced = unsafe {
             self.call(
                 index::BUFFER_INCREASE_EXTERNAL_REFERENCE_COUNT,
                 "PJRT_Buffer_IncreaseExternalReferenceCount",
                 &mut reference,
             )
-        }?;
+        };
+        if referenced.is_err() {
+            return Ok(false);
+        }
         // SAFETY: the buffer is live and referenced.
         let copied = unsafe { self.copy_referenced_host_buffer(buffer, dst, rank, spin) };
         let mut release = sys::BufferExternalReferenceArgs::new();
@@ -757,28 +766,31 @@ impl Api {
         let mut ready = sys::BufferReadyEventArgs::new();
         ready.buffer = buffer;
         // SAFETY: caller passes a live buffer.
-        unsafe {
+        let asked = unsafe {
             self.call(
                 index::BUFFER_READY_EVENT,
                 "PJRT_Buffer_ReadyEvent",
                 &mut ready,
             )
-        }?;
+        };
+        if asked.is_err() {
+            return Ok(false);
+        }
         // SAFETY: the event is ours and used for nothing else.
         unsafe { self.event_await_and_destroy(ready.event, spin) }?;
 
         let mut size = sys::BufferOnDeviceSizeArgs::new();
         size.buffer = buffer;
         // SAFETY: as above.
-        unsafe {
+        let asked = unsafe {
             self.call(
                 index::BUFFER_ON_DEVICE_SIZE_IN_BYTES,
                 "PJRT_Buffer_OnDeviceSizeInBytes",
                 &mut size,
             )
-        }?;
+        };
         // Padding or a tiled layout changes the size; only a dense array is read in place.
-        if size.on_device_size_in_bytes != dst.len() {
+        if asked.is_err() || size.on_device_size_in_bytes != dst.len() {
             return Ok(false);
         }
         // Up to one dimension, every layout is row-major; beyond, the layout must say so.
@@ -789,13 +801,16 @@ impl Api {
         let mut data = sys::BufferOpaqueDeviceMemoryDataPointerArgs::new();
         data.buffer = buffer;
         // SAFETY: as above.
-        unsafe {
+        let asked = unsafe {
             self.call(
                 index::BUFFER_OPAQUE_DEVICE_MEMORY_DATA_POINTER,
                 "PJRT_Buffer_OpaqueDeviceMemoryDataPointer",
                 &mut data,
             )
-        }?;
+        };
+        if asked.is_err() {
+            return Ok(false);
+        }
         if dst.is_empty() {
             return Ok(true);
         }

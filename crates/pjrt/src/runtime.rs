@@ -252,10 +252,7 @@ impl Client {
                 device.raw,
             )
         }?;
-        Ok(Buffer {
-            client: self.inner.clone(),
-            raw,
-        })
+        Ok(Buffer::own(self.inner.clone(), raw))
     }
 
     /// Compiles a StableHLO module (MLIR text, e.g. from [`crate::stablehlo::Module`]). A
@@ -324,6 +321,10 @@ impl fmt::Debug for Device {
 pub struct Buffer {
     client: Arc<ClientInner>,
     raw: *mut sys::Buffer,
+    /// Held while the buffer is read in place: the C API adds and drops the reader's external
+    /// reference in a per-buffer list without a lock, so two threads reading one buffer at once
+    /// would race there.
+    in_place_read: Mutex<()>,
 }
 
 // SAFETY: PJRT buffers are reference-counted, thread-safe runtime objects; this handle is their
@@ -354,6 +355,15 @@ impl fmt::Debug for Buffer {
 }
 
 impl Buffer {
+    /// Takes ownership of `raw`, a live buffer of `client`.
+    fn own(client: Arc<ClientInner>, raw: *mut sys::Buffer) -> Buffer {
+        Buffer {
+            client,
+            raw,
+            in_place_read: Mutex::new(()),
+        }
+    }
+
     /// The element type.
     pub fn element_type(&self) -> Result<ElementType> {
         // SAFETY: the buffer is live.
@@ -398,8 +408,15 @@ impl Buffer {
         let spin = self.client.await_spin;
         // A buffer in host memory is read where it lies; any other goes through the plugin's
         // copy to the host.
-        // SAFETY: the buffer is live.
-        if !unsafe { api.buffer_read_in_place(self.raw, bytes, dims.len(), spin) }? {
+        let read_in_place = {
+            let _only_reader = self
+                .in_place_read
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            // SAFETY: the buffer is live, and the lock keeps other readers of it out.
+            unsafe { api.buffer_read_in_place(self.raw, bytes, dims.len(), spin) }?
+        };
+        if !read_in_place {
             // SAFETY: the buffer is live; `bytes` is exactly its size (checked again by the call).
             unsafe { api.buffer_to_host(self.raw, bytes, spin) }?;
         }
@@ -523,10 +540,7 @@ impl LoadedExecutable {
             .into_iter()
             .map(|list| {
                 list.into_iter()
-                    .map(|raw| Buffer {
-                        client: self.client.clone(),
-                        raw,
-                    })
+                    .map(|raw| Buffer::own(self.client.clone(), raw))
                     .collect()
             })
             .collect();
@@ -703,7 +717,7 @@ mod tests {
                 let dims = buffer.dims().unwrap();
                 let bytes = element_count(&dims).unwrap() * size_of::<f32>();
                 let mut in_place = vec![0u8; bytes];
-                // SAFETY: the buffer is live.
+                // SAFETY: the buffer is live, and only this thread reads it.
                 let read = unsafe {
                     client.inner.plugin.api.buffer_read_in_place(
                         buffer.raw,

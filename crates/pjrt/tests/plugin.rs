@@ -86,6 +86,26 @@ fn buffers_round_trip_with_their_type_and_shape() {
     assert!(err.contains("holds 4 elements, the host slice 6"), "{err}");
 }
 
+/// Several threads reading one buffer at once (a `Buffer` is `Sync`) all get its values: the
+/// in-place read's bookkeeping in the plugin is per buffer and unlocked, so the binding takes
+/// turns.
+#[test]
+fn threads_reading_one_buffer_at_once_all_get_its_values() {
+    let client = client(1);
+    let device = &client.devices().unwrap()[0];
+    let data: Vec<f64> = (0..1000).map(|i| f64::from(i) * 0.25).collect();
+    let buffer = client.buffer_from_host(&data, &[10, 100], device).unwrap();
+    std::thread::scope(|scope| {
+        for _ in 0..8 {
+            scope.spawn(|| {
+                for _ in 0..300 {
+                    assert_eq!(buffer.to_vec::<f64>().unwrap(), data);
+                }
+            });
+        }
+    });
+}
+
 #[test]
 fn all_reduce_ops_on_2_4_and_8_replicas() {
     for replicas in [2usize, 4, 8] {
