@@ -32,7 +32,7 @@ pub struct ClientOptions {
     /// completion) polls before it sleeps. A step that ends within this time is noticed at
     /// once instead of after a futex wake-up, which costs 10–20 µs on a busy 2-core machine;
     /// a longer wait burns at most this much of a core before sleeping. `Duration::ZERO`
-    /// sleeps at once. The same policy and default as the mirrored strategy's `idle_spin`.
+    /// sleeps at once.
     pub await_spin: Duration,
 }
 
