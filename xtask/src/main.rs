@@ -53,7 +53,9 @@ commands:
                               tpu (one JSON line per case), or every bench when none is named;
                               strategy also runs the demo's training loop on 1 and 2 replicas
                               and issue 16's MLP configurations on both strategies (the tpu ones
-                              with the PJRT CPU plugin, fetched first as fetch-pjrt does);
+                              with the PJRT CPU plugin, fetched first as fetch-pjrt does, beside
+                              JAX jit runs of examples/demo/peers/jax_mlp.py where python3
+                              imports jax);
                               multi-worker (feature mpi) runs MultiWorkerMirroredStrategy under
                               mpirun as 2 and 4 workers (×1 replica) and 2 workers × 2
   demo [DEMO-ARGS...]         train an MLP on wine-quality data data-parallel (release build);
