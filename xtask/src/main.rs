@@ -51,8 +51,9 @@ commands:
                               lib folder; `test` runs it
   bench [SUITE...]            run benchmark suites: device-spec, collectives, input, strategy,
                               tpu (one JSON line per case), or every bench when none is named;
-                              strategy also runs the demo's training loop on 1 and 2 replicas
-                              and issue 16's MLP configurations on both strategies (the tpu ones
+                              strategy also runs the demo's training loop on 1 and 2 replicas,
+                              beside the same step written by hand (its floor), and issue 16's
+                              MLP configurations on both strategies (the tpu ones
                               with the PJRT CPU plugin, fetched first as fetch-pjrt does, beside
                               JAX jit runs of examples/demo/peers/jax_mlp.py where python3
                               imports jax);

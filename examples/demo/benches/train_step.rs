@@ -1,12 +1,12 @@
 //! `cargo xtask bench strategy` (beside `distribute-mirrored`'s step-overhead bench): the demo's
-//! own training loop, as a user runs it, one JSON line per case. Every run is a call of the demo
-//! library's [`mirrored::train`] or [`tpu::train_tpu`], the functions `cargo xtask demo` calls:
-//! a fresh strategy, the wine data's global batches from `distribute_dataset` (prefetched per
-//! replica on the input pipeline's background thread), mirrored variables, one fused gradient
+//! own training loop, as a user runs it, one JSON line per case. Every strategy run is a call of
+//! the demo library's [`mirrored::train`] or [`tpu::train_tpu`], the functions `cargo xtask demo`
+//! calls: a fresh strategy, the wine data's global batches from `distribute_dataset` (prefetched
+//! per replica on the input pipeline's background thread), mirrored variables, one fused gradient
 //! `all_reduce` and one `merge_call` momentum update a step, validation every 50 steps and the
-//! progress bar updated every 20 steps. The bar is indicatif's on stderr: it draws when stderr is
-//! a terminal and is hidden (updated, not drawn) when it is not, as in the demo; indicatif starts
-//! no redraw thread for it (no steady tick).
+//! progress bar updated every 20 steps. The bar is indicatif's on stderr: it draws when stderr is a
+//! terminal and is hidden (updated, not drawn) when it is not, as in the demo; indicatif starts no
+//! redraw thread for it (no steady tick).
 //!
 //! - `train_step`: the demo's default configuration (`cargo xtask demo --replicas 1|2`: hidden
 //!   32, global batch 128, 2000 steps), 7 runs of 1 and 2 replicas alternating. `median_s` is
@@ -24,6 +24,13 @@
 //!   strategy` runs first); without one each prints a `skipped` line saying why. They run in
 //!   both of the demo's arithmetics (`--tpu-arithmetic f64-sums`, the default, and `f32`, the
 //!   program `jax.jit` emits).
+//! - `floor`: [`train_hand_rolled`], the same step written by hand without the library (batches
+//!   cut before the clock starts, a thread per replica for the whole run, one spin barrier a
+//!   step, each replica updating its own copy), run after each `MirroredStrategy` run of the
+//!   default and the big configuration on the same replica count. Its `speedup_vs_1` is the most
+//!   2 replicas can give over 1 on this machine at that size; `mirrored_vs_floor` is the
+//!   strategy's steps/s as a fraction of it. Every run must train the strategy's weights to the
+//!   bit. It spins, so it runs only where every replica has a core (a `skipped` line says so).
 //! - `jax_jit` in this run: where `python3` imports `jax`, the `tpu` cases alternate with runs of
 //!   `peers/jax_mlp.py` (the same model and batch with `jax.jit` on one CPU device, the batches
 //!   already on the device), and each 1-replica `tpu` line carries the median JAX steps/s of
@@ -41,7 +48,8 @@ use std::process::Command;
 use anyhow::{Context, Result, anyhow, ensure};
 use distribute::pjrt::Plugin;
 use distribute_demo::data::{WineData, load_wine};
-use distribute_demo::model::max_weight_difference;
+use distribute_demo::hand_rolled::train_hand_rolled;
+use distribute_demo::model::{Params, max_weight_difference};
 use distribute_demo::tpu::StepArithmetic;
 use distribute_demo::{Config, TOLERANCE, TPU_MIRRORED_TOLERANCE, mirrored, tpu};
 use serde_json::{Value, json};
@@ -99,6 +107,9 @@ const PEERS_SOURCE: &str = "issue 16: its author on this kind of 2-core machine,
 /// The replica counts compared, in the order each repetition runs them.
 const REPLICAS: [usize; 2] = [1, 2];
 
+/// Runs of each replica count of [`REPLICAS`], in its order.
+type ByReplicas = [Vec<Run>; 2];
+
 /// One training run's result that the bench reports.
 #[derive(Clone, Debug)]
 struct Run {
@@ -116,26 +127,64 @@ fn main() -> Result<()> {
     if full { bench(&data) } else { smoke(&data) }
 }
 
-/// The full bench: `train_step`, then the `mlp` cases.
+/// The full bench: `train_step` beside the hand-written floor, then the `mlp` cases.
 fn bench(data: &WineData) -> Result<()> {
     let plugin = tpu_plugin();
     let jax = jax_peer();
-    let train_step = repeated(7, |replicas| mirrored_run(&default_config(replicas), data))?;
+    let floor_fits = floor_fits();
+    let (train_step, small_floor) = repeated_with_floor(7, &floor_fits, default_config, data)?;
     print_train_step(&train_step);
+    print_floor(&SMALL, &small_floor, &train_step, &floor_fits);
     print_mlp(Kind::Mirrored, &SMALL, &train_step, None);
-    let big_mirrored = repeated(5, |replicas| {
-        mirrored_run(&mlp_config(&BIG, replicas), data)
-    })?;
+    let (big_mirrored, big_floor) =
+        repeated_with_floor(5, &floor_fits, |replicas| mlp_config(&BIG, replicas), data)?;
     match &plugin {
         Ok(()) => tpu_cases(&SMALL, data, &jax)?,
         Err(reason) => print_skipped(&SMALL, reason),
     }
     print_mlp(Kind::Mirrored, &BIG, &big_mirrored, None);
+    print_floor(&BIG, &big_floor, &big_mirrored, &floor_fits);
     match &plugin {
         Ok(()) => tpu_cases(&BIG, data, &jax)?,
         Err(reason) => print_skipped(&BIG, reason),
     }
     Ok(())
+}
+
+/// Whether this machine has a core for each replica of [`REPLICAS`], which the hand-written
+/// loop needs (it spins), and if not, why.
+fn floor_fits() -> Result<(), String> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let most = REPLICAS.iter().copied().max().unwrap_or(1);
+    if cores >= most {
+        Ok(())
+    } else {
+        Err(format!(
+            "the hand-written loop spins and needs {most} cores, this machine has {cores}"
+        ))
+    }
+}
+
+/// `repetitions` alternating runs of `MirroredStrategy` on each replica count of [`REPLICAS`],
+/// each followed (where it fits) by [`train_hand_rolled`] of the same configuration, which must
+/// train the same bits; the strategy's runs and the hand-written ones.
+fn repeated_with_floor(
+    repetitions: usize,
+    floor_fits: &Result<(), String>,
+    config: impl Fn(usize) -> Config,
+    data: &WineData,
+) -> Result<(ByReplicas, ByReplicas)> {
+    let mut floor: [Vec<Run>; 2] = Default::default();
+    let strategy = repeated(repetitions, |replicas| {
+        let config = config(replicas);
+        let (run, trained) = mirrored_run(&config, data)?;
+        if floor_fits.is_ok() {
+            let i = REPLICAS.iter().position(|&r| r == replicas).unwrap_or(0);
+            floor[i].push(floor_run(&config, data, &trained.params)?);
+        }
+        Ok(run)
+    })?;
+    Ok((strategy, floor))
 }
 
 /// The `tpu` lines of `case` in both arithmetics, 5 alternating repetitions of every run
@@ -270,6 +319,14 @@ fn smoke(data: &WineData) -> Result<()> {
         }]
     });
     print_train_step(&runs);
+    let fits = floor_fits();
+    let mut floor: [Vec<Run>; 2] = Default::default();
+    if fits.is_ok() {
+        for (i, trained) in [&one, &two].into_iter().enumerate() {
+            floor[i].push(floor_run(&short(REPLICAS[i]), data, &trained.params)?);
+        }
+    }
+    print_floor(&SMALL, &floor, &runs, &fits);
 
     match tpu_plugin() {
         Ok(()) => {
@@ -318,14 +375,33 @@ fn mlp_config(case: &MlpCase, replicas: usize) -> Config {
     }
 }
 
-/// One `MirroredStrategy` training run, checked.
-fn mirrored_run(config: &Config, data: &WineData) -> Result<Run> {
+/// One `MirroredStrategy` training run, checked, and what it trained.
+fn mirrored_run(config: &Config, data: &WineData) -> Result<(Run, mirrored::Trained)> {
     let trained = mirrored::train(config, data)?;
     check(config, trained.copy_difference, &trained.losses)?;
-    Ok(Run {
+    let run = Run {
         steps: config.steps,
         per_step: trained.times.total().as_secs_f64(),
         split: Some(trained.times),
+    };
+    Ok((run, trained))
+}
+
+/// One run of the hand-written loop, which must train `strategy_params`, the bits
+/// `MirroredStrategy` trained from the same configuration.
+fn floor_run(config: &Config, data: &WineData, strategy_params: &Params) -> Result<Run> {
+    let by_hand = train_hand_rolled(config, data)?;
+    let difference = max_weight_difference(&by_hand.params, strategy_params);
+    ensure!(
+        difference == 0.0,
+        "on {} replicas the hand-written loop trained other weights than MirroredStrategy: \
+         they differ by {difference}",
+        config.devices.len()
+    );
+    Ok(Run {
+        steps: config.steps,
+        per_step: 1.0 / by_hand.steps_per_s,
+        split: None,
     })
 }
 
@@ -404,6 +480,44 @@ fn print_train_step(runs: &[Vec<Run>; 2]) {
         );
     }
 }
+
+/// The `floor` lines of `case`: the hand-written loop's steps/s and speedup on each replica
+/// count, and the strategy's steps/s as a fraction of it, all from the runs of this invocation;
+/// or why the loop could not run here.
+fn print_floor(
+    case: &MlpCase,
+    floor: &[Vec<Run>; 2],
+    strategy: &[Vec<Run>; 2],
+    fits: &Result<(), String>,
+) {
+    let mut line = json!({
+        "bench": "floor",
+        "hidden": case.hidden,
+        "global_batch": case.global_batch,
+        "what": FLOOR_WHAT,
+    });
+    if let Err(reason) = fits {
+        line["skipped"] = json!(reason);
+        println!("{line}");
+        return;
+    }
+    let one = median_run(&floor[0]).per_step;
+    for ((&replicas, floor_runs), strategy) in REPLICAS.iter().zip(floor).zip(strategy) {
+        let (floor, strategy) = (median_run(floor_runs), median_run(strategy));
+        line["replicas"] = json!(replicas);
+        line["runs"] = json!(floor_runs.len());
+        line["steps_per_s"] = json!(1.0 / floor.per_step);
+        line["speedup_vs_1"] = json!(one / floor.per_step);
+        line["mirrored_steps_per_s"] = json!(1.0 / strategy.per_step);
+        line["mirrored_vs_floor"] = json!(floor.per_step / strategy.per_step);
+        println!("{line}");
+    }
+}
+
+/// What the `floor` lines measure, carried in each.
+const FLOOR_WHAT: &str = "the same step written by hand (hand_rolled.rs): batches cut before \
+    the clock starts, a thread per replica for the whole run, one spin barrier a step, each \
+    replica updating its own copy; the same weights to the bit";
 
 /// The `mlp` lines of one strategy's runs. `tpu` is `Some((arithmetic, JAX))` for the `tpu`
 /// cases: the arithmetic's name, and JAX `jit`'s median steps/s in this run or why it did not

@@ -19,6 +19,9 @@
 //! largest difference between the two runs' weights must be at most [`TOLERANCE`], or the demo
 //! fails ([`report`]).
 //!
+//! [`hand_rolled`] is the same training written by hand, without the library: the floor
+//! `cargo xtask bench strategy` measures the strategy against.
+//!
 //! `cargo xtask demo --workers W [--replicas R]` (feature `mpi`) starts the demo as W worker
 //! processes under `mpirun`, training with `MultiWorkerMirroredStrategy` (R replicas each); the
 //! chief reports the time per step with the cross-worker communication as its own part, and
@@ -37,6 +40,7 @@
 
 pub mod cli;
 pub mod data;
+pub mod hand_rolled;
 pub mod mirrored;
 pub mod model;
 pub mod report;

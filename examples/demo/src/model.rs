@@ -55,6 +55,18 @@ impl Params {
         all
     }
 
+    /// The parameters back from [`Params::flat`]'s order for a model of `hidden` units.
+    pub(crate) fn from_flat(flat: &[f32], hidden: usize) -> Result<Self, StrategyError> {
+        let slices = ParamSlices::from_flat(flat, hidden)?;
+        Ok(Params {
+            w1: Array2::from_shape_vec((FEATURES, hidden), slices.w1.into_owned())
+                .map_err(|e| StrategyError::InvalidArgument(e.to_string()))?,
+            b1: Array1::from(slices.b1.into_owned()),
+            w2: Array1::from(slices.w2.into_owned()),
+            b2: slices.b2,
+        })
+    }
+
     /// The parameters as tensors on `device`, in the order of [`Params::from_tensors`].
     pub(crate) fn to_tensors(&self, device: &str) -> Vec<Tensor> {
         vec![
@@ -138,6 +150,27 @@ impl<'a> ParamSlices<'a> {
             )));
         };
         ParamSlices::new(w1.view()?, b1.view()?, w2.view()?, b2)
+    }
+
+    /// The parameters of a model of `hidden` units borrowed from [`Params::flat`]'s order.
+    pub(crate) fn from_flat(flat: &'a [f32], hidden: usize) -> Result<Self, StrategyError> {
+        let (w1_len, b_len) = (FEATURES * hidden, hidden);
+        if hidden == 0 || flat.len() != w1_len + 2 * b_len + 1 {
+            return Err(StrategyError::InvalidArgument(format!(
+                "a model of {hidden} hidden units has {} parameters, got {}",
+                w1_len + 2 * b_len + 1,
+                flat.len()
+            )));
+        }
+        let (w1, rest) = flat.split_at(w1_len);
+        let (b1, rest) = rest.split_at(b_len);
+        let (w2, b2) = rest.split_at(b_len);
+        Ok(ParamSlices {
+            w1: Cow::Borrowed(w1),
+            b1: Cow::Borrowed(b1),
+            w2: Cow::Borrowed(w2),
+            b2: b2[0],
+        })
     }
 
     fn weights(&self) -> Weights<'_> {
@@ -391,5 +424,23 @@ mod tests {
         two_biases[3] = Tensor::from_array("/cpu:0", Array1::from_elem(2, 1.0f32));
         assert!(ParamSlices::from_tensors(&two_biases).is_err());
         assert!(ParamSlices::from_tensors(&tensors).is_ok());
+    }
+
+    #[test]
+    fn flat_parameters_come_back_as_they_went_and_wrong_lengths_are_errors() {
+        let params = Params::init(8, 5.5, 5);
+        let flat = params.flat();
+        assert_eq!(Params::from_flat(&flat, 8).unwrap(), params);
+        // The flat view computes the same gradient sums as the arrays it came from.
+        let (x, y) = batch(12, 3);
+        let from_arrays = params.slices().unwrap();
+        let from_flat = ParamSlices::from_flat(&flat, 8).unwrap();
+        let (a, a_error) = from_arrays.gradient_sums(x.view(), y.view()).unwrap();
+        let (b, b_error) = from_flat.gradient_sums(x.view(), y.view()).unwrap();
+        assert_eq!((a.w1, a.b1, a.w2, a.b2), (b.w1, b.b1, b.w2, b.b2));
+        assert_eq!(a_error, b_error);
+        assert!(Params::from_flat(&flat[1..], 8).is_err());
+        assert!(Params::from_flat(&flat, 7).is_err());
+        assert!(Params::from_flat(&[], 0).is_err());
     }
 }

@@ -4,6 +4,7 @@
 //! cannot run.
 
 use distribute_demo::data::{FEATURES, load_wine};
+use distribute_demo::hand_rolled::train_hand_rolled;
 use distribute_demo::model::{Params, evaluate, max_weight_difference};
 use distribute_demo::{Config, StrategyKind, TOLERANCE, TPU_MIRRORED_TOLERANCE, mirrored, tpu};
 
@@ -64,6 +65,30 @@ fn one_two_and_four_replicas_learn_the_same_weights() {
     )
     .unwrap();
     assert!(max_weight_difference(&one.params, &other.params) > 1e-2);
+}
+
+#[test]
+fn the_hand_written_loop_trains_the_mirrored_bits() {
+    let data = load_wine(7).unwrap();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for replicas in (1..=cores).take(2) {
+        let config = short_run(replicas);
+        let by_hand = train_hand_rolled(&config, &data).unwrap();
+        let strategy = mirrored::train(&config, &data).unwrap();
+        assert_eq!(
+            max_weight_difference(&by_hand.params, &strategy.params),
+            0.0,
+            "on {replicas} replicas the hand-written loop and MirroredStrategy trained other \
+             weights"
+        );
+        assert!(by_hand.steps_per_s > 0.0);
+        // Not a copy of the initial weights: they moved.
+        let init = Params::init(8, mean(&data.train.y), 7);
+        assert!(max_weight_difference(&by_hand.params, &init) > 1e-3);
+    }
+    // More replicas than cores would spin each other off them: refused, not run.
+    let error = train_hand_rolled(&short_run(cores + 1), &data).unwrap_err();
+    assert!(error.to_string().contains("a core per replica"), "{error}");
 }
 
 #[test]
