@@ -1,8 +1,10 @@
 //! The demo's training loop written by hand, without `distribute`: the floor that
 //! `cargo xtask bench strategy` measures [`crate::mirrored::train`] against.
 //!
-//! It is the least a data-parallel step on threads can do, so its speedup from 1 to N replicas
-//! is the most any library can get from this model on this machine:
+//! It is close to the least a data-parallel step on threads can do, so its speedup from 1 to N
+//! replicas is a measured reference for what this model can gain from more replicas on this
+//! machine. A library that keeps TF's model (a step per `run`, an input pipeline, a
+//! `merge_call` that updates every copy) does more per step than this:
 //!
 //! - every global batch is cut into per-replica rows before the clock starts (no input pipeline,
 //!   no prefetch thread);
@@ -11,9 +13,11 @@
 //! - a step is the replica's gradient sums ([`ParamSlices::gradient_sums`], the kernel the
 //!   strategy's step calls), a deposit in its slot, **one** barrier, then the sum of every
 //!   replica's slot and the momentum update of the replica's own copy of the weights: no
-//!   `merge_call`, no update of other replicas' copies, no allocation;
+//!   `merge_call`, no update of other replicas' copies, no allocation outside the gradient
+//!   kernel;
 //! - the barrier spins on plain loads and never yields, which only holds up while every replica
-//!   has a core of its own.
+//!   has a core of its own. No `pause` hint, as in the library's rendezvous: in a virtual
+//!   machine a run of them exits to the hypervisor, which takes the core away.
 //!
 //! The sums and the update are the mirrored step's, in the same order, so the weights it trains
 //! are the same bits as [`crate::mirrored::train`]'s; the bench checks that.
@@ -30,6 +34,9 @@ use crate::Config;
 use crate::data::{FEATURES, WineData};
 use crate::mirrored::training_batches;
 use crate::model::{ParamSlices, Params};
+
+/// What a replica whose peer failed reports: a consequence, not the cause.
+const PEER_FAILED: &str = "another replica of the hand-written loop failed";
 
 /// What a hand-written run ends with.
 #[derive(Debug, Clone)]
@@ -79,6 +86,18 @@ impl SpinBarrier {
             }
         }
         true
+    }
+}
+
+/// Marks the barrier failed when a replica's loop panics, so that the others stop waiting for
+/// it (the scope that runs them joins every thread, so one spinning for ever would hang it).
+struct FailOnUnwind<'a>(&'a SpinBarrier);
+
+impl Drop for FailOnUnwind<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.failed.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -140,24 +159,46 @@ pub fn train_hand_rolled(config: &Config, data: &WineData) -> Result<HandRolled>
     });
     let barrier = SpinBarrier::new(replicas);
     let run = |replica: usize| -> Result<(Params, f64)> {
+        let _unwinding = FailOnUnwind(&barrier);
         let result = replica_loop(replica, config, &init, &steps, &slots, &barrier);
         if result.is_err() {
             barrier.failed.store(true, Ordering::Relaxed);
         }
         result
     };
-    let (params, seconds) = std::thread::scope(|scope| {
+    let results = std::thread::scope(|scope| {
         let others: Vec<_> = (1..replicas)
             .map(|replica| scope.spawn(move || run(replica)))
             .collect();
-        let mine = run(0);
+        let mut results = vec![run(0)];
         for other in others {
-            other
-                .join()
-                .map_err(|_| anyhow!("a replica thread of the hand-written loop panicked"))??;
+            results.push(other.join().unwrap_or_else(|_| {
+                Err(anyhow!(
+                    "a replica thread of the hand-written loop panicked"
+                ))
+            }));
         }
-        mine
-    })?;
+        results
+    });
+    let mut errors = Vec::new();
+    let mut mine = None;
+    for (replica, result) in results.into_iter().enumerate() {
+        match result {
+            Ok(done) if replica == 0 => mine = Some(done),
+            Ok(_) => {}
+            Err(error) => errors.push(error),
+        }
+    }
+    if !errors.is_empty() {
+        // The error of the replica that failed, not the others' PEER_FAILED.
+        let cause = errors
+            .iter()
+            .position(|e| e.to_string() != PEER_FAILED)
+            .unwrap_or(0);
+        return Err(errors.swap_remove(cause));
+    }
+    let (params, seconds) =
+        mine.ok_or_else(|| anyhow!("replica 0 of the hand-written loop reported nothing"))?;
     Ok(HandRolled {
         params,
         steps_per_s: config.steps as f64 / seconds,
@@ -180,7 +221,7 @@ fn replica_loop(
     let mut total = vec![0.0f64; weights.len() + 2];
     let (lr, momentum, batch) = (config.learning_rate, config.momentum, config.global_batch);
     // Every thread starts the clock together.
-    ensure!(barrier.wait(), "another replica failed");
+    ensure!(barrier.wait(), PEER_FAILED);
     let started = Instant::now();
     for (step, per_replica) in steps.iter().enumerate() {
         let rows = &per_replica[replica];
@@ -198,7 +239,7 @@ fn replica_loop(
             slot[w1_len + 2 * b_len + 1] = squared_error;
             slot[w1_len + 2 * b_len + 2] = rows.y.len() as f64;
         }
-        ensure!(barrier.wait(), "another replica failed");
+        ensure!(barrier.wait(), PEER_FAILED);
         // Added in replica order, as the strategy's all-reduce adds them.
         for (r, slot) in slots[step % 2].iter().enumerate() {
             let slot = slot.lock().unwrap_or_else(PoisonError::into_inner);

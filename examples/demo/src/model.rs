@@ -55,6 +55,12 @@ impl Params {
         all
     }
 
+    /// Whether every parameter has the same bits as in `other` (so 0.0 and −0.0 differ).
+    pub fn same_bits(&self, other: &Params) -> bool {
+        let bits = |p: &Params| p.flat().into_iter().map(f32::to_bits).collect::<Vec<_>>();
+        bits(self) == bits(other)
+    }
+
     /// The parameters back from [`Params::flat`]'s order for a model of `hidden` units.
     pub(crate) fn from_flat(flat: &[f32], hidden: usize) -> Result<Self, StrategyError> {
         let slices = ParamSlices::from_flat(flat, hidden)?;
@@ -430,7 +436,10 @@ mod tests {
     fn flat_parameters_come_back_as_they_went_and_wrong_lengths_are_errors() {
         let params = Params::init(8, 5.5, 5);
         let flat = params.flat();
-        assert_eq!(Params::from_flat(&flat, 8).unwrap(), params);
+        assert!(Params::from_flat(&flat, 8).unwrap().same_bits(&params));
+        let mut negated = flat.clone();
+        negated[0] = -negated[0];
+        assert!(!Params::from_flat(&negated, 8).unwrap().same_bits(&params));
         // The flat view computes the same gradient sums as the arrays it came from.
         let (x, y) = batch(12, 3);
         let from_arrays = params.slices().unwrap();

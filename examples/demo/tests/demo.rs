@@ -75,11 +75,11 @@ fn the_hand_written_loop_trains_the_mirrored_bits() {
         let config = short_run(replicas);
         let by_hand = train_hand_rolled(&config, &data).unwrap();
         let strategy = mirrored::train(&config, &data).unwrap();
-        assert_eq!(
-            max_weight_difference(&by_hand.params, &strategy.params),
-            0.0,
+        assert!(
+            by_hand.params.same_bits(&strategy.params),
             "on {replicas} replicas the hand-written loop and MirroredStrategy trained other \
-             weights"
+             weights: they differ by {}",
+            max_weight_difference(&by_hand.params, &strategy.params)
         );
         assert!(by_hand.steps_per_s > 0.0);
         // Not a copy of the initial weights: they moved.
