@@ -13,18 +13,16 @@ mod example;
 use std::time::Duration;
 
 use distribute_test_support::linear_regression::STEPS;
-use distribute_test_support::mpirun::run_self;
+use distribute_test_support::mpirun::{run_self, write_result};
 
 /// The variable that makes the ignored `worker` test train, with this many local replicas.
 const WORKER_REPLICAS: &str = "DISTRIBUTE_TEST_LINREG_WORKER_REPLICAS";
 /// How long one `mpirun` may take before the test kills it and fails.
 const LIMIT: Duration = Duration::from_secs(180);
 const TOLERANCE: f32 = 1e-6;
-/// What the chief's result line starts with.
-const RESULT: &str = "chief result: ";
 
 /// One worker of the job `two_workers_learn_the_single_process_weights` starts: trains, and
-/// the chief prints its weights as JSON on one line.
+/// the chief writes its weights as JSON for the launching test.
 #[test]
 #[ignore = "a worker process: started by mpirun from two_workers_learn_the_single_process_weights"]
 fn worker() {
@@ -35,10 +33,8 @@ fn worker() {
     let (trained, workers, chief) = example::train_multi_worker(replicas, STEPS).unwrap();
     assert_eq!(workers, 2);
     if chief {
-        // On a line of its own: the test harness's "test worker ... " has no newline yet.
-        println!(
-            "\n{RESULT}{}",
-            serde_json::json!({"weights": trained.weights, "bias": trained.bias})
+        write_result(
+            &serde_json::json!({"weights": trained.weights, "bias": trained.bias}).to_string(),
         );
     }
 }
@@ -46,20 +42,25 @@ fn worker() {
 /// Runs `mpirun -n 2` on this test binary's `worker` with `replicas` each; the chief's weights
 /// and bias.
 fn two_workers(replicas: usize) -> (Vec<f32>, f32) {
-    let (status, out) = run_self(
+    let job = run_self(
         "worker",
         2,
         &[(WORKER_REPLICAS, replicas.to_string())],
         LIMIT,
     );
     assert!(
-        status.success(),
-        "mpirun exited with {status}; stdout:\n{out}"
+        job.status.success(),
+        "mpirun exited with {}; stdout:\n{}",
+        job.status,
+        job.stdout
     );
-    let line = out
-        .lines()
-        .find_map(|line| line.strip_prefix(RESULT))
-        .unwrap_or_else(|| panic!("the chief printed no JSON; stdout:\n{out}"));
+    let [line] = &job.results[..] else {
+        panic!(
+            "the chief alone writes a result, got {}; stdout:\n{}",
+            job.results.len(),
+            job.stdout
+        );
+    };
     let json: serde_json::Value = serde_json::from_str(line).unwrap();
     let weights = json["weights"]
         .as_array()

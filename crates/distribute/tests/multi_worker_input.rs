@@ -11,13 +11,11 @@ use std::time::Duration;
 
 use distribute::input::{AutoShardPolicy, NpySource, npy};
 use distribute::prelude::*;
-use distribute_test_support::mpirun::run_self;
+use distribute_test_support::mpirun::{run_self, write_result};
 
 /// The folder of the npy files; its presence makes the ignored `worker` test run.
 const FILES: &str = "DISTRIBUTE_TEST_INPUT_FILES";
 const LIMIT: Duration = Duration::from_secs(180);
-/// What each worker's result line starts with.
-const RESULT: &str = "worker result: ";
 /// Steps each worker has data for on its own, by worker index.
 const OWN_STEPS: [usize; 3] = [3, 1, 5];
 
@@ -73,12 +71,12 @@ fn worker() {
     assert_eq!(by_file.applied_auto_shard(), [AutoShardPolicy::File]);
     let (file_own, file_total) = iterate(&strategy, &by_file);
 
-    println!(
-        "\n{RESULT}{}",
-        serde_json::json!({
+    write_result(
+        &serde_json::json!({
             "worker": w, "fn_own": fn_own, "fn_total": fn_total,
             "file_own": file_own, "file_total": file_total,
         })
+        .to_string(),
     );
 }
 
@@ -89,26 +87,29 @@ fn file(dir: &Path, f: usize) -> PathBuf {
 
 /// Runs the workers as `workers` processes; each one's result.
 fn launch(workers: usize, dir: &Path) -> Vec<serde_json::Value> {
-    let (status, out) = run_self(
+    let job = run_self(
         "worker",
         workers,
         &[(FILES, dir.display().to_string())],
         LIMIT,
     );
     assert!(
-        status.success(),
-        "mpirun exited with {status}; stdout:\n{out}"
+        job.status.success(),
+        "mpirun exited with {}; stdout:\n{}",
+        job.status,
+        job.stdout
     );
-    let mut results: Vec<serde_json::Value> = out
-        .lines()
-        .filter_map(|line| line.strip_prefix(RESULT))
+    let mut results: Vec<serde_json::Value> = job
+        .results
+        .iter()
         .map(|line| serde_json::from_str(line).unwrap())
         .collect();
     results.sort_by_key(|r| r["worker"].as_u64());
     assert_eq!(
         results.len(),
         workers,
-        "one result per worker; stdout:\n{out}"
+        "one result per worker; stdout:\n{}",
+        job.stdout
     );
     results
 }
