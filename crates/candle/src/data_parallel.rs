@@ -1,0 +1,578 @@
+//! [`DataParallel`]: one copy of a candle model (and its optimizer) per replica, held by the
+//! library, and [`ReplicaStep`], what a step function sees of its replica.
+
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{Optimizer, VarBuilder, VarMap};
+use distribute_device_spec::{DeviceKind, DeviceSpec};
+use distribute_strategy::{ReplicaContext, Strategy, StrategyExtended};
+use distribute_values::{Distributed, ReduceOp};
+
+use crate::error::{from_strategy_error, into_strategy_error};
+use crate::threads::{self, CpuThreads};
+use crate::variables::{self, VarInfo};
+use crate::{Error, StepError, ToCandle, gradients};
+
+/// Settings of a [`DataParallel`] model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// The dtype of the model's variables (the `VarBuilder`'s). Default `F32`.
+    pub dtype: DType,
+    /// How many threads each CPU replica's candle kernels use. Default [`CpuThreads::Auto`].
+    pub threads: CpuThreads,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            dtype: DType::F32,
+            threads: CpuThreads::Auto,
+        }
+    }
+}
+
+/// One replica's model, optimizer and variables.
+struct Replica<M, O> {
+    model: M,
+    optimizer: O,
+    /// The model's variables in name order (the manifest's).
+    vars: Vec<Var>,
+    device: Device,
+    /// Gradients summed over micro-batches since the last update, name order.
+    accumulated: Option<Vec<Option<Tensor>>>,
+}
+
+/// A candle model trained data-parallel on a strategy's replicas: one copy of the model and its
+/// optimizer per local replica, built once, all starting from replica 0's values (the chief's
+/// across workers), updated in step by [`run`](Self::run).
+///
+/// ```
+/// use candle_core::{DType, Device, Tensor};
+/// use candle_nn::{Linear, Module, Optimizer, SGD, VarBuilder};
+/// use distribute_candle::{Config, DataParallel};
+/// use distribute_mirrored::MirroredStrategy;
+/// use distribute_values::ReduceOp;
+///
+/// let strategy = MirroredStrategy::new(&["/cpu:0", "/cpu:1"])?;
+/// let model = DataParallel::new(
+///     &strategy,
+///     Config::default(),
+///     |vb: VarBuilder| candle_nn::linear(3, 1, vb.pp("l1")),
+///     |vars| SGD::new(vars, 0.1),
+/// )?;
+/// for _ in 0..3 {
+///     model.run(&(), |replica, ()| {
+///         let x = Tensor::ones((4, 3), DType::F32, replica.device())?;
+///         let loss = replica.model().forward(&x)?.sqr()?.mean_all()?;
+///         replica.backward_step(&loss, ReduceOp::Mean)?;
+///         Ok(loss.to_scalar::<f32>()?)
+///     })?;
+/// }
+/// model.check_in_sync()?; // every copy bit-identical
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct DataParallel<'s, S, M, O> {
+    strategy: &'s S,
+    replicas: Vec<Mutex<Replica<M, O>>>,
+    manifest: Vec<VarInfo>,
+    threads_per_replica: Option<usize>,
+}
+
+impl<'s, S, M, O> DataParallel<'s, S, M, O>
+where
+    S: Strategy,
+    M: Send,
+    O: Optimizer + Send,
+{
+    /// Builds one copy of the model per local replica of `strategy`, each from
+    /// `build_model(vb)` with a `VarBuilder` over a fresh `VarMap` on the replica's device, and
+    /// its optimizer from `build_optimizer(vars)` (the model's variables, sorted by name).
+    ///
+    /// Every copy then takes replica 0's values, and across workers the chief's, whatever the
+    /// initialiser did. The variables' names, dtypes and shapes must agree on every replica and
+    /// worker; a mismatch is [`Error::ModelMismatch`] naming the variable and the replica or
+    /// worker. A builder's error is [`Error::Replica`] naming the replica.
+    ///
+    /// With [`CpuThreads::Auto`] or [`CpuThreads::PerReplica`] this sets `RAYON_NUM_THREADS` and
+    /// `CANDLE_NUM_THREADS` for the process (candle reads its parallelism only from there; see
+    /// [`CpuThreads`]): call it before other threads of the program read the environment through
+    /// C code, or choose [`CpuThreads::Unmanaged`] and set them yourself.
+    pub fn new<FM, FO, EM, EO>(
+        strategy: &'s S,
+        config: Config,
+        build_model: FM,
+        build_optimizer: FO,
+    ) -> Result<Self, Error>
+    where
+        FM: Fn(VarBuilder<'_>) -> Result<M, EM>,
+        EM: Into<StepError>,
+        FO: Fn(Vec<Var>) -> Result<O, EO>,
+        EO: Into<StepError>,
+    {
+        let extended = strategy.extended();
+        let first = extended.first_replica_id();
+        let devices = replica_devices(extended)?;
+        let cpu_replicas = devices.iter().filter(|d| d.is_cpu()).count();
+        let plan = threads::apply(config.threads, cpu_replicas)?;
+
+        let built = build_replicas(
+            &devices,
+            first,
+            config.dtype,
+            &build_model,
+            &build_optimizer,
+        );
+        variables::agree_ok(extended, built.is_ok(), "building its model")?;
+        let (replicas, manifests) = built?;
+        for (r, manifest) in manifests.iter().enumerate().skip(1) {
+            if let Some(diff) = variables::difference(
+                &manifests[0],
+                &format!("replica {first}"),
+                manifest,
+                &format!("replica {}", first + r),
+            ) {
+                return Err(Error::ModelMismatch(diff));
+            }
+        }
+        let manifest = manifests.into_iter().next().unwrap_or_default();
+        variables::agree_across_workers(extended, &manifest)?;
+        let model = DataParallel {
+            strategy,
+            replicas: replicas.into_iter().map(Mutex::new).collect(),
+            manifest,
+            threads_per_replica: plan.per_replica,
+        };
+        model.copy_from_first_replica()?;
+        Ok(model)
+    }
+
+    /// Runs `step` once on every replica (as [`Strategy::run`]), with the replica's model and
+    /// its input converted to candle tensors on the replica's device ([`ToCandle`]); returns
+    /// each local replica's result, in replica order.
+    ///
+    /// A step's error (candle's, this crate's, or the user's own, all through `?`) comes back as
+    /// [`Error::Replica`] naming the replica; a panicking replica as the strategy's
+    /// `ReplicaPanicked`. Either way every other replica is released: none hangs.
+    pub fn run<D, T, F>(&self, inputs: &D, step: F) -> Result<Vec<T>, Error>
+    where
+        D: Distributed + Sync,
+        D::Local: ToCandle,
+        T: Send,
+        F: Fn(
+                &mut ReplicaStep<'_, '_, M, O>,
+                <D::Local as ToCandle>::Candle,
+            ) -> Result<T, StepError>
+            + Sync,
+    {
+        let first = self.strategy.extended().first_replica_id();
+        let outputs: Vec<Mutex<Option<T>>> =
+            self.replicas.iter().map(|_| Mutex::new(None)).collect();
+        let manifest = &self.manifest;
+        self.strategy
+            .run(
+                |ctx, local: D::Local| {
+                    let global = ctx.replica_id();
+                    let r = global - first;
+                    let output = (|| {
+                        let mut replica = self.lock(r)?;
+                        let input = local.to_candle(&replica.device)?;
+                        let mut view = ReplicaStep {
+                            ctx,
+                            replica: &mut replica,
+                            manifest,
+                        };
+                        step(&mut view, input)
+                    })()
+                    .map_err(|e| into_strategy_error(global, e))?;
+                    *outputs[r].lock().unwrap_or_else(|e| e.into_inner()) = Some(output);
+                    Ok(())
+                },
+                inputs,
+            )
+            .map_err(from_strategy_error)?;
+        outputs
+            .into_iter()
+            .map(|slot| {
+                slot.into_inner()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .ok_or_else(|| Error::InvalidArgument("a replica returned no result".into()))
+            })
+            .collect()
+    }
+
+    /// Checks that every copy of every variable is bit-identical on every local replica and
+    /// every worker: a 64-bit fingerprint of each variable's bytes per replica, compared locally
+    /// and exchanged across workers (8 bytes a variable). The error names the variable and the
+    /// replica or worker whose copy differs.
+    pub fn check_in_sync(&self) -> Result<(), Error> {
+        let first = self.strategy.extended().first_replica_id();
+        let mut local = Vec::with_capacity(self.replicas.len());
+        for r in 0..self.replicas.len() {
+            local.push(variables::fingerprints(&self.lock(r)?.vars)?);
+        }
+        for (r, prints) in local.iter().enumerate().skip(1) {
+            if let Some(i) = (0..self.manifest.len()).find(|&i| prints[i] != local[0][i]) {
+                return Err(Error::OutOfSync(format!(
+                    "variable '{}' of replica {} differs from replica {first}'s",
+                    self.manifest[i].name,
+                    first + r
+                )));
+            }
+        }
+        let ours = local.into_iter().next().unwrap_or_default();
+        variables::fingerprints_agree_across_workers(
+            self.strategy.extended(),
+            &self.manifest,
+            &ours,
+        )
+    }
+
+    /// Writes the model's variables (replica 0's copy, every copy being equal) to `path` as
+    /// safetensors under candle's names, loadable by `VarMap::load` or [`load`](Self::load) with
+    /// any replica or worker count. Every worker writes: in a multi-worker job give each worker its
+    /// own path, or call it on the chief only (`extended().should_checkpoint()`).
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        let replica = self.lock(0)?;
+        let tensors: std::collections::HashMap<String, Tensor> = self
+            .manifest
+            .iter()
+            .zip(&replica.vars)
+            .map(|(info, var)| (info.name.clone(), var.as_tensor().clone()))
+            .collect();
+        candle_core::safetensors::save(&tensors, path.as_ref())?;
+        Ok(())
+    }
+
+    /// Sets every copy of every variable from a safetensors file (as [`save`](Self::save) or
+    /// `VarMap::save` write it). The file must hold exactly the model's variables with their
+    /// dtypes and shapes; an error names the first that differs. Every worker reads the file and
+    /// then takes the chief's values, so the copies stay identical; a worker that cannot read it
+    /// fails every worker.
+    pub fn load(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        let path = path.as_ref();
+        let read = self.read_checkpoint(path);
+        variables::agree_ok(
+            self.strategy.extended(),
+            read.is_ok(),
+            "reading a checkpoint",
+        )?;
+        let values = read?;
+        {
+            let replica = self.lock(0)?;
+            for (var, value) in replica.vars.iter().zip(&values) {
+                var.set(&value.to_device(&replica.device)?)?;
+            }
+        }
+        self.copy_from_first_replica()
+    }
+
+    /// The variables of the model, sorted by name: the order of gradients and checks.
+    pub fn variables(&self) -> &[VarInfo] {
+        &self.manifest
+    }
+
+    /// The threads each CPU replica's kernels use (`None` when [`CpuThreads::Unmanaged`]).
+    pub fn threads_per_replica(&self) -> Option<usize> {
+        self.threads_per_replica
+    }
+
+    /// The strategy the model runs on.
+    pub fn strategy(&self) -> &'s S {
+        self.strategy
+    }
+
+    /// A copy of variable `name`'s value on local replica `replica` (for inspection and tests).
+    pub fn variable(&self, replica: usize, name: &str) -> Result<Tensor, Error> {
+        let i = self
+            .manifest
+            .iter()
+            .position(|v| v.name == name)
+            .ok_or_else(|| Error::InvalidArgument(format!("the model has no variable '{name}'")))?;
+        if replica >= self.replicas.len() {
+            return Err(Error::InvalidArgument(format!(
+                "replica {replica} is not local: this process has {} replicas",
+                self.replicas.len()
+            )));
+        }
+        Ok(self.lock(replica)?.vars[i].as_tensor().copy()?)
+    }
+
+    /// Replica `r`'s state; a replica whose lock a panic poisoned is an error, not a panic.
+    fn lock(&self, r: usize) -> Result<MutexGuard<'_, Replica<M, O>>, Error> {
+        self.replicas[r]
+            .lock()
+            .map_err(|_| Error::Poisoned { replica: r })
+    }
+
+    /// Copies replica 0's values into every other local replica; across workers, every replica
+    /// takes the chief's.
+    fn copy_from_first_replica(&self) -> Result<(), Error> {
+        let extended = self.strategy.extended();
+        let first = self.lock(0)?;
+        let mut bytes = Vec::new();
+        for var in &first.vars {
+            bytes.extend(variables::tensor_bytes(var.as_tensor())?);
+        }
+        drop(first);
+        let (_, workers) = variables::worker_of(extended);
+        let from_chief = if workers > 1 {
+            extended.bytes_from_chief(&bytes)?
+        } else {
+            None
+        };
+        let skip = usize::from(from_chief.is_none());
+        let bytes = from_chief.unwrap_or(bytes);
+        for r in skip..self.replicas.len() {
+            let replica = self.lock(r)?;
+            variables::set_from_bytes(&replica.vars, &self.manifest, &bytes, &replica.device)?;
+        }
+        Ok(())
+    }
+
+    /// The checkpoint's values in manifest order, checked against the manifest.
+    fn read_checkpoint(&self, path: &Path) -> Result<Vec<Tensor>, Error> {
+        let bad = |reason: String| Error::Checkpoint {
+            path: path.display().to_string(),
+            reason,
+        };
+        let mut tensors =
+            candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| bad(e.to_string()))?;
+        let mut values = Vec::with_capacity(self.manifest.len());
+        for info in &self.manifest {
+            let value = tensors
+                .remove(&info.name)
+                .ok_or_else(|| bad(format!("has no variable '{}'", info.name)))?;
+            if value.dtype() != info.dtype || value.dims() != info.shape.as_slice() {
+                return Err(bad(format!(
+                    "variable '{}' is {} {:?}, the model's is {} {:?}",
+                    info.name,
+                    value.dtype().as_str(),
+                    value.dims(),
+                    info.dtype.as_str(),
+                    info.shape
+                )));
+            }
+            values.push(value);
+        }
+        if let Some(extra) = tensors.keys().min() {
+            return Err(bad(format!(
+                "has variable '{extra}', which the model does not"
+            )));
+        }
+        Ok(values)
+    }
+}
+
+/// Builds every local replica's model and optimizer; their manifests.
+#[allow(clippy::type_complexity)]
+fn build_replicas<M, O, FM, FO, EM, EO>(
+    devices: &[ReplicaDevice],
+    first: usize,
+    dtype: DType,
+    build_model: &FM,
+    build_optimizer: &FO,
+) -> Result<(Vec<Replica<M, O>>, Vec<Vec<VarInfo>>), Error>
+where
+    FM: Fn(VarBuilder<'_>) -> Result<M, EM>,
+    EM: Into<StepError>,
+    FO: Fn(Vec<Var>) -> Result<O, EO>,
+    EO: Into<StepError>,
+{
+    let mut replicas = Vec::with_capacity(devices.len());
+    let mut manifests = Vec::with_capacity(devices.len());
+    for (r, device) in devices.iter().enumerate() {
+        let failed = |source: StepError| Error::Replica {
+            replica: first + r,
+            source,
+        };
+        let device = device.candle()?;
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, dtype, &device);
+        let model = build_model(vb).map_err(|e| failed(e.into()))?;
+        let (manifest, vars) = {
+            let data = varmap.data().lock().unwrap_or_else(|e| e.into_inner());
+            variables::sorted(&data)
+        };
+        let optimizer = build_optimizer(vars.clone()).map_err(|e| failed(e.into()))?;
+        replicas.push(Replica {
+            model,
+            optimizer,
+            vars,
+            device,
+            accumulated: None,
+        });
+        manifests.push(manifest);
+    }
+    Ok((replicas, manifests))
+}
+
+/// A local replica's device as the strategy names it, and what candle makes of it.
+struct ReplicaDevice {
+    name: String,
+    kind: Option<DeviceKind>,
+}
+
+impl ReplicaDevice {
+    fn is_cpu(&self) -> bool {
+        matches!(self.kind, Some(DeviceKind::Cpu) | None)
+    }
+
+    /// The candle device of this replica.
+    fn candle(&self) -> Result<Device, Error> {
+        if self.is_cpu() {
+            return Ok(Device::Cpu);
+        }
+        Err(Error::Device {
+            device: self.name.clone(),
+            reason: "distribute-candle trains on CPU replicas in this build: candle's CUDA \
+                     backend (its `cuda` feature) compiles its kernels with nvcc at build time, \
+                     which this build does not include"
+                .into(),
+        })
+    }
+}
+
+/// Every local replica's device.
+fn replica_devices(extended: &dyn StrategyExtended) -> Result<Vec<ReplicaDevice>, Error> {
+    let map = extended.device_map();
+    (0..extended.num_replicas())
+        .map(|r| {
+            let name = map
+                .devices_for_replica(r)
+                .ok()
+                .and_then(|d| d.first().cloned())
+                .ok_or_else(|| Error::InvalidArgument(format!("replica {r} has no device")))?;
+            let kind = name
+                .parse::<DeviceSpec>()
+                .map_err(distribute_strategy::StrategyError::from)?
+                .device_kind();
+            Ok(ReplicaDevice { name, kind })
+        })
+        .collect()
+}
+
+/// What a step function sees of its replica: its copy of the model and optimizer, its device,
+/// and the gradient all-reduce.
+pub struct ReplicaStep<'a, 'c, M, O> {
+    ctx: &'a ReplicaContext<'c>,
+    replica: &'a mut Replica<M, O>,
+    manifest: &'a [VarInfo],
+}
+
+impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
+    /// This replica's copy of the model.
+    pub fn model(&self) -> &M {
+        &self.replica.model
+    }
+
+    /// This replica's copy of the model, to change (a learning-rate schedule inside it, say).
+    pub fn model_mut(&mut self) -> &mut M {
+        &mut self.replica.model
+    }
+
+    /// This replica's optimizer.
+    pub fn optimizer_mut(&mut self) -> &mut O {
+        &mut self.replica.optimizer
+    }
+
+    /// The candle device this replica's tensors live on.
+    pub fn device(&self) -> &Device {
+        &self.replica.device
+    }
+
+    /// This replica's global id (worker `w`'s local replica `r` is `w·R + r`).
+    pub fn replica_id(&self) -> usize {
+        self.ctx.replica_id()
+    }
+
+    /// The replicas running the step, on every worker.
+    pub fn num_replicas_in_sync(&self) -> usize {
+        self.ctx.num_replicas_in_sync()
+    }
+
+    /// The strategy's replica context: other collectives, `merge_call`.
+    pub fn context(&self) -> &ReplicaContext<'_> {
+        self.ctx
+    }
+
+    /// The model's variables on this replica, sorted by name.
+    pub fn vars(&self) -> &[Var] {
+        &self.replica.vars
+    }
+
+    /// Every variable's gradient in `grads` (from `loss.backward()`) reduced with `op` across all
+    /// replicas of all workers, as a `GradStore` for the optimizer. The gradients travel in one
+    /// bucket per dtype, in the order of the variables' names; a variable without a gradient on
+    /// this replica contributes zeros. The result is bit-identical on every replica.
+    ///
+    /// `Mean` divides the sum by the number of replicas; for a loss averaged over the *global*
+    /// batch (each replica's summed loss divided by the global batch size, TF's
+    /// `compute_average_loss`), use `Sum`.
+    pub fn all_reduce_gradients(
+        &mut self,
+        grads: &GradStore,
+        op: ReduceOp,
+    ) -> Result<GradStore, Error> {
+        let local: Vec<Option<Tensor>> = self
+            .replica
+            .vars
+            .iter()
+            .map(|v| grads.get(v.as_tensor()).cloned())
+            .collect();
+        self.reduce(&local, op)
+    }
+
+    /// `loss.backward()`, the gradients' all-reduce with `op`, and this replica's optimizer step:
+    /// one training step's update.
+    pub fn backward_step(&mut self, loss: &Tensor, op: ReduceOp) -> Result<(), Error> {
+        let grads = loss.backward()?;
+        let reduced = self.all_reduce_gradients(&grads, op)?;
+        self.replica.optimizer.step(&reduced)?;
+        Ok(())
+    }
+
+    /// Adds `loss`'s gradients to this replica's accumulator, without talking to any other
+    /// replica: gradient accumulation over micro-batches. [`step_accumulated`] then reduces the
+    /// sums once and updates.
+    ///
+    /// [`step_accumulated`]: Self::step_accumulated
+    pub fn accumulate(&mut self, loss: &Tensor) -> Result<(), Error> {
+        let grads = loss.backward()?;
+        let sums = self
+            .replica
+            .accumulated
+            .get_or_insert_with(|| vec![None; self.manifest.len()]);
+        for (sum, var) in sums.iter_mut().zip(&self.replica.vars) {
+            if let Some(grad) = grads.get(var.as_tensor()) {
+                *sum = Some(match sum.take() {
+                    Some(s) => s.add(grad)?.detach(),
+                    None => grad.detach(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The gradients summed by [`accumulate`](Self::accumulate) since the last update, reduced
+    /// with `op` across replicas (one all-reduce), applied by this replica's optimizer; the
+    /// accumulator starts again empty. Every replica must call it in the same step.
+    pub fn step_accumulated(&mut self, op: ReduceOp) -> Result<(), Error> {
+        let sums = self
+            .replica
+            .accumulated
+            .take()
+            .unwrap_or_else(|| vec![None; self.manifest.len()]);
+        let reduced = self.reduce(&sums, op)?;
+        self.replica.optimizer.step(&reduced)?;
+        Ok(())
+    }
+
+    fn reduce(&mut self, local: &[Option<Tensor>], op: ReduceOp) -> Result<GradStore, Error> {
+        let reduced =
+            gradients::all_reduce(self.ctx, op, self.manifest, local, &self.replica.device)?;
+        Ok(gradients::into_store(&self.replica.vars, reduced))
+    }
+}

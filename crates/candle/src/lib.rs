@@ -1,0 +1,29 @@
+//! Data-parallel training of [candle](https://github.com/huggingface/candle) models on
+//! distribute's strategies (the layer above the strategies in the crate map, beside the facade).
+//!
+//! [`DataParallel`] builds one copy of a user's candle model and optimizer per replica from a
+//! closure over a `VarBuilder`, starts them all from replica 0's values (the chief's across
+//! workers), checks that their variables agree, and runs a step function on every replica with
+//! its copy and its input as candle tensors. Inside the step, [`ReplicaStep::backward_step`]
+//! all-reduces every variable's gradient in one fused bucket, in the variables' name order, so
+//! every copy receives bit-identical gradients and stays bit-identical
+//! ([`DataParallel::check_in_sync`] proves it cheaply). Errors of candle and of the user's code
+//! propagate with `?` and come back naming the replica. Each CPU replica's candle kernels get
+//! their share of the cores ([`CpuThreads`]).
+//!
+//! The same program runs on `MirroredStrategy` and, under `mpirun`, on
+//! `MultiWorkerMirroredStrategy`: the crate knows strategies only through the `Strategy` trait.
+//! It knows nothing of particular strategies, of MPI or of how collectives move bytes.
+
+mod convert;
+mod data_parallel;
+mod error;
+mod gradients;
+mod threads;
+mod variables;
+
+pub use convert::{CandleMasked, ToCandle, from_candle, to_candle};
+pub use data_parallel::{Config, DataParallel, ReplicaStep};
+pub use error::{Error, StepError};
+pub use threads::CpuThreads;
+pub use variables::VarInfo;

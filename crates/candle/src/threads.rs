@@ -1,0 +1,153 @@
+//! How many threads each CPU replica's candle kernels use.
+//!
+//! candle's CPU backend sizes its parallelism from the environment, process-wide: its matrix
+//! multiplications split work into `RAYON_NUM_THREADS` parts (one per physical core when unset),
+//! run on the current rayon pool, and its large element-wise kernels use a pool of
+//! `CANDLE_NUM_THREADS` threads created on first use. N replicas each doing that on a machine
+//! of C cores run N·C threads that fight for C cores. [`CpuThreads::Auto`] gives each replica its
+//! share instead: `t = max(1, C / (local CPU replicas × worker processes on this machine))`, by
+//! setting both variables to `t` before the first model is built, and, when `t > 1`, building
+//! rayon's global pool with `t × replicas` threads so the replicas' matrix multiplications share
+//! it without oversubscribing. With `t = 1` candle runs every kernel on the replica's own thread.
+
+use std::num::NonZeroUsize;
+
+use crate::Error;
+
+/// How many threads each CPU replica's candle kernels may use (see the module docs for how).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CpuThreads {
+    /// `max(1, cores / (local CPU replicas × worker processes on this machine))`: the cores this
+    /// process may run on (its affinity mask) shared evenly. Worker processes on the machine are
+    /// read from `OMPI_COMM_WORLD_LOCAL_SIZE` / `MPI_LOCALNRANKS` when the process is not already
+    /// bound to a subset of the cores.
+    #[default]
+    Auto,
+    /// Exactly this many threads per replica.
+    PerReplica(NonZeroUsize),
+    /// Leave candle's and rayon's settings as they are (the environment decides).
+    Unmanaged,
+}
+
+/// What [`CpuThreads`] resolved to for one process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ThreadPlan {
+    /// Threads per replica; `None` for [`CpuThreads::Unmanaged`].
+    pub(crate) per_replica: Option<usize>,
+}
+
+impl CpuThreads {
+    /// The threads each of `replicas` local CPU replicas gets on a process that may use `cores`
+    /// cores, shared with `co_workers` worker processes (itself included).
+    pub(crate) fn resolve(self, replicas: usize, cores: usize, co_workers: usize) -> ThreadPlan {
+        let per_replica = match self {
+            CpuThreads::Auto => Some((cores / (replicas.max(1) * co_workers.max(1))).max(1)),
+            CpuThreads::PerReplica(n) => Some(n.get()),
+            CpuThreads::Unmanaged => None,
+        };
+        ThreadPlan { per_replica }
+    }
+}
+
+/// Applies `threads` for `replicas` local CPU replicas of this process; what each replica got.
+pub(crate) fn apply(threads: CpuThreads, replicas: usize) -> Result<ThreadPlan, Error> {
+    if replicas == 0 {
+        return Ok(ThreadPlan { per_replica: None });
+    }
+    let (cores, bound) = usable_cores();
+    let co_workers = if bound { 1 } else { local_worker_processes() };
+    let plan = threads.resolve(replicas, cores, co_workers);
+    let Some(per_replica) = plan.per_replica else {
+        return Ok(plan);
+    };
+    let value = per_replica.to_string();
+    for name in ["RAYON_NUM_THREADS", "CANDLE_NUM_THREADS"] {
+        if std::env::var(name).ok().as_deref() != Some(value.as_str()) {
+            // SAFETY: the variables are set while the model replicas are built, before any
+            // replica has run candle code through this crate. `std::env` serialises this with
+            // every Rust reader; a C library reading the environment on another thread at this
+            // moment is the remaining hazard, documented on `DataParallel::new` and avoided with
+            // `CpuThreads::Unmanaged`.
+            unsafe { std::env::set_var(name, &value) };
+        }
+    }
+    if per_replica > 1 {
+        // Fails when the global pool already exists (someone used rayon first): the replicas then
+        // share that pool, which is still bounded.
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(per_replica * replicas)
+            .build_global();
+    }
+    Ok(plan)
+}
+
+/// The cores this process may run on, and whether that is fewer than the machine's (a launcher
+/// bound it).
+fn usable_cores() -> (usize, bool) {
+    let usable = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|list| count_cpu_list(list.trim()));
+    (usable, online.is_some_and(|online| usable < online))
+}
+
+/// The number of CPUs in a Linux CPU list such as `0-3,8,10-11`.
+fn count_cpu_list(list: &str) -> Option<usize> {
+    list.split(',').try_fold(0, |count, part| {
+        let n = match part.split_once('-') {
+            Some((lo, hi)) => hi.parse::<usize>().ok()?.checked_sub(lo.parse().ok()?)? + 1,
+            None => {
+                part.parse::<usize>().ok()?;
+                1
+            }
+        };
+        Some(count + n)
+    })
+}
+
+/// The worker processes an MPI launcher started on this machine (1 without one).
+fn local_worker_processes() -> usize {
+    ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok()?.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_shares_the_cores_between_replicas_and_workers() {
+        let auto = CpuThreads::Auto;
+        // (replicas, cores, co-workers) -> threads per replica
+        for ((replicas, cores, workers), want) in [
+            ((1, 2, 1), 2),
+            ((2, 2, 1), 1),
+            ((3, 2, 1), 1),
+            ((2, 16, 1), 8),
+            ((1, 16, 2), 8),
+            ((2, 16, 2), 4),
+            ((4, 2, 2), 1),
+        ] {
+            assert_eq!(
+                auto.resolve(replicas, cores, workers).per_replica,
+                Some(want),
+                "{replicas} replicas, {cores} cores, {workers} workers"
+            );
+        }
+        let four = CpuThreads::PerReplica(NonZeroUsize::new(4).unwrap());
+        assert_eq!(four.resolve(2, 2, 1).per_replica, Some(4));
+        assert_eq!(CpuThreads::Unmanaged.resolve(2, 2, 1).per_replica, None);
+    }
+
+    #[test]
+    fn cpu_lists_count_ranges_and_singles() {
+        assert_eq!(count_cpu_list("0"), Some(1));
+        assert_eq!(count_cpu_list("0-3"), Some(4));
+        assert_eq!(count_cpu_list("0-3,8,10-11"), Some(7));
+        assert_eq!(count_cpu_list("3-1"), None);
+        assert_eq!(count_cpu_list("x"), None);
+    }
+}

@@ -1,0 +1,404 @@
+//! The model's variables across replicas and workers: their manifest (names, dtypes, shapes) and
+//! its agreement, values copied from replica 0 and the chief, the bit-identity check, and
+//! safetensors checkpoints.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use candle_core::{DType, Device, Tensor, Var};
+use distribute_strategy::StrategyExtended;
+
+use crate::Error;
+
+/// One variable of the model: its name in the `VarMap` (candle's, e.g. `l1.weight`), dtype and
+/// shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VarInfo {
+    /// The name the model's `VarBuilder` gave it.
+    pub name: String,
+    /// Its dtype.
+    pub dtype: DType,
+    /// Its shape.
+    pub shape: Vec<usize>,
+}
+
+impl VarInfo {
+    /// Elements in the variable.
+    pub fn elem_count(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+impl fmt::Display for VarInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "'{}' {} {:?}",
+            self.name,
+            self.dtype.as_str(),
+            self.shape
+        )
+    }
+}
+
+/// The variables of `vars` (a `VarMap`'s contents) sorted by name: the order every replica and
+/// worker uses for gradients and checks.
+pub(crate) fn sorted(vars: &std::collections::HashMap<String, Var>) -> (Vec<VarInfo>, Vec<Var>) {
+    let by_name: BTreeMap<&String, &Var> = vars.iter().collect();
+    by_name
+        .into_iter()
+        .map(|(name, var)| {
+            (
+                VarInfo {
+                    name: name.clone(),
+                    dtype: var.dtype(),
+                    shape: var.dims().to_vec(),
+                },
+                var.clone(),
+            )
+        })
+        .unzip()
+}
+
+/// The first difference between `ours` (of `us`) and `theirs` (of `them`), in words that name
+/// the variable and both sides; `None` when they agree.
+pub(crate) fn difference(
+    ours: &[VarInfo],
+    us: &str,
+    theirs: &[VarInfo],
+    them: &str,
+) -> Option<String> {
+    let mine: BTreeMap<&str, &VarInfo> = ours.iter().map(|v| (v.name.as_str(), v)).collect();
+    let other: BTreeMap<&str, &VarInfo> = theirs.iter().map(|v| (v.name.as_str(), v)).collect();
+    for (name, var) in &mine {
+        match other.get(name) {
+            None => return Some(format!("variable '{name}' of {us} is missing on {them}")),
+            Some(o) if o.dtype != var.dtype || o.shape != var.shape => {
+                return Some(format!(
+                    "variable '{name}' is {} {:?} on {us} but {} {:?} on {them}",
+                    var.dtype.as_str(),
+                    var.shape,
+                    o.dtype.as_str(),
+                    o.shape
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    other
+        .keys()
+        .find(|name| !mine.contains_key(*name))
+        .map(|name| format!("variable '{name}' of {them} is missing on {us}"))
+}
+
+/// The manifest as text, one `name\tdtype\tshape` line per variable.
+fn manifest_text(vars: &[VarInfo]) -> String {
+    vars.iter()
+        .map(|v| {
+            let dims: Vec<String> = v.shape.iter().map(usize::to_string).collect();
+            format!("{}\t{}\t{}\n", v.name, v.dtype.as_str(), dims.join(","))
+        })
+        .collect()
+}
+
+/// The manifest back from [`manifest_text`] (padding zeros at the end ignored).
+fn parse_manifest(bytes: &[u8]) -> Result<Vec<VarInfo>, Error> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| Error::ModelMismatch("a worker sent a manifest that is not UTF-8".into()))?;
+    let bad =
+        |line: &str| Error::ModelMismatch(format!("a worker sent a bad manifest line {line:?}"));
+    text.trim_end_matches('\0')
+        .lines()
+        .map(|line| {
+            let mut fields = line.split('\t');
+            let (Some(name), Some(dtype), Some(dims), None) =
+                (fields.next(), fields.next(), fields.next(), fields.next())
+            else {
+                return Err(bad(line));
+            };
+            let dtype = dtype.parse::<DType>().map_err(|_| bad(line))?;
+            let shape = if dims.is_empty() {
+                Vec::new()
+            } else {
+                dims.split(',')
+                    .map(|d| d.parse().map_err(|_| bad(line)))
+                    .collect::<Result<_, _>>()?
+            };
+            Ok(VarInfo {
+                name: name.to_owned(),
+                dtype,
+                shape,
+            })
+        })
+        .collect()
+}
+
+/// FNV-1a, 64 bits: a fingerprint that is the same on every platform and run.
+pub(crate) fn fnv1a(bytes: &[u8], mut hash: u64) -> u64 {
+    for &b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
+}
+
+/// FNV-1a's offset basis.
+pub(crate) const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// This process's worker index and the number of workers (0 and 1 in one process).
+pub(crate) fn worker_of(extended: &dyn StrategyExtended) -> (usize, usize) {
+    let local = extended.num_replicas().max(1);
+    (
+        extended.first_replica_id() / local,
+        extended.total_replicas() / local,
+    )
+}
+
+/// Names worker `w` by its replicas, as errors do.
+fn worker_name(extended: &dyn StrategyExtended, worker: usize) -> String {
+    let local = extended.num_replicas();
+    format!(
+        "worker {worker} (replicas {}..{})",
+        worker * local,
+        (worker + 1) * local
+    )
+}
+
+/// Every worker says whether it got this far; `Err` on every worker when one did not. `what` is
+/// what they were doing. In one process this is `Ok`.
+pub(crate) fn agree_ok(extended: &dyn StrategyExtended, ok: bool, what: &str) -> Result<(), Error> {
+    let Some(all) = extended.bytes_from_every_worker(&[u8::from(ok)])? else {
+        return Ok(());
+    };
+    match all.iter().position(|b| b.first() != Some(&1)) {
+        None => Ok(()),
+        Some(w) => Err(Error::InvalidArgument(format!(
+            "{} failed while {what}; see its error",
+            worker_name(extended, w)
+        ))),
+    }
+}
+
+/// Checks that every worker's manifest equals this one's; the error names the first variable
+/// that differs and the worker. In one process this is `Ok`.
+pub(crate) fn agree_across_workers(
+    extended: &dyn StrategyExtended,
+    manifest: &[VarInfo],
+) -> Result<(), Error> {
+    let text = manifest_text(manifest);
+    let mut digest = (text.len() as u64).to_le_bytes().to_vec();
+    digest.extend(fnv1a(text.as_bytes(), FNV_START).to_le_bytes());
+    let Some(digests) = extended.bytes_from_every_worker(&digest)? else {
+        return Ok(());
+    };
+    if digests.iter().all(|d| *d == digests[0]) {
+        return Ok(());
+    }
+    // They differ: every worker sends its whole manifest, padded to the longest, so every worker
+    // can name the same variable.
+    let longest = digests
+        .iter()
+        .map(|d| {
+            d.get(..8).map_or(0, |len| {
+                u64::from_le_bytes(len.try_into().unwrap_or([0; 8]))
+            })
+        })
+        .max()
+        .unwrap_or(0) as usize;
+    let mut padded = text.into_bytes();
+    padded.resize(longest, 0);
+    let manifests = extended
+        .bytes_from_every_worker(&padded)?
+        .ok_or_else(|| Error::ModelMismatch("the workers stopped exchanging manifests".into()))?;
+    let chief = parse_manifest(&manifests[0])?;
+    for (w, bytes) in manifests.iter().enumerate().skip(1) {
+        let theirs = parse_manifest(bytes)?;
+        if let Some(diff) = difference(
+            &chief,
+            &worker_name(extended, 0),
+            &theirs,
+            &worker_name(extended, w),
+        ) {
+            return Err(Error::ModelMismatch(diff));
+        }
+    }
+    Err(Error::ModelMismatch(
+        "the workers' manifests differ in variable order".into(),
+    ))
+}
+
+/// The little-endian bytes of `tensor` (any of candle's dtypes), row-major.
+pub(crate) fn tensor_bytes(tensor: &Tensor) -> Result<Vec<u8>, Error> {
+    let flat = tensor.flatten_all()?;
+    macro_rules! bytes {
+        ($ty:ty) => {
+            flat.to_vec1::<$ty>()?
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect()
+        };
+    }
+    Ok(match flat.dtype() {
+        DType::U8 => flat.to_vec1::<u8>()?,
+        DType::U32 => bytes!(u32),
+        DType::I16 => bytes!(i16),
+        DType::I32 => bytes!(i32),
+        DType::I64 => bytes!(i64),
+        DType::BF16 => bytes!(half::bf16),
+        DType::F16 => bytes!(half::f16),
+        DType::F32 => bytes!(f32),
+        DType::F64 => bytes!(f64),
+        other => {
+            return Err(Error::UnsupportedDType {
+                what: "a model variable".into(),
+                dtype: other,
+                integers: true,
+            });
+        }
+    })
+}
+
+/// Sets every variable of `vars` (manifest order) from `bytes`, the concatenation of their
+/// [`tensor_bytes`].
+pub(crate) fn set_from_bytes(
+    vars: &[Var],
+    manifest: &[VarInfo],
+    bytes: &[u8],
+    device: &Device,
+) -> Result<(), Error> {
+    let mut offset = 0;
+    for (var, info) in vars.iter().zip(manifest) {
+        let len = info.elem_count() * info.dtype.size_in_bytes();
+        let part = bytes.get(offset..offset + len).ok_or_else(|| {
+            Error::ModelMismatch(format!(
+                "the chief's values end before variable {info} ({} bytes)",
+                bytes.len()
+            ))
+        })?;
+        let value = Tensor::from_raw_buffer(part, info.dtype, &info.shape, device)?;
+        var.set(&value)?;
+        offset += len;
+    }
+    if offset != bytes.len() {
+        return Err(Error::ModelMismatch(format!(
+            "the chief sent {} bytes of values, this worker's variables take {offset}",
+            bytes.len()
+        )));
+    }
+    Ok(())
+}
+
+/// The fingerprint of each variable's value, manifest order.
+pub(crate) fn fingerprints(vars: &[Var]) -> Result<Vec<u64>, Error> {
+    vars.iter()
+        .map(|v| Ok(fnv1a(&tensor_bytes(v.as_tensor())?, FNV_START)))
+        .collect()
+}
+
+/// Checks `ours` (this worker's fingerprints, manifest order) against every worker's. In one
+/// process this is `Ok`.
+pub(crate) fn fingerprints_agree_across_workers(
+    extended: &dyn StrategyExtended,
+    manifest: &[VarInfo],
+    ours: &[u64],
+) -> Result<(), Error> {
+    let bytes: Vec<u8> = ours.iter().flat_map(|f| f.to_le_bytes()).collect();
+    let Some(all) = extended.bytes_from_every_worker(&bytes)? else {
+        return Ok(());
+    };
+    for (w, theirs) in all.iter().enumerate().skip(1) {
+        if let Some(i) = (0..manifest.len())
+            .find(|&i| theirs.get(i * 8..i * 8 + 8) != all[0].get(i * 8..i * 8 + 8))
+        {
+            return Err(Error::OutOfSync(format!(
+                "variable '{}' of {} differs from {}'s",
+                manifest[i].name,
+                worker_name(extended, w),
+                worker_name(extended, 0)
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn var(name: &str, dtype: DType, shape: &[usize]) -> VarInfo {
+        VarInfo {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+        }
+    }
+
+    #[test]
+    fn differences_name_the_variable_and_both_sides() {
+        let base = [
+            var("l1.bias", DType::F32, &[4]),
+            var("l1.weight", DType::F32, &[4, 2]),
+        ];
+        let cases: [(&[VarInfo], Option<&str>); 4] = [
+            (&base, None),
+            (
+                &[
+                    var("l1.bias", DType::F32, &[4]),
+                    var("l1.weight", DType::F32, &[4, 3]),
+                ],
+                Some("variable 'l1.weight' is f32 [4, 2] on replica 0 but f32 [4, 3] on replica 2"),
+            ),
+            (
+                &[var("l1.bias", DType::F32, &[4])],
+                Some("variable 'l1.weight' of replica 0 is missing on replica 2"),
+            ),
+            (
+                &[
+                    base[0].clone(),
+                    base[1].clone(),
+                    var("extra", DType::F64, &[]),
+                ],
+                Some("variable 'extra' of replica 2 is missing on replica 0"),
+            ),
+        ];
+        for (theirs, want) in cases {
+            assert_eq!(
+                difference(&base, "replica 0", theirs, "replica 2").as_deref(),
+                want
+            );
+        }
+    }
+
+    #[test]
+    fn manifests_survive_the_wire_with_padding() {
+        let vars = [
+            var("a", DType::BF16, &[2, 3]),
+            var("scalar", DType::F64, &[]),
+        ];
+        let mut text = manifest_text(&vars).into_bytes();
+        text.resize(text.len() + 7, 0);
+        assert_eq!(parse_manifest(&text).unwrap(), vars);
+        assert!(parse_manifest(b"a\tf32\n").is_err());
+    }
+
+    #[test]
+    fn values_round_trip_through_bytes() {
+        let device = Device::Cpu;
+        let a =
+            Var::from_tensor(&Tensor::new(&[[1f32, -2.5], [0.0, 3.0]], &device).unwrap()).unwrap();
+        let b = Var::from_tensor(&Tensor::new(&[7f64], &device).unwrap()).unwrap();
+        let manifest = [var("a", DType::F32, &[2, 2]), var("b", DType::F64, &[1])];
+        let mut bytes = tensor_bytes(a.as_tensor()).unwrap();
+        bytes.extend(tensor_bytes(b.as_tensor()).unwrap());
+        let zeros = [
+            Var::zeros((2, 2), DType::F32, &device).unwrap(),
+            Var::zeros(1, DType::F64, &device).unwrap(),
+        ];
+        set_from_bytes(&zeros, &manifest, &bytes, &device).unwrap();
+        assert_eq!(
+            fingerprints(&zeros).unwrap(),
+            fingerprints(&[a, b]).unwrap()
+        );
+        assert!(set_from_bytes(&zeros, &manifest, &bytes[1..], &device).is_err());
+    }
+}
