@@ -181,6 +181,7 @@ where
                         let input = local.to_candle(&replica.device)?;
                         let mut view = ReplicaStep {
                             ctx,
+                            local: r,
                             replica: &mut replica,
                             manifest,
                         };
@@ -458,6 +459,7 @@ fn replica_devices(extended: &dyn StrategyExtended) -> Result<Vec<ReplicaDevice>
 /// and the gradient all-reduce.
 pub struct ReplicaStep<'a, 'c, M, O> {
     ctx: &'a ReplicaContext<'c>,
+    local: usize,
     replica: &'a mut Replica<M, O>,
     manifest: &'a [VarInfo],
 }
@@ -486,6 +488,11 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
     /// This replica's global id (worker `w`'s local replica `r` is `w·R + r`).
     pub fn replica_id(&self) -> usize {
         self.ctx.replica_id()
+    }
+
+    /// This replica's index among this process's replicas (its id on this worker).
+    pub fn local_replica(&self) -> usize {
+        self.local
     }
 
     /// The replicas running the step, on every worker.

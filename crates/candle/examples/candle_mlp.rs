@@ -1,0 +1,303 @@
+//! The reference candle workload (`distribute_test_support::candle_mlp` has its data
+//! specification, so other frameworks can run it identically): a candle MLP 64 → 512 ReLU →
+//! 512 ReLU → 10 (`candle_nn::Linear` layers `l1`, `l2`, `l3`) learns a 10-class labelling of
+//! 8192 synthetic rows, mean cross-entropy over the global batch of 512, plain SGD at 0.05,
+//! trained data-parallel with `distribute-candle` on `MirroredStrategy`.
+//!
+//! ```text
+//! cargo run --release -p distribute-candle --example candle_mlp -- --replicas 2
+//! cargo run --release -p distribute-candle --example candle_mlp -- --save-init init.safetensors --steps 0
+//! cargo run --release -p distribute-candle --example candle_mlp -- --init init.safetensors --json
+//! ```
+//!
+//! Built with the feature `mpi` and started by `mpirun`, it trains with
+//! `MultiWorkerMirroredStrategy`: every process is a worker with `--replicas` local replicas, and
+//! only the chief prints (`cargo xtask launch -n 2 candle_mlp -- --replicas 1`).
+
+use std::collections::BTreeMap;
+use std::error::Error;
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use candle_core::{D, Tensor};
+use candle_nn::{Linear, Module, Optimizer, SGD, VarBuilder};
+use distribute_candle::{Config, CpuThreads, DataParallel};
+use distribute_collectives::Tensor as HostTensor;
+use distribute_input::{Dataset, InputOptions};
+use distribute_mirrored::MirroredStrategy;
+use distribute_strategy::{Strategy, per_replica_inputs};
+use distribute_test_support::candle_mlp::{
+    CLASSES, FEATURES, GLOBAL_BATCH, HIDDEN, LEARNING_RATE, ROWS, STEPS, rows,
+};
+use distribute_values::ReduceOp;
+
+/// The model: three `Linear` layers with ReLU between them.
+pub(crate) struct Mlp {
+    l1: Linear,
+    l2: Linear,
+    l3: Linear,
+}
+
+impl Mlp {
+    /// The model's layers from `vb` (candle's default initialisers).
+    pub(crate) fn new(vb: VarBuilder) -> candle_core::Result<Mlp> {
+        Ok(Mlp {
+            l1: candle_nn::linear(FEATURES, HIDDEN, vb.pp("l1"))?,
+            l2: candle_nn::linear(HIDDEN, HIDDEN, vb.pp("l2"))?,
+            l3: candle_nn::linear(HIDDEN, CLASSES, vb.pp("l3"))?,
+        })
+    }
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.l3
+            .forward(&self.l2.forward(&self.l1.forward(x)?.relu()?)?.relu()?)
+    }
+}
+
+/// How to train.
+#[derive(Debug, Clone)]
+pub(crate) struct Options {
+    /// Replicas of this process.
+    pub(crate) replicas: usize,
+    /// Training steps.
+    pub(crate) steps: usize,
+    /// Initial values to load (safetensors).
+    pub(crate) init: Option<PathBuf>,
+    /// Where to save the initial values before training.
+    pub(crate) save_init: Option<PathBuf>,
+    /// Threads per replica.
+    pub(crate) threads: CpuThreads,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            replicas: 2,
+            steps: STEPS,
+            init: None,
+            save_init: None,
+            threads: CpuThreads::Auto,
+        }
+    }
+}
+
+/// What a training run ends with.
+#[derive(Debug, Clone)]
+pub(crate) struct Trained {
+    /// Every variable's final value, flat, by name.
+    pub(crate) weights: BTreeMap<String, Vec<f32>>,
+    /// Each step's loss: the mean cross-entropy over its global batch.
+    pub(crate) losses: Vec<f32>,
+    /// Training steps per second (data generation and model building excluded).
+    pub(crate) steps_per_s: f64,
+    /// Threads each replica's kernels used.
+    pub(crate) threads_per_replica: Option<usize>,
+}
+
+/// `replicas` CPU devices.
+pub(crate) fn cpu_devices(replicas: usize) -> Vec<String> {
+    (0..replicas).map(|r| format!("/cpu:{r}")).collect()
+}
+
+/// Trains on `options.replicas` CPU replicas of this process.
+pub(crate) fn train(options: &Options) -> Result<Trained, Box<dyn Error>> {
+    let strategy = MirroredStrategy::new(&cpu_devices(options.replicas))?;
+    train_on(&strategy, options)
+}
+
+/// Trains as one worker of the MPI job this process belongs to; also the worker count and
+/// whether this is the chief.
+#[cfg(feature = "mpi")]
+pub(crate) fn train_multi_worker(
+    options: &Options,
+) -> Result<(Trained, usize, bool), Box<dyn Error>> {
+    use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
+    let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
+        local_devices: cpu_devices(options.replicas),
+        ..MultiWorkerConfig::default()
+    })?;
+    let trained = train_on(&strategy, options)?;
+    Ok((trained, strategy.num_workers(), strategy.is_chief()))
+}
+
+/// Under `mpirun` without the feature every process would train alone and print.
+#[cfg(not(feature = "mpi"))]
+pub(crate) fn train_multi_worker(
+    _options: &Options,
+) -> Result<(Trained, usize, bool), Box<dyn Error>> {
+    Err(
+        "started by mpirun, but built without the `mpi` feature: rebuild with \
+         `--features mpi` (or use `cargo xtask launch -n W candle_mlp`)"
+            .into(),
+    )
+}
+
+/// Trains on `strategy`'s replicas.
+pub(crate) fn train_on<S: Strategy>(
+    strategy: &S,
+    options: &Options,
+) -> Result<Trained, Box<dyn Error>> {
+    let config = Config {
+        threads: options.threads,
+        ..Config::default()
+    };
+    let model = DataParallel::new(strategy, config, Mlp::new, |vars| {
+        SGD::new(vars, LEARNING_RATE)
+    })?;
+    if let Some(init) = &options.init {
+        model.load(init)?;
+    }
+    if let Some(path) = &options.save_init {
+        if strategy.extended().should_checkpoint() {
+            model.save(path)?;
+        }
+    }
+
+    // Step s takes rows (s·512 mod 8192) .. + 512: the rows in order, repeated.
+    let (x, labels) = rows();
+    let epochs = (options.steps * GLOBAL_BATCH).div_ceil(ROWS).max(1);
+    let dataset = Dataset::from_tensors((
+        HostTensor::from_vec("/cpu:0", &[ROWS, FEATURES], x)?,
+        HostTensor::from_vec("/cpu:0", &[ROWS], labels)?,
+    ))?
+    .repeat(epochs)?
+    .batch(GLOBAL_BATCH, false)?;
+    let dataset = strategy.distribute_dataset(dataset, InputOptions::default())?;
+
+    let mut local_losses = Vec::with_capacity(options.steps);
+    let start = Instant::now();
+    for batch in dataset.iter().take(options.steps) {
+        let inputs = per_replica_inputs(batch?)?;
+        let losses = model.run(&inputs, |replica, (x, y)| {
+            let logits = replica.model().forward(&x)?;
+            // This replica's share of the mean over the global batch: its rows' summed
+            // cross-entropy over 512, reduced with Sum (TF's compute_average_loss).
+            let log_p = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
+            let picked = log_p.gather(&y.unsqueeze(1)?, 1)?;
+            let loss = (picked.sum_all()? * (-1.0 / GLOBAL_BATCH as f64))?;
+            replica.backward_step(&loss, ReduceOp::Sum)?;
+            Ok(loss.to_scalar::<f32>()?)
+        })?;
+        local_losses.push(losses.iter().sum::<f32>());
+    }
+    let steps_per_s = local_losses.len() as f64 / start.elapsed().as_secs_f64();
+
+    // Every worker's share of each step's loss, added up once at the end.
+    let losses = model.run(&(), |replica, ()| {
+        // The first local replica brings this worker's sums, the others zeros.
+        let mine = if replica.local_replica() == 0 {
+            local_losses.clone()
+        } else {
+            vec![0.0; local_losses.len()]
+        };
+        let device = replica.context().device().to_owned();
+        let total = replica.context().all_reduce(
+            ReduceOp::Sum,
+            &HostTensor::from_vec(&device, &[mine.len()], mine)?,
+        )?;
+        Ok(total.to_vec::<f32>()?)
+    })?;
+    let mut weights = BTreeMap::new();
+    for var in model.variables() {
+        let value = model.variable(0, &var.name)?;
+        weights.insert(var.name.clone(), value.flatten_all()?.to_vec1::<f32>()?);
+    }
+    Ok(Trained {
+        weights,
+        losses: losses.into_iter().next().unwrap_or_default(),
+        steps_per_s,
+        threads_per_replica: model.threads_per_replica(),
+    })
+}
+
+/// Whether `mpirun` (Open MPI's, or an MPICH-style launcher's) started this process.
+fn started_by_mpirun() -> bool {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some())
+}
+
+/// The command line.
+fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
+    const USAGE: &str = "usage: candle_mlp [--replicas R] [--steps N] [--threads T] \
+                         [--init FILE] [--save-init FILE] [--json]";
+    let mut options = Options::default();
+    let mut json = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |what: &str| {
+            args.next()
+                .ok_or_else(|| format!("{arg} needs {what}; {USAGE}"))
+        };
+        match arg.as_str() {
+            "--replicas" => {
+                options.replicas = value("a positive number")?
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or("--replicas needs a positive number")?;
+            }
+            "--steps" => {
+                options.steps = value("a number")?
+                    .parse()
+                    .map_err(|_| "--steps needs a number")?;
+            }
+            "--threads" => {
+                let n: NonZeroUsize = value("a positive number")?
+                    .parse()
+                    .map_err(|_| "--threads needs a positive number")?;
+                options.threads = CpuThreads::PerReplica(n);
+            }
+            "--init" => options.init = Some(value("a file")?.into()),
+            "--save-init" => options.save_init = Some(value("a file")?.into()),
+            "--json" => json = true,
+            "--help" | "-h" => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument '{other}'; {USAGE}").into()),
+        }
+    }
+    Ok((options, json))
+}
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let (options, json) = parse_args()?;
+    let (trained, workers, chief) = if started_by_mpirun() {
+        train_multi_worker(&options)?
+    } else {
+        (train(&options)?, 1, true)
+    };
+    if !chief {
+        // Every worker holds the same weights; the chief speaks for all.
+        return Ok(());
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "workers": workers, "replicas": options.replicas, "steps": options.steps,
+                "threads_per_replica": trained.threads_per_replica,
+                "weights": trained.weights, "losses": trained.losses,
+                "steps_per_s": trained.steps_per_s,
+            })
+        );
+    } else {
+        let first = trained.losses.first().copied().unwrap_or(f32::NAN);
+        let last = trained.losses.last().copied().unwrap_or(f32::NAN);
+        println!(
+            "{workers} worker(s) × {} replicas ({} threads each), {} steps: loss {first:.4} → \
+             {last:.4}, {:.1} steps/s",
+            options.replicas,
+            trained
+                .threads_per_replica
+                .map_or_else(|| "unmanaged".to_owned(), |t| t.to_string()),
+            options.steps,
+            trained.steps_per_s
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,385 @@
+//! What `DataParallel` promises about its replicas, on small models: copies start identical and
+//! stay bit-identical, a shape or name mismatch names the variable and the replica, an unused
+//! parameter contributes zeros, a failing or panicking replica ends the step with an error on
+//! the caller (never a hang), checkpoints move between replica counts, gradient accumulation
+//! equals one big batch.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{Init, Linear, Module, Optimizer, SGD, VarBuilder};
+use distribute_candle::{Config, DataParallel, Error, StepError};
+use distribute_mirrored::MirroredStrategy;
+use distribute_strategy::StrategyError;
+use distribute_values::ReduceOp;
+
+fn strategy(replicas: usize) -> MirroredStrategy {
+    let devices: Vec<String> = (0..replicas).map(|r| format!("/cpu:{r}")).collect();
+    MirroredStrategy::new(&devices).unwrap()
+}
+
+fn linear(vb: VarBuilder) -> candle_core::Result<Linear> {
+    candle_nn::linear(4, 2, vb.pp("l1"))
+}
+
+fn sgd(vars: Vec<candle_core::Var>) -> candle_core::Result<SGD> {
+    SGD::new(vars, 0.1)
+}
+
+/// Rows that differ per replica, so the replicas' gradients differ.
+fn rows(replica: usize, device: &Device) -> candle_core::Result<Tensor> {
+    Tensor::arange(0f32, 12.0, device)?
+        .affine(0.1, replica as f64)?
+        .reshape((3, 4))
+}
+
+#[test]
+fn copies_start_from_replica_0_and_stay_bit_identical_over_many_steps() {
+    let s = strategy(3);
+    let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
+    // The initialiser is random per replica; every copy holds replica 0's values.
+    model.check_in_sync().unwrap();
+    let w0 = model.variable(0, "l1.weight").unwrap();
+    for r in 1..3 {
+        let w = model.variable(r, "l1.weight").unwrap();
+        assert_eq!(w.to_vec2::<f32>().unwrap(), w0.to_vec2::<f32>().unwrap());
+    }
+    for _ in 0..200 {
+        model
+            .run(&(), |replica, ()| {
+                let x = rows(replica.replica_id(), replica.device())?;
+                let loss = replica.model().forward(&x)?.sqr()?.mean_all()?;
+                replica.backward_step(&loss, ReduceOp::Mean)?;
+                Ok(())
+            })
+            .unwrap();
+    }
+    model.check_in_sync().unwrap();
+    assert_ne!(
+        model
+            .variable(0, "l1.weight")
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap(),
+        w0.to_vec2::<f32>().unwrap(),
+        "the model trained"
+    );
+}
+
+#[test]
+fn a_copy_that_drifts_is_named_by_the_check() {
+    let s = strategy(2);
+    let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
+    model
+        .run(&(), |replica, ()| {
+            if replica.local_replica() == 1 {
+                let bias = &replica.vars()[0];
+                bias.set(&(bias.as_tensor() + 1e-3)?.detach())?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    let err = model.check_in_sync().unwrap_err();
+    assert!(matches!(err, Error::OutOfSync(_)), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "the model copies are out of sync: variable 'l1.bias' of replica 1 differs from replica 0's"
+    );
+}
+
+#[test]
+fn a_shape_or_name_mismatch_names_the_variable_and_the_replica() {
+    let s = strategy(3);
+    let calls = AtomicUsize::new(0);
+    let err = DataParallel::new(
+        &s,
+        Config::default(),
+        |vb: VarBuilder| {
+            let out = if calls.fetch_add(1, Ordering::SeqCst) == 2 {
+                3
+            } else {
+                2
+            };
+            candle_nn::linear(4, out, vb.pp("l1"))
+        },
+        sgd,
+    )
+    .err()
+    .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "the model replicas differ: variable 'l1.bias' is f32 [2] on replica 0 but f32 [3] on \
+         replica 2"
+    );
+
+    let calls = AtomicUsize::new(0);
+    let err = DataParallel::new(
+        &s,
+        Config::default(),
+        |vb: VarBuilder| {
+            let name = if calls.fetch_add(1, Ordering::SeqCst) == 1 {
+                "other"
+            } else {
+                "l1"
+            };
+            candle_nn::linear(4, 2, vb.pp(name))
+        },
+        sgd,
+    )
+    .err()
+    .unwrap();
+    assert_eq!(
+        err.to_string(),
+        "the model replicas differ: variable 'l1.bias' of replica 0 is missing on replica 1"
+    );
+}
+
+/// A model with a parameter that only replica 0's step uses.
+struct WithExtra {
+    l1: Linear,
+    extra: Tensor,
+}
+
+#[test]
+fn a_parameter_unused_on_some_replicas_gets_zeros_from_them() {
+    let s = strategy(2);
+    let model = DataParallel::new(
+        &s,
+        Config::default(),
+        |vb: VarBuilder| -> candle_core::Result<WithExtra> {
+            Ok(WithExtra {
+                l1: linear(vb.clone())?,
+                extra: vb.get_with_hints(3, "extra", Init::Const(1.0))?,
+            })
+        },
+        sgd,
+    )
+    .unwrap();
+    model
+        .run(&(), |replica, ()| {
+            let x = rows(0, replica.device())?;
+            let mut loss = replica.model().l1.forward(&x)?.sum_all()?;
+            if replica.replica_id() == 0 {
+                loss = (loss + replica.model().extra.sum_all()?)?;
+            }
+            replica.backward_step(&loss, ReduceOp::Sum)?;
+            Ok(())
+        })
+        .unwrap();
+    model.check_in_sync().unwrap();
+    // d(sum extra)/d extra = 1 on replica 0, 0 on replica 1: 1 - 0.1·(1 + 0).
+    let extra = model
+        .variable(1, "extra")
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert_eq!(extra, [0.9f32; 3]);
+}
+
+#[test]
+fn a_failing_replica_is_named_and_the_others_are_released() {
+    let s = strategy(2);
+    let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
+    let err = model
+        .run(&(), |replica, ()| {
+            // Replica 1 feeds a wrong shape: candle's error, with `?`.
+            let features = if replica.replica_id() == 1 { 5 } else { 4 };
+            let x = Tensor::ones((3, features), DType::F32, replica.device())?;
+            let loss = replica.model().forward(&x)?.sum_all()?;
+            replica.backward_step(&loss, ReduceOp::Mean)?;
+            Ok(())
+        })
+        .unwrap_err();
+    let Error::Replica { replica, source } = &err else {
+        panic!("a replica error: {err:?}");
+    };
+    assert_eq!(*replica, 1);
+    assert!(
+        source.downcast_ref::<candle_core::Error>().is_some(),
+        "{source:?}"
+    );
+    assert!(err.to_string().starts_with("replica 1: "), "{err}");
+    // Nobody updated: the copies still agree and the next step runs.
+    model.check_in_sync().unwrap();
+    model.run(&(), |_, ()| Ok(())).unwrap();
+
+    // The user's own errors go through `?` too.
+    let err = model
+        .run(&(), |replica, ()| {
+            if replica.replica_id() == 0 {
+                std::fs::read("/nonexistent/distribute-candle")?;
+            }
+            Ok::<_, StepError>(())
+        })
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Replica { replica: 0, source } if source.is::<std::io::Error>()),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_panicking_replica_fails_the_step_and_poisons_only_its_own_copy() {
+    let s = strategy(2);
+    let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
+    let err = model
+        .run(&(), |replica, ()| {
+            let x = rows(0, replica.device())?;
+            let loss = replica.model().forward(&x)?.sum_all()?;
+            if replica.replica_id() == 1 {
+                panic!("replica 1 gives up");
+            }
+            // Replica 0 waits in the all-reduce and is released.
+            replica.backward_step(&loss, ReduceOp::Mean)?;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::Strategy(StrategyError::ReplicaPanicked { replica: 1, message })
+                if message.contains("replica 1 gives up")
+        ),
+        "{err:?}"
+    );
+    let err = model.run(&(), |_, ()| Ok(())).unwrap_err();
+    assert!(
+        err.to_string().contains("left half updated by a panic"),
+        "{err}"
+    );
+}
+
+#[test]
+fn checkpoints_move_between_replica_counts_and_bad_ones_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let two = strategy(2);
+    let trained = DataParallel::new(&two, Config::default(), linear, sgd).unwrap();
+    trained
+        .run(&(), |replica, ()| {
+            let loss = replica
+                .model()
+                .forward(&rows(replica.replica_id(), replica.device())?)?
+                .sum_all()?;
+            replica.backward_step(&loss, ReduceOp::Mean)?;
+            Ok(())
+        })
+        .unwrap();
+    trained.save(&path).unwrap();
+    let want = trained
+        .variable(0, "l1.weight")
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+
+    let three = strategy(3);
+    let restored = DataParallel::new(&three, Config::default(), linear, sgd).unwrap();
+    restored.load(&path).unwrap();
+    for r in 0..3 {
+        let got = restored
+            .variable(r, "l1.weight")
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        assert_eq!(got, want);
+    }
+    // candle's own VarMap reads the file too.
+    let mut varmap = candle_nn::VarMap::new();
+    linear(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).unwrap();
+    varmap.load(&path).unwrap();
+
+    let wider = DataParallel::new(
+        &three,
+        Config::default(),
+        |vb: VarBuilder| candle_nn::linear(4, 3, vb.pp("l1")),
+        sgd,
+    )
+    .unwrap();
+    let err = wider.load(&path).unwrap_err().to_string();
+    assert!(
+        err.ends_with("variable 'l1.bias' is f32 [2], the model's is f32 [3]"),
+        "{err}"
+    );
+    let renamed = DataParallel::new(
+        &three,
+        Config::default(),
+        |vb: VarBuilder| candle_nn::linear(4, 2, vb.pp("l0")),
+        sgd,
+    )
+    .unwrap();
+    let err = renamed.load(&path).unwrap_err().to_string();
+    assert!(err.ends_with("has no variable 'l0.bias'"), "{err}");
+    let err = renamed.load(dir.path().join("missing")).unwrap_err();
+    assert!(matches!(err, Error::Checkpoint { .. }), "{err:?}");
+}
+
+#[test]
+fn accumulated_micro_batches_update_as_one_batch() {
+    let s = strategy(2);
+    let accumulated = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let init = dir.path().join("init.safetensors");
+    accumulated.save(&init).unwrap();
+    let whole = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
+    whole.load(&init).unwrap();
+
+    // Each replica's 6 rows: as one batch, or as two micro-batches of 3.
+    let batch = |replica: usize, device: &Device| -> candle_core::Result<Tensor> {
+        Tensor::arange(0f32, 24.0, device)?
+            .affine(0.05, replica as f64)?
+            .reshape((6, 4))
+    };
+    whole
+        .run(&(), |replica, ()| {
+            let x = batch(replica.replica_id(), replica.device())?;
+            let loss = replica.model().forward(&x)?.sqr()?.sum_all()?;
+            replica.backward_step(&loss, ReduceOp::Sum)?;
+            Ok(())
+        })
+        .unwrap();
+    accumulated
+        .run(&(), |replica, ()| {
+            let x = batch(replica.replica_id(), replica.device())?;
+            for half in [x.narrow(0, 0, 3)?, x.narrow(0, 3, 3)?] {
+                let loss = replica.model().forward(&half)?.sqr()?.sum_all()?;
+                replica.accumulate(&loss)?;
+            }
+            replica.step_accumulated(ReduceOp::Sum)?;
+            Ok(())
+        })
+        .unwrap();
+    accumulated.check_in_sync().unwrap();
+    for name in ["l1.weight", "l1.bias"] {
+        let a = accumulated
+            .variable(0, name)
+            .unwrap()
+            .flatten_all()
+            .unwrap();
+        let b = whole.variable(0, name).unwrap().flatten_all().unwrap();
+        let diff = (a - b).unwrap().abs().unwrap().max(0).unwrap();
+        assert!(diff.to_scalar::<f32>().unwrap() < 1e-5, "{name}");
+    }
+}
+
+#[test]
+fn gpu_replicas_are_refused_with_the_reason() {
+    let Ok(s) = MirroredStrategy::new(&["/gpu:0"]) else {
+        return; // a build without the cuda feature refuses GPU devices itself
+    };
+    let err = DataParallel::new(&s, Config::default(), linear, sgd)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("nvcc"), "{err}");
+}
+
+#[test]
+fn auto_threads_share_the_cores() {
+    let s = strategy(2);
+    let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
+    let cores = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(model.threads_per_replica(), Some((cores / 2).max(1)));
+    assert_eq!(
+        std::env::var("RAYON_NUM_THREADS").unwrap(),
+        (cores / 2).max(1).to_string()
+    );
+}
