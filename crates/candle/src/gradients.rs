@@ -33,7 +33,7 @@ pub(crate) fn all_reduce(
         .collect::<Result<Vec<_>, Error>>()?;
     let reduced = ctx.all_reduce(op, &buckets)?;
     let mut out: Vec<Option<Tensor>> = vec![None; manifest.len()];
-    for (dtype, bucket) in dtypes.iter().zip(&reduced) {
+    for (dtype, bucket) in dtypes.iter().zip(reduced) {
         unpack(*dtype, manifest, bucket, device, &mut out)?;
     }
     Ok(out
@@ -70,7 +70,7 @@ fn pack(
                                 grad.dims()
                             )));
                         }
-                        flat.extend(grad.flatten_all()?.to_vec1::<$ty>()?);
+                        extend_from(&mut flat, grad)?;
                     }
                     None => flat.resize(flat.len() + var.elem_count(), <$ty>::default()),
                 }
@@ -97,43 +97,64 @@ fn pack(
     })
 }
 
-/// Cuts `bucket` (the reduced gradients of variables of `dtype`) back into candle tensors.
+/// Cuts `bucket` (the reduced gradients of variables of `dtype`) back into candle tensors: one
+/// candle tensor over the whole bucket (taking the bucket's buffer when nobody else holds it, so
+/// no copy), and a view of it per variable.
 fn unpack(
     dtype: DType,
     manifest: &[VarInfo],
-    bucket: &distribute_collectives::Tensor,
+    bucket: distribute_collectives::Tensor,
     device: &Device,
     out: &mut [Option<Tensor>],
 ) -> Result<(), Error> {
-    macro_rules! unpack_as {
+    macro_rules! whole_as {
         ($ty:ty) => {{
             let host = bucket.to_host()?;
-            let array = host.array::<$ty>()?;
-            let flat = array.as_slice().ok_or_else(|| {
-                Error::InvalidArgument("a reduced gradient bucket is not contiguous".into())
-            })?;
-            let mut offset = 0;
-            for (var, slot) in manifest.iter().zip(out.iter_mut()) {
-                if var.dtype != dtype {
-                    continue;
-                }
-                let n = var.elem_count();
-                *slot = Some(Tensor::from_slice(
-                    &flat[offset..offset + n],
-                    var.shape.as_slice(),
-                    device,
-                )?);
-                offset += n;
+            let array = host.array::<$ty>()?.clone();
+            drop(host);
+            drop(bucket);
+            let len = array.len();
+            let (values, offset) = array.into_owned().into_raw_vec_and_offset();
+            if offset.unwrap_or(0) == 0 && values.len() == len {
+                Tensor::from_vec(values, len, device)?
+            } else {
+                let start = offset.unwrap_or(0);
+                Tensor::from_slice(&values[start..start + len], len, device)?
             }
         }};
     }
-    match dtype {
-        DType::F32 => unpack_as!(f32),
-        DType::F64 => unpack_as!(f64),
-        DType::BF16 => unpack_as!(bf16),
-        DType::F16 => unpack_as!(f16),
+    let whole = match dtype {
+        DType::F32 => whole_as!(f32),
+        DType::F64 => whole_as!(f64),
+        DType::BF16 => whole_as!(bf16),
+        DType::F16 => whole_as!(f16),
         _ => unreachable!("pack refused the dtype"),
+    };
+    let mut offset = 0;
+    for (var, slot) in manifest.iter().zip(out.iter_mut()) {
+        if var.dtype != dtype {
+            continue;
+        }
+        let n = var.elem_count();
+        *slot = Some(whole.narrow(0, offset, n)?.reshape(var.shape.as_slice())?);
+        offset += n;
     }
+    Ok(())
+}
+
+/// Appends `grad`'s elements (row-major) to `flat`: straight from candle's host buffer when the
+/// tensor is contiguous there (one copy), else through `to_vec1`.
+fn extend_from<T: candle_core::WithDType>(flat: &mut Vec<T>, grad: &Tensor) -> Result<(), Error> {
+    {
+        let (storage, layout) = grad.storage_and_layout();
+        if let (candle_core::Storage::Cpu(cpu), Some((start, end))) =
+            (&*storage, layout.contiguous_offsets())
+        {
+            flat.extend_from_slice(&cpu.as_slice::<T>()?[start..end]);
+            return Ok(());
+        }
+    }
+    flat.extend(grad.flatten_all()?.to_vec1::<T>()?);
     Ok(())
 }
 

@@ -216,6 +216,15 @@ fn a_failing_replica_is_named_and_the_others_are_released() {
         matches!(&err, Error::Replica { replica: 0, source } if source.is::<std::io::Error>()),
         "{err:?}"
     );
+    let err = model
+        .run(&(), |replica, ()| {
+            if replica.replica_id() == 1 {
+                Err(anyhow::anyhow!("the user's own check failed"))?;
+            }
+            Ok::<_, StepError>(())
+        })
+        .unwrap_err();
+    assert_eq!(err.to_string(), "replica 1: the user's own check failed");
 }
 
 #[test]

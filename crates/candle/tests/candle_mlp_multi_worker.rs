@@ -1,0 +1,122 @@
+//! The reference candle workload on 2 worker processes under `mpirun` (feature `mpi`), each with
+//! one replica, from the same initial values as one process with 2 replicas: the chief's weights
+//! and losses equal that run's bit for bit (each step's two replicas' gradients are added in the
+//! same order either way), and a model whose shape differs on one worker fails every worker with
+//! an error naming the variable and the worker. The workers are this test binary started by
+//! `mpirun`, running the example's own code; every run is bounded in time.
+#![cfg(feature = "mpi")]
+
+#[path = "../examples/candle_mlp.rs"]
+#[allow(dead_code)]
+mod example;
+
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use distribute_candle::{Config, CpuThreads, DataParallel};
+use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
+use distribute_test_support::mpirun::{run_self, write_result};
+use example::{Options, train, train_multi_worker};
+
+/// The initial values every run loads.
+const INIT: &str = "DISTRIBUTE_TEST_CANDLE_INIT";
+/// How long one `mpirun` may take before the test kills it and fails.
+const LIMIT: Duration = Duration::from_secs(300);
+const STEPS: usize = 30;
+
+fn options(init: &str) -> Options {
+    Options {
+        replicas: 1,
+        steps: STEPS,
+        init: Some(init.into()),
+        save_init: None,
+        threads: CpuThreads::PerReplica(NonZeroUsize::new(1).unwrap()),
+    }
+}
+
+#[test]
+#[ignore = "a worker process: started by mpirun from two_workers_train_the_two_replica_bits"]
+fn worker() {
+    let init = std::env::var(INIT).expect("started by the launching test");
+    let (trained, workers, chief) = train_multi_worker(&options(&init)).unwrap();
+    assert_eq!(workers, 2);
+    if chief {
+        write_result(
+            &serde_json::json!({"weights": trained.weights, "losses": trained.losses}).to_string(),
+        );
+    }
+}
+
+#[test]
+fn two_workers_train_the_two_replica_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let init = dir.path().join("init.safetensors");
+    train(&Options {
+        replicas: 1,
+        steps: 0,
+        save_init: Some(init.clone()),
+        ..Options::default()
+    })
+    .unwrap();
+    let init = init.to_str().unwrap().to_owned();
+    let job = run_self("worker", 2, &[(INIT, init.clone())], LIMIT);
+    assert!(
+        job.status.success(),
+        "mpirun exited with {}; stdout:\n{}",
+        job.status,
+        job.stdout
+    );
+    let [line] = &job.results[..] else {
+        panic!("the chief alone writes a result; stdout:\n{}", job.stdout);
+    };
+    let json: serde_json::Value = serde_json::from_str(line).unwrap();
+    let single = train(&Options {
+        replicas: 2,
+        ..options(&init)
+    })
+    .unwrap();
+    let losses: Vec<f32> = serde_json::from_value(json["losses"].clone()).unwrap();
+    assert_eq!(losses, single.losses);
+    for (name, want) in &single.weights {
+        let got: Vec<f32> = serde_json::from_value(json["weights"][name].clone()).unwrap();
+        assert!(
+            got == *want,
+            "variable '{name}' differs between 2 workers and 2 replicas"
+        );
+    }
+}
+
+#[test]
+#[ignore = "a worker process: started by mpirun from a_worker_with_another_model_fails_every_worker"]
+fn mismatched_worker() {
+    let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig::default()).unwrap();
+    let hidden = if strategy.is_chief() { 8 } else { 9 };
+    let err = DataParallel::new(
+        &strategy,
+        Config::default(),
+        |vb: candle_nn::VarBuilder| candle_nn::linear(4, hidden, vb.pp("l1")),
+        |vars| <candle_nn::SGD as candle_nn::Optimizer>::new(vars, 0.1),
+    )
+    .err()
+    .expect("the models differ");
+    write_result(&err.to_string());
+}
+
+#[test]
+fn a_worker_with_another_model_fails_every_worker() {
+    let job = run_self("mismatched_worker", 2, &[], LIMIT);
+    assert!(
+        job.status.success(),
+        "mpirun exited with {}; stdout:\n{}",
+        job.status,
+        job.stdout
+    );
+    assert_eq!(job.results.len(), 2, "stdout:\n{}", job.stdout);
+    for message in &job.results {
+        assert_eq!(
+            message,
+            "the model replicas differ: variable 'l1.bias' is f32 [8] on worker 0 (replicas 0..1) \
+             but f32 [9] on worker 1 (replicas 1..2)"
+        );
+    }
+}
