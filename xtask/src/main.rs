@@ -50,7 +50,7 @@ commands:
                               checked; a no-op when installed) under target/nvrtc/ and print its
                               lib folder; `test` runs it
   bench [SUITE...]            run benchmark suites: device-spec, collectives, input, strategy,
-                              tpu (one JSON line per case), or every bench when none is named;
+                              tpu, candle (one JSON line per case), or every bench when none is named;
                               strategy also runs the demo's training loop on 1 and 2 replicas,
                               beside the same step written by hand (its floor), and issue 16's
                               MLP configurations on both strategies (the tpu ones
@@ -58,7 +58,10 @@ commands:
                               JAX jit runs of examples/demo/peers/jax_mlp.py where python3
                               imports jax);
                               multi-worker (feature mpi) runs MultiWorkerMirroredStrategy under
-                              mpirun as 2 and 4 workers (×1 replica) and 2 workers × 2
+                              mpirun as 2 and 4 workers (×1 replica) and 2 workers × 2;
+                              candle trains the reference candle MLP with distribute-candle on
+                              1 and 2 replicas beside a plain candle loop, then as 2 workers
+                              under mpirun beside 1 process (feature mpi)
   demo [DEMO-ARGS...]         train an MLP on wine-quality data data-parallel (release build);
                               `cargo xtask demo --help` lists its options; --workers W trains
                               on W worker processes under mpirun (feature mpi; --replicas R
@@ -162,7 +165,13 @@ const SUITES: &[(&str, &str, Option<&str>)] = &[
     // The demo's own training loop, and issue 16's MLP configurations on both strategies.
     ("strategy", "distribute-demo", Some("train_step")),
     ("tpu", "distribute-tpu", Some("tpu")),
+    // The reference candle MLP with distribute-candle against plain candle; the suite then adds
+    // its multi-worker case under mpirun.
+    ("candle", "distribute-candle", Some("candle")),
 ];
+
+/// The suite that ends with a multi-worker case under mpirun.
+const SUITE_WITH_MULTI_WORKER_CASE: &str = "candle";
 
 /// The suite whose `tpu` cases want the PJRT CPU plugin, fetched first unless `PJRT_PLUGIN`
 /// names one.
@@ -203,6 +212,9 @@ fn bench(suites: &[String]) -> Result<()> {
                 args.extend(["--bench", target]);
             }
             cargo(&format!("benchmarks '{name}'"), &args)?;
+        }
+        if suite == SUITE_WITH_MULTI_WORKER_CASE {
+            mpi::bench_candle_multi_worker()?;
         }
     }
     Ok(())

@@ -484,6 +484,73 @@ pub(crate) fn bench_multi_worker() -> Result<()> {
     Ok(())
 }
 
+/// `cargo xtask bench candle`'s multi-worker line: the reference candle MLP (`candle_mlp`) as 2
+/// worker processes × 1 replica under `mpirun`, alternating with 1 process × 1 replica (all its
+/// cores) in the same run; the medians and their ratio. Skipped, with a line saying why, where
+/// Open MPI or libclang is missing.
+pub(crate) fn bench_candle_multi_worker() -> Result<()> {
+    let missing = missing();
+    if !missing.is_empty() {
+        println!(
+            "{}",
+            serde_json::json!({
+                "bench": "candle_mlp", "workers": 2, "skipped": missing_message(
+                    "the multi-worker case", &missing),
+            })
+        );
+        return Ok(());
+    }
+    let metadata = metadata()?;
+    let package = package_of_example(&metadata, CANDLE_MLP)?;
+    let exe = build_release(&metadata, &package, "--example", CANDLE_MLP)?;
+    let args: Vec<String> = ["--replicas", "1", "--json", "--steps", "150"]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect();
+    let (mut one, mut two) = (Vec::new(), Vec::new());
+    let mut threads = Value::Null;
+    for _ in 0..CANDLE_RUNS {
+        let out = Command::new(&exe)
+            .args(&args)
+            .current_dir(workspace_root())
+            .output()
+            .with_context(|| format!("could not start {}", exe.display()))?;
+        if !out.status.success() {
+            bail!("{CANDLE_MLP} (1 process) exited with {}", out.status);
+        }
+        one.push(steps_per_s(&String::from_utf8_lossy(&out.stdout))?);
+        let out = mpirun_output(
+            &format!("{CANDLE_MLP} (2 workers)"),
+            &mpirun_args(2, cores(), &exe, &args),
+        )?;
+        two.push(steps_per_s(&out)?);
+        threads = chief_json(&out)?["threads_per_replica"].clone();
+    }
+    let median = |rates: &mut Vec<f64>| {
+        rates.sort_by(f64::total_cmp);
+        rates[rates.len() / 2]
+    };
+    let (one, two) = (median(&mut one), median(&mut two));
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "candle_mlp", "replicas": 1, "workers": 2, "threads_per_replica": threads,
+            "steps_per_s": two, "one_process_steps_per_s": one, "speedup_vs_1": two / one,
+            "runs": CANDLE_RUNS,
+        })
+    );
+    Ok(())
+}
+
+/// The one JSON line a chief printed.
+fn chief_json(stdout: &str) -> Result<Value> {
+    let line = stdout
+        .lines()
+        .find(|line| line.starts_with('{'))
+        .with_context(|| format!("the chief printed no JSON line; stdout:\n{stdout}"))?;
+    serde_json::from_str(line).context("the chief's JSON line")
+}
+
 /// The `steps_per_s` of the one JSON line the linear regression's chief prints.
 fn steps_per_s(stdout: &str) -> Result<f64> {
     let line = stdout
@@ -580,6 +647,10 @@ const MULTI_WORKER_BENCH_SHAPES: [(usize, usize); 3] = [(2, 1), (4, 1), (2, 2)];
 const LINREG: &str = "linear_regression";
 /// Runs of the linear regression per worker count.
 const LINREG_RUNS: usize = 3;
+/// The reference candle workload's example.
+const CANDLE_MLP: &str = "candle_mlp";
+/// Alternating runs of each candle multi-worker case.
+const CANDLE_RUNS: usize = 3;
 
 #[cfg(test)]
 mod tests {
