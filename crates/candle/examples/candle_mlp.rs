@@ -150,10 +150,10 @@ pub(crate) fn train_on<S: Strategy>(
     if let Some(init) = &options.init {
         model.load(init)?;
     }
-    if let Some(path) = &options.save_init {
-        if strategy.extended().should_checkpoint() {
-            model.save(path)?;
-        }
+    if let Some(path) = &options.save_init
+        && strategy.extended().should_checkpoint()
+    {
+        model.save(path)?;
     }
 
     // Step s takes rows (s·512 mod 8192) .. + 512: the rows in order, repeated.

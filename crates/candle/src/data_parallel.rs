@@ -1,6 +1,7 @@
 //! [`DataParallel`]: one copy of a candle model (and its optimizer) per replica, held by the
 //! library, and [`ReplicaStep`], what a step function sees of its replica.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
@@ -237,7 +238,7 @@ where
     /// own path, or call it on the chief only (`extended().should_checkpoint()`).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<(), Error> {
         let replica = self.lock(0)?;
-        let tensors: std::collections::HashMap<String, Tensor> = self
+        let tensors: HashMap<String, Tensor> = self
             .manifest
             .iter()
             .zip(&replica.vars)
@@ -254,13 +255,38 @@ where
     /// fails every worker.
     pub fn load(&self, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        let read = self.read_checkpoint(path);
-        variables::agree_ok(
-            self.strategy.extended(),
-            read.is_ok(),
-            "reading a checkpoint",
-        )?;
-        let values = read?;
+        let read =
+            candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| Error::Checkpoint {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            });
+        let checked = read.and_then(|tensors| {
+            self.check_values(tensors)
+                .map_err(|reason| Error::Checkpoint {
+                    path: path.display().to_string(),
+                    reason,
+                })
+        });
+        self.assign_checked(checked, "reading a checkpoint")
+    }
+
+    /// Sets every copy of every variable from `values` (named as candle names the variables,
+    /// exactly the model's variables with their dtypes and shapes; an error names the first that
+    /// differs): initial values made elsewhere, or weights converted from another framework.
+    /// Across workers every copy takes the chief's `values`, and a worker whose `values` do not
+    /// fit fails every worker.
+    pub fn assign(&self, values: HashMap<String, Tensor>) -> Result<(), Error> {
+        let checked = self
+            .check_values(values)
+            .map_err(|reason| Error::InvalidArgument(format!("the values to assign: {reason}")));
+        self.assign_checked(checked, "checking the values to assign")
+    }
+
+    /// Agrees across workers on whether `checked` succeeded, then sets replica 0's copy from it
+    /// and every other copy from replica 0's (the chief's across workers).
+    fn assign_checked(&self, checked: Result<Vec<Tensor>, Error>, what: &str) -> Result<(), Error> {
+        variables::agree_ok(self.strategy.extended(), checked.is_ok(), what)?;
+        let values = checked?;
         {
             let replica = self.lock(0)?;
             for (var, value) in replica.vars.iter().zip(&values) {
@@ -283,6 +309,18 @@ where
     /// The strategy the model runs on.
     pub fn strategy(&self) -> &'s S {
         self.strategy
+    }
+
+    /// `f` of local replica `replica`'s copy of the model, outside a step: evaluation, inference
+    /// or inspection (every copy holds the same values after a step).
+    pub fn with_model<R>(&self, replica: usize, f: impl FnOnce(&M) -> R) -> Result<R, Error> {
+        if replica >= self.replicas.len() {
+            return Err(Error::InvalidArgument(format!(
+                "replica {replica} is not local: this process has {} replicas",
+                self.replicas.len()
+            )));
+        }
+        Ok(f(&self.lock(replica)?.model))
     }
 
     /// A copy of variable `name`'s value on local replica `replica` (for inspection and tests).
@@ -333,35 +371,27 @@ where
         Ok(())
     }
 
-    /// The checkpoint's values in manifest order, checked against the manifest.
-    fn read_checkpoint(&self, path: &Path) -> Result<Vec<Tensor>, Error> {
-        let bad = |reason: String| Error::Checkpoint {
-            path: path.display().to_string(),
-            reason,
-        };
-        let mut tensors =
-            candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| bad(e.to_string()))?;
+    /// `tensors` in manifest order, checked against the manifest; the error says what differs.
+    fn check_values(&self, mut tensors: HashMap<String, Tensor>) -> Result<Vec<Tensor>, String> {
         let mut values = Vec::with_capacity(self.manifest.len());
         for info in &self.manifest {
             let value = tensors
                 .remove(&info.name)
-                .ok_or_else(|| bad(format!("has no variable '{}'", info.name)))?;
+                .ok_or_else(|| format!("has no variable '{}'", info.name))?;
             if value.dtype() != info.dtype || value.dims() != info.shape.as_slice() {
-                return Err(bad(format!(
+                return Err(format!(
                     "variable '{}' is {} {:?}, the model's is {} {:?}",
                     info.name,
                     value.dtype().as_str(),
                     value.dims(),
                     info.dtype.as_str(),
                     info.shape
-                )));
+                ));
             }
             values.push(value);
         }
         if let Some(extra) = tensors.keys().min() {
-            return Err(bad(format!(
-                "has variable '{extra}', which the model does not"
-            )));
+            return Err(format!("has variable '{extra}', which the model does not"));
         }
         Ok(values)
     }

@@ -392,3 +392,33 @@ fn auto_threads_share_the_cores() {
         (cores / 2).max(1).to_string()
     );
 }
+
+#[test]
+fn assigned_values_reach_every_copy_and_misfits_are_named() {
+    let s = strategy(3);
+    let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
+    let weight = Tensor::arange(0f32, 8.0, &Device::Cpu)
+        .unwrap()
+        .reshape((2, 4))
+        .unwrap();
+    let bias = Tensor::new(&[0.5f32, -0.5], &Device::Cpu).unwrap();
+    let values = [
+        ("l1.weight".to_owned(), weight.clone()),
+        ("l1.bias".to_owned(), bias),
+    ];
+    model.assign(values.iter().cloned().collect()).unwrap();
+    for r in 0..3 {
+        let got = model.variable(r, "l1.weight").unwrap();
+        assert_eq!(
+            got.to_vec2::<f32>().unwrap(),
+            weight.to_vec2::<f32>().unwrap()
+        );
+    }
+    let err = model
+        .assign(values[..1].iter().cloned().collect())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the values to assign: has no variable 'l1.bias'"
+    );
+}

@@ -22,6 +22,17 @@ pub enum StrategyKind {
     Tpu,
 }
 
+/// Which framework's model `--framework` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Framework {
+    /// The demo's own MLP regressing the score (11 → H tanh → 1, backprop written by hand),
+    /// bit-identical on any number of replicas.
+    Native,
+    /// A candle MLP classifying the score (11 → H ReLU → H ReLU → 6, AdamW) with
+    /// `distribute-candle`.
+    Candle,
+}
+
 /// The command line, parsed and checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Args {
@@ -29,6 +40,8 @@ pub struct Args {
     pub config: Config,
     /// The strategy asked for.
     pub strategy: StrategyKind,
+    /// The model's framework.
+    pub framework: Framework,
     /// Where the loss curve goes; `None`: `target/demo/loss.png`.
     pub plot: Option<PathBuf>,
 }
@@ -50,24 +63,29 @@ pub struct Options {
     /// The strategy to train with
     #[arg(long, value_enum, default_value_t = StrategyKind::Mirrored)]
     pub strategy: StrategyKind,
-    /// Optimizer steps
-    #[arg(long, value_name = "N", value_parser = positive, default_value_t = Config::DEFAULT.steps)]
-    pub steps: usize,
-    /// Global batch: rows per step over all replicas
-    #[arg(long, value_name = "N", value_parser = positive,
-          default_value_t = Config::DEFAULT.global_batch)]
-    pub batch: usize,
-    /// Learning rate
-    #[arg(long, value_name = "X", value_parser = non_negative,
-          default_value_t = Config::DEFAULT.learning_rate)]
-    pub lr: f32,
+    /// The model: a candle classifier trained with distribute-candle (mirrored only; its
+    /// defaults: --steps 600 --batch 256 --lr 0.02 --hidden 256, plain SGD, --momentum unused),
+    /// or the demo's own regression MLP, bit-identical on any replica count (the defaults in
+    /// brackets below are its)
+    /// [default: candle; native with --strategy tpu]
+    #[arg(long, value_enum)]
+    pub framework: Option<Framework>,
+    /// Optimizer steps [native: 2000]
+    #[arg(long, value_name = "N", value_parser = positive)]
+    pub steps: Option<usize>,
+    /// Global batch: rows per step over all replicas [native: 128]
+    #[arg(long, value_name = "N", value_parser = positive)]
+    pub batch: Option<usize>,
+    /// Learning rate [native: 0.01]
+    #[arg(long, value_name = "X", value_parser = non_negative)]
+    pub lr: Option<f32>,
     /// SGD momentum, 0 for plain SGD
     #[arg(long, value_name = "X", value_parser = non_negative,
           default_value_t = Config::DEFAULT.momentum)]
     pub momentum: f32,
-    /// Hidden units
-    #[arg(long, value_name = "N", value_parser = positive, default_value_t = Config::DEFAULT.hidden)]
-    pub hidden: usize,
+    /// Hidden units [native: 32]
+    #[arg(long, value_name = "N", value_parser = positive)]
+    pub hidden: Option<usize>,
     /// Seed of the split, the initial weights and the shuffle
     #[arg(long, default_value_t = Config::DEFAULT.seed)]
     pub seed: u64,
@@ -119,6 +137,21 @@ impl Options {
             "--momentum must be below 1 (got {}): with 1 or more the steps never shrink",
             self.momentum
         );
+        let framework = self.framework.unwrap_or(match self.strategy {
+            StrategyKind::Tpu => Framework::Native,
+            StrategyKind::Mirrored => Framework::Candle,
+        });
+        if framework == Framework::Candle && self.strategy == StrategyKind::Tpu {
+            bail!(
+                "--framework candle trains on MirroredStrategy: candle steps are Rust code, \
+                 which TpuStrategy's compiled programs cannot trace; drop --strategy tpu"
+            );
+        }
+        let defaults = match framework {
+            Framework::Native => Config::DEFAULT,
+            Framework::Candle => crate::candle::defaults(),
+        };
+        let batch = self.batch.unwrap_or(defaults.global_batch);
         let devices = self.devices.as_deref().map(parse_devices).transpose()?;
         if self.strategy == StrategyKind::Tpu && devices.is_some() {
             bail!(
@@ -135,24 +168,25 @@ impl Options {
             (None, n) => (0..n.unwrap_or(2)).map(|r| format!("/cpu:{r}")).collect(),
         };
         ensure!(
-            self.batch >= devices.len(),
+            batch >= devices.len(),
             "--batch {} gives some of the {} replicas no rows at all; use a batch of at least one \
              row per replica",
-            self.batch,
+            batch,
             devices.len()
         );
         Ok(Args {
             config: Config {
-                steps: self.steps,
-                global_batch: self.batch,
-                learning_rate: self.lr,
+                steps: self.steps.unwrap_or(defaults.steps),
+                global_batch: batch,
+                learning_rate: self.lr.unwrap_or(defaults.learning_rate),
                 momentum: self.momentum,
-                hidden: self.hidden,
+                hidden: self.hidden.unwrap_or(defaults.hidden),
                 seed: self.seed,
                 tpu_arithmetic: self.tpu_arithmetic,
                 ..Config::new(devices)
             },
             strategy: self.strategy,
+            framework,
             plot: self.plot,
         })
     }

@@ -32,12 +32,17 @@
 //! per PJRT device, the whole step compiled once ([`tpu`]). It is checked against one TPU
 //! replica ([`TOLERANCE`]) and against MirroredStrategy ([`TPU_MIRRORED_TOLERANCE`]).
 //!
+//! `--framework candle` trains a candle classifier of the quality class instead, with
+//! `distribute-candle` on `MirroredStrategy` ([`candle`]), checked the same way against one
+//! replica ([`candle::CANDLE_TOLERANCE`]).
+//!
 //! ```text
-//! cargo xtask demo [--replicas N | --devices /cpu:0,/cpu:1,...] [--strategy mirrored|tpu]
+//! cargo xtask demo [--framework native|candle] [--replicas N | --devices /cpu:0,/cpu:1,...] [--strategy mirrored|tpu]
 //!                  [--steps S] [--batch B] [--lr LR] [--momentum M] [--hidden H] [--seed SEED]
 //!                  [--tpu-arithmetic f32|f64-sums] [--plot FILE.png]
 //! ```
 
+pub mod candle;
 pub mod cli;
 pub mod data;
 pub mod hand_rolled;
@@ -46,7 +51,7 @@ pub mod model;
 pub mod report;
 pub mod tpu;
 
-pub use cli::{Args, StrategyKind, parse_args};
+pub use cli::{Args, Framework, StrategyKind, parse_args};
 
 /// Whether `mpirun` (Open MPI's, or an MPICH-style launcher) started this process: the demo is
 /// then one worker of `cargo xtask demo --workers W`.

@@ -16,7 +16,12 @@ fn main() -> Result<()> {
 /// A worker of `cargo xtask demo --workers W`.
 #[cfg(feature = "mpi")]
 fn multi_worker(args: &distribute_demo::Args) -> Result<()> {
-    distribute_demo::report::run_multi_worker(args)
+    match args.framework {
+        distribute_demo::Framework::Candle => {
+            distribute_demo::report::run_candle_multi_worker(args)
+        }
+        distribute_demo::Framework::Native => distribute_demo::report::run_multi_worker(args),
+    }
 }
 
 /// Under mpirun without the feature each process would train alone.

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, anyhow, ensure};
 use indicatif::{ProgressBar, ProgressStyle};
 use ndarray::Array1;
 
-use crate::cli::{Args, StrategyKind};
+use crate::cli::{Args, Framework, StrategyKind};
 use crate::data::{FEATURES, WineData, load_wine};
 use crate::model::{Params, evaluate, max_weight_difference};
 use crate::{Config, TOLERANCE, TPU_MIRRORED_TOLERANCE, mirrored, tpu};
@@ -25,6 +25,9 @@ pub fn run(args: &Args) -> Result<()> {
         data.train.rows(),
         data.validation.rows()
     );
+    if args.framework == Framework::Candle {
+        return run_candle(args, &data);
+    }
     println!(
         "model: {FEATURES} → {} tanh → 1, SGD lr {} momentum {}, {} steps of global batch {}",
         config.hidden, config.learning_rate, config.momentum, config.steps, config.global_batch
@@ -346,6 +349,184 @@ fn run_tpu(args: &Args, data: &WineData) -> Result<()> {
         difference <= TPU_MIRRORED_TOLERANCE,
         "the TPU weights differ from MirroredStrategy's by {difference:e}, more than \
          {TPU_MIRRORED_TOLERANCE:e}: the compiled step does not train the same model"
+    );
+    Ok(())
+}
+
+/// `--framework candle`: trains the candle classifier, reports, and checks against one replica
+/// from the same initial values.
+fn run_candle(args: &Args, data: &WineData) -> Result<()> {
+    let config = &args.config;
+    let replicas = config.devices.len();
+    print_candle_model(config);
+    let trained = crate::candle::train(config, data)?;
+    println!(
+        "MirroredStrategy on {replicas} replicas [{}] with distribute-candle, {}",
+        config.devices.join(", "),
+        candle_threads(&trained)
+    );
+    report_candle(
+        args,
+        data,
+        &trained,
+        &format!("{replicas} replicas"),
+        "loss.png",
+    )?;
+    println!("copies on the {replicas} replicas: bit-identical (check_in_sync)");
+    check_candle_against_one_replica(config, data, &trained, replicas)
+}
+
+/// Under `mpirun` (feature `mpi`) with `--framework candle`: trains the candle classifier on
+/// every worker with `MultiWorkerMirroredStrategy`; every worker checks that every copy on every
+/// worker is bit-identical, and the chief reports and checks against one process with one
+/// replica.
+#[cfg(feature = "mpi")]
+pub fn run_candle_multi_worker(args: &Args) -> Result<()> {
+    use distribute::prelude::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
+
+    let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
+        local_devices: args.config.devices.clone(),
+        ..MultiWorkerConfig::default()
+    })?;
+    let (workers, chief) = (strategy.num_workers(), strategy.is_chief());
+    let config = &Config {
+        progress: args.config.progress && chief,
+        ..args.config.clone()
+    };
+    let replicas = config.devices.len();
+    let data = load_wine(config.seed)?;
+    if chief {
+        println!(
+            "wine quality (red): {} training and {} validation wines, {FEATURES} standardized \
+             features",
+            data.train.rows(),
+            data.validation.rows()
+        );
+        print_candle_model(config);
+    }
+    // Checks every copy on every worker (check_in_sync) before it returns.
+    let trained = crate::candle::train_on(&strategy, config, &data)?;
+    if !chief {
+        return Ok(());
+    }
+    println!(
+        "MultiWorkerMirroredStrategy: {workers} worker processes × {replicas} replicas [{}] with \
+         distribute-candle, {}",
+        config.devices.join(", "),
+        candle_threads(&trained)
+    );
+    report_candle(
+        args,
+        &data,
+        &trained,
+        &format!("{workers} workers × {replicas} replicas"),
+        "loss_multi_worker.png",
+    )?;
+    println!(
+        "copies on the {} replicas of the {workers} workers: bit-identical (check_in_sync)",
+        workers * replicas
+    );
+    check_candle_against_one_replica(config, &data, &trained, workers * replicas)
+}
+
+/// The model line of `--framework candle`.
+fn print_candle_model(config: &Config) {
+    use crate::candle::CLASSES;
+    println!(
+        "model: candle MLP {FEATURES} → {h} ReLU → {h} ReLU → {CLASSES} quality classes, SGD lr \
+         {}, {} steps of global batch {}",
+        config.learning_rate,
+        config.steps,
+        config.global_batch,
+        h = config.hidden
+    );
+}
+
+/// How many candle threads each replica ran.
+fn candle_threads(trained: &crate::candle::Trained) -> String {
+    match trained.threads_per_replica {
+        Some(1) => "1 candle thread per replica".to_owned(),
+        Some(n) => format!("{n} candle threads per replica"),
+        None => "candle threads unmanaged".to_owned(),
+    }
+}
+
+/// Speed, time per step, metrics and the loss curve of a candle run.
+fn report_candle(
+    args: &Args,
+    data: &WineData,
+    trained: &crate::candle::Trained,
+    shape: &str,
+    plot: &str,
+) -> Result<()> {
+    let config = &args.config;
+    print_speed(config, trained.steps_per_s, &trained.losses);
+    let t = trained.times;
+    let total = micros(t.total());
+    let share = |d: Duration| 100.0 * micros(d) / total;
+    println!(
+        "time per step {total:.0} µs: compute {:.0} µs ({:.0} %), gradient all-reduce {:.0} µs \
+         ({:.0} %), input {:.0} µs ({:.0} %), dispatch {:.0} µs ({:.0} %)",
+        micros(t.compute),
+        share(t.compute),
+        micros(t.all_reduce),
+        share(t.all_reduce),
+        micros(t.input),
+        share(t.input),
+        micros(t.dispatch),
+        share(t.dispatch),
+    );
+    println!(
+        "  compute: candle's forward, backward and SGD step on replica 0; the all-reduce \
+         includes waiting for the slower replicas"
+    );
+    println!("{:<28}{:>10}{:>15}", "", "accuracy", "cross-entropy");
+    for (name, m) in [("train", trained.train), ("validation", trained.held_out)] {
+        println!("{name:<28}{:>9.1} %{:>15.4}", 100.0 * m.accuracy, m.loss);
+    }
+    println!(
+        "{:<28}{:>9.1} %",
+        "validation, majority class",
+        100.0 * crate::candle::majority_accuracy(&data.train, &data.validation)
+    );
+    write_plot(
+        args,
+        plot,
+        &trained.losses,
+        &trained.validation,
+        &format!(
+            "wine quality candle classifier, {shape}, global batch {}",
+            config.global_batch
+        ),
+    )
+}
+
+/// Trains on one replica of this process from the same initial values, batches and order, and
+/// fails unless the weights after `CHECK_STEPS` steps agree within `CANDLE_TOLERANCE`.
+fn check_candle_against_one_replica(
+    config: &Config,
+    data: &WineData,
+    trained: &crate::candle::Trained,
+    replicas: usize,
+) -> Result<()> {
+    use crate::candle::{CANDLE_TOLERANCE, CHECK_STEPS, max_weight_difference};
+
+    let reference = crate::candle::train(&config.one_replica(), data)?;
+    let early = max_weight_difference(&trained.early_weights, &reference.early_weights);
+    let last = max_weight_difference(&trained.weights, &reference.weights);
+    let checked = CHECK_STEPS.min(config.steps);
+    println!(
+        "1 replica, same initial values, global batch and data order: {:.0} steps/s; max |weight \
+         difference| after {checked} steps = {early:.1e} (limit {CANDLE_TOLERANCE:.0e}), after \
+         {} = {last:.1e}; validation accuracy {:.1} %",
+        reference.steps_per_s,
+        config.steps,
+        100.0 * reference.held_out.accuracy
+    );
+    ensure!(
+        early <= CANDLE_TOLERANCE,
+        "after {checked} steps the {replicas}-replica weights differ from the 1-replica weights \
+         by {early:e}, more than {CANDLE_TOLERANCE:e}: the replicas did not train the same model"
     );
     Ok(())
 }

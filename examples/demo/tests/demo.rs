@@ -6,7 +6,9 @@
 use distribute_demo::data::{FEATURES, load_wine};
 use distribute_demo::hand_rolled::train_hand_rolled;
 use distribute_demo::model::{Params, evaluate, max_weight_difference};
-use distribute_demo::{Config, StrategyKind, TOLERANCE, TPU_MIRRORED_TOLERANCE, mirrored, tpu};
+use distribute_demo::{
+    Config, Framework, StrategyKind, TOLERANCE, TPU_MIRRORED_TOLERANCE, mirrored, tpu,
+};
 
 /// A short run with a small hidden layer, so the test takes seconds in debug. The global batch
 /// of 30 does not divide by 4, so 4 replicas get uneven chunks (8, 8, 8, 6).
@@ -283,6 +285,24 @@ fn the_command_line_refuses_what_this_build_cannot_run() {
     let defaults = parse("").unwrap();
     assert_eq!(defaults.config.devices, ["/cpu:0", "/cpu:1"]);
     assert_eq!(defaults.strategy, StrategyKind::Mirrored);
+    assert_eq!(defaults.framework, Framework::Candle);
+    assert_eq!(
+        (
+            defaults.config.steps,
+            defaults.config.global_batch,
+            defaults.config.hidden
+        ),
+        (600, 256, 256)
+    );
+    let native = parse("--framework native").unwrap();
+    assert_eq!(
+        (
+            native.config.steps,
+            native.config.global_batch,
+            native.config.hidden
+        ),
+        (2000, 128, 32)
+    );
     let four = parse("--replicas 4 --steps 10 --batch 64 --lr 0.1 --hidden 4").unwrap();
     assert_eq!(four.config.devices.len(), 4);
     assert_eq!(
@@ -303,11 +323,13 @@ fn the_command_line_refuses_what_this_build_cannot_run() {
         // clap's wording for what it does not know.
         ("--frobnicate 1", "unexpected argument '--frobnicate'"),
         ("--strategy xla", "possible values: mirrored, tpu"),
+        ("--framework candle --strategy tpu", "drop --strategy tpu"),
     ] {
         let err = parse(line).unwrap_err().to_string();
         assert!(err.contains(expected), "{line}: {err}");
     }
     let tpu = parse("--strategy tpu --replicas 4").unwrap();
+    assert_eq!(tpu.framework, Framework::Native);
     assert_eq!(tpu.strategy, StrategyKind::Tpu);
     assert_eq!(tpu.config.devices.len(), 4);
     for (line, expected) in [
@@ -340,4 +362,50 @@ fn the_loss_curve_is_a_png() {
 
 fn mean(values: &[f32]) -> f32 {
     values.iter().sum::<f32>() / values.len() as f32
+}
+
+/// A short candle run on `replicas` replicas.
+fn short_candle_run(replicas: usize) -> Config {
+    Config {
+        steps: 100,
+        global_batch: 64,
+        hidden: 32,
+        learning_rate: 0.1,
+        progress: false,
+        ..Config::new((0..replicas).map(|r| format!("/cpu:{r}")).collect())
+    }
+}
+
+#[test]
+fn candle_replicas_learn_the_one_replica_weights_and_a_one_percent_change_does_not() {
+    use distribute_demo::candle::{CANDLE_TOLERANCE, max_weight_difference, train};
+
+    let data = load_wine(7).unwrap();
+    let one = train(&short_candle_run(1), &data).unwrap();
+    assert!(
+        one.losses[99] < one.losses[0],
+        "it learns: {:?}",
+        one.losses
+    );
+    // 64 rows on 3 replicas: 22 + 22 + 20.
+    for replicas in [2, 3] {
+        let many = train(&short_candle_run(replicas), &data).unwrap();
+        let difference = max_weight_difference(&many.early_weights, &one.early_weights);
+        eprintln!("candle, {replicas} replicas vs 1 after 100 steps: {difference:e}");
+        assert!(
+            difference <= CANDLE_TOLERANCE,
+            "{replicas} replicas: {difference}"
+        );
+    }
+    let nudged = train(
+        &Config {
+            learning_rate: 0.101,
+            ..short_candle_run(1)
+        },
+        &data,
+    )
+    .unwrap();
+    let difference = max_weight_difference(&nudged.early_weights, &one.early_weights);
+    eprintln!("candle, learning rate 1 % higher, after 100 steps: {difference:e}");
+    assert!(difference > 10.0 * CANDLE_TOLERANCE, "{difference}");
 }
