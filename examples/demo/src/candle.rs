@@ -139,7 +139,7 @@ pub struct Trained {
     pub weights: Vec<(String, Vec<f32>)>,
     /// The same after [`CHECK_STEPS`] steps (or all of them, when fewer).
     pub early_weights: Vec<(String, Vec<f32>)>,
-    /// Each step's global-batch loss.
+    /// Each step's global-batch loss (every worker's replicas' shares added up).
     pub losses: Vec<f32>,
     /// `(step, validation loss)`.
     pub validation: Vec<(usize, f32)>,
@@ -297,6 +297,22 @@ pub fn train_on<S: Strategy>(strategy: &S, config: &Config, data: &WineData) -> 
     bar.finish_and_clear();
     let total = times.total();
     model.check_in_sync()?;
+    // Across workers each worker summed only its replicas' losses: add up every worker's, once.
+    let losses = model
+        .run(&(), |replica, ()| {
+            let device = replica.context().device().to_owned();
+            let mine = if replica.local_replica() == 0 {
+                losses.clone()
+            } else {
+                vec![0.0; losses.len()]
+            };
+            let total = replica.context().all_reduce(
+                ReduceOp::Sum,
+                &distribute::prelude::Tensor::from_vec(&device, &[mine.len()], mine)?,
+            )?;
+            Ok(total.to_vec::<f32>()?)
+        })?
+        .swap_remove(0);
     let weights = weights_of(&model)?;
     let (train, held_out) = model.with_model(0, |m| {
         Ok::<_, anyhow::Error>((evaluate(m, &data.train)?, evaluate(m, &data.validation)?))

@@ -579,7 +579,12 @@ fn write_plot(
         .plot
         .clone()
         .unwrap_or_else(|| default_plot_path(default_file));
-    plot_losses(&plot, losses, validation, title)?;
+    // The candle classifier's loss is a cross-entropy, the regression MLP's a squared error.
+    let loss_name = match args.framework {
+        Framework::Candle => "cross-entropy",
+        Framework::Native => "mean squared error",
+    };
+    plot_losses(&plot, losses, validation, title, loss_name)?;
     // Relative to the working directory when it is inside it: `target/demo/loss.png`.
     let shown = std::env::current_dir()
         .ok()
@@ -637,12 +642,13 @@ pub(crate) fn progress_bar(config: &Config) -> ProgressBar {
 }
 
 /// Draws the training loss (each step's batch, and its mean over 50 steps) and the validation
-/// loss against the step, as a PNG.
+/// loss against the step, as a PNG; `loss_name` labels the vertical axis.
 pub fn plot_losses(
     path: &Path,
     losses: &[f32],
     validation: &[(usize, f32)],
     title: &str,
+    loss_name: &str,
 ) -> Result<()> {
     use plotters::prelude::*;
     use plotters::style::{FontStyle, register_font};
@@ -683,7 +689,7 @@ pub fn plot_losses(
     chart
         .configure_mesh()
         .x_desc("step")
-        .y_desc("mean squared error")
+        .y_desc(loss_name)
         .label_style(("sans-serif", 14))
         .light_line_style(WHITE)
         .draw()?;

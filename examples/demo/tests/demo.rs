@@ -349,7 +349,14 @@ fn the_loss_curve_is_a_png() {
     let dir = std::env::temp_dir().join(format!("distribute-demo-test-{}", std::process::id()));
     let path = dir.join("loss.png");
     let losses: Vec<f32> = (0..120).map(|i| 1.0 / (1.0 + i as f32 / 10.0)).collect();
-    distribute_demo::report::plot_losses(&path, &losses, &[(60, 0.3), (120, 0.2)], "test").unwrap();
+    distribute_demo::report::plot_losses(
+        &path,
+        &losses,
+        &[(60, 0.3), (120, 0.2)],
+        "test",
+        "cross-entropy",
+    )
+    .unwrap();
     let bytes = std::fs::read(&path).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
