@@ -95,7 +95,8 @@ where
     /// Every copy then takes replica 0's values, and across workers the chief's, whatever the
     /// initialiser did. The variables' names, dtypes and shapes must agree on every replica and
     /// worker; a mismatch is [`Error::ModelMismatch`] naming the variable and the replica or
-    /// worker. A builder's error is [`Error::Replica`] naming the replica.
+    /// worker. A builder's error is [`Error::Replica`] naming the replica. Every worker of a
+    /// multi-worker strategy must call it, as it exchanges with the others.
     ///
     /// With [`CpuThreads::Auto`] or [`CpuThreads::PerReplica`] this sets `RAYON_NUM_THREADS` and
     /// `CANDLE_NUM_THREADS` for the process (candle reads its parallelism only from there; see
@@ -208,7 +209,7 @@ where
     /// Checks that every copy of every variable is bit-identical on every local replica and
     /// every worker: a 64-bit fingerprint of each variable's bytes per replica, compared locally
     /// and exchanged across workers (8 bytes a variable). The error names the variable and the
-    /// replica or worker whose copy differs.
+    /// replica or worker whose copy differs. Every worker must call it, as it exchanges.
     pub fn check_in_sync(&self) -> Result<(), Error> {
         let first = self.strategy.extended().first_replica_id();
         let mut local = Vec::with_capacity(self.replicas.len());
@@ -252,7 +253,7 @@ where
     /// `VarMap::save` write it). The file must hold exactly the model's variables with their
     /// dtypes and shapes; an error names the first that differs. Every worker reads the file and
     /// then takes the chief's values, so the copies stay identical; a worker that cannot read it
-    /// fails every worker.
+    /// fails every worker. Every worker must call it.
     pub fn load(&self, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
         let read =
@@ -274,7 +275,7 @@ where
     /// exactly the model's variables with their dtypes and shapes; an error names the first that
     /// differs): initial values made elsewhere, or weights converted from another framework.
     /// Across workers every copy takes the chief's `values`, and a worker whose `values` do not
-    /// fit fails every worker.
+    /// fit fails every worker. Every worker must call it.
     pub fn assign(&self, values: HashMap<String, Tensor>) -> Result<(), Error> {
         let checked = self
             .check_values(values)
@@ -341,9 +342,9 @@ where
 
     /// Replica `r`'s state; a replica whose lock a panic poisoned is an error, not a panic.
     fn lock(&self, r: usize) -> Result<MutexGuard<'_, Replica<M, O>>, Error> {
-        self.replicas[r]
-            .lock()
-            .map_err(|_| Error::Poisoned { replica: r })
+        self.replicas[r].lock().map_err(|_| Error::Poisoned {
+            replica: self.strategy.extended().first_replica_id() + r,
+        })
     }
 
     /// Copies replica 0's values into every other local replica; across workers, every replica
@@ -453,15 +454,22 @@ impl ReplicaDevice {
 
     /// The candle device of this replica.
     fn candle(&self) -> Result<Device, Error> {
-        if self.is_cpu() {
-            return Ok(Device::Cpu);
-        }
+        let reason = match self.kind {
+            Some(DeviceKind::Cpu) | None => return Ok(Device::Cpu),
+            Some(DeviceKind::Gpu) => {
+                "distribute-candle trains on CPU replicas in this build: candle's CUDA backend \
+                 (its `cuda` feature) compiles its kernels with nvcc at build time, which this \
+                 build does not include (docs/candle.md, GPUs)"
+            }
+            Some(DeviceKind::Tpu) => {
+                "a candle step is Rust code that runs eagerly, which TpuStrategy's compiled XLA \
+                 programs cannot trace; train candle models with MirroredStrategy"
+            }
+            Some(_) => "candle has no backend for this device type; use CPU replicas",
+        };
         Err(Error::Device {
             device: self.name.clone(),
-            reason: "distribute-candle trains on CPU replicas in this build: candle's CUDA \
-                     backend (its `cuda` feature) compiles its kernels with nvcc at build time, \
-                     which this build does not include"
-                .into(),
+            reason: reason.into(),
         })
     }
 }

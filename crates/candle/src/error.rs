@@ -65,7 +65,7 @@ pub enum Error {
          the DataParallel model or restore it from a checkpoint"
     )]
     Poisoned {
-        /// The local replica whose model was poisoned.
+        /// The global id of the replica whose model was poisoned.
         replica: usize,
     },
     /// A strategy operation failed (a collective, a peer replica or worker, a panic).

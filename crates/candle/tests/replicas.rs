@@ -422,3 +422,54 @@ fn assigned_values_reach_every_copy_and_misfits_are_named() {
         "the values to assign: has no variable 'l1.bias'"
     );
 }
+
+#[test]
+fn padded_batches_reach_the_step_as_candle_tensors_with_their_masks() {
+    use distribute_collectives::Tensor as HostTensor;
+    use distribute_input::{Dataset, InputOptions, PartialBatch};
+    use distribute_strategy::{Strategy, per_replica_inputs};
+
+    let s = strategy(2);
+    let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
+    // 5 rows of 4 features in global batches of 4: rows 0-1 and 2-3, then row 4 and padding.
+    let x: Vec<f32> = (0..20).map(|v| v as f32).collect();
+    let dataset = Dataset::from_tensors(HostTensor::from_vec("/cpu:0", &[5, 4], x).unwrap())
+        .unwrap()
+        .batch(4, false)
+        .unwrap();
+    let options = InputOptions {
+        partial_batch: PartialBatch::PadWithMask,
+        ..InputOptions::default()
+    };
+    let dataset = s.distribute_dataset(dataset, options).unwrap();
+    let mut seen = Vec::new();
+    for step in dataset.iter_masked() {
+        let inputs = per_replica_inputs(step.unwrap()).unwrap();
+        let rows = model
+            .run(&inputs, |replica, masked| {
+                assert_eq!(masked.batch.dims(), [2, 4]);
+                assert_eq!(
+                    masked.batch.device().location(),
+                    replica.device().location()
+                );
+                // The first feature of each real row.
+                let first = masked.batch.narrow(1, 0, 1)?.squeeze(1)?.to_vec1::<f32>()?;
+                let mask = masked.mask.to_vec1::<f32>()?;
+                Ok(first
+                    .into_iter()
+                    .zip(mask)
+                    .filter(|(_, m)| *m == 1.0)
+                    .map(|(f, _)| f)
+                    .collect::<Vec<f32>>())
+            })
+            .unwrap();
+        seen.push(rows);
+    }
+    assert_eq!(
+        seen,
+        [
+            vec![vec![0.0, 4.0], vec![8.0, 12.0]],
+            vec![vec![16.0], vec![]]
+        ]
+    );
+}
