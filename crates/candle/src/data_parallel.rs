@@ -116,30 +116,32 @@ where
     {
         let extended = strategy.extended();
         let first = extended.first_replica_id();
-        let devices = replica_devices(extended)?;
-        let cpu_replicas = devices.iter().filter(|d| d.is_cpu()).count();
-        let plan = threads::apply(config.threads, cpu_replicas)?;
-
-        let built = build_replicas(
-            &devices,
-            first,
-            config.dtype,
-            &build_model,
-            &build_optimizer,
-        );
-        variables::agree_ok(extended, built.is_ok(), "building its model")?;
-        let (replicas, manifests) = built?;
-        for (r, manifest) in manifests.iter().enumerate().skip(1) {
-            if let Some(diff) = variables::difference(
-                &manifests[0],
-                &format!("replica {first}"),
-                manifest,
-                &format!("replica {}", first + r),
-            ) {
-                return Err(Error::ModelMismatch(diff));
+        // Everything this worker does alone, agreed on before the first exchange of values.
+        let local = (|| {
+            let devices = replica_devices(extended)?;
+            let cpu_replicas = devices.iter().filter(|d| d.is_cpu()).count();
+            let plan = threads::apply(config.threads, cpu_replicas)?;
+            let (replicas, manifests) = build_replicas(
+                &devices,
+                first,
+                config.dtype,
+                &build_model,
+                &build_optimizer,
+            )?;
+            for (r, manifest) in manifests.iter().enumerate().skip(1) {
+                if let Some(diff) = variables::difference(
+                    &manifests[0],
+                    &format!("replica {first}"),
+                    manifest,
+                    &format!("replica {}", first + r),
+                ) {
+                    return Err(Error::ModelMismatch(diff));
+                }
             }
-        }
-        let manifest = manifests.into_iter().next().unwrap_or_default();
+            let manifest = manifests.into_iter().next().unwrap_or_default();
+            Ok((plan, replicas, manifest))
+        })();
+        let (plan, replicas, manifest) = variables::agreed(extended, local, "building its model")?;
         variables::agree_across_workers(extended, &manifest)?;
         let model = DataParallel {
             strategy,
@@ -211,26 +213,26 @@ where
     /// and exchanged across workers (8 bytes a variable). The error names the variable and the
     /// replica or worker whose copy differs. Every worker must call it, as it exchanges.
     pub fn check_in_sync(&self) -> Result<(), Error> {
-        let first = self.strategy.extended().first_replica_id();
-        let mut local = Vec::with_capacity(self.replicas.len());
-        for r in 0..self.replicas.len() {
-            local.push(variables::fingerprints(&self.lock(r)?.vars)?);
-        }
-        for (r, prints) in local.iter().enumerate().skip(1) {
-            if let Some(i) = (0..self.manifest.len()).find(|&i| prints[i] != local[0][i]) {
-                return Err(Error::OutOfSync(format!(
-                    "variable '{}' of replica {} differs from replica {first}'s",
-                    self.manifest[i].name,
-                    first + r
-                )));
+        let local = (|| {
+            let first = self.strategy.extended().first_replica_id();
+            let mut local = Vec::with_capacity(self.replicas.len());
+            for r in 0..self.replicas.len() {
+                local.push(variables::fingerprints(&self.lock(r)?.vars)?);
             }
-        }
-        let ours = local.into_iter().next().unwrap_or_default();
-        variables::fingerprints_agree_across_workers(
-            self.strategy.extended(),
-            &self.manifest,
-            &ours,
-        )
+            for (r, prints) in local.iter().enumerate().skip(1) {
+                if let Some(i) = (0..self.manifest.len()).find(|&i| prints[i] != local[0][i]) {
+                    return Err(Error::OutOfSync(format!(
+                        "variable '{}' of replica {} differs from replica {first}'s",
+                        self.manifest[i].name,
+                        first + r
+                    )));
+                }
+            }
+            Ok(local.into_iter().next().unwrap_or_default())
+        })();
+        let extended = self.strategy.extended();
+        let ours = variables::agreed(extended, local, "checking its copies")?;
+        variables::fingerprints_agree_across_workers(extended, &self.manifest, &ours)
     }
 
     /// Writes the model's variables (replica 0's copy, every copy being equal) to `path` as
@@ -286,14 +288,14 @@ where
     /// Agrees across workers on whether `checked` succeeded, then sets replica 0's copy from it
     /// and every other copy from replica 0's (the chief's across workers).
     fn assign_checked(&self, checked: Result<Vec<Tensor>, Error>, what: &str) -> Result<(), Error> {
-        variables::agree_ok(self.strategy.extended(), checked.is_ok(), what)?;
-        let values = checked?;
-        {
+        let set = checked.and_then(|values| {
             let replica = self.lock(0)?;
             for (var, value) in replica.vars.iter().zip(&values) {
                 var.set(&value.to_device(&replica.device)?)?;
             }
-        }
+            Ok(())
+        });
+        variables::agreed(self.strategy.extended(), set, what)?;
         self.copy_from_first_replica()
     }
 
@@ -315,13 +317,7 @@ where
     /// `f` of local replica `replica`'s copy of the model, outside a step: evaluation, inference
     /// or inspection (every copy holds the same values after a step).
     pub fn with_model<R>(&self, replica: usize, f: impl FnOnce(&M) -> R) -> Result<R, Error> {
-        if replica >= self.replicas.len() {
-            return Err(Error::InvalidArgument(format!(
-                "replica {replica} is not local: this process has {} replicas",
-                self.replicas.len()
-            )));
-        }
-        Ok(f(&self.lock(replica)?.model))
+        Ok(f(&self.lock(self.local(replica)?)?.model))
     }
 
     /// A copy of variable `name`'s value on local replica `replica` (for inspection and tests).
@@ -331,13 +327,21 @@ where
             .iter()
             .position(|v| v.name == name)
             .ok_or_else(|| Error::InvalidArgument(format!("the model has no variable '{name}'")))?;
-        if replica >= self.replicas.len() {
-            return Err(Error::InvalidArgument(format!(
+        Ok(self.lock(self.local(replica)?)?.vars[i]
+            .as_tensor()
+            .copy()?)
+    }
+
+    /// `replica` when it is one of this process's replicas.
+    fn local(&self, replica: usize) -> Result<usize, Error> {
+        if replica < self.replicas.len() {
+            Ok(replica)
+        } else {
+            Err(Error::InvalidArgument(format!(
                 "replica {replica} is not local: this process has {} replicas",
                 self.replicas.len()
-            )));
+            )))
         }
-        Ok(self.lock(replica)?.vars[i].as_tensor().copy()?)
     }
 
     /// Replica `r`'s state; a replica whose lock a panic poisoned is an error, not a panic.
@@ -351,12 +355,14 @@ where
     /// takes the chief's.
     fn copy_from_first_replica(&self) -> Result<(), Error> {
         let extended = self.strategy.extended();
-        let first = self.lock(0)?;
-        let mut bytes = Vec::new();
-        for var in &first.vars {
-            bytes.extend(variables::tensor_bytes(var.as_tensor())?);
-        }
-        drop(first);
+        let packed = (|| {
+            let mut bytes = Vec::new();
+            for var in &self.lock(0)?.vars {
+                bytes.extend(variables::tensor_bytes(var.as_tensor())?);
+            }
+            Ok(bytes)
+        })();
+        let bytes = variables::agreed(extended, packed, "reading its model's values")?;
         let (_, workers) = variables::worker_of(extended);
         let from_chief = if workers > 1 {
             extended.bytes_from_chief(&bytes)?
@@ -619,5 +625,33 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
         let reduced =
             gradients::all_reduce(self.ctx, op, self.manifest, local, &self.replica.device)?;
         Ok(gradients::into_store(&self.replica.vars, reduced))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_cpu_replicas_get_a_candle_device_and_the_others_say_why() {
+        let device = |name: &str, kind| ReplicaDevice {
+            name: name.into(),
+            kind,
+        };
+        assert!(matches!(
+            device("/cpu:0", Some(DeviceKind::Cpu)).candle(),
+            Ok(Device::Cpu)
+        ));
+        for (name, kind, reason) in [
+            ("/gpu:0", DeviceKind::Gpu, "nvcc"),
+            ("/tpu:0", DeviceKind::Tpu, "MirroredStrategy"),
+        ] {
+            let err = device(name, Some(kind)).candle().unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("replica device '{name}': ")),
+                "{err}"
+            );
+            assert!(err.contains(reason), "{err}");
+        }
     }
 }

@@ -98,7 +98,10 @@ pub(crate) struct ReplicaFailed {
     pub(crate) source: StepError,
 }
 
-/// `error` (of replica `replica`'s step) as the strategy should see it.
+/// `error` (of replica `replica`'s step) as the strategy should see it: an error that only says
+/// another replica or worker failed first — at the top or anywhere in its `source` chain, as
+/// when the user added context to it — stays a consequence, so the strategy reports the root
+/// cause; any other error is wrapped with the replica.
 pub(crate) fn into_strategy_error(replica: usize, error: StepError) -> StrategyError {
     let error = match error.downcast::<StrategyError>() {
         Ok(strategy) if strategy.is_consequence() => return *strategy,
@@ -108,7 +111,7 @@ pub(crate) fn into_strategy_error(replica: usize, error: StepError) -> StrategyE
     let error = match error.downcast::<Error>() {
         Ok(ours) => match *ours {
             Error::Strategy(strategy) if strategy.is_consequence() => return strategy,
-            // A replica that found itself poisoned or a mismatch reports it as it is.
+            // A nested `run` already named its replica.
             Error::Replica { replica, source } => {
                 return StrategyError::step(ReplicaFailed { replica, source });
             }
@@ -116,10 +119,33 @@ pub(crate) fn into_strategy_error(replica: usize, error: StepError) -> StrategyE
         },
         Err(other) => other,
     };
+    if let Some(consequence) = consequence_in(error.as_ref()) {
+        return StrategyError::Collective(distribute_collectives::CollectiveError::Aborted {
+            reason: format!("{error} ({consequence})"),
+        });
+    }
     StrategyError::step(ReplicaFailed {
         replica,
         source: error,
     })
+}
+
+/// The message of the first error in `error`'s `source` chain that only reports another
+/// replica's or worker's failure.
+fn consequence_in(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut current = error.source();
+    while let Some(e) = current {
+        let consequence = match (e.downcast_ref::<StrategyError>(), e.downcast_ref::<Error>()) {
+            (Some(strategy), _) => strategy.is_consequence(),
+            (_, Some(ours)) => ours.is_consequence(),
+            _ => false,
+        };
+        if consequence {
+            return Some(e.to_string());
+        }
+        current = e.source();
+    }
+    None
 }
 
 /// A strategy's error of `run` as this crate reports it: a replica's own error names the replica.
@@ -161,5 +187,15 @@ mod tests {
         assert!(into_strategy_error(1, Box::new(wrapped)).is_consequence());
         let own = into_strategy_error(1, "disk full".into());
         assert!(!own.is_consequence());
+    }
+
+    #[test]
+    fn a_peer_failure_under_the_users_context_is_still_a_consequence() {
+        let released = anyhow::Error::new(StrategyError::PeerFailed { replica: 1 })
+            .context("the backward step");
+        let error = into_strategy_error(0, released.into());
+        assert!(error.is_consequence(), "{error:?}");
+        let own = anyhow::anyhow!("bad batch").context("the backward step");
+        assert!(!into_strategy_error(0, own.into()).is_consequence());
     }
 }

@@ -11,14 +11,22 @@ use crate::variables::VarInfo;
 
 /// The all-reduction of one gradient per variable (`grads[i]` for `manifest[i]`, `None` for a
 /// variable without a gradient on this replica, which contributes zeros), as candle tensors on
-/// `device`. Variables of one dtype share a bucket; all buckets travel in one `all_reduce`.
+/// `device`; `None` for a variable that had a gradient on no replica, which an optimizer then
+/// leaves alone (no weight decay, no moments), as candle's own step does. Variables of one
+/// dtype share a bucket; all buckets, and one flag per variable saying whether this replica
+/// had its gradient, travel in one `all_reduce`.
 pub(crate) fn all_reduce(
     ctx: &ReplicaContext<'_>,
     op: ReduceOp,
     manifest: &[VarInfo],
     grads: &[Option<Tensor>],
     device: &Device,
-) -> Result<Vec<Tensor>, Error> {
+) -> Result<Vec<Option<Tensor>>, Error> {
+    if !matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
+        return Err(Error::InvalidArgument(format!(
+            "gradients are reduced with Sum or Mean, not {op}"
+        )));
+    }
     // Dtypes in order of first appearance: the same on every replica, since manifests agree.
     let mut dtypes: Vec<DType> = Vec::new();
     for var in manifest {
@@ -31,14 +39,22 @@ pub(crate) fn all_reduce(
         .iter()
         .map(|&dtype| pack(dtype, manifest, grads, label))
         .collect::<Result<Vec<_>, Error>>()?;
-    let reduced = ctx.all_reduce(op, &buckets)?;
+    let present: Vec<f32> = grads
+        .iter()
+        .map(|g| f32::from(u8::from(g.is_some())))
+        .collect();
+    let present = distribute_collectives::Tensor::from_vec(label, &[present.len()], present)?;
+    let (reduced, present) = ctx.all_reduce(op, &(buckets, present))?;
+    // Sum or mean of 0s and 1s: above 0 where some replica had the gradient.
+    let present = present.to_vec::<f32>()?;
     let mut out: Vec<Option<Tensor>> = vec![None; manifest.len()];
     for (dtype, bucket) in dtypes.iter().zip(reduced) {
         unpack(*dtype, manifest, bucket, device, &mut out)?;
     }
     Ok(out
         .into_iter()
-        .map(|t| t.expect("every variable has a bucket"))
+        .zip(present)
+        .map(|(grad, present)| grad.filter(|_| present > 0.0))
         .collect())
 }
 
@@ -158,11 +174,17 @@ fn extend_from<T: candle_core::WithDType>(flat: &mut Vec<T>, grad: &Tensor) -> R
     Ok(())
 }
 
-/// `grads` of `vars` (manifest order) as a candle `GradStore`, what optimizers take.
-pub(crate) fn into_store(vars: &[Var], grads: Vec<Tensor>) -> candle_core::backprop::GradStore {
+/// `grads` of `vars` (manifest order) as a candle `GradStore`, what optimizers take; a variable
+/// without a gradient has no entry.
+pub(crate) fn into_store(
+    vars: &[Var],
+    grads: Vec<Option<Tensor>>,
+) -> candle_core::backprop::GradStore {
     let mut store = candle_core::backprop::GradStore::default();
     for (var, grad) in vars.iter().zip(grads) {
-        store.insert(var.as_tensor(), grad);
+        if let Some(grad) = grad {
+            store.insert(var.as_tensor(), grad);
+        }
     }
     store
 }

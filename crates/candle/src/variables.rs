@@ -164,16 +164,25 @@ fn worker_name(extended: &dyn StrategyExtended, worker: usize) -> String {
     )
 }
 
-/// Every worker says whether it got this far; `Err` on every worker when one did not. `what` is
-/// what they were doing. In one process this is `Ok`.
-pub(crate) fn agree_ok(extended: &dyn StrategyExtended, ok: bool, what: &str) -> Result<(), Error> {
-    let Some(all) = extended.bytes_from_every_worker(&[u8::from(ok)])? else {
-        return Ok(());
+/// `result`, once every worker has said whether its own part succeeded: this worker's error when
+/// it failed; else an error naming a worker that failed (its own error is reported there);
+/// else the value. `what` is what the workers were doing. Every worker must call it at the
+/// same point, so that none is left waiting in the next exchange; in one process it is
+/// `result`.
+pub(crate) fn agreed<T>(
+    extended: &dyn StrategyExtended,
+    result: Result<T, Error>,
+    what: &str,
+) -> Result<T, Error> {
+    let heard = extended.bytes_from_every_worker(&[u8::from(result.is_ok())]);
+    let value = result?;
+    let Some(all) = heard? else {
+        return Ok(value);
     };
     match all.iter().position(|b| b.first() != Some(&1)) {
-        None => Ok(()),
+        None => Ok(value),
         Some(w) => Err(Error::InvalidArgument(format!(
-            "{} failed while {what}; see its error",
+            "{} failed while {what}; it reports why",
             worker_name(extended, w)
         ))),
     }

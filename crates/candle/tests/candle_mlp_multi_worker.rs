@@ -120,3 +120,47 @@ fn a_worker_with_another_model_fails_every_worker() {
         );
     }
 }
+
+#[test]
+#[ignore = "a worker process: started by mpirun from a_worker_whose_builder_fails_fails_every_worker_and_reports_its_own_error"]
+fn failing_builder_worker() {
+    let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig::default()).unwrap();
+    let chief = strategy.is_chief();
+    let err = DataParallel::new(
+        &strategy,
+        Config::default(),
+        |vb: candle_nn::VarBuilder| {
+            if chief {
+                candle_nn::linear(4, 2, vb.pp("l1"))
+            } else {
+                Err(candle_core::Error::Msg(
+                    "no weights file on this machine".into(),
+                ))
+            }
+        },
+        |vars| <candle_nn::SGD as candle_nn::Optimizer>::new(vars, 0.1),
+    )
+    .err()
+    .expect("worker 1's builder fails");
+    write_result(&err.to_string());
+}
+
+#[test]
+fn a_worker_whose_builder_fails_fails_every_worker_and_reports_its_own_error() {
+    let job = run_self("failing_builder_worker", 2, &[], LIMIT);
+    assert!(
+        job.status.success(),
+        "mpirun exited with {}; stdout:\n{}",
+        job.status,
+        job.stdout
+    );
+    assert_eq!(
+        job.results,
+        [
+            "worker 1 (replicas 1..2) failed while building its model; it reports why",
+            "replica 1: no weights file on this machine",
+        ],
+        "stdout:\n{}",
+        job.stdout
+    );
+}

@@ -371,29 +371,6 @@ fn accumulated_micro_batches_update_as_one_batch() {
 }
 
 #[test]
-fn gpu_replicas_are_refused_with_the_reason() {
-    let Ok(s) = MirroredStrategy::new(&["/gpu:0"]) else {
-        return; // a build without the cuda feature refuses GPU devices itself
-    };
-    let err = DataParallel::new(&s, Config::default(), linear, sgd)
-        .err()
-        .unwrap();
-    assert!(err.to_string().contains("nvcc"), "{err}");
-}
-
-#[test]
-fn auto_threads_share_the_cores() {
-    let s = strategy(2);
-    let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
-    let cores = std::thread::available_parallelism().unwrap().get();
-    assert_eq!(model.threads_per_replica(), Some((cores / 2).max(1)));
-    assert_eq!(
-        std::env::var("RAYON_NUM_THREADS").unwrap(),
-        (cores / 2).max(1).to_string()
-    );
-}
-
-#[test]
 fn assigned_values_reach_every_copy_and_misfits_are_named() {
     let s = strategy(3);
     let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
@@ -472,4 +449,71 @@ fn padded_batches_reach_the_step_as_candle_tensors_with_their_masks() {
             vec![vec![16.0], vec![]]
         ]
     );
+}
+
+#[test]
+fn a_parameter_no_replica_used_is_left_alone_by_the_optimizer() {
+    use candle_nn::{AdamW, ParamsAdamW};
+
+    let s = strategy(2);
+    let model = DataParallel::new(
+        &s,
+        Config::default(),
+        |vb: VarBuilder| -> candle_core::Result<WithExtra> {
+            Ok(WithExtra {
+                l1: linear(vb.clone())?,
+                extra: vb.get_with_hints(3, "extra", Init::Const(1.0))?,
+            })
+        },
+        |vars| AdamW::new(vars, ParamsAdamW::default()),
+    )
+    .unwrap();
+    let before = model
+        .variable(0, "l1.weight")
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    model
+        .run(&(), |replica, ()| {
+            let loss = replica
+                .model()
+                .l1
+                .forward(&rows(0, replica.device())?)?
+                .sum_all()?;
+            replica.backward_step(&loss, ReduceOp::Mean)?;
+            Ok(())
+        })
+        .unwrap();
+    // AdamW's weight decay would shrink a parameter handed a zero gradient; one that had no
+    // gradient anywhere is skipped, as candle's own step skips it.
+    let extra = model
+        .variable(0, "extra")
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert_eq!(extra, [1.0f32; 3]);
+    let after = model
+        .variable(0, "l1.weight")
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    assert_ne!(after, before, "the used layer trained");
+    model.check_in_sync().unwrap();
+}
+
+#[test]
+fn gradients_reduce_with_sum_or_mean_only() {
+    let s = strategy(2);
+    let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
+    let err = model
+        .run(&(), |replica, ()| {
+            let loss = replica
+                .model()
+                .forward(&rows(0, replica.device())?)?
+                .sum_all()?;
+            replica.backward_step(&loss, ReduceOp::Max)?;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("Sum or Mean, not MAX"), "{err}");
 }
