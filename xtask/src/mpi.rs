@@ -523,8 +523,13 @@ pub(crate) fn bench_candle_multi_worker() -> Result<()> {
             &format!("{CANDLE_MLP} (2 workers)"),
             &mpirun_args(2, cores(), &exe, &args),
         )?;
-        two.push(steps_per_s(&out)?);
-        threads = chief_json(&out)?["threads_per_replica"].clone();
+        let chief = chief_json(&out)?;
+        two.push(
+            chief["steps_per_s"]
+                .as_f64()
+                .with_context(|| format!("no steps_per_s in {chief}"))?,
+        );
+        threads = chief["threads_per_replica"].clone();
     }
     let median = |rates: &mut Vec<f64>| {
         rates.sort_by(f64::total_cmp);
@@ -551,16 +556,13 @@ fn chief_json(stdout: &str) -> Result<Value> {
     serde_json::from_str(line).context("the chief's JSON line")
 }
 
-/// The `steps_per_s` of the one JSON line the linear regression's chief prints.
+/// The `steps_per_s` of the one JSON line a chief printed (the linear regression's, the candle
+/// MLP's).
 fn steps_per_s(stdout: &str) -> Result<f64> {
-    let line = stdout
-        .lines()
-        .find(|line| line.starts_with('{'))
-        .with_context(|| format!("the chief printed no JSON line; stdout:\n{stdout}"))?;
-    let json: Value = serde_json::from_str(line).context("the chief's JSON line")?;
+    let json = chief_json(stdout)?;
     json["steps_per_s"]
         .as_f64()
-        .with_context(|| format!("no steps_per_s in {line}"))
+        .with_context(|| format!("no steps_per_s in {json}"))
 }
 
 /// [`mpirun`], returning what the processes printed on stdout.

@@ -99,9 +99,11 @@ where
     /// multi-worker strategy must call it, as it exchanges with the others.
     ///
     /// With [`CpuThreads::Auto`] or [`CpuThreads::PerReplica`] this sets `RAYON_NUM_THREADS` and
-    /// `CANDLE_NUM_THREADS` for the process (candle reads its parallelism only from there; see
-    /// [`CpuThreads`]): call it before other threads of the program read the environment through
-    /// C code, or choose [`CpuThreads::Unmanaged`] and set them yourself.
+    /// `CANDLE_NUM_THREADS` for the process when their values change (candle reads its
+    /// parallelism only from there; see [`CpuThreads`]). Writing the environment races with
+    /// threads that read it through C's `getenv` (Rust's `std::env` readers are safe): build the
+    /// model before starting such threads, or choose [`CpuThreads::Unmanaged`] and set the
+    /// variables before the program starts (under `mpirun`, `-x RAYON_NUM_THREADS=…`).
     pub fn new<FM, FO, EM, EO>(
         strategy: &'s S,
         config: Config,
@@ -159,7 +161,12 @@ where
     ///
     /// A step's error (candle's, this crate's, or the user's own, all through `?`) comes back as
     /// [`Error::Replica`] naming the replica; a panicking replica as the strategy's
-    /// `ReplicaPanicked`. Either way every other replica is released: none hangs.
+    /// `ReplicaPanicked`. Either way every other replica is released: none hangs. Across
+    /// workers the strategy ends the step on every worker with its `WorkerFailed` error, which
+    /// names the failing worker and carries the failing step's message (not its typed source).
+    ///
+    /// The step holds its replica's copy for the whole step: calling this model's other methods
+    /// (`with_model`, `variable`, `check_in_sync`, `save`, …) from inside a step deadlocks.
     pub fn run<D, T, F>(&self, inputs: &D, step: F) -> Result<Vec<T>, Error>
     where
         D: Distributed + Sync,
@@ -561,7 +568,12 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
     ///
     /// `Mean` divides the sum by the number of replicas; for a loss averaged over the *global*
     /// batch (each replica's summed loss divided by the global batch size, TF's
-    /// `compute_average_loss`), use `Sum`.
+    /// `compute_average_loss`), use `Sum`. A variable that had a gradient on no replica gets
+    /// none, so the optimizer leaves it alone, as candle's own step does.
+    ///
+    /// The returned gradients are views of one buffer per dtype: candle's optimizers only read
+    /// them, but an in-place candle call (`slice_set`, `inplace_op*`) on one would write into
+    /// its neighbours.
     pub fn all_reduce_gradients(
         &mut self,
         grads: &GradStore,

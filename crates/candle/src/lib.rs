@@ -7,7 +7,9 @@
 //! its copy and its input as candle tensors. Inside the step, [`ReplicaStep::backward_step`]
 //! all-reduces every variable's gradient in one fused bucket, in the variables' name order, so
 //! every copy receives bit-identical gradients and stays bit-identical
-//! ([`DataParallel::check_in_sync`] proves it cheaply). Errors of candle and of the user's code
+//! ([`DataParallel::check_in_sync`] proves it cheaply). Only gradients are reduced: a model
+//! whose variables change outside the optimizer (batch normalisation's running statistics)
+//! keeps per-replica values there, which `check_in_sync` reports. Errors of candle and of the user's code
 //! propagate with `?` and come back naming the replica. Each CPU replica's candle kernels get
 //! their share of the cores ([`CpuThreads`]).
 //!

@@ -1,10 +1,11 @@
 //! How many threads each CPU replica's candle kernels use.
 //!
 //! candle's CPU backend sizes its parallelism from the environment, process-wide: its matrix
-//! multiplications split work into `RAYON_NUM_THREADS` parts (one per physical core when unset),
-//! run on the current rayon pool, and its large element-wise kernels use a pool of
-//! `CANDLE_NUM_THREADS` threads created on first use. N replicas each doing that on a machine
-//! of C cores run N·C threads that fight for C cores. [`CpuThreads::Auto`] gives each replica its
+//! multiplications split work into `RAYON_NUM_THREADS` parts (one per physical core when unset)
+//! on the current rayon pool, and its large element-wise kernels use one process-wide pool of
+//! `CANDLE_NUM_THREADS` threads, created on first use, that callers take turns on. N replicas
+//! each splitting their products for all C cores of the machine fight for those cores, and
+//! their element-wise kernels wait for each other. [`CpuThreads::Auto`] gives each replica its
 //! share instead: `t = max(1, C / (local CPU replicas × worker processes on this machine))`, by
 //! setting both variables to `t` before the first model is built, and, when `t > 1`, building
 //! rayon's global pool with `t × replicas` threads so the replicas' matrix multiplications share
@@ -63,11 +64,12 @@ pub(crate) fn apply(threads: CpuThreads, replicas: usize) -> Result<ThreadPlan, 
     let value = per_replica.to_string();
     for name in ["RAYON_NUM_THREADS", "CANDLE_NUM_THREADS"] {
         if std::env::var(name).ok().as_deref() != Some(value.as_str()) {
-            // SAFETY: the variables are set while the model replicas are built, before any
-            // replica has run candle code through this crate. `std::env` serialises this with
-            // every Rust reader; a C library reading the environment on another thread at this
-            // moment is the remaining hazard, documented on `DataParallel::new` and avoided with
-            // `CpuThreads::Unmanaged`.
+            // SAFETY: `std::env` serialises this write with every reader that goes through
+            // Rust's `std::env`, which is how candle and rayon read these variables. A thread
+            // reading the environment through C's `getenv` at this moment (a C library's own
+            // thread) is not covered; `DataParallel::new` documents that, sets a variable only
+            // when its value changes (in a program with one model: once, before its first
+            // candle kernel), and `CpuThreads::Unmanaged` never writes.
             unsafe { std::env::set_var(name, &value) };
         }
     }

@@ -37,7 +37,7 @@ const LOWEST: f32 = 3.0;
 /// there, and the ReLU network's SGD grows such differences chaotically in long runs (1e-5 after
 /// the default 600 steps, up to 1e-3 after 1000 at higher learning rates here), so the check is
 /// made early, where a real mistake stands out: a learning rate 1 % off moves the weights by
-/// 3.6e-3 in the same 100 steps (tested).
+/// 3.6e-3 in the tests' 100 steps (the test checks it is over 10 times this limit).
 pub const CANDLE_TOLERANCE: f32 = 1e-5;
 
 /// The demo's defaults for `--framework candle`, where the command line leaves them: a model

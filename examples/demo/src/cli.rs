@@ -28,7 +28,7 @@ pub enum Framework {
     /// The demo's own MLP regressing the score (11 → H tanh → 1, backprop written by hand),
     /// bit-identical on any number of replicas.
     Native,
-    /// A candle MLP classifying the score (11 → H ReLU → H ReLU → 6, AdamW) with
+    /// A candle MLP classifying the score (11 → H ReLU → H ReLU → 6, plain SGD) with
     /// `distribute-candle`.
     Candle,
 }
@@ -79,10 +79,9 @@ pub struct Options {
     /// Learning rate [native: 0.01]
     #[arg(long, value_name = "X", value_parser = non_negative)]
     pub lr: Option<f32>,
-    /// SGD momentum, 0 for plain SGD
-    #[arg(long, value_name = "X", value_parser = non_negative,
-          default_value_t = Config::DEFAULT.momentum)]
-    pub momentum: f32,
+    /// SGD momentum, 0 for plain SGD (native only) [native: 0.9]
+    #[arg(long, value_name = "X", value_parser = non_negative)]
+    pub momentum: Option<f32>,
     /// Hidden units [native: 32]
     #[arg(long, value_name = "N", value_parser = positive)]
     pub hidden: Option<usize>,
@@ -132,11 +131,12 @@ where
 impl Options {
     /// The checks that involve more than one option, and the device list.
     pub fn check(self) -> Result<Args> {
-        ensure!(
-            self.momentum < 1.0,
-            "--momentum must be below 1 (got {}): with 1 or more the steps never shrink",
-            self.momentum
-        );
+        if let Some(momentum) = self.momentum {
+            ensure!(
+                momentum < 1.0,
+                "--momentum must be below 1 (got {momentum}): with 1 or more the steps never shrink"
+            );
+        }
         let framework = self.framework.unwrap_or(match self.strategy {
             StrategyKind::Tpu => Framework::Native,
             StrategyKind::Mirrored => Framework::Candle,
@@ -149,7 +149,14 @@ impl Options {
         }
         let defaults = match framework {
             Framework::Native => Config::DEFAULT,
-            Framework::Candle => crate::candle::defaults(),
+            Framework::Candle => {
+                ensure!(
+                    self.momentum.is_none(),
+                    "--momentum is the native MLP's; the candle classifier trains with plain SGD \
+                     (add --framework native to use it)"
+                );
+                crate::candle::defaults()
+            }
         };
         let batch = self.batch.unwrap_or(defaults.global_batch);
         let devices = self.devices.as_deref().map(parse_devices).transpose()?;
@@ -179,7 +186,7 @@ impl Options {
                 steps: self.steps.unwrap_or(defaults.steps),
                 global_batch: batch,
                 learning_rate: self.lr.unwrap_or(defaults.learning_rate),
-                momentum: self.momentum,
+                momentum: self.momentum.unwrap_or(defaults.momentum),
                 hidden: self.hidden.unwrap_or(defaults.hidden),
                 seed: self.seed,
                 tpu_arithmetic: self.tpu_arithmetic,

@@ -319,6 +319,7 @@ fn the_command_line_refuses_what_this_build_cannot_run() {
         ("--devices /cpu:0 --replicas 2", "disagrees"),
         ("--replicas 0", "positive"),
         ("--momentum 1", "below 1"),
+        ("--momentum 0.5", "add --framework native"),
         ("--batch 2 --replicas 3", "no rows"),
         // clap's wording for what it does not know.
         ("--frobnicate 1", "unexpected argument '--frobnicate'"),
