@@ -134,27 +134,24 @@ fn a_shape_or_name_mismatch_names_the_variable_and_the_replica() {
     );
 }
 
-/// A model with a parameter that only replica 0's step uses.
+/// A model with a parameter that only some steps use.
 struct WithExtra {
     l1: Linear,
     extra: Tensor,
 }
 
+/// [`linear`] and a parameter `extra` of three ones.
+fn with_extra(vb: VarBuilder) -> candle_core::Result<WithExtra> {
+    Ok(WithExtra {
+        l1: linear(vb.clone())?,
+        extra: vb.get_with_hints(3, "extra", Init::Const(1.0))?,
+    })
+}
+
 #[test]
 fn a_parameter_unused_on_some_replicas_gets_zeros_from_them() {
     let s = strategy(2);
-    let model = DataParallel::new(
-        &s,
-        Config::default(),
-        |vb: VarBuilder| -> candle_core::Result<WithExtra> {
-            Ok(WithExtra {
-                l1: linear(vb.clone())?,
-                extra: vb.get_with_hints(3, "extra", Init::Const(1.0))?,
-            })
-        },
-        sgd,
-    )
-    .unwrap();
+    let model = DataParallel::new(&s, Config::default(), with_extra, sgd).unwrap();
     model
         .run(&(), |replica, ()| {
             let x = rows(0, replica.device())?;
@@ -456,17 +453,9 @@ fn a_parameter_no_replica_used_is_left_alone_by_the_optimizer() {
     use candle_nn::{AdamW, ParamsAdamW};
 
     let s = strategy(2);
-    let model = DataParallel::new(
-        &s,
-        Config::default(),
-        |vb: VarBuilder| -> candle_core::Result<WithExtra> {
-            Ok(WithExtra {
-                l1: linear(vb.clone())?,
-                extra: vb.get_with_hints(3, "extra", Init::Const(1.0))?,
-            })
-        },
-        |vars| AdamW::new(vars, ParamsAdamW::default()),
-    )
+    let model = DataParallel::new(&s, Config::default(), with_extra, |vars| {
+        AdamW::new(vars, ParamsAdamW::default())
+    })
     .unwrap();
     let before = model
         .variable(0, "l1.weight")

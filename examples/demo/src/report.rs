@@ -20,11 +20,7 @@ use crate::{Config, TOLERANCE, TPU_MIRRORED_TOLERANCE, mirrored, tpu};
 pub fn run(args: &Args) -> Result<()> {
     let config = &args.config;
     let data = load_wine(config.seed)?;
-    println!(
-        "wine quality (red): {} training and {} validation wines, {FEATURES} standardized features",
-        data.train.rows(),
-        data.validation.rows()
-    );
+    print_data(&data);
     if args.framework == Framework::Candle {
         return run_candle(args, &data);
     }
@@ -117,26 +113,17 @@ fn run_mirrored(args: &Args, data: &WineData) -> Result<()> {
 #[cfg(feature = "mpi")]
 pub fn run_multi_worker(args: &Args) -> Result<()> {
     use distribute::collectives::MpiWorld;
-    use distribute::prelude::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
 
-    let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
-        local_devices: args.config.devices.clone(),
-        ..MultiWorkerConfig::default()
-    })?;
-    let (workers, chief) = (strategy.num_workers(), strategy.is_chief());
-    let config = &Config {
-        progress: args.config.progress && chief,
-        ..args.config.clone()
-    };
+    let Worker {
+        strategy,
+        workers,
+        chief,
+        config,
+        data,
+    } = start_worker(args)?;
+    let config = &config;
     let replicas = config.devices.len();
-    let data = load_wine(config.seed)?;
     if chief {
-        println!(
-            "wine quality (red): {} training and {} validation wines, {FEATURES} standardized \
-             features",
-            data.train.rows(),
-            data.validation.rows()
-        );
         println!(
             "model: {FEATURES} → {} tanh → 1, SGD lr {} momentum {}, {} steps of global batch {}",
             config.hidden, config.learning_rate, config.momentum, config.steps, config.global_batch
@@ -376,12 +363,20 @@ fn run_candle(args: &Args, data: &WineData) -> Result<()> {
     check_candle_against_one_replica(config, data, &trained, replicas)
 }
 
-/// Under `mpirun` (feature `mpi`) with `--framework candle`: trains the candle classifier on
-/// every worker with `MultiWorkerMirroredStrategy`; every worker checks that every copy on every
-/// worker is bit-identical, and the chief reports and checks against one process with one
-/// replica.
+/// A worker of a multi-worker demo: its strategy, the configuration (progress bar on the chief
+/// only) and the data, of which the chief has printed the line.
 #[cfg(feature = "mpi")]
-pub fn run_candle_multi_worker(args: &Args) -> Result<()> {
+struct Worker {
+    strategy: distribute::prelude::MultiWorkerMirroredStrategy,
+    workers: usize,
+    chief: bool,
+    config: Config,
+    data: WineData,
+}
+
+/// Joins the MPI job as a worker with `args.config.devices` as its replicas.
+#[cfg(feature = "mpi")]
+fn start_worker(args: &Args) -> Result<Worker> {
     use distribute::prelude::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
 
     let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
@@ -389,19 +384,48 @@ pub fn run_candle_multi_worker(args: &Args) -> Result<()> {
         ..MultiWorkerConfig::default()
     })?;
     let (workers, chief) = (strategy.num_workers(), strategy.is_chief());
-    let config = &Config {
+    let config = Config {
         progress: args.config.progress && chief,
         ..args.config.clone()
     };
-    let replicas = config.devices.len();
     let data = load_wine(config.seed)?;
     if chief {
-        println!(
-            "wine quality (red): {} training and {} validation wines, {FEATURES} standardized \
-             features",
-            data.train.rows(),
-            data.validation.rows()
-        );
+        print_data(&data);
+    }
+    Ok(Worker {
+        strategy,
+        workers,
+        chief,
+        config,
+        data,
+    })
+}
+
+/// The data line every report starts with.
+fn print_data(data: &WineData) {
+    println!(
+        "wine quality (red): {} training and {} validation wines, {FEATURES} standardized features",
+        data.train.rows(),
+        data.validation.rows()
+    );
+}
+
+/// Under `mpirun` (feature `mpi`) with `--framework candle`: trains the candle classifier on
+/// every worker with `MultiWorkerMirroredStrategy`; every worker checks that every copy on every
+/// worker is bit-identical, and the chief reports and checks against one process with one
+/// replica.
+#[cfg(feature = "mpi")]
+pub fn run_candle_multi_worker(args: &Args) -> Result<()> {
+    let Worker {
+        strategy,
+        workers,
+        chief,
+        config,
+        data,
+    } = start_worker(args)?;
+    let config = &config;
+    let replicas = config.devices.len();
+    if chief {
         print_candle_model(config);
     }
     // Checks every copy on every worker (check_in_sync) before it returns.
