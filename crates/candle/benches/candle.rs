@@ -2,7 +2,8 @@
 //! global batch 512, SGD) trained as a user's program would — the distributed dataset with its
 //! prefetch thread, a progress bar ticking on its own thread — on 1 and 2 replicas of
 //! `MirroredStrategy` with `distribute-candle`, and as a plain candle loop on all cores (no
-//! library) in the same run. Each case runs in its own process (candle sizes its thread pools
+//! library) in the same run, and 1 replica on 1 thread (how the replicas scale apart from
+//! candle's own threads: `vs_1_replica_1_thread`). Each case runs in its own process (candle sizes its thread pools
 //! once per process, as a user's program would configure it once), the cases alternate, and
 //! each prints the median of its rounds as one JSON line:
 //!
@@ -27,12 +28,13 @@
 mod example;
 
 use std::error::Error;
+use std::num::NonZeroUsize;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use candle_core::{D, Device, Tensor};
 use candle_nn::{Module, Optimizer, SGD, VarBuilder, VarMap};
-use distribute_candle::{Config, DataParallel};
+use distribute_candle::{Config, CpuThreads, DataParallel};
 use distribute_collectives::Tensor as HostTensor;
 use distribute_input::{Dataset, InputOptions};
 use distribute_mirrored::MirroredStrategy;
@@ -59,12 +61,14 @@ struct Measured {
 
 fn main() -> Result<(), Box<dyn Error>> {
     if let Ok(case) = std::env::var(CHILD) {
-        let (replicas, steps) = case.split_once(':').ok_or("CASE is replicas:steps")?;
-        let (replicas, steps): (usize, usize) = (replicas.parse()?, steps.parse()?);
+        let fields: Vec<usize> = case.split(':').map(str::parse).collect::<Result<_, _>>()?;
+        let [replicas, threads, steps] = fields[..] else {
+            return Err("the case is replicas:threads:steps".into());
+        };
         let m = if replicas == 0 {
             plain(steps)?
         } else {
-            ours(replicas, steps)?
+            ours(replicas, NonZeroUsize::new(threads), steps)?
         };
         println!(
             "{} {} {} {} {} {} {}",
@@ -80,12 +84,14 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
     let full = std::env::args().any(|a| a == "--bench");
     let (rounds, steps) = if full { (5, 150) } else { (1, 4) };
-    // 0 is the plain candle loop; the cases alternate round by round.
-    let cases = [0usize, 1, 2];
+    // (replicas, threads per replica; 0: CpuThreads::Auto). 0 replicas is the plain candle
+    // loop; 1 replica on 1 thread shows how the replicas scale apart from candle's own threads.
+    // The cases alternate round by round.
+    let cases = [(0usize, 0usize), (1, 0), (1, 1), (2, 0)];
     let mut results: Vec<Vec<Measured>> = vec![Vec::new(); cases.len()];
     for _ in 0..rounds {
-        for (i, &replicas) in cases.iter().enumerate() {
-            results[i].push(child(replicas, steps)?);
+        for (i, &(replicas, threads)) in cases.iter().enumerate() {
+            results[i].push(child(replicas, threads, steps)?);
         }
     }
     let median = |runs: &[Measured]| -> Measured {
@@ -95,6 +101,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     };
     let plain = median(&results[0]);
     let one = median(&results[1]);
+    let one_thread = median(&results[2]);
     println!(
         "{}",
         serde_json::json!({
@@ -103,7 +110,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             "rounds": rounds, "steps": steps,
         })
     );
-    for (i, &replicas) in cases.iter().enumerate().skip(1) {
+    for (i, &(replicas, _)) in cases.iter().enumerate().skip(1) {
         let m = median(&results[i]);
         let step_ms = 1e3 / m.steps_per_s;
         println!(
@@ -113,6 +120,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 "threads_per_replica": m.threads_per_replica,
                 "steps_per_s": m.steps_per_s,
                 "speedup_vs_1": m.steps_per_s / one.steps_per_s,
+                "vs_1_replica_1_thread": m.steps_per_s / one_thread.steps_per_s,
                 "vs_plain_candle": m.steps_per_s / plain.steps_per_s,
                 "split_ms": {
                     "compute": m.compute_ms, "all_reduce": m.all_reduce_ms,
@@ -137,9 +145,9 @@ fn main() -> Result<(), Box<dyn Error>> {
 }
 
 /// Runs one case in a fresh process of this binary.
-fn child(replicas: usize, steps: usize) -> Result<Measured, Box<dyn Error>> {
+fn child(replicas: usize, threads: usize, steps: usize) -> Result<Measured, Box<dyn Error>> {
     let out = Command::new(std::env::current_exe()?)
-        .env(CHILD, format!("{replicas}:{steps}"))
+        .env(CHILD, format!("{replicas}:{threads}:{steps}"))
         .output()?;
     if !out.status.success() {
         return Err(format!(
@@ -186,10 +194,19 @@ fn progress(steps: usize) -> ProgressBar {
 /// Steps to run before the clock starts.
 const WARMUP: usize = 5;
 
-/// The model trained with distribute-candle on `replicas` CPU replicas.
-fn ours(replicas: usize, steps: usize) -> Result<Measured, Box<dyn Error>> {
+/// The model trained with distribute-candle on `replicas` CPU replicas, `threads` each
+/// (`None`: `CpuThreads::Auto`).
+fn ours(
+    replicas: usize,
+    threads: Option<NonZeroUsize>,
+    steps: usize,
+) -> Result<Measured, Box<dyn Error>> {
     let strategy = MirroredStrategy::new(&cpu_devices(replicas))?;
-    let model = DataParallel::new(&strategy, Config::default(), Mlp::new, |vars| {
+    let config = Config {
+        threads: threads.map_or(CpuThreads::Auto, CpuThreads::PerReplica),
+        ..Config::default()
+    };
+    let model = DataParallel::new(&strategy, config, Mlp::new, |vars| {
         SGD::new(vars, LEARNING_RATE)
     })?;
     let (x, labels) = rows();

@@ -470,9 +470,10 @@ impl ReplicaDevice {
         let reason = match self.kind {
             Some(DeviceKind::Cpu) | None => return Ok(Device::Cpu),
             Some(DeviceKind::Gpu) => {
-                "distribute-candle trains on CPU replicas in this build: candle's CUDA backend \
-                 (its `cuda` feature) compiles its kernels with nvcc at build time, which this \
-                 build does not include (docs/candle.md, GPUs)"
+                "distribute-candle trains on CPU replicas: candle's CUDA backend (its `cuda` \
+                 feature, kernels compiled with nvcc at build time) links CUDA, which cudarc \
+                 cannot combine with the run-time loading of this project's GPU collectives \
+                 (docs/candle.md, GPUs)"
             }
             Some(DeviceKind::Tpu) => {
                 "a candle step is Rust code that runs eagerly, which TpuStrategy's compiled XLA \
