@@ -164,3 +164,44 @@ fn a_worker_whose_builder_fails_fails_every_worker_and_reports_its_own_error() {
         job.stdout
     );
 }
+
+#[test]
+#[ignore = "a worker process: started by mpirun from workers_start_from_the_chiefs_values_and_drift_is_named"]
+fn fresh_worker() {
+    let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig::default()).unwrap();
+    // Each worker's initialiser draws its own random values.
+    let model = DataParallel::new(
+        &strategy,
+        Config::default(),
+        |vb: candle_nn::VarBuilder| candle_nn::linear(4, 3, vb.pp("l1")),
+        |vars| <candle_nn::SGD as candle_nn::Optimizer>::new(vars, 0.1),
+    )
+    .unwrap();
+    // Every worker holds the chief's values, whatever its initialiser drew.
+    model.check_in_sync().unwrap();
+    // Worker 1's copy drifts; the check names it on every worker.
+    model
+        .run(&(), |replica, ()| {
+            if replica.replica_id() == 1 {
+                let bias = &replica.vars()[0];
+                bias.set(&(bias.as_tensor() + 1e-3)?.detach())?;
+            }
+            Ok(())
+        })
+        .unwrap();
+    write_result(&model.check_in_sync().unwrap_err().to_string());
+}
+
+#[test]
+fn workers_start_from_the_chiefs_values_and_drift_is_named() {
+    let job = run_self("fresh_worker", 2, &[], LIMIT);
+    assert!(
+        job.status.success(),
+        "mpirun exited with {}; stdout:\n{}",
+        job.status,
+        job.stdout
+    );
+    let named = "the model copies are out of sync: variable 'l1.bias' of worker 1 (replicas 1..2) \
+                 differs from worker 0 (replicas 0..1)'s";
+    assert_eq!(job.results, [named, named], "stdout:\n{}", job.stdout);
+}
