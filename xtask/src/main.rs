@@ -284,8 +284,27 @@ pub(crate) fn cargo_program() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
 }
 
+/// The workspace this run of xtask serves, found at run time: `cargo xtask` (`cargo run`) sets
+/// `CARGO_MANIFEST_DIR` to the xtask folder of the checkout it runs in. The folder xtask was
+/// compiled in is only the last resort: with one `CARGO_TARGET_DIR` shared by two checkouts,
+/// the binary cargo runs may have been built from the other one.
 pub(crate) fn workspace_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+    root_of(
+        std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")),
+    )
+}
+
+/// The workspace root above the xtask folder `at_run_time` (when cargo gave one), else above
+/// `compiled`.
+fn root_of(
+    at_run_time: Option<std::path::PathBuf>,
+    compiled: &std::path::Path,
+) -> std::path::PathBuf {
+    let xtask = at_run_time
+        .filter(|dir| dir.join("Cargo.toml").is_file())
+        .unwrap_or_else(|| compiled.to_path_buf());
+    xtask
         .parent()
         .expect("xtask lives one level below the workspace root")
         .to_path_buf()
@@ -294,6 +313,22 @@ pub(crate) fn workspace_root() -> std::path::PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_workspace_is_the_checkout_cargo_runs_xtask_in() {
+        let compiled = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let other = tempfile::tempdir().unwrap();
+        let other_xtask = other.path().join("xtask");
+        std::fs::create_dir(&other_xtask).unwrap();
+        std::fs::write(other_xtask.join("Cargo.toml"), "[package]\n").unwrap();
+        // Another checkout's xtask folder, as cargo run sets it, wins over the compiled one.
+        assert_eq!(root_of(Some(other_xtask), compiled), other.path());
+        // Without one (or a folder that is not a package) the compiled folder decides.
+        let compiled_root = compiled.parent().unwrap();
+        assert_eq!(root_of(None, compiled), compiled_root);
+        let not_a_package = other.path().join("nothing");
+        assert_eq!(root_of(Some(not_a_package), compiled), compiled_root);
+    }
 
     #[test]
     fn unknown_suites_are_named() {

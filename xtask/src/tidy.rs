@@ -41,10 +41,7 @@ struct Package {
 }
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    crate::workspace_root()
 }
 
 /// Every workspace package, from `cargo metadata`.
