@@ -292,6 +292,66 @@ mod tests {
         );
     }
 
+    /// run.sh on a bundle of stand-in suites (shell scripts): every suite gets its line in
+    /// `$OUT/results.txt` as it ends, a suite past its limit becomes a TIMEOUT and the later ones
+    /// still run, the run's deadline stops what would pass it, and the exit status counts the
+    /// failures.
+    #[test]
+    fn run_sh_keeps_every_suites_line_within_its_limits() {
+        use std::os::unix::fs::PermissionsExt;
+
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        write("run.sh", RUN_SCRIPT);
+        write("ok", "#!/bin/sh\necho fine\n");
+        write("bad", "#!/bin/sh\nexit 3\n");
+        write("slow", "#!/bin/sh\nsleep 30\n");
+        write(
+            SUITE_LIST,
+            "ok gpu\nbad gpu\nslow gpu\nok floppy\nok gpu --again\n",
+        );
+        let run = |out: &str, env: &[(&str, &str)]| {
+            let out = dir.path().join(out);
+            let status = std::process::Command::new("bash")
+                .arg(dir.path().join("run.sh"))
+                .env("OUT", &out)
+                .envs(env.iter().copied())
+                .output()
+                .unwrap()
+                .status;
+            let results = std::fs::read_to_string(out.join("results.txt")).unwrap();
+            let words: Vec<String> = results
+                .lines()
+                .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+                .collect();
+            (status.code(), words, out.join("run.log").is_file())
+        };
+        let (code, lines, logged) = run("o1", &[("DISTRIBUTE_GPU_SUITE_LIMIT", "2")]);
+        assert_eq!(code, Some(1));
+        assert_eq!(
+            lines,
+            ["PASS ok", "FAIL bad", "TIMEOUT slow", "FAIL ok", "PASS ok"]
+        );
+        assert!(logged);
+        // A deadline too close to start anything: every suite it could run is a TIMEOUT line.
+        let (code, lines, _) = run("o2", &[("DISTRIBUTE_GPU_DEADLINE", "12")]);
+        assert_eq!(code, Some(1));
+        assert_eq!(
+            lines,
+            [
+                "TIMEOUT ok",
+                "TIMEOUT bad",
+                "TIMEOUT slow",
+                "FAIL ok",
+                "TIMEOUT ok"
+            ]
+        );
+    }
+
     /// run.sh is a plain file with no placeholders; what it shares with the Rust side (the
     /// folders it searches, the packages it suggests, the words of the suite list) is checked
     /// here instead.

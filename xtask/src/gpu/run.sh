@@ -13,9 +13,25 @@
 #   PJRT_PLUGIN=FILE      the CUDA PJRT plugin for the TpuStrategy suites (else:
 #                         xla_cuda_plugin.so in this folder, then in the jax_plugins/ folder of
 #                         python3's jax-cuda13-pjrt or jax-cuda12-pjrt wheel)
+#   OUT=DIR               where results go (else out/ beside run.sh): results.txt gets one
+#                         PASS/FAIL/SKIP/TIMEOUT line per suite as each ends, run.log everything
+#   DISTRIBUTE_GPU_DEADLINE=S     the whole run's limit in seconds (default 480): a suite that
+#                                 would pass it is stopped (TIMEOUT) and later suites still get
+#                                 their line
+#   DISTRIBUTE_GPU_SUITE_LIMIT=S  one suite's limit in seconds (default 240)
+#   DISTRIBUTE_GPU_STRICT=1       a SKIP counts as a failure
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)" || exit 2
 cd "$here" || exit 2
+started=$SECONDS
+deadline_s="${DISTRIBUTE_GPU_DEADLINE:-480}"
+suite_limit_s="${DISTRIBUTE_GPU_SUITE_LIMIT:-240}"
+out="${OUT:-$here/out}"
+mkdir -p "$out" || exit 2
+: > "$out/results.txt" || exit 2
+# Everything from here on also goes to run.log, line by line, so a run cut short keeps it.
+exec > >(tee -a "$out/run.log") 2>&1
+echo "run.sh: $(date -u +%Y-%m-%dT%H:%M:%SZ), deadline ${deadline_s} s, ${suite_limit_s} s a suite, results in $out"
 
 # Folders searched after the wheels; xtask/src/gpu/libs.rs has the same lists (a test checks).
 system_nccl_dirs=(/usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/cuda/lib64 /usr/local/nccl/lib /usr/local/lib)
@@ -72,11 +88,26 @@ for site in ${sites[@]+"${sites[@]}"}; do
   done
 done
 
+# What this machine has: the GPU and driver, and below, the libraries and the plugin chosen.
 if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi -L
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+    | sed 's/^/run.sh: GPU: /'
 else
   echo "run.sh: no nvidia-smi on PATH"
 fi
+libcuda="$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF; exit}')"
+if [ -n "$libcuda" ]; then
+  echo "run.sh: libcuda: $libcuda -> $(readlink -f "$libcuda")"
+else
+  echo "run.sh: no libcuda.so.1 in the loader cache (no NVIDIA driver)"
+fi
+# The installed version of pip package $1, or nothing.
+wheel_version() {
+  command -v python3 >/dev/null 2>&1 || return 0
+  python3 -c 'import importlib.metadata as m, sys
+try: print(m.version(sys.argv[1]))
+except Exception: pass' "$1" 2>/dev/null
+}
 
 libs="$(mktemp -d "${TMPDIR:-/tmp}/distribute-gpu-libs.XXXXXX")" || exit 2
 trap 'rm -rf "$libs"' EXIT
@@ -95,7 +126,8 @@ if [ -n "$nccl_dir" ]; then
   # cudarc loads libnccl.so or libnccl.so.<CUDA major>, never libnccl.so.2.
   ln -s "$nccl_dir/libnccl.so.2" "$libs/libnccl.so"
   export DISTRIBUTE_REQUIRE_NCCL=1
-  echo "run.sh: NCCL: $nccl_dir/libnccl.so.2"
+  echo "run.sh: NCCL: $nccl_dir/libnccl.so.2 -> $(readlink -f "$nccl_dir/libnccl.so.2")" \
+    "(nvidia-nccl-cu13 $(wheel_version nvidia-nccl-cu13), -cu12 $(wheel_version nvidia-nccl-cu12))"
 else
   echo "run.sh: WARNING: no libnccl.so.2 found: the NCCL suites are SKIPPED" >&2
   echo "run.sh: WARNING: \`python3 -m pip install nvidia-nccl-cu13\` or set NCCL_LIB_DIR" >&2
@@ -108,7 +140,8 @@ else
     ${wheel_dirs[@]+"${wheel_dirs[@]}"} "${system_nvrtc_dirs[@]}")" || nvrtc_dir=""
 fi
 if [ -n "$nvrtc_dir" ]; then
-  echo "run.sh: NVRTC: $nvrtc_dir"
+  echo "run.sh: NVRTC: $(ls "$nvrtc_dir"/libnvrtc.so.[0-9]* 2>/dev/null | tr '\n' ' ')" \
+    "(nvidia-cuda-nvrtc $(wheel_version nvidia-cuda-nvrtc))"
 else
   echo "run.sh: WARNING: no libnvrtc.so.<major> found: the suites that compile kernels will" \
     "FAIL; \`python3 -m pip install nvidia-cuda-nvrtc==13.0.88\` or set NVRTC_LIB_DIR" >&2
@@ -133,7 +166,7 @@ else
   done
 fi
 if [ -n "$cuda_pjrt" ]; then
-  echo "run.sh: CUDA PJRT plugin: $cuda_pjrt"
+  echo "run.sh: CUDA PJRT plugin: $cuda_pjrt (jax-cuda13-pjrt $(wheel_version jax-cuda13-pjrt))"
 else
   echo "run.sh: WARNING: no xla_cuda_plugin.so found: the TpuStrategy suites are SKIPPED" >&2
   echo "run.sh: WARNING: \`python3 -m pip install jax-cuda13-pjrt==0.11.2\`, copy its" \
@@ -142,10 +175,22 @@ fi
 
 export LD_LIBRARY_PATH="$libs${nvrtc_dir:+:$nvrtc_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export DISTRIBUTE_REQUIRE_GPU=1 DISTRIBUTE_REQUIRE_NVRTC=1
-echo "run.sh: LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+# NCCL says what goes wrong, not every step it takes.
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+echo "run.sh: LD_LIBRARY_PATH=$LD_LIBRARY_PATH NCCL_DEBUG=$NCCL_DEBUG"
 
 summary=()
 failures=0
+# record LINE: one suite's outcome, kept for the summary and written to results.txt at once.
+record() {
+  summary+=("$1")
+  echo "$1" >> "$out/results.txt"
+  case "$1" in
+    PASS*) ;;
+    SKIP*) if [ "${DISTRIBUTE_GPU_STRICT:-0}" = 1 ]; then failures=$((failures + 1)); fi ;;
+    *) failures=$((failures + 1)) ;;
+  esac
+}
 # run_suite NAME NEEDS ARGS...: runs ./NAME ARGS unless not selected or what it needs is missing.
 run_suite() {
   local name="$1" needs="$2" rc
@@ -159,46 +204,55 @@ run_suite() {
     nccl)
       if [ -z "$nccl_dir" ]; then
         echo "run.sh: WARNING: SKIPPING $name: no libnccl.so.2" >&2
-        summary+=("SKIP  $name (no NCCL)")
+        record "SKIP     $name (no NCCL)"
         return 0
       fi
       ;;
     cuda-pjrt)
       if [ -z "$cuda_pjrt" ]; then
         echo "run.sh: WARNING: SKIPPING $name: no xla_cuda_plugin.so" >&2
-        summary+=("SKIP  $name (no CUDA PJRT plugin)")
+        record "SKIP     $name (no CUDA PJRT plugin)"
         return 0
       fi
       ;;
     *)
       echo "run.sh: suite $name needs '$needs', which this run.sh does not know" >&2
-      summary+=("FAIL  $name (unknown need $needs)")
-      failures=$((failures + 1))
+      record "FAIL     $name (unknown need $needs)"
       return 0
       ;;
   esac
-  echo "=== $name: ./$name $*"
+  local left=$((deadline_s - (SECONDS - started) - 5)) limit
+  if [ "$left" -lt 10 ]; then
+    record "TIMEOUT  $name (not started: the run's deadline of ${deadline_s} s is reached)"
+    return 0
+  fi
+  limit=$((left < suite_limit_s ? left : suite_limit_s))
+  echo "=== $name: ./$name $* (limit ${limit} s)"
+  local begun=$SECONDS
+  # timeout runs the suite in a process group of its own and kills all of it.
   if [ "$needs" = cuda-pjrt ]; then
-    PJRT_PLUGIN="$cuda_pjrt" "./$name" "$@"
+    PJRT_PLUGIN="$cuda_pjrt" timeout --kill-after=5 "$limit" "./$name" "$@"
   else
-    "./$name" "$@"
+    timeout --kill-after=5 "$limit" "./$name" "$@"
   fi
   rc=$?
+  local took=$((SECONDS - begun))
   if [ "$rc" -eq 0 ]; then
-    summary+=("PASS  $name")
+    record "PASS     $name (${took} s)"
+  elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    record "TIMEOUT  $name (stopped after ${limit} s)"
   else
-    summary+=("FAIL  $name (exit $rc)")
-    failures=$((failures + 1))
+    record "FAIL     $name (exit $rc, ${took} s)"
   fi
 }
 
 while read -r -a line; do
   if [ ${#line[@]} -ge 2 ]; then run_suite "${line[@]}" </dev/null; fi
 done < "$here/suites.txt"
-echo "=== summary"
+echo "=== summary ($((SECONDS - started)) s; also in $out/results.txt)"
 for line in ${summary[@]+"${summary[@]}"}; do echo "  $line"; done
 if [ "$failures" -gt 0 ]; then
-  echo "run.sh: $failures suite(s) FAILED" >&2
+  echo "run.sh: $failures suite(s) FAILED, TIMED OUT${DISTRIBUTE_GPU_STRICT:+ or SKIPPED}" >&2
   exit 1
 fi
 echo "run.sh: every suite run passed"
