@@ -31,21 +31,25 @@ use anyhow::{Result, bail};
 
 use crate::workspace_root;
 
+pub(crate) use bundle::dry_run;
 pub(crate) use runner::test_nvrtc;
 pub(crate) use suites::clippy_args;
 
-/// `cargo xtask test-gpu [--build-only DIR [SUITE...]]`.
+/// `cargo xtask test-gpu [--build-only DIR [SUITE...] | --dry-run]`.
 pub(crate) fn command(args: &[String]) -> Result<()> {
     let root = workspace_root();
     match args {
         [] => runner::run_here(&root),
+        [flag] if flag == "--dry-run" => bundle::dry_run(&root),
         [flag, dir, suites @ ..] if flag == "--build-only" => {
             bundle::build_only(&root, Path::new(dir), suites)
         }
         [flag, suites @ ..] if flag.starts_with("--build-only=") => {
             bundle::build_only(&root, Path::new(&flag["--build-only=".len()..]), suites)
         }
-        _ => bail!("usage: cargo xtask test-gpu [--build-only DIR [SUITE...]] (got {args:?})"),
+        _ => bail!(
+            "usage: cargo xtask test-gpu [--build-only DIR [SUITE...] | --dry-run] (got {args:?})"
+        ),
     }
 }
 

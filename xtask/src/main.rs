@@ -27,7 +27,10 @@ commands:
                               with 2, 3 and 4 processes; needs Open MPI and libclang, see
                               .ci/run; DISTRIBUTE_SKIP_MPI=1 skips them), then the GPU suite
                               that needs only NVRTC (collectives-nvrtc, with fetch-nvrtc's
-                              NVRTC); extra args go to the test binaries
+                              NVRTC), then the GPU bundle's dry run (every GPU suite built and
+                              run by its run.sh without a GPU: NVRTC and TpuStrategy suites on
+                              the CPU plugin pass, GPU suites fail with the typed no-GPU error);
+                              extra args go to the test binaries (and skip the dry run)
   ci                          cargo fmt --check, clippy --all-targets -D warnings, clippy again
                               with the cuda and nccl features and with the mpi feature, then
                               test
@@ -42,6 +45,9 @@ commands:
                               (stripped; e.g. target/gpu-bundle) with DIR/run.sh, which runs them
                               on a GPU machine without Rust: `DIR/run.sh [SUITE...]`;
                               NCCL_LIB_DIR, NVRTC_LIB_DIR, PJRT_PLUGIN override
+  test-gpu --dry-run          build the bundle into target/gpu-bundle-dry and run its run.sh on
+                              this machine without a GPU, checking each suite's expected
+                              outcome (what `test` ends with)
   fetch-pjrt [--plugin cpu|cuda]
                               install a pinned PJRT plugin under target/pjrt/ (pip, sha256
                               checked; a no-op when installed): the CPU one by default (`test`
@@ -123,7 +129,11 @@ fn test(extra: &[String]) -> Result<()> {
     cargo("tests", &all_targets)?;
     cargo("doc tests", &doc)?;
     mpi::test(extra)?;
-    gpu::test_nvrtc(&root, extra)
+    gpu::test_nvrtc(&root, extra)?;
+    if extra.is_empty() {
+        gpu::dry_run(&root)?;
+    }
+    Ok(())
 }
 
 fn ci(rest: &[String]) -> Result<()> {

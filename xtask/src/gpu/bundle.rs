@@ -20,6 +20,150 @@ const SUITE_LIST: &str = "suites.txt";
 /// The most a device run carries back and forth.
 const BUNDLE_LIMIT: u64 = 64 << 20;
 
+/// The bundle's dry run on a machine without a GPU, which `cargo xtask test` ends with so the
+/// bundle cannot rot between GPU runs: every suite built into `target/gpu-bundle-dry` and run
+/// by its own `run.sh`, with the pinned NVRTC and the PJRT CPU plugin standing in for the CUDA
+/// one. Every binary must start; the NVRTC suite and the TpuStrategy suites must pass (the
+/// latter on the CPU plugin); the GPU and NCCL suites must fail or skip with the typed "no GPU"
+/// error, never a panic inside cudarc; no suite may time out; no binary may need a shared
+/// library this machine lacks; and the bundle with the working tree must fit what a device run
+/// carries.
+pub(crate) fn dry_run(root: &Path) -> Result<()> {
+    if let Some(gpu) = super::libs::detect_gpu() {
+        eprintln!(
+            "xtask: GPU bundle dry run: skipped, this machine has a GPU ({gpu}): `cargo xtask \
+             test-gpu` runs the suites on it"
+        );
+        return Ok(());
+    }
+    let dir = root.join("target/gpu-bundle-dry");
+    build_only(root, &dir, &[])?;
+    let nvrtc_dir = crate::nvrtc::fetch(root)?;
+    let cpu_plugin = crate::pjrt::install(root, crate::pjrt::Plugin::Cpu)?;
+    let out = dir.join("out");
+    if out.exists() {
+        fs::remove_dir_all(&out).with_context(|| format!("could not clear {}", out.display()))?;
+    }
+    eprintln!(
+        "xtask: GPU bundle dry run: {}/run.sh (no GPU here)",
+        dir.display()
+    );
+    let status = Command::new("bash")
+        .arg(dir.join("run.sh"))
+        .env("OUT", &out)
+        .env("NVRTC_LIB_DIR", &nvrtc_dir)
+        .env("PJRT_PLUGIN", &cpu_plugin)
+        .env("DISTRIBUTE_GPU_DEADLINE", "420")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("could not run bash")?;
+    let read = |file: &str| {
+        fs::read_to_string(out.join(file))
+            .with_context(|| format!("run.sh left no {} in {}", file, out.display()))
+    };
+    let (results, log) = (read("results.txt")?, read("run.log")?);
+    let mut problems = dry_run_problems(&results, &log);
+    for suite in SUITES {
+        problems.extend(missing_libraries(&dir.join(suite.name))?);
+    }
+    let carried = bundle_and_tree_size(root, &dir)?;
+    if carried >= BUNDLE_LIMIT {
+        problems.push(format!(
+            "the bundle and the working tree take {:.1} MiB, over the {} MiB a device run carries",
+            mib(carried),
+            BUNDLE_LIMIT >> 20
+        ));
+    }
+    eprintln!(
+        "xtask: GPU bundle dry run: run.sh exited with {status}; {} suites; bundle and working \
+         tree {:.1} MiB; results:\n{results}",
+        SUITES.len(),
+        mib(carried)
+    );
+    if !problems.is_empty() {
+        bail!(
+            "the GPU bundle's dry run found:\n- {}\n(the whole output: {})",
+            problems.join("\n- "),
+            out.join("run.log").display()
+        );
+    }
+    Ok(())
+}
+
+/// What is wrong with a dry run's `results.txt` and `run.log` (see [`dry_run`]).
+fn dry_run_problems(results: &str, log: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let outcome = |name: &str| {
+        results
+            .lines()
+            .find(|line| line.split_whitespace().nth(1) == Some(name))
+            .and_then(|line| line.split_whitespace().next())
+    };
+    for suite in SUITES {
+        let want: &[&str] = match suite.needs {
+            super::suites::Needs::Nvrtc | super::suites::Needs::CudaPjrt => &["PASS"],
+            super::suites::Needs::Gpu | super::suites::Needs::Nccl => &["FAIL", "SKIP"],
+        };
+        match outcome(suite.name) {
+            Some(got) if want.contains(&got) => {}
+            got => problems.push(format!(
+                "suite {} ended {}, expected {}",
+                suite.name,
+                got.unwrap_or("without a line"),
+                want.join(" or ")
+            )),
+        }
+    }
+    if log
+        .lines()
+        .any(|l| l.contains("panicked at") && l.contains("cudarc"))
+    {
+        problems.push("a suite panicked inside cudarc instead of a typed error".into());
+    }
+    if !log.contains("DISTRIBUTE_REQUIRE_GPU=1 but no GPU") {
+        problems.push("no GPU suite said \"DISTRIBUTE_REQUIRE_GPU=1 but no GPU\"".into());
+    }
+    problems
+}
+
+/// The shared libraries `executable` needs that this machine cannot find (`ldd`), as problems.
+/// CUDA, NVRTC and NCCL are loaded at run time, so they are not among them.
+fn missing_libraries(executable: &Path) -> Result<Vec<String>> {
+    let output = Command::new("ldd")
+        .arg(executable)
+        .output()
+        .context("could not run ldd")?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    Ok(text
+        .lines()
+        .filter(|line| line.contains("not found"))
+        .map(|line| format!("{} needs {}", executable.display(), line.trim()))
+        .collect())
+}
+
+/// The bytes of the bundle in `dir` and of the files git tracks in `root`: what a device run
+/// carries.
+fn bundle_and_tree_size(root: &Path, dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            total += entry.metadata()?.len();
+        }
+    }
+    let listed = Command::new("git")
+        .args(["ls-files", "-z"])
+        .current_dir(root)
+        .output()
+        .context("could not run git ls-files")?;
+    for file in listed.stdout.split(|&b| b == 0).filter(|f| !f.is_empty()) {
+        let path = root.join(String::from_utf8_lossy(file).as_ref());
+        total += fs::metadata(&path).map_or(0, |m| m.len());
+    }
+    Ok(total)
+}
+
 /// Builds the suites named in `names` (every suite when empty) into `dir` under their stable
 /// names, stripped, with `run.sh` and its suite list.
 pub(super) fn build_only(root: &Path, dir: &Path, names: &[String]) -> Result<()> {
@@ -211,7 +355,7 @@ fn suite_list(suites: &[&Suite]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::suites::suite;
+    use super::super::suites::{Needs, suite};
     use super::*;
 
     /// Messages as cargo 1.95 prints them for `cargo test --no-run --message-format=json`,
@@ -297,6 +441,33 @@ mod tests {
     /// still run, the run's deadline stops what would pass it, and the exit status counts the
     /// failures.
     #[test]
+    fn a_dry_run_wants_passes_where_no_gpu_is_needed_and_typed_failures_where_one_is() {
+        let typed = "DISTRIBUTE_REQUIRE_GPU=1 but no GPU: no NVIDIA driver";
+        let line = |outcome: &str, name: &str| format!("{outcome:<9}{name} (…)\n");
+        let good: String = SUITES
+            .iter()
+            .map(|s| match s.needs {
+                Needs::Nvrtc | Needs::CudaPjrt => line("PASS", s.name),
+                Needs::Gpu => line("FAIL", s.name),
+                Needs::Nccl => line("SKIP", s.name),
+            })
+            .collect();
+        assert_eq!(dry_run_problems(&good, typed), Vec::<String>::new());
+        let timed_out = good.replacen(
+            "PASS     collectives-nvrtc",
+            "TIMEOUT  collectives-nvrtc",
+            1,
+        );
+        assert_eq!(
+            dry_run_problems(&timed_out, typed),
+            ["suite collectives-nvrtc ended TIMEOUT, expected PASS"]
+        );
+        let panicked = "thread 'x' panicked at /root/.cargo/registry/src/cudarc-0.19.10/src/lib.rs";
+        let problems = dry_run_problems(&good, panicked);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+    }
+
+    #[test]
     fn run_sh_keeps_every_suites_line_within_its_limits() {
         use std::os::unix::fs::PermissionsExt;
 
@@ -360,7 +531,6 @@ mod tests {
         use super::super::libs::{
             CUDA_PJRT_LIBRARY, CUDA_TOOLKIT_DIRS, SYSTEM_NCCL_DIRS, SYSTEM_NVRTC_DIRS,
         };
-        use super::super::suites::Needs;
         let script = RUN_SCRIPT;
         assert!(script.starts_with("#!/usr/bin/env bash\n"));
         for (variable, dirs) in [

@@ -101,12 +101,12 @@ if [ -n "$libcuda" ]; then
 else
   echo "run.sh: no libcuda.so.1 in the loader cache (no NVIDIA driver)"
 fi
-# The installed version of pip package $1, or nothing.
+# The installed version of pip package $1, or "none".
 wheel_version() {
-  command -v python3 >/dev/null 2>&1 || return 0
+  command -v python3 >/dev/null 2>&1 || { echo none; return 0; }
   python3 -c 'import importlib.metadata as m, sys
 try: print(m.version(sys.argv[1]))
-except Exception: pass' "$1" 2>/dev/null
+except Exception: print("none")' "$1" 2>/dev/null
 }
 
 libs="$(mktemp -d "${TMPDIR:-/tmp}/distribute-gpu-libs.XXXXXX")" || exit 2
