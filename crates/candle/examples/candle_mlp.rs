@@ -102,6 +102,19 @@ pub(crate) fn cpu_devices(replicas: usize) -> Vec<String> {
     (0..replicas).map(|r| format!("/cpu:{r}")).collect()
 }
 
+/// Writes fresh initial values (candle's initialisers, on one replica) to `path`: the common
+/// start of runs that are to be compared (the tests that include this file use it).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn write_initial_values(path: &std::path::Path) -> Result<(), Box<dyn Error>> {
+    train(&Options {
+        replicas: 1,
+        steps: 0,
+        save_init: Some(path.to_owned()),
+        ..Options::default()
+    })
+    .map(drop)
+}
+
 /// Trains on `options.replicas` CPU replicas of this process.
 pub(crate) fn train(options: &Options) -> Result<Trained, Box<dyn Error>> {
     let strategy = MirroredStrategy::new(&cpu_devices(options.replicas))?;

@@ -10,7 +10,7 @@ mod example;
 use std::num::NonZeroUsize;
 
 use distribute_candle::CpuThreads;
-use example::{Options, Trained, train};
+use example::{Options, Trained, train, write_initial_values};
 
 /// Steps of each run: enough for the losses to fall by half.
 const STEPS: usize = 40;
@@ -45,13 +45,7 @@ fn max_difference(a: &Trained, b: &Trained) -> f32 {
 fn two_and_three_replicas_learn_the_one_replica_weights() {
     let dir = tempfile::tempdir().unwrap();
     let init = dir.path().join("init.safetensors");
-    train(&Options {
-        replicas: 1,
-        steps: 0,
-        save_init: Some(init.clone()),
-        ..Options::default()
-    })
-    .unwrap();
+    write_initial_values(&init).unwrap();
     let one = run(1, &init);
     assert_eq!(one.losses.len(), STEPS);
     assert!(
@@ -77,13 +71,7 @@ fn two_and_three_replicas_learn_the_one_replica_weights() {
 fn the_same_replica_count_trains_the_same_bits_twice() {
     let dir = tempfile::tempdir().unwrap();
     let init = dir.path().join("init.safetensors");
-    train(&Options {
-        replicas: 2,
-        steps: 0,
-        save_init: Some(init.clone()),
-        ..Options::default()
-    })
-    .unwrap();
+    write_initial_values(&init).unwrap();
     let a = run(2, &init);
     let b = run(2, &init);
     assert_eq!(max_difference(&a, &b), 0.0);

@@ -16,7 +16,7 @@ use std::time::Duration;
 use distribute_candle::{Config, CpuThreads, DataParallel};
 use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
 use distribute_test_support::mpirun::{run_self, write_result};
-use example::{Options, train, train_multi_worker};
+use example::{Options, train, train_multi_worker, write_initial_values};
 
 /// The initial values every run loads.
 const INIT: &str = "DISTRIBUTE_TEST_CANDLE_INIT";
@@ -51,13 +51,7 @@ fn worker() {
 fn two_workers_train_the_two_replica_bits() {
     let dir = tempfile::tempdir().unwrap();
     let init = dir.path().join("init.safetensors");
-    train(&Options {
-        replicas: 1,
-        steps: 0,
-        save_init: Some(init.clone()),
-        ..Options::default()
-    })
-    .unwrap();
+    write_initial_values(&init).unwrap();
     let init = init.to_str().unwrap().to_owned();
     let job = run_self("worker", 2, &[(INIT, init.clone())], LIMIT);
     assert!(
