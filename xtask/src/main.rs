@@ -49,12 +49,14 @@ commands:
                               this machine without a GPU, checking each suite's expected
                               outcome (what `test` ends with)
   fetch-pjrt [--plugin cpu|cuda]
-                              install a pinned PJRT plugin under target/pjrt/ (pip, sha256
-                              checked; a no-op when installed): the CPU one by default (`test`
+                              install a pinned PJRT plugin under target/pjrt/ (its wheel
+                              downloaded with curl or wget from PyPI, sha256 checked; a no-op
+                              when installed): the CPU one by default (`test`
                               runs it first), or JAX's CUDA 13 plugin (jax-cuda13-pjrt==0.11.2)
-  fetch-nvrtc                 install the pinned NVRTC (nvidia-cuda-nvrtc==13.0.88, pip, sha256
-                              checked; a no-op when installed) under target/nvrtc/ and print its
-                              lib folder; `test` runs it
+  fetch-nvrtc                 install the pinned NVRTC (nvidia-cuda-nvrtc==13.0.88, curl or
+                              wget, sha256 checked; a no-op when installed) under target/nvrtc/
+                              and print its lib folder; `test` runs it. Wheels put by hand in
+                              target/wheels/ are used instead of downloading them
   bench [SUITE...]            run benchmark suites: device-spec, collectives, input, strategy,
                               tpu, candle (one JSON line per case), or every bench when none is named;
                               strategy also runs the demo's training loop on 1 and 2 replicas,
@@ -231,7 +233,7 @@ fn bench(suites: &[String]) -> Result<()> {
 }
 
 /// Installs the pinned PJRT CPU plugin unless `PJRT_PLUGIN` names a plugin. A failed install
-/// (no network, no pip) only warns: the bench then prints a `skipped` line for its `tpu` cases.
+/// (no network) only warns: the bench then prints a `skipped` line for its `tpu` cases.
 fn fetch_pjrt_for_bench() {
     if std::env::var_os("PJRT_PLUGIN").is_some_and(|path| !path.is_empty()) {
         return;

