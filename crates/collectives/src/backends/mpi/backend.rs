@@ -34,7 +34,7 @@ use ndarray::ArcArray;
 
 use super::agreement::{Call, Record, Status, Verdict, judge};
 use super::bytes::{element_bytes as as_bytes, element_bytes_mut as as_bytes_mut};
-use super::world::{MpiWorld, Wait};
+use super::world::MpiWorld;
 use crate::backends::group::{CollectiveGroup, GroupConfig, Member};
 use crate::cross_replica::deliver;
 use crate::kernel::{self, Arith};
@@ -227,7 +227,7 @@ impl MpiAllReduce {
         let mut all = vec![0u8; bytes.len() * inner.world.size()];
         inner
             .world
-            .all_gather(bytes, &mut all, Wait::Committed, &|| {
+            .all_gather(bytes, &mut all, inner.deadline, &|| {
                 "an exchange".to_owned()
             });
         if bytes.is_empty() {
@@ -251,7 +251,7 @@ impl MpiAllReduce {
                 let t = t.to_host()?;
                 with_dtype!(t.dtype(), T => {
                     let mut values: Vec<T> = t.to_vec::<T>()?;
-                    inner.world.broadcast(0, as_bytes_mut(&mut values), Wait::Committed, &|| {
+                    inner.world.broadcast(0, as_bytes_mut(&mut values), inner.deadline, &|| {
                         "the chief's values".to_owned()
                     });
                     Tensor::from_vec(t.device(), t.shape(), values)
@@ -269,7 +269,7 @@ impl MpiAllReduce {
         inner.agree(record, "")?;
         let mut buffer = bytes.to_vec();
         if inner.world.size() > 1 {
-            inner.world.broadcast(0, &mut buffer, Wait::Committed, &|| {
+            inner.world.broadcast(0, &mut buffer, inner.deadline, &|| {
                 "the chief's values".to_owned()
             });
         }
@@ -321,7 +321,7 @@ impl MpiAllReduce {
                 as_bytes_mut(&mut all),
                 &counts,
                 &displs,
-                Wait::Committed,
+                inner.deadline,
                 &|| format!("the all-gather of {local} along axis {axis}"),
             );
             let mut at = 0;
@@ -406,9 +406,10 @@ impl Inner {
             as_bytes_mut(&mut mine[Record::WORDS..])[..inline.len()].copy_from_slice(inline);
             let mut all = vec![0i64; SLOT_WORDS * w];
             self.world
-                .all_gather(&mine[..], &mut all, Wait::Polled(self.deadline), &|| {
+                .all_gather(&mine[..], &mut all, self.deadline, &|| {
                     format!("the agreement on {record}")
                 });
+            self.world.agreement_done();
             let records = all
                 .chunks(SLOT_WORDS)
                 .map(|slot| {
@@ -449,7 +450,7 @@ impl Inner {
         }
         let mut all = vec![0u8; MESSAGE_BYTES * w];
         self.world
-            .all_gather(&send[..], &mut all, Wait::Committed, &|| {
+            .all_gather(&send[..], &mut all, self.deadline, &|| {
                 "the failed worker's message".to_owned()
             });
         let theirs = &all[worker * MESSAGE_BYTES..(worker + 1) * MESSAGE_BYTES];
@@ -612,12 +613,8 @@ impl Inner {
         let (w, n) = (self.workers(), data.len());
         let mut scratch = lock(&self.scratch);
         let received = scratch_of::<T>(&mut scratch, n * w);
-        self.world.all_gather(
-            as_bytes(data),
-            as_bytes_mut(received),
-            Wait::Committed,
-            what,
-        );
+        self.world
+            .all_gather(as_bytes(data), as_bytes_mut(received), self.deadline, what);
         let blocks: Vec<&[T]> = received.chunks(n.max(1)).take(w).collect();
         if n > 0 {
             kernel::reduce_slices(op, &blocks, out, count);
@@ -646,7 +643,9 @@ impl Inner {
             .map(|(p, block)| (p, as_bytes_mut(block)))
             .collect();
         self.world
-            .send_receive(&sends, receives, REDUCE_SCATTER_TAG);
+            .send_receive(&sends, receives, REDUCE_SCATTER_TAG, self.deadline, &|| {
+                format!("the reduce-scatter of {n} {} elements", T::DTYPE)
+            });
         let mut theirs = received.chunks(mine.len().max(1));
         let blocks: Vec<&[T]> = (0..w)
             .map(|p| match p == me {
@@ -667,7 +666,10 @@ impl Inner {
             .filter(|&(p, _)| p != me)
             .map(|(p, block)| (p, as_bytes_mut(block)))
             .collect();
-        self.world.send_receive(&sends, receives, ALL_GATHER_TAG);
+        self.world
+            .send_receive(&sends, receives, ALL_GATHER_TAG, self.deadline, &|| {
+                format!("the all-gather of {n} reduced {} elements", T::DTYPE)
+            });
     }
 
     /// A tensor like `like` (dtype, shape, device) to write a fold into: the buffer of an
@@ -863,7 +865,7 @@ impl ReplicaCollectives for MpiMember {
                     as_bytes_mut(&mut all),
                     &counts,
                     &displs,
-                    Wait::Committed,
+                    inner.deadline,
                     &|| format!("the all_gather of {local}"),
                 );
                 Ok(vec![Tensor::from_vec(tensor.device(), &shape, all)?])
@@ -935,7 +937,7 @@ impl ReplicaCollectives for MpiMember {
                     Some(t) => t.to_vec::<T>()?,
                     None => vec![T::zero(); shape.iter().product()],
                 };
-                inner.world.broadcast(root_worker, as_bytes_mut(&mut values), Wait::Committed, &|| {
+                inner.world.broadcast(root_worker, as_bytes_mut(&mut values), inner.deadline, &|| {
                     format!("the broadcast from replica {root}")
                 });
                 Ok(vec![Tensor::from_vec(&device, &shape, values)?])

@@ -31,12 +31,9 @@ impl NcclAllReduce {
                 Err(e) => log::error!("rank 0 could not make an NCCL unique id: {e}"),
             }
         }
-        world.broadcast(
-            0,
-            &mut message,
-            super::world::Wait::Polled(deadline),
-            &|| "the NCCL unique id".to_owned(),
-        );
+        world.broadcast(0, &mut message, deadline, &|| {
+            "the NCCL unique id".to_owned()
+        });
         if message[0] != 1 {
             return Err(CollectiveError::InvalidArgument(
                 "MPI rank 0 could not make an NCCL unique id (see its log); is NCCL loadable \

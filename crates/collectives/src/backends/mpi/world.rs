@@ -8,15 +8,26 @@
 //! call goes through [`MpiWorld`]'s lock. `SERIALIZED` allows exactly that, and costs Open MPI
 //! none of the locking `MPI_THREAD_MULTIPLE` adds to every call.
 //!
-//! Waits: a call that may wait for a worker that never comes (the agreement every cross-worker
-//! call starts with, the NCCL id broadcast) is a non-blocking MPI call polled against the
-//! deadline; past it the job is aborted (`MPI_Abort`) with a message naming what was waited for —
-//! a peer that will never come cannot be told apart from a slow one, and a started collective
-//! cannot be cancelled, so ending the job is the only way not to hang. The data collective right
-//! after a successful agreement is a plain blocking call ([`Wait::Committed`]): every worker has
-//! agreed to make it and nothing of the user's runs in between, so the only way a peer misses it
-//! is by dying, which ends the job under `mpirun`; Open MPI's blocking collectives are also
-//! faster than its non-blocking ones (measured: 1 MiB all-gather ≈ 1.3× faster).
+//! Waits: every cross-process call is non-blocking MPI, tested for completion in a loop against
+//! the strategy's deadline: the agreement every cross-worker call starts with and the data
+//! collective after it alike. A worker that stops without dying (stopped by a signal, stuck in
+//! I/O or a device call, swapping) therefore cannot hang the others: past the deadline each
+//! waiting worker prints which worker(s) it waited for and in what, gives the other waiting
+//! workers [`MpiWorld::ABORT_GRACE`] to print theirs, and ends the job (`MPI_Abort`, which makes `mpirun`
+//! kill every process, the stopped one included, and exit non-zero). A peer that will never come
+//! cannot be told apart from a slow one, and a started MPI call cannot be cancelled, so ending
+//! the job is the only way not to hang.
+//!
+//! Up to [`POINT_TO_POINT_MAX_WORKERS`] workers every call is point to point between each pair,
+//! one request per peer, so the message names exactly the workers whose messages did not come;
+//! more workers use MPI's non-blocking collectives, whose message names every other worker as a
+//! suspect. Point to point is also the faster path at these sizes (measured: Open MPI's
+//! non-blocking all-gather builds a schedule per call, which costs more than an agreement's
+//! exchange itself).
+//!
+//! Fault injection, for the tests of the above: `DISTRIBUTE_FAULT_STOP_AFTER_AGREEMENT=W:N` makes
+//! worker `W` stop itself (`SIGSTOP`) right after its `N`-th agreement, between an agreement and
+//! the data collective it agreed on, the one place a test cannot reach from a step function.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -29,14 +40,6 @@ use mpi::traits::*;
 
 use crate::CollectiveError;
 
-/// How a call waits.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Wait {
-    /// Non-blocking, polled; past the deadline the job is aborted.
-    Polled(Duration),
-    /// Blocking: every worker has agreed to make this call (see the module docs).
-    Committed,
-}
 use crate::rendezvous::lock_ignoring_poison as lock;
 
 /// This process in the MPI world: initialised on first use, finalised when the process exits.
@@ -48,6 +51,10 @@ pub struct MpiWorld {
     calls: Mutex<()>,
     /// Nanoseconds spent in cross-process calls, for [`Self::time_in_calls`].
     busy_nanos: AtomicU64,
+    /// The fault injection of the module docs: stop after this many agreements.
+    stop_after_agreement: Option<u64>,
+    /// Agreements made, counted only when [`Self::stop_after_agreement`] is set.
+    agreements: AtomicU64,
 }
 
 static WORLD: OnceLock<Result<MpiWorld, String>> = OnceLock::new();
@@ -71,6 +78,15 @@ extern "C" fn finalize_at_exit() {
 }
 
 impl MpiWorld {
+    /// How long a worker whose wait ran out lets the others that waited with it print their own
+    /// message before it ends the job: part of the margin past the deadline in which a job with
+    /// a frozen worker ends.
+    pub const ABORT_GRACE: Duration = Duration::from_millis(500);
+
+    /// The variable of the fault injection in the module docs: `W:N` stops worker `W` right
+    /// after its `N`-th agreement.
+    pub const STOP_AFTER_AGREEMENT: &str = "DISTRIBUTE_FAULT_STOP_AFTER_AGREEMENT";
+
     /// The world of this process, initialising MPI on the first call (`MPI_THREAD_SERIALIZED`).
     ///
     /// Started by `mpirun`, this is the job's world; started alone, a world of one. Fails when
@@ -100,11 +116,19 @@ impl MpiWorld {
                     ));
                 }
                 let world = SimpleCommunicator::world();
+                let rank = world.rank() as usize;
                 Ok(MpiWorld {
-                    rank: world.rank() as usize,
+                    rank,
                     size: world.size() as usize,
                     calls: Mutex::new(()),
                     busy_nanos: AtomicU64::new(0),
+                    stop_after_agreement: stop_after_agreement(
+                        std::env::var(MpiWorld::STOP_AFTER_AGREEMENT)
+                            .ok()
+                            .as_deref(),
+                        rank,
+                    )?,
+                    agreements: AtomicU64::new(0),
                 })
             })
             .as_ref()
@@ -130,11 +154,16 @@ impl MpiWorld {
 
     /// Ends every process of the job with `message` on stderr (`MPI_Abort`, exit code 1).
     pub fn abort_job(&self, message: &str) -> ! {
+        self.announce(message);
+        SimpleCommunicator::world().abort(1)
+    }
+
+    /// Prints why this worker ends the job.
+    fn announce(&self, message: &str) {
         eprintln!(
             "distribute: worker {} of {}: {message}; aborting the MPI job",
             self.rank, self.size
         );
-        SimpleCommunicator::world().abort(1)
     }
 
     /// Every process's `send` (all the same length) into `recv`, in rank order.
@@ -142,65 +171,65 @@ impl MpiWorld {
         &self,
         send: &[T],
         recv: &mut [T],
-        wait: Wait,
+        deadline: Duration,
         what: &dyn Fn() -> String,
     ) {
         let _one = lock(&self.calls);
         let _busy = Busy::start(&self.busy_nanos);
         let world = SimpleCommunicator::world();
-        let Wait::Polled(deadline) = wait else {
-            return world.all_gather_into(send, recv);
-        };
-        if self.size > POINT_TO_POINT_GATHER_MAX_WORKERS {
+        if !self.point_to_point() {
             return mpi::request::scope(|scope| {
                 let request = world.immediate_all_gather_into(scope, send, recv);
-                self.wait_all(vec![request], deadline, what);
+                self.wait_all(vec![(None, request)], deadline, what);
             });
         }
-        // A few workers exchange directly: Open MPI's non-blocking all-gather builds a schedule
-        // per call, which costs more than the exchange itself at the size of an agreement.
         let mut blocks: Vec<&mut [T]> = recv.chunks_mut(send.len().max(1)).collect();
         if let Some(own) = blocks.get_mut(self.rank) {
             own.copy_from_slice(send);
         }
-        mpi::request::scope(|scope| {
-            let mut requests = Vec::with_capacity(2 * self.size);
-            for (peer, block) in blocks.into_iter().enumerate() {
-                if peer != self.rank && !send.is_empty() {
-                    let process = world.process_at_rank(peer as i32);
-                    requests
-                        .push(process.immediate_receive_into_with_tag(scope, block, GATHER_TAG));
-                }
-            }
-            for peer in (0..self.size).filter(|&p| p != self.rank && !send.is_empty()) {
-                let process = world.process_at_rank(peer as i32);
-                requests.push(process.immediate_send_with_tag(scope, send, GATHER_TAG));
-            }
-            self.wait_all(requests, deadline, what);
-        });
+        let receives = blocks
+            .into_iter()
+            .enumerate()
+            .filter(|&(peer, _)| peer != self.rank)
+            .collect();
+        let sends: Vec<(usize, &[T])> = self.peers().map(|peer| (peer, send)).collect();
+        self.exchange_pairs(&world, &sends, receives, GATHER_TAG, deadline, what);
     }
 
-    /// Every process's `send` into `recv`, process `p`'s `counts[p]` elements at `displs[p]`.
+    /// Every process's `send` into `recv`, process `p`'s `counts[p]` bytes at `displs[p]` (the
+    /// running sum of the counts, in rank order).
     pub(crate) fn all_gather_varcount(
         &self,
         send: &[u8],
         recv: &mut [u8],
         counts: &[i32],
         displs: &[i32],
-        wait: Wait,
+        deadline: Duration,
         what: &dyn Fn() -> String,
     ) {
         let _one = lock(&self.calls);
         let _busy = Busy::start(&self.busy_nanos);
         let world = SimpleCommunicator::world();
-        let mut partition = mpi::datatype::PartitionMut::new(recv, counts, displs);
-        let Wait::Polled(deadline) = wait else {
-            return world.all_gather_varcount_into(send, &mut partition);
-        };
-        mpi::request::scope(|scope| {
-            let request = world.immediate_all_gather_varcount_into(scope, send, &mut partition);
-            self.wait_all(vec![request], deadline, what);
-        });
+        if !self.point_to_point() {
+            let mut partition = mpi::datatype::PartitionMut::new(recv, counts, displs);
+            return mpi::request::scope(|scope| {
+                let request = world.immediate_all_gather_varcount_into(scope, send, &mut partition);
+                self.wait_all(vec![(None, request)], deadline, what);
+            });
+        }
+        let mut rest = recv;
+        let mut receives = Vec::with_capacity(self.size);
+        for (peer, &count) in counts.iter().enumerate() {
+            let (block, tail) = std::mem::take(&mut rest).split_at_mut(count.max(0) as usize);
+            rest = tail;
+            if peer == self.rank {
+                block.copy_from_slice(send);
+            } else {
+                receives.push((peer, block));
+            }
+        }
+        let sends: Vec<(usize, &[u8])> = self.peers().map(|peer| (peer, send)).collect();
+        self.exchange_pairs(&world, &sends, receives, VARCOUNT_TAG, deadline, what);
     }
 
     /// Process `root`'s `buffer` into every process's.
@@ -208,57 +237,44 @@ impl MpiWorld {
         &self,
         root: usize,
         buffer: &mut [u8],
-        wait: Wait,
+        deadline: Duration,
         what: &dyn Fn() -> String,
     ) {
         let _one = lock(&self.calls);
         let _busy = Busy::start(&self.busy_nanos);
         let world = SimpleCommunicator::world();
-        let root = world.process_at_rank(root as i32);
-        let Wait::Polled(deadline) = wait else {
-            return root.broadcast_into(buffer);
-        };
-        mpi::request::scope(|scope| {
-            let request = root.immediate_broadcast_into(scope, buffer);
-            self.wait_all(vec![request], deadline, what);
-        });
+        if !self.point_to_point() {
+            let root = world.process_at_rank(root as i32);
+            return mpi::request::scope(|scope| {
+                let request = root.immediate_broadcast_into(scope, buffer);
+                self.wait_all(vec![(None, request)], deadline, what);
+            });
+        }
+        if self.rank == root {
+            let sends: Vec<(usize, &[u8])> = self.peers().map(|peer| (peer, &*buffer)).collect();
+            self.exchange_pairs(&world, &sends, Vec::new(), BROADCAST_TAG, deadline, what);
+        } else {
+            let receives = vec![(root, buffer)];
+            self.exchange_pairs(&world, &[], receives, BROADCAST_TAG, deadline, what);
+        }
     }
 
     /// Point to point: every `receives` buffer filled from its peer and every `sends` buffer
-    /// sent to its peer, all under `tag`, returning when all are done. Every receive is posted
-    /// before any send, so peers exchanging with each other cannot block one another; the
-    /// buffers are the caller's own (no copy into or out of MPI's), which is why the folds use
-    /// this rather than a collective that also copies this process's own block. Only after an
-    /// agreement ([`Wait::Committed`]): each peer makes the matching calls.
+    /// sent to its peer, all under `tag`, returning when all are done. The buffers are the
+    /// caller's own (no copy into or out of MPI's), which is why the folds use this rather
+    /// than a collective that also copies this process's own block.
     pub(crate) fn send_receive(
         &self,
         sends: &[(usize, &[u8])],
         receives: Vec<(usize, &mut [u8])>,
         tag: i32,
+        deadline: Duration,
+        what: &dyn Fn() -> String,
     ) {
         let _one = lock(&self.calls);
         let _busy = Busy::start(&self.busy_nanos);
         let world = SimpleCommunicator::world();
-        mpi::request::scope(|scope| {
-            let mut requests = Vec::with_capacity(sends.len() + receives.len());
-            // Pieces keep every count within MPI's `int`; a peer cuts the same lengths alike,
-            // and messages between two processes under one tag arrive in order.
-            for (peer, buffer) in receives {
-                let process = world.process_at_rank(peer as i32);
-                for piece in buffer.chunks_mut(MAX_MESSAGE_BYTES) {
-                    requests.push(process.immediate_receive_into_with_tag(scope, piece, tag));
-                }
-            }
-            for &(peer, buffer) in sends {
-                let process = world.process_at_rank(peer as i32);
-                for piece in buffer.chunks(MAX_MESSAGE_BYTES) {
-                    requests.push(process.immediate_send_with_tag(scope, piece, tag));
-                }
-            }
-            for request in requests {
-                request.wait_without_status();
-            }
-        });
+        self.exchange_pairs(&world, sends, receives, tag, deadline, what);
     }
 
     /// A plain blocking `MPI_Allreduce` (f32 sum), the reference a benchmark compares with.
@@ -271,10 +287,75 @@ impl MpiWorld {
         );
     }
 
-    /// Polls `requests` until they all complete; past `deadline`, aborts the job.
+    /// Called after every agreement of this worker: the fault injection of the module docs.
+    pub(crate) fn agreement_done(&self) {
+        let Some(stop_after) = self.stop_after_agreement else {
+            return;
+        };
+        if self.agreements.fetch_add(1, Ordering::Relaxed) + 1 == stop_after {
+            eprintln!(
+                "distribute: worker {}: stopping itself after agreement {stop_after} \
+                 (DISTRIBUTE_FAULT_STOP_AFTER_AGREEMENT)",
+                self.rank
+            );
+            let _ = std::process::Command::new("kill")
+                .args(["-STOP", &std::process::id().to_string()])
+                .status();
+        }
+    }
+
+    /// Whether calls go point to point between every pair (see the module docs).
+    fn point_to_point(&self) -> bool {
+        self.size <= POINT_TO_POINT_MAX_WORKERS
+    }
+
+    /// Every rank but this one.
+    fn peers(&self) -> impl Iterator<Item = usize> + use<> {
+        let rank = self.rank;
+        (0..self.size).filter(move |&peer| peer != rank)
+    }
+
+    /// Posts every receive, then every send (so peers exchanging with each other cannot block
+    /// one another), each cut into pieces that keep counts within MPI's `int` (a peer cuts the
+    /// same lengths alike, and messages between two processes under one tag arrive in order),
+    /// then waits for all of them against `deadline`.
+    fn exchange_pairs<T: Equivalence>(
+        &self,
+        world: &SimpleCommunicator,
+        sends: &[(usize, &[T])],
+        receives: Vec<(usize, &mut [T])>,
+        tag: i32,
+        deadline: Duration,
+        what: &dyn Fn() -> String,
+    ) {
+        let piece = (MAX_MESSAGE_BYTES / std::mem::size_of::<T>().max(1)).max(1);
+        mpi::request::scope(|scope| {
+            let mut requests = Vec::with_capacity(sends.len() + receives.len());
+            for (peer, buffer) in receives {
+                let process = world.process_at_rank(peer as i32);
+                for part in buffer.chunks_mut(piece) {
+                    let request = process.immediate_receive_into_with_tag(scope, part, tag);
+                    requests.push((Some(peer), request));
+                }
+            }
+            for &(peer, buffer) in sends {
+                let process = world.process_at_rank(peer as i32);
+                for part in buffer.chunks(piece) {
+                    requests.push((
+                        Some(peer),
+                        process.immediate_send_with_tag(scope, part, tag),
+                    ));
+                }
+            }
+            self.wait_all(requests, deadline, what);
+        });
+    }
+
+    /// Tests `requests` until they all complete; past `deadline`, names the peers of the
+    /// requests still open (`None`: any other worker) and ends the job.
     fn wait_all<'a, R: ?Sized, S: Scope<'a>>(
         &self,
-        mut requests: Vec<Request<'a, R, S>>,
+        mut requests: Vec<(Option<usize>, Request<'a, R, S>)>,
         deadline: Duration,
         what: &dyn Fn() -> String,
     ) {
@@ -283,14 +364,17 @@ impl MpiWorld {
         while !requests.is_empty() {
             requests = requests
                 .into_iter()
-                .filter_map(|request| request.test().err())
+                .filter_map(|(peer, request)| request.test().err().map(|open| (peer, open)))
                 .collect();
             polls = polls.wrapping_add(1);
             // Checking the clock on every poll would cost more than the poll.
-            if polls.is_multiple_of(1024) {
+            if polls.is_multiple_of(1024) && !requests.is_empty() {
                 if start.elapsed() > deadline {
-                    self.abort_job(&format!(
-                        "waited {deadline:?} for the other workers in {}",
+                    let peers: Vec<Option<usize>> =
+                        requests.iter().map(|&(peer, _)| peer).collect();
+                    self.give_up(&format!(
+                        "waited {deadline:?} for {} in {}",
+                        self.suspects(&peers),
                         what()
                     ));
                 }
@@ -298,17 +382,76 @@ impl MpiWorld {
             }
         }
     }
+
+    /// "worker 2", "workers 1 and 2", or every other worker when a collective's open request
+    /// cannot say whose message is missing.
+    fn suspects(&self, peers: &[Option<usize>]) -> String {
+        let mut named: Vec<usize> = if peers.iter().any(Option::is_none) {
+            self.peers().collect()
+        } else {
+            peers.iter().flatten().copied().collect()
+        };
+        named.sort_unstable();
+        named.dedup();
+        let list = match named.as_slice() {
+            [one] => return format!("worker {one}"),
+            [init @ .., last] => format!(
+                "{} and {last}",
+                init.iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            [] => return "the other workers".to_owned(),
+        };
+        if peers.iter().any(Option::is_none) {
+            format!("one or more of workers {list}")
+        } else {
+            format!("workers {list}")
+        }
+    }
+
+    /// A wait ran out: says so, leaves the other waiting workers [`Self::ABORT_GRACE`] to say theirs, and ends the job.
+    fn give_up(&self, message: &str) -> ! {
+        self.announce(message);
+        std::thread::sleep(Self::ABORT_GRACE);
+        SimpleCommunicator::world().abort(1)
+    }
 }
 
-/// Up to this many workers a polled all-gather (an agreement) is a direct exchange between
-/// every pair; more use MPI's non-blocking all-gather, whose algorithms need fewer messages.
-const POINT_TO_POINT_GATHER_MAX_WORKERS: usize = 8;
+/// Up to this many workers every call is a direct exchange between each pair; more use MPI's
+/// non-blocking collectives, whose algorithms need fewer messages.
+const POINT_TO_POINT_MAX_WORKERS: usize = 8;
 
-/// The tag of a polled all-gather's messages (the folds use 1 and 2).
+/// The tags of the point-to-point calls (the folds use 1 and 2).
 const GATHER_TAG: i32 = 3;
+const VARCOUNT_TAG: i32 = 4;
+const BROADCAST_TAG: i32 = 5;
 
 /// The largest message [`MpiWorld::send_receive`] posts: counts are C `int`s.
 const MAX_MESSAGE_BYTES: usize = 1 << 30;
+
+/// The agreement after which worker `rank` stops itself, from the value `W:N` of
+/// [`MpiWorld::STOP_AFTER_AGREEMENT`] (`None` when unset or meant for another worker).
+fn stop_after_agreement(value: Option<&str>, rank: usize) -> Result<Option<u64>, String> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let parsed = value.split_once(':').and_then(|(w, n)| {
+        Some((
+            w.trim().parse::<usize>().ok()?,
+            n.trim().parse::<u64>().ok()?,
+        ))
+    });
+    match parsed {
+        Some((worker, n)) if n > 0 => Ok((worker == rank).then_some(n)),
+        _ => Err(format!(
+            "{}={value:?}: expected WORKER:N (worker index, agreement count \
+             from 1), e.g. 1:40",
+            MpiWorld::STOP_AFTER_AGREEMENT
+        )),
+    }
+}
 
 /// The eager limit asked of Open MPI's shared-memory transport: an agreement slot (a record and
 /// up to 4 KiB of inline payload) must fit one eager message.
@@ -360,5 +503,46 @@ impl Drop for Busy<'_> {
     fn drop(&mut self) {
         let nanos = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn world(rank: usize, size: usize) -> MpiWorld {
+        MpiWorld {
+            rank,
+            size,
+            calls: Mutex::new(()),
+            busy_nanos: AtomicU64::new(0),
+            stop_after_agreement: None,
+            agreements: AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn suspects_name_the_peers_whose_messages_are_missing() {
+        let w = world(0, 4);
+        assert_eq!(w.suspects(&[Some(2), Some(2)]), "worker 2");
+        assert_eq!(w.suspects(&[Some(3), Some(1)]), "workers 1 and 3");
+        assert_eq!(
+            w.suspects(&[Some(3), Some(1), Some(2)]),
+            "workers 1, 2 and 3"
+        );
+        // A collective's request cannot say whose message is missing.
+        assert_eq!(w.suspects(&[None]), "one or more of workers 1, 2 and 3");
+        assert_eq!(world(1, 2).suspects(&[None]), "worker 0");
+    }
+
+    #[test]
+    fn the_fault_injection_variable_is_parsed_strictly() {
+        assert_eq!(stop_after_agreement(None, 0), Ok(None));
+        assert_eq!(stop_after_agreement(Some("1:40"), 1), Ok(Some(40)));
+        assert_eq!(stop_after_agreement(Some("1:40"), 0), Ok(None));
+        for bad in ["", "1", "x:3", "1:0", "1:-2", "1:40:2"] {
+            let err = stop_after_agreement(Some(bad), 0).unwrap_err();
+            assert!(err.contains("expected WORKER:N"), "{bad}: {err}");
+        }
     }
 }
