@@ -41,7 +41,7 @@ pub(crate) fn download(root: &Path, pin: &Pin, scratch: &Path, what: &str) -> Re
     fs::create_dir_all(scratch)
         .with_context(|| format!("could not create {}", scratch.display()))?;
     let destination = scratch.join(pin.file);
-    let fetchers = fetchers(&pin.url, &destination);
+    let fetchers = fetchers(pin.url, &destination);
     let mut failures = Vec::new();
     for (program, args) in &fetchers {
         eprintln!("xtask: {what}: {program} {}", args.join(" "));
