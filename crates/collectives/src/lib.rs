@@ -43,10 +43,12 @@ pub use backends::mpi::{INLINE_BYTES, MpiAllReduce, MpiWorld, SCATTER_MIN_BYTES}
 #[cfg(feature = "nccl")]
 pub use backends::nccl::NcclAllReduce;
 pub use backends::nccl::auth::{
-    CLUSTER_KEY_FILE_VAR, CLUSTER_KEY_VAR, ClusterKey, MIN_CLUSTER_KEY_BYTES,
+    CLUSTER_KEY_FILE_VAR, CLUSTER_KEY_VAR, ClusterKey, ExchangeAuth, MIN_CLUSTER_KEY_BYTES,
+    UNAUTHENTICATED_VAR,
 };
 pub use backends::nccl::bootstrap::{
-    NcclRank, UNIQUE_ID_BYTES, exchange_unique_id, exchange_unique_id_with_key, nccl_rank,
+    NcclRank, UNIQUE_ID_BYTES, exchange_unique_id, exchange_unique_id_unauthenticated,
+    exchange_unique_id_with_key, nccl_rank,
 };
 pub use backends::{
     CollectiveGroup, GroupConfig, Member, ReducePlan, ReductionToOneDevice, SharedMemoryAllReduce,

@@ -8,8 +8,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use distribute_collectives::{
-    ClusterKey, CollectiveError, UNIQUE_ID_BYTES, exchange_unique_id, exchange_unique_id_with_key,
-    nccl_rank,
+    ClusterKey, CollectiveError, UNIQUE_ID_BYTES, exchange_unique_id,
+    exchange_unique_id_unauthenticated, exchange_unique_id_with_key, nccl_rank,
 };
 use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
 
@@ -75,11 +75,7 @@ fn ranks(cluster: &ClusterSpec) -> Vec<TaskId> {
 
 /// Runs `task`'s side of the exchange in a thread; the leader passes [`the_id`].
 fn spawn(cluster: &ClusterSpec, task: TaskId, timeout: Duration) -> JoinHandle<Outcome> {
-    let cluster = cluster.clone();
-    thread::spawn(move || {
-        let id = nccl_rank(&cluster, task).unwrap().is_leader().then(the_id);
-        exchange_unique_id(&cluster, task, id, timeout)
-    })
+    spawn_keyed(cluster, task, Some(key()), the_id(), timeout)
 }
 
 /// The cluster's key in the tests that have one.
@@ -104,8 +100,22 @@ fn spawn_keyed(
     let cluster = cluster.clone();
     thread::spawn(move || {
         let id = nccl_rank(&cluster, task).unwrap().is_leader().then_some(id);
-        exchange_unique_id_with_key(&cluster, task, id, key.as_ref(), timeout)
+        exchange(&cluster, task, id, key.as_ref(), timeout)
     })
+}
+
+/// The exchange with `key`, or without one through the named opt-out.
+fn exchange(
+    cluster: &ClusterSpec,
+    task: TaskId,
+    id: Option<[u8; UNIQUE_ID_BYTES]>,
+    key: Option<&ClusterKey>,
+    timeout: Duration,
+) -> Outcome {
+    match key {
+        Some(key) => exchange_unique_id_with_key(cluster, task, id, key, timeout),
+        None => exchange_unique_id_unauthenticated(cluster, task, id, timeout),
+    }
 }
 
 fn spawn_all(
@@ -242,7 +252,7 @@ fn only_the_leader_passes_an_id() {
             "chief:0 leads the unique-id exchange of this cluster",
         ),
     ] {
-        let error = exchange_unique_id(&cluster, task, id, TIMEOUT).unwrap_err();
+        let error = exchange(&cluster, task, id, Some(&key()), TIMEOUT).unwrap_err();
         assert!(
             matches!(&error, CollectiveError::InvalidArgument(m) if m.contains(expected)),
             "{error}"
@@ -260,7 +270,7 @@ fn tasks_outside_the_ranks_are_refused() {
         (ps, "ps:0 takes no part in the NCCL unique-id exchange"),
         (evaluator, "evaluator:0 takes no part"),
     ] {
-        let error = exchange_unique_id(&cluster, task, None, TIMEOUT).unwrap_err();
+        let error = exchange(&cluster, task, None, Some(&key()), TIMEOUT).unwrap_err();
         assert!(error.to_string().contains(expected), "{task}: {error}");
         assert!(
             matches!(
@@ -427,9 +437,8 @@ fn a_leader_address_that_cannot_be_used_is_named() {
             ClusterSpec::new([(TaskType::Worker, vec![address.clone(), free_address()])]).unwrap();
         // Not loopback: a cluster across hosts needs a key.
         let key = key();
-        let error =
-            exchange_unique_id_with_key(&cluster, worker(0), Some(the_id()), Some(&key), SHORT)
-                .unwrap_err();
+        let error = exchange_unique_id_with_key(&cluster, worker(0), Some(the_id()), &key, SHORT)
+            .unwrap_err();
         assert!(
             matches!(&error, CollectiveError::BootstrapAddress { task, .. } if task == "worker:0"),
             "{address}: {error}"
@@ -438,7 +447,7 @@ fn a_leader_address_that_cannot_be_used_is_named() {
     }
     // The others check the leader's address too, rather than retrying a hopeless one.
     let cluster = ClusterSpec::new([(TaskType::Worker, vec!["no-port".into(), free_address()])]);
-    let error = exchange_unique_id(&cluster.unwrap(), worker(1), None, SHORT).unwrap_err();
+    let error = exchange(&cluster.unwrap(), worker(1), None, Some(&key()), SHORT).unwrap_err();
     assert!(
         matches!(error, CollectiveError::BootstrapAddress { .. }),
         "{error}"
@@ -706,7 +715,8 @@ fn a_peer_from_another_ip_than_its_tasks_is_refused() {
          127.0.0.2:{port}"
     );
     assert!(
-        matches!(&error, CollectiveError::BootstrapRefused { reason, .. } if *reason == expected),
+        matches!(&error, CollectiveError::BootstrapRefused { reason, .. }
+            if reason.starts_with(&expected)),
         "{error}"
     );
     assert!(leader.join().unwrap().is_err());
@@ -722,8 +732,7 @@ fn an_endless_timeout_waits_without_limit() {
             let (cluster, key, done) = (cluster.clone(), key.clone(), done.clone());
             thread::spawn(move || {
                 let id = nccl_rank(&cluster, task).unwrap().is_leader().then(the_id);
-                let outcome =
-                    exchange_unique_id_with_key(&cluster, task, id, key.as_ref(), Duration::MAX);
+                let outcome = exchange(&cluster, task, id, key.as_ref(), Duration::MAX);
                 done.send((task, outcome)).unwrap();
             })
         };
@@ -741,4 +750,57 @@ fn an_endless_timeout_waits_without_limit() {
             assert_eq!(outcome, Ok(the_id()), "{task}");
         }
     }
+}
+
+#[test]
+fn without_a_key_even_a_loopback_cluster_refuses_and_says_how_to_make_one() {
+    // `cargo test` gives this process no key and no opt-out (CI sets neither).
+    assert!(
+        std::env::var_os("DISTRIBUTE_CLUSTER_KEY").is_none()
+            && std::env::var_os("DISTRIBUTE_CLUSTER_KEY_FILE").is_none()
+            && std::env::var_os("DISTRIBUTE_UNAUTHENTICATED_EXCHANGE").is_none(),
+        "run this test without a cluster key in the environment"
+    );
+    let cluster = loopback_cluster(true, 1);
+    for task in [chief(), worker(0)] {
+        let id = nccl_rank(&cluster, task).unwrap().is_leader().then(the_id);
+        // No networking: the key is checked before any socket.
+        let error = exchange_unique_id(&cluster, task, id, TIMEOUT).unwrap_err();
+        let CollectiveError::BootstrapKey(message) = &error else {
+            panic!("{task}: {error}");
+        };
+        for expected in [
+            "no cluster key",
+            "DISTRIBUTE_CLUSTER_KEY",
+            "openssl rand -hex 32",
+            "DISTRIBUTE_UNAUTHENTICATED_EXCHANGE=1",
+        ] {
+            assert!(message.contains(expected), "{expected}: {message}");
+        }
+    }
+}
+
+#[test]
+fn the_opt_out_runs_on_loopback_and_a_keyed_leader_refuses_its_tasks() {
+    // Everyone opted out: the exchange runs (with a warning each time).
+    let cluster = loopback_cluster(true, 2);
+    let tasks = ranks(&cluster);
+    let handles = tasks
+        .iter()
+        .map(|&task| spawn_keyed(&cluster, task, None, the_id(), TIMEOUT))
+        .collect();
+    assert_all_get_the_id(&tasks, handles);
+    // A task that opted out cannot join a keyed job.
+    let cluster = loopback_cluster(true, 1);
+    let leader = spawn_keyed(&cluster, chief(), Some(key()), the_id(), SHORT);
+    let stranger = spawn_keyed(&cluster, worker(0), None, the_id(), SHORT)
+        .join()
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(&stranger, CollectiveError::BootstrapRefused { reason, .. }
+            if reason.contains("this one has no cluster key")),
+        "{stranger}"
+    );
+    assert!(leader.join().unwrap().is_err());
 }

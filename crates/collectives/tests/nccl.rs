@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use distribute_collectives::cuda::{Gpu, gpu_count, require_nccl, require_nvrtc};
 use distribute_collectives::{
-    AnyTensor, CollectiveError, CrossDeviceOps, Destinations, GroupConfig, NcclAllReduce,
-    Placement, ReductionToOneDevice, Tensor, choose_the_best,
+    AnyTensor, CLUSTER_KEY_VAR, ClusterKey, CollectiveError, CrossDeviceOps, Destinations,
+    GroupConfig, NcclAllReduce, Placement, ReductionToOneDevice, Tensor, choose_the_best,
 };
 use distribute_device_spec::{ClusterSpec, LocalDevices, TaskId, TaskType};
 use distribute_values::{Leaf, ReduceOp};
@@ -150,6 +150,8 @@ fn two_processes_share_one_gpu() {
         listener.local_addr().unwrap().port()
     };
     let cluster = format!(r#"{{"worker": ["127.0.0.1:{port}", "127.0.0.1:1"]}}"#);
+    // One fresh key for the job, as a launcher makes: the exchange always authenticates.
+    let key = ClusterKey::generate().unwrap().to_hex();
     let exe = std::env::current_exe().unwrap();
     // Output goes to files, not pipes: a chatty rank (NCCL_DEBUG=INFO) must not block on a full
     // pipe that is read only after it exits.
@@ -168,6 +170,7 @@ fn two_processes_share_one_gpu() {
                 ])
                 .env(CHILD, rank.to_string())
                 .env("DISTRIBUTE_CLUSTER", &cluster)
+                .env(CLUSTER_KEY_VAR, &key)
                 // Each rank looks like a node of its own, so NCCL accepts both on one GPU.
                 .env("NCCL_HOSTID", format!("distribute-test-host-{rank}"))
                 .env("NCCL_SOCKET_IFNAME", "lo")

@@ -37,6 +37,12 @@ pub const CLUSTER_KEY_VAR: &str = "DISTRIBUTE_CLUSTER_KEY";
 /// both.
 pub const CLUSTER_KEY_FILE_VAR: &str = "DISTRIBUTE_CLUSTER_KEY_FILE";
 
+/// The named opt-out of authentication: `1` in this variable, with no cluster key given, runs
+/// the unique-id exchange without one, so that any process that reaches the leader first can take
+/// a task's place; a warning is logged every time. Never on a machine or network shared with
+/// others.
+pub const UNAUTHENTICATED_VAR: &str = "DISTRIBUTE_UNAUTHENTICATED_EXCHANGE";
+
 /// The fewest bytes a cluster key has (32 hex digits); `openssl rand -hex 32` makes 32 bytes.
 pub const MIN_CLUSTER_KEY_BYTES: usize = 16;
 
@@ -82,11 +88,11 @@ impl ClusterKey {
     /// [`CLUSTER_KEY_FILE_VAR`] (hex); `None` when neither is set. A key that does not parse, a
     /// file that cannot be read, or both variables set is a [`CollectiveError::BootstrapKey`].
     pub fn from_env() -> Result<Option<Self>, CollectiveError> {
-        Self::from_vars(|name| std::env::var_os(name)).map_err(CollectiveError::BootstrapKey)
+        Self::from_vars(&|name| std::env::var_os(name)).map_err(CollectiveError::BootstrapKey)
     }
 
     /// [`ClusterKey::from_env`] over any source of variables.
-    fn from_vars(lookup: impl Fn(&str) -> Option<OsString>) -> Result<Option<Self>, String> {
+    fn from_vars(lookup: &impl Fn(&str) -> Option<OsString>) -> Result<Option<Self>, String> {
         match (lookup(CLUSTER_KEY_VAR), lookup(CLUSTER_KEY_FILE_VAR)) {
             (None, None) => Ok(None),
             (Some(_), Some(_)) => Err(format!(
@@ -104,6 +110,24 @@ impl ClusterKey {
                 .map(Some)
                 .map_err(|e| format!("{CLUSTER_KEY_FILE_VAR} ({}): {e}", path.display())),
         }
+    }
+
+    /// A fresh random key of 32 bytes from the operating system: what a launcher makes once per
+    /// job and hands to every task ([`ClusterKey::to_hex`] into [`CLUSTER_KEY_VAR`]).
+    pub fn generate() -> Result<Self, CollectiveError> {
+        let mut bytes = vec![0; 32];
+        getrandom::fill(&mut bytes).map_err(|e| {
+            CollectiveError::BootstrapKey(format!(
+                "the operating system gave no random bytes for a cluster key: {e}"
+            ))
+        })?;
+        Ok(Self(bytes))
+    }
+
+    /// The key in lowercase hex, as [`CLUSTER_KEY_VAR`] and [`ClusterKey::from_hex`] take it.
+    /// It is the secret itself: hand it only to the tasks of the job.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|byte| format!("{byte:02x}")).collect()
     }
 
     fn read(path: &Path) -> Result<Self, String> {
@@ -157,6 +181,54 @@ impl ClusterKey {
 
     fn mac(&self) -> HmacSha256 {
         HmacSha256::new_from_slice(&self.0).expect("HMAC accepts a key of any length")
+    }
+}
+
+/// How a task of the unique-id exchange proves that it belongs to the cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExchangeAuth {
+    /// The cluster key every chief and worker task was given: the leader hands the id, sealed,
+    /// only to a task that proves it knows the key, and a task takes an id only from a leader
+    /// that proves it too.
+    Key(ClusterKey),
+    /// No authentication, the explicitly named opt-out ([`UNAUTHENTICATED_VAR`]): any process
+    /// that reaches the leader first gets the id and takes a task's place. Allowed only where
+    /// every task is on loopback; a warning is logged each time it is used.
+    Unauthenticated,
+}
+
+impl ExchangeAuth {
+    /// What the launcher gave this process: the key in [`CLUSTER_KEY_VAR`] or the file named by
+    /// [`CLUSTER_KEY_FILE_VAR`], else the opt-out [`UNAUTHENTICATED_VAR`]`=1`. Neither, both, a
+    /// key that does not parse, or the opt-out set to anything but `1` is a
+    /// [`CollectiveError::BootstrapKey`] that says how to make a key.
+    pub fn from_env() -> Result<Self, CollectiveError> {
+        Self::from_vars(|name| std::env::var_os(name)).map_err(CollectiveError::BootstrapKey)
+    }
+
+    /// [`ExchangeAuth::from_env`] over any source of variables.
+    fn from_vars(lookup: impl Fn(&str) -> Option<OsString>) -> Result<Self, String> {
+        let key = ClusterKey::from_vars(&lookup)?;
+        let opt_out = lookup(UNAUTHENTICATED_VAR);
+        match (key, opt_out) {
+            (Some(key), None) => Ok(Self::Key(key)),
+            (None, Some(value)) if value == "1" => Ok(Self::Unauthenticated),
+            (None, Some(value)) => Err(format!(
+                "{UNAUTHENTICATED_VAR}={value:?}: the opt-out of authentication is `1`, or unset"
+            )),
+            (Some(_), Some(_)) => Err(format!(
+                "a cluster key and {UNAUTHENTICATED_VAR} are both set: give the key and unset \
+                 the opt-out"
+            )),
+            (None, None) => Err(format!(
+                "no cluster key: the unique-id exchange authenticates every task, so give every \
+                 chief and worker task of the job the same random key in {CLUSTER_KEY_VAR} \
+                 (make one with `openssl rand -hex 32`, or `ClusterKey::generate().to_hex()`), \
+                 or in a file named by {CLUSTER_KEY_FILE_VAR}; `cargo xtask launch` does it for \
+                 you. To run without one on a machine of your own, set {UNAUTHENTICATED_VAR}=1 \
+                 (any local process could then take a task's place)"
+            )),
+        }
     }
 }
 
@@ -304,16 +376,16 @@ mod tests {
                     .map(|(_, v)| v.clone())
             }
         };
-        assert_eq!(ClusterKey::from_vars(vars(vec![])), Ok(None));
+        assert_eq!(ClusterKey::from_vars(&vars(vec![])), Ok(None));
         assert_eq!(
-            ClusterKey::from_vars(vars(vec![(CLUSTER_KEY_VAR, HEX.into())])),
+            ClusterKey::from_vars(&vars(vec![(CLUSTER_KEY_VAR, HEX.into())])),
             Ok(Some(key()))
         );
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("key");
         std::fs::write(&file, format!("{HEX}\n")).unwrap();
         assert_eq!(
-            ClusterKey::from_vars(vars(vec![(CLUSTER_KEY_FILE_VAR, file.clone().into())])),
+            ClusterKey::from_vars(&vars(vec![(CLUSTER_KEY_FILE_VAR, file.clone().into())])),
             Ok(Some(key()))
         );
         let long = dir.path().join("long");
@@ -339,9 +411,60 @@ mod tests {
                 "longer than a key",
             ),
         ] {
-            let error = ClusterKey::from_vars(vars(pairs)).unwrap_err();
+            let error = ClusterKey::from_vars(&vars(pairs)).unwrap_err();
             assert!(error.contains(expected), "{error}");
         }
+    }
+
+    #[test]
+    fn the_exchange_needs_a_key_or_the_named_opt_out() {
+        let vars = |pairs: Vec<(&'static str, &'static str)>| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| OsString::from(v))
+            }
+        };
+        assert_eq!(
+            ExchangeAuth::from_vars(vars(vec![(CLUSTER_KEY_VAR, HEX)])),
+            Ok(ExchangeAuth::Key(key()))
+        );
+        assert_eq!(
+            ExchangeAuth::from_vars(vars(vec![(UNAUTHENTICATED_VAR, "1")])),
+            Ok(ExchangeAuth::Unauthenticated)
+        );
+        for (pairs, expected) in [
+            (vec![], "no cluster key"),
+            (vec![], "openssl rand -hex 32"),
+            (vec![], "DISTRIBUTE_UNAUTHENTICATED_EXCHANGE=1"),
+            (
+                vec![(UNAUTHENTICATED_VAR, "yes")],
+                "the opt-out of authentication is `1`",
+            ),
+            (
+                vec![(CLUSTER_KEY_VAR, HEX), (UNAUTHENTICATED_VAR, "1")],
+                "both set",
+            ),
+            (
+                vec![(CLUSTER_KEY_VAR, "12")],
+                "DISTRIBUTE_CLUSTER_KEY: a key has",
+            ),
+        ] {
+            let error = ExchangeAuth::from_vars(vars(pairs)).unwrap_err();
+            assert!(error.contains(expected), "{expected}: {error}");
+        }
+    }
+
+    #[test]
+    fn generated_keys_are_fresh_and_round_trip_through_hex() {
+        let (a, b) = (
+            ClusterKey::generate().unwrap(),
+            ClusterKey::generate().unwrap(),
+        );
+        assert_ne!(a, b);
+        assert_eq!(a.to_hex().len(), 64);
+        assert_eq!(ClusterKey::from_hex(&a.to_hex()).unwrap(), a);
     }
 
     #[test]

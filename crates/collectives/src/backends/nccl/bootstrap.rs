@@ -46,9 +46,11 @@
 //! `DISTRIBUTE_CLUSTER_KEY` in hex, or a file named by `DISTRIBUTE_CLUSTER_KEY_FILE`). Both sides
 //! then prove they know it, so a stranger that can reach the leader gets nothing (not even the id
 //! in clear on the wire) and cannot take a task's place, and a process on the leader's port is an
-//! error on every task. A cluster whose chief and worker addresses are not all loopback (`127.*`,
-//! `::1`, `localhost`) refuses to run without a key; a loopback-only one runs without, with a
-//! warning (any local process could then take part).
+//! error on every task. Without a key the exchange does not run, even on one machine (where
+//! another user's process could take part), except through the named opt-out
+//! `DISTRIBUTE_UNAUTHENTICATED_EXCHANGE=1` ([`ExchangeAuth::Unauthenticated`]), which logs a
+//! warning each time and is refused where a task's address is not loopback (`127.*`, `::1`,
+//! `localhost`).
 //!
 //! # Failures
 //!
@@ -68,8 +70,8 @@ use std::time::{Duration, Instant};
 use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
 
 use super::auth::{
-    CLUSTER_KEY_FILE_VAR, CLUSTER_KEY_VAR, ClusterKey, NONCE_BYTES, Nonce, PROOF_BYTES, Proof,
-    SEALED_BYTES, Session, nonce,
+    CLUSTER_KEY_FILE_VAR, CLUSTER_KEY_VAR, ClusterKey, ExchangeAuth, NONCE_BYTES, Nonce,
+    PROOF_BYTES, Proof, SEALED_BYTES, Session, UNAUTHENTICATED_VAR, nonce,
 };
 use super::fnv::Fnv;
 use crate::CollectiveError;
@@ -160,11 +162,12 @@ pub fn nccl_rank(cluster: &ClusterSpec, me: TaskId) -> Result<NcclRank, Collecti
 /// leader sends the id, encrypted, only to a task that proved it knows the key, and a task accepts
 /// an id only from a leader that proved it too: a process on the leader's port is a
 /// [`CollectiveError::BootstrapUnauthenticated`]. Where a task's address in the cluster spec is an
-/// IP, the leader also refuses a connection from any other IP. A cluster whose chief and worker
-/// addresses are not all loopback refuses to run without a key
-/// ([`CollectiveError::BootstrapKey`], which also reports a key that does not parse); a
-/// loopback-only one runs without, logging a warning. [`exchange_unique_id_with_key`] takes the
-/// key as an argument instead.
+/// IP, the leader also refuses a connection from any other IP. Without a key the exchange does not
+/// run ([`CollectiveError::BootstrapKey`], saying how to make one; it also reports a key that does
+/// not parse), even on one machine, where another user's process could take a task's place; the
+/// only way to run without one is the named opt-out `DISTRIBUTE_UNAUTHENTICATED_EXCHANGE=1`
+/// ([`ExchangeAuth::Unauthenticated`]: loopback-only clusters, a warning each time).
+/// [`exchange_unique_id_with_key`] takes the key as an argument instead.
 ///
 /// ```
 /// use std::time::Duration;
@@ -172,6 +175,7 @@ pub fn nccl_rank(cluster: &ClusterSpec, me: TaskId) -> Result<NcclRank, Collecti
 /// use distribute_collectives::{UNIQUE_ID_BYTES, exchange_unique_id, nccl_rank};
 /// use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
 ///
+/// // A cluster of one task needs no networking, so no key.
 /// let cluster = ClusterSpec::from_json(r#"{"worker": ["localhost:2222"]}"#)?;
 /// let me = TaskId::new(TaskType::Worker, 0);
 /// // The leader passes the id from ncclGetUniqueId; every other task passes None.
@@ -186,13 +190,23 @@ pub fn exchange_unique_id(
     id: Option<[u8; UNIQUE_ID_BYTES]>,
     timeout: Duration,
 ) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
-    let key = ClusterKey::from_env()?;
-    exchange_unique_id_with_key(cluster, me, id, key.as_ref(), timeout)
+    match ExchangeAuth::from_env() {
+        Ok(ExchangeAuth::Key(key)) => exchange_unique_id_with_key(cluster, me, id, &key, timeout),
+        Ok(ExchangeAuth::Unauthenticated) => {
+            exchange_unique_id_unauthenticated(cluster, me, id, timeout)
+        }
+        // One task alone exchanges nothing, so needs no key.
+        Err(_) if cluster_of_one(cluster, me, id) => exchange(cluster, me, id, None, timeout),
+        Err(e) => Err(e),
+    }
 }
 
-/// [`exchange_unique_id`] with the cluster key given rather than read from the environment:
-/// `None` runs without one, which only a loopback-only cluster may (else
-/// [`CollectiveError::BootstrapKey`]).
+/// Whether `me` is the only task of `cluster` and passes its own id: nothing crosses a socket.
+fn cluster_of_one(cluster: &ClusterSpec, me: TaskId, id: Option<[u8; UNIQUE_ID_BYTES]>) -> bool {
+    id.is_some() && nccl_rank(cluster, me).is_ok_and(|rank| rank.world_size == 1)
+}
+
+/// [`exchange_unique_id`] with the cluster key given rather than read from the environment.
 ///
 /// ```
 /// use std::time::Duration;
@@ -204,11 +218,40 @@ pub fn exchange_unique_id(
 /// let key = ClusterKey::from_hex("00112233445566778899aabbccddeeff")?;
 /// let me = TaskId::new(TaskType::Worker, 0);
 /// let id = Some([7; 128]);
-/// let shared = exchange_unique_id_with_key(&cluster, me, id, Some(&key), Duration::MAX)?;
+/// let shared = exchange_unique_id_with_key(&cluster, me, id, &key, Duration::MAX)?;
 /// assert_eq!(shared, [7; 128]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn exchange_unique_id_with_key(
+    cluster: &ClusterSpec,
+    me: TaskId,
+    id: Option<[u8; UNIQUE_ID_BYTES]>,
+    key: &ClusterKey,
+    timeout: Duration,
+) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
+    exchange(cluster, me, id, Some(key), timeout)
+}
+
+/// [`exchange_unique_id`] without authentication, the explicitly named opt-out
+/// ([`ExchangeAuth::Unauthenticated`]): any process that reaches the leader first gets the id
+/// and takes a task's place, so it logs a warning every time it runs, and a cluster whose
+/// addresses are not all loopback refuses it ([`CollectiveError::BootstrapKey`]).
+pub fn exchange_unique_id_unauthenticated(
+    cluster: &ClusterSpec,
+    me: TaskId,
+    id: Option<[u8; UNIQUE_ID_BYTES]>,
+    timeout: Duration,
+) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
+    log::warn!(
+        "unique-id exchange: {me} runs WITHOUT a cluster key ({UNAUTHENTICATED_VAR}), so any \
+         process that reaches the leader first could take a task's place; give every task the \
+         same key in {CLUSTER_KEY_VAR} instead"
+    );
+    exchange(cluster, me, id, None, timeout)
+}
+
+/// The exchange, with a key or (the opt-out, loopback only) without.
+fn exchange(
     cluster: &ClusterSpec,
     me: TaskId,
     id: Option<[u8; UNIQUE_ID_BYTES]>,
@@ -242,23 +285,14 @@ pub fn exchange_unique_id_with_key(
             address: leader_address.to_owned(),
             reason,
         })?;
-    if key.is_none() {
-        match roster.remote_task() {
-            Some((task, address)) => {
-                return Err(CollectiveError::BootstrapKey(format!(
-                    "{me} will not run the exchange across hosts without a cluster key ({task} is \
-                     at {address}, not loopback), as any host that reaches the leader could take \
-                     a task's place and join the communicator: give every chief and worker task \
-                     the same random key in {CLUSTER_KEY_VAR} (hex, at least 32 digits, e.g. from \
-                     `openssl rand -hex 32`), or in a file named by {CLUSTER_KEY_FILE_VAR}"
-                )));
-            }
-            None => log::warn!(
-                "unique-id exchange: {me} runs without a cluster key (the cluster is loopback \
-                 only), so any local process could take a task's place; set {CLUSTER_KEY_VAR} \
-                 to authenticate the tasks"
-            ),
-        }
+    if let (None, Some((task, address))) = (key, roster.remote_task()) {
+        return Err(CollectiveError::BootstrapKey(format!(
+            "{me} will not run the exchange across hosts without a cluster key ({task} is at \
+             {address}, not loopback), as any host that reaches the leader could take a task's \
+             place and join the communicator: give every chief and worker task the same random \
+             key in {CLUSTER_KEY_VAR} (hex, at least 32 digits, e.g. from `openssl rand -hex \
+             32`), or in a file named by {CLUSTER_KEY_FILE_VAR}"
+        )));
     }
     let deadline = Deadline::after(timeout);
     match id {
