@@ -38,7 +38,7 @@ use distribute_candle::{Config, CpuThreads, DataParallel};
 use distribute_collectives::Tensor as HostTensor;
 use distribute_input::{Dataset, InputOptions};
 use distribute_mirrored::MirroredStrategy;
-use distribute_strategy::{Strategy, per_replica_inputs};
+use distribute_strategy::Strategy;
 use distribute_test_support::candle_mlp::{FEATURES, GLOBAL_BATCH, LEARNING_RATE, ROWS, rows};
 use distribute_values::ReduceOp;
 use example::{Mlp, cpu_devices};
@@ -228,8 +228,7 @@ fn ours(
             start = Instant::now();
         }
         let waited = Instant::now();
-        let batch = batches.next().ok_or("the dataset ended early")??;
-        let inputs = per_replica_inputs(batch)?;
+        let inputs = batches.next().ok_or("the dataset ended early")??;
         input += waited.elapsed().as_secs_f64();
         let times = model.run(&inputs, |replica, (x, y)| {
             let t0 = Instant::now();

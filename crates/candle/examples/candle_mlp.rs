@@ -26,7 +26,7 @@ use distribute_candle::{Config, CpuThreads, DataParallel};
 use distribute_collectives::Tensor as HostTensor;
 use distribute_input::{Dataset, InputOptions};
 use distribute_mirrored::MirroredStrategy;
-use distribute_strategy::{Strategy, per_replica_inputs};
+use distribute_strategy::Strategy;
 use distribute_test_support::candle_mlp::{
     CLASSES, FEATURES, GLOBAL_BATCH, HIDDEN, LEARNING_RATE, ROWS, STEPS, rows,
 };
@@ -183,8 +183,7 @@ pub(crate) fn train_on<S: Strategy>(
     let mut local_losses = Vec::with_capacity(options.steps);
     let start = Instant::now();
     for batch in dataset.iter().take(options.steps) {
-        let inputs = per_replica_inputs(batch?)?;
-        let losses = model.run(&inputs, |replica, (x, y)| {
+        let losses = model.run(&batch?, |replica, (x, y)| {
             let logits = replica.model().forward(&x)?;
             // This replica's share of the mean over the global batch: its rows' summed
             // cross-entropy over 512, reduced with Sum (TF's compute_average_loss).

@@ -401,7 +401,7 @@ fn assigned_values_reach_every_copy_and_misfits_are_named() {
 fn padded_batches_reach_the_step_as_candle_tensors_with_their_masks() {
     use distribute_collectives::Tensor as HostTensor;
     use distribute_input::{Dataset, InputOptions, PartialBatch};
-    use distribute_strategy::{Strategy, per_replica_inputs};
+    use distribute_strategy::Strategy;
 
     let s = strategy(2);
     let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
@@ -418,9 +418,8 @@ fn padded_batches_reach_the_step_as_candle_tensors_with_their_masks() {
     let dataset = s.distribute_dataset(dataset, options).unwrap();
     let mut seen = Vec::new();
     for step in dataset.iter_masked() {
-        let inputs = per_replica_inputs(step.unwrap()).unwrap();
         let rows = model
-            .run(&inputs, |replica, masked| {
+            .run(&step.unwrap(), |replica, masked| {
                 assert_eq!(masked.batch.dims(), [2, 4]);
                 assert_eq!(
                     masked.batch.device().location(),

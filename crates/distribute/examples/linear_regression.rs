@@ -113,7 +113,6 @@ pub(crate) fn train_on<S: Strategy>(
     let mut loss = f32::NAN;
     let start = Instant::now();
     for batch in &dataset {
-        let inputs = per_replica_inputs(batch?)?;
         let step_loss: Leaf<f32> = strategy.run(
             |ctx, (xs, ys)| {
                 let device = ctx.device();
@@ -132,14 +131,14 @@ pub(crate) fn train_on<S: Strategy>(
                 let rest = rest.to_vec::<f32>()?;
                 let step_w = Tensor::from_array(device, &grad_w.view::<f32, Ix1>()? * scale);
                 let step_b = Tensor::from_vec(device, &[1], vec![rest[0] * scale])?;
-                ctx.merge_call::<(Tensor, Tensor), (), _>((step_w, step_b), |cross, (dw, db)| {
+                ctx.merge_call((step_w, step_b), |cross, (dw, db)| {
                     cross.update(&weights, UpdateOp::AssignSub, &dw)?;
                     cross.update(&bias, UpdateOp::AssignSub, &db)?;
                     Ok(())
                 })?;
                 Ok(rest[1] / GLOBAL_BATCH as f32)
             },
-            &inputs,
+            &batch?,
         )?;
         loss = *step_loss.local_results()[0];
     }

@@ -47,10 +47,12 @@ pub mod prelude {
     pub use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
     pub use distribute_strategy::{
         CrossReplicaContext, DefaultStrategy, ReplicaContext, Strategy, StrategyError,
-        VariableOptions, per_replica_inputs,
+        VariableOptions,
     };
+    // `Nest` is both the trait and `#[derive(Nest)]`, which makes a struct a dataset's batch, a
+    // step's input and output, and one `all_reduce` payload.
     pub use distribute_values::{
-        DistributedValues, DistributedVariable, Leaf, Mirrored, PerReplica, ReduceOp, UpdateOp,
-        VariableAggregation, VariableSynchronization,
+        DistributedValues, DistributedVariable, Leaf, Mirrored, Nest, PerReplica, ReduceOp,
+        UpdateOp, VariableAggregation, VariableSynchronization,
     };
 }

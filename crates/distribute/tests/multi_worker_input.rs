@@ -27,14 +27,14 @@ fn iterate(
     let (mut own, mut total) = (Vec::new(), Vec::new());
     for step in dataset {
         let step = step.unwrap();
-        own.push(step.values().iter().map(|t| t.shape()[0]).sum());
+        own.push(step.local_results().iter().map(|t| t.shape()[0]).sum());
         let sum: Leaf<Tensor> = strategy
             .run(
                 |ctx, t: Tensor| {
                     let mine = Tensor::scalar(ctx.device(), t.shape()[0] as f32);
                     ctx.all_reduce(ReduceOp::Sum, &mine)
                 },
-                &per_replica_inputs(step).unwrap(),
+                &step,
             )
             .unwrap();
         total.push(sum.local_results()[0].to_vec::<f32>().unwrap()[0]);

@@ -18,7 +18,6 @@ use distribute_collectives::{DType, Tensor};
 use distribute_input::{
     CsvOptions, CsvSource, Dataset, DistributedDataset, InputOptions, InputWorkers, NpySource, npy,
 };
-use distribute_values::DistributedValues;
 
 const FEATURES: usize = 32;
 const BATCH: usize = 256;
@@ -134,8 +133,9 @@ fn raw_pass(ds: &Dataset<Tensor>) -> (usize, f64) {
 /// Samples and checksum of one pass over the distributed steps.
 fn distributed_pass(dist: &DistributedDataset<Tensor>) -> (usize, f64) {
     let (mut samples, mut sum) = (0, 0.0);
+    // Steps as a training loop gets them: regrouped for `run`.
     for step in dist.iter() {
-        for batch in step.unwrap().values() {
+        for batch in step.unwrap().local_results() {
             samples += batch.shape()[0];
             sum += checksum(batch);
         }

@@ -53,8 +53,9 @@ pub(crate) use typed;
 /// A batch of examples: a [`Nest`] whose every leaf is a [`Tensor`] with the same size along
 /// axis 0, the rows.
 ///
-/// Implemented for every `Nest` that is `Clone + Send + Sync + 'static`: a tensor, tuples,
-/// `Vec`s, maps and `Option`s of batches, [`Masked`], and users' `#[derive(Regroup)]` structs.
+/// Implemented for every `Nest` (and `Regroup`, so a step regroups into a strategy's `run`
+/// inputs) that is `Clone + Send + Sync + 'static`: a tensor, tuples,
+/// `Vec`s, maps and `Option`s of batches, [`Masked`], and users' `#[derive(Nest)]` structs.
 /// A leaf that is not a tensor is an [`InputError::NotATensor`] naming its path, reported by
 /// the first operation that meets it ([`rows`](Self::rows), which every source's block goes
 /// through).
@@ -62,9 +63,9 @@ pub(crate) use typed;
 /// ```
 /// use distribute_collectives::Tensor;
 /// use distribute_input::Batch;
-/// use distribute_values::Regroup;
+/// use distribute_values::Nest;
 ///
-/// #[derive(Debug, Clone, Regroup)]
+/// #[derive(Debug, Clone, Nest)]
 /// struct Example {
 ///     features: Tensor,
 ///     labels: Tensor,
@@ -83,7 +84,7 @@ pub(crate) use typed;
 /// assert_eq!(padded.features.shape(), [3, 2]);
 /// # Ok::<(), distribute_input::InputError>(())
 /// ```
-pub trait Batch: Nest + Clone + Send + Sync + 'static {
+pub trait Batch: Nest + Regroup + Clone + Send + Sync + 'static {
     /// The number of rows. `origin` names where the batch came from, for the errors: a leaf
     /// that is not a tensor, a rank-0 leaf, leaves with different row counts, or no leaf at all.
     fn rows(&self, origin: &str) -> Result<usize, InputError> {
@@ -180,7 +181,7 @@ pub trait Batch: Nest + Clone + Send + Sync + 'static {
     }
 }
 
-impl<B: Nest + Clone + Send + Sync + 'static> Batch for B {}
+impl<B: Nest + Regroup + Clone + Send + Sync + 'static> Batch for B {}
 
 /// `batch` with `f` applied to every leaf, all of which must be tensors; `doing` names the
 /// operation in the error for a leaf that is not one.
@@ -337,7 +338,7 @@ fn pad_tensor(path: &Path<'_>, t: &Tensor, rows: usize) -> Result<Tensor, InputE
 /// assert_eq!(m.rows("a masked batch")?, 4);
 /// # Ok::<(), distribute_input::InputError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Regroup)]
+#[derive(Debug, Clone, PartialEq, Nest)]
 pub struct Masked<B> {
     /// The batch, padded with rows of zeros.
     pub batch: B,

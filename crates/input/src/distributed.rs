@@ -38,11 +38,13 @@ mod steps;
 
 use std::sync::Arc;
 
-use distribute_values::{PerReplica, ReplicaDeviceMap};
+use distribute_values::ReplicaDeviceMap;
 
 use agreement::{Agreement, AgreementConfig};
 pub use agreement::{DEFAULT_AGREEMENT_WINDOW, SumAcrossProcesses};
-pub use iterator::{DistributedIterator, MaskedDistributedIterator};
+pub use iterator::{
+    DistributedIterator, MaskedDistributedIterator, MaskedPerReplicaIterator, PerReplicaIterator,
+};
 pub use options::{AutoShardPolicy, BatchSplit, InputOptions, PartialBatch};
 use pipeline::{LocalStep, LocalSteps, Plan};
 use steps::Steps;
@@ -52,8 +54,9 @@ use crate::{
     Batch, Dataset, InputContext, InputError, InputReplicationMode, InputWorkers, Prefetch,
 };
 
-/// A global-batch dataset distributed over input workers: iterate it for one [`PerReplica`]
-/// batch per step.
+/// A global-batch dataset distributed over input workers: iterate it for one step per item, in
+/// the form a strategy's `run` takes (the batch's structure with per-replica leaves); see
+/// [`iter_per_replica`](Self::iter_per_replica) for one [`PerReplica`] of whole batches.
 ///
 /// ```
 /// use distribute_input::{Dataset, DistributedDataset, InputOptions, InputWorkers};
@@ -61,13 +64,15 @@ use crate::{
 /// let workers = InputWorkers::local(["/cpu:0", "/cpu:1"])?;
 /// let ds = Dataset::range(5).batch(4, false)?;
 /// let dist = DistributedDataset::new(ds, &workers, InputOptions::default())?;
-/// let steps: Vec<Vec<Vec<i64>>> = dist.iter().map(|step| {
+/// let steps: Vec<Vec<Vec<i64>>> = dist.iter_per_replica().map(|step| {
 ///     step?.into_iter().map(|t| Ok(t.to_vec::<i64>()?)).collect()
 /// }).collect::<Result<_, distribute_input::InputError>>()?;
 /// // The short last batch leaves the second replica an empty batch.
 /// assert_eq!(steps, [vec![vec![0, 1], vec![2, 3]], vec![vec![4], vec![]]]);
 /// # Ok::<(), distribute_input::InputError>(())
 /// ```
+///
+/// [`PerReplica`]: distribute_values::PerReplica
 pub struct DistributedDataset<B: Batch> {
     plans: Vec<Arc<Plan<B>>>,
     /// Processes that feed replicas of each step: all input pipelines over the local ones.
@@ -235,10 +240,21 @@ impl<B: Batch> DistributedDataset<B> {
         self.num_processes > 1 && !self.same_stream
     }
 
-    /// The steps, from the start: one [`PerReplica`] batch per step, `None` after the last.
-    /// Each call starts over and yields the same sequence (IN-14).
+    /// The steps, from the start, in the form a strategy's `run` takes (`B::Regrouped`: every
+    /// leaf per replica), `None` after the last. Each call starts over and yields the same
+    /// sequence (IN-14). `for step in &dataset` is the same.
     pub fn iter(&self) -> DistributedIterator<B> {
         DistributedIterator {
+            inner: self.iter_per_replica(),
+        }
+    }
+
+    /// The same steps as [`iter`](Self::iter), each one [`PerReplica`] of whole batches
+    /// (replica `r`'s batch at index `r`): for reading batches rather than running them.
+    ///
+    /// [`PerReplica`]: distribute_values::PerReplica
+    pub fn iter_per_replica(&self) -> PerReplicaIterator<B> {
+        PerReplicaIterator {
             steps: self.steps(),
             num_processes: self.num_processes,
             finished: false,
@@ -250,8 +266,10 @@ impl<B: Batch> DistributedDataset<B> {
     /// real rows, 0.0 for padding; all ones unless the policy pads).
     pub fn iter_masked(&self) -> MaskedDistributedIterator<B> {
         MaskedDistributedIterator {
-            steps: self.steps(),
-            agreement: self.agreement(),
+            inner: MaskedPerReplicaIterator {
+                steps: self.steps(),
+                agreement: self.agreement(),
+            },
         }
     }
 
@@ -304,7 +322,7 @@ impl<B: Batch> DistributedDataset<B> {
 }
 
 impl<B: Batch> IntoIterator for &DistributedDataset<B> {
-    type Item = Result<PerReplica<B>, InputError>;
+    type Item = Result<B::Regrouped, InputError>;
     type IntoIter = DistributedIterator<B>;
     fn into_iter(self) -> DistributedIterator<B> {
         self.iter()

@@ -2,11 +2,12 @@
 //!
 //! Owns [`InputContext`], [`InputReplicationMode`] and [`InputWorkers`]; the [`Batch`] row
 //! operations on any nested structure of tensors (a tensor, tuples, `Vec`s, maps, `Option`s,
-//! a user's `#[derive(Regroup)]` struct: the values crate's `Nest`); [`Dataset`]s read from a [`Source`] (in memory,
+//! a user's `#[derive(Nest)]` struct: the values crate's `Nest`); [`Dataset`]s read from a [`Source`] (in memory,
 //! [`NpySource`] for `.npy` files, [`CsvSource`] for CSV files, [`GeneratorSource`] for
 //! computed data, or a user's own) with repeat, shuffle, shard, batch and rebatch; and
 //! [`DistributedDataset`], which turns a global-batch dataset (or one dataset per pipeline,
-//! with [`distribute_datasets_from_function`]) into one [`PerReplica`] batch per step, with the
+//! with [`distribute_datasets_from_function`]) into steps in the form a strategy's `run` takes
+//! (or one [`PerReplica`] of whole batches each), with the
 //! auto-shard ([`AutoShardPolicy`]) and partial-batch ([`PartialBatch`]) policies and
 //! [`Prefetch`] on background threads. In a multi-worker run (one process per worker) it gives
 //! each replica TensorFlow's `MultiWorkerMirroredStrategy` rows, and the workers end a finite
@@ -40,7 +41,7 @@
 //! let workers = InputWorkers::local(["/gpu:0", "/gpu:1"])?;
 //! let dist = DistributedDataset::new(Dataset::range(100).batch(10, false)?, &workers, InputOptions::default())?;
 //! let mut steps = 0;
-//! for step in &dist {
+//! for step in dist.iter_per_replica() {
 //!     let step = step?;
 //!     assert_eq!(step.values()[1].shape(), [5]);
 //!     assert_eq!(step.values()[1].device(), "/job:localhost/replica:0/task:0/device:GPU:1");
@@ -70,8 +71,8 @@ pub use dataset::{
 };
 pub use distributed::{
     AutoShardPolicy, BatchSplit, DEFAULT_AGREEMENT_WINDOW, DistributedDataset, DistributedIterator,
-    InputOptions, MaskedDistributedIterator, PartialBatch, SumAcrossProcesses,
-    distribute_datasets_from_function,
+    InputOptions, MaskedDistributedIterator, MaskedPerReplicaIterator, PartialBatch,
+    PerReplicaIterator, SumAcrossProcesses, distribute_datasets_from_function,
 };
 pub use error::{ErrorKind, InputError};
 pub use npy::NpySource;

@@ -7,7 +7,7 @@ use std::cell::Cell;
 
 use distribute_collectives::Tensor;
 use distribute_input::Batch;
-use distribute_values::Regroup;
+use distribute_values::Nest;
 
 struct Counting;
 
@@ -48,7 +48,7 @@ fn allocations<T>(f: impl FnOnce() -> T) -> usize {
     made
 }
 
-#[derive(Debug, Clone, Regroup)]
+#[derive(Debug, Clone, Nest)]
 struct Example {
     features: Tensor,
     tokens: Vec<Tensor>,

@@ -202,10 +202,9 @@ fn run_with_merges(strategy: &MirroredStrategy, merges: usize) -> Leaf<usize> {
             |ctx, ()| {
                 let mut total = 0;
                 for round in 0..merges {
-                    total += ctx
-                        .merge_call::<usize, usize, _>(ctx.replica_id() + round, |_, v| {
-                            Ok(Leaf::Same(v.local_results().into_iter().sum()))
-                        })?;
+                    total += ctx.merge_call(ctx.replica_id() + round, |_, v| {
+                        Ok(Leaf::Same(v.local_results().into_iter().sum::<usize>()))
+                    })?;
                 }
                 Ok(total)
             },

@@ -14,8 +14,8 @@ use distribute_collectives::{
     SharedMemoryAllReduce, StepLifecycle, Tensor,
 };
 use distribute_mirrored::{MirroredConfig, MirroredStrategy};
-use distribute_strategy::{Strategy, StrategyError};
-use distribute_values::{Leaf, ReduceOp};
+use distribute_strategy::{Strategy, StrategyError, VariableOptions};
+use distribute_values::{Leaf, ReduceOp, UpdateOp};
 
 fn strategy(n: usize, deadline: Duration) -> MirroredStrategy {
     let devices: Vec<String> = (0..n).map(|i| format!("/cpu:{i}")).collect();
@@ -51,7 +51,7 @@ fn sm15_different_numbers_of_merge_calls_fail_fast() {
         .run(
             |ctx, ()| {
                 if ctx.replica_id() != 2 {
-                    ctx.merge_call::<i32, (), _>(1, |_, _| Ok(()))?;
+                    ctx.merge_call(1, |_, _| Ok(()))?;
                 }
                 Ok(())
             },
@@ -105,7 +105,8 @@ fn sm16_a_merge_function_error_reaches_the_caller() {
     let err = strategy
         .run(
             |ctx, ()| {
-                ctx.merge_call::<i32, (), _>(ctx.replica_id() as i32, |_, _| {
+                // The merge function never succeeds, so nothing names its result type.
+                ctx.merge_call(ctx.replica_id() as i32, |_, _| -> Result<(), _> {
                     Err(StrategyError::InvalidArgument("merge refused".into()))
                 })
             },
@@ -129,7 +130,7 @@ fn sm16_a_panicking_replica_releases_the_others() {
                     panic!("replica 1 divides by zero");
                 }
                 let t = ctx.all_reduce(ReduceOp::Sum, &one(ctx))?;
-                ctx.merge_call::<(), (), _>((), |_, _| Ok(()))?;
+                ctx.merge_call((), |_, _| Ok(()))?;
                 Ok(t)
             },
             &(),
@@ -152,7 +153,7 @@ fn a_panic_inside_a_merge_function_releases_the_others() {
     let strategy = strategy(2, Duration::from_secs(60));
     let err = strategy
         .run(
-            |ctx, ()| ctx.merge_call::<(), (), _>((), |_, _| panic!("merge function bug")),
+            |ctx, ()| ctx.merge_call((), |_, _| -> Result<(), _> { panic!("merge function bug") }),
             &(),
         )
         .unwrap_err();
@@ -365,14 +366,74 @@ fn run_inside_a_step_is_refused() {
 
 /// A `merge_call` made from inside a merge function once completed the barrier the other
 /// replicas waited at, and they panicked on an internal `expect`.
+/// A step that captured the strategy reaches cross-replica operations the types cannot refuse
+/// (`strategy.cross_replica()`); every replica, the caller's thread (replica 0) and the pool's,
+/// gets a typed error and the variable is left as it was. In a merge function, and outside `run`,
+/// the same call works.
+#[test]
+fn cross_replica_operations_inside_a_step_are_refused_but_work_in_merge_call() {
+    let strategy = strategy(2, Duration::from_secs(60));
+    let w = strategy
+        .create_variable("w", 1.0f32, VariableOptions::default())
+        .unwrap();
+    let refused = |operation: &str, step: &(dyn Fn() -> Result<(), StrategyError> + Sync)| {
+        let err = strategy.run(|_ctx, ()| step(), &()).unwrap_err();
+        assert!(
+            matches!(&err, StrategyError::CrossReplicaInReplica { operation: o } if *o == operation),
+            "{operation}: {err:?}"
+        );
+        assert!(err.to_string().contains("merge_call"), "{err}");
+    };
+    let cross = strategy.cross_replica();
+    refused("update", &|| {
+        cross.update(&w, UpdateOp::AssignAdd, &Leaf::Same(1.0))
+    });
+    refused("update_with", &|| cross.update_with(&w, |_, v| Ok(v + 1.0)));
+    refused("read_var", &|| cross.read_var(&w).map(drop));
+    let t = Leaf::Same(Tensor::scalar("/cpu:0", 1.0f32));
+    refused("reduce", &|| {
+        strategy.reduce(ReduceOp::Sum, &t, None).map(drop)
+    });
+    refused("gather", &|| strategy.gather(&t, 0).map(drop));
+    assert_eq!(
+        cross.read_var(&w).unwrap(),
+        1.0,
+        "no refused update was applied"
+    );
+
+    strategy
+        .run(
+            |ctx, ()| {
+                ctx.merge_call((), |_, ()| {
+                    strategy
+                        .cross_replica()
+                        .update(&w, UpdateOp::AssignAdd, &Leaf::Same(1.0))
+                })?;
+                // Back in the replica after the merge function: refused again.
+                match strategy.cross_replica().read_var(&w) {
+                    Err(StrategyError::CrossReplicaInReplica { .. }) => Ok(()),
+                    other => panic!("read_var after merge_call: {other:?}"),
+                }
+            },
+            &(),
+        )
+        .unwrap();
+    assert_eq!(
+        cross.read_var(&w).unwrap(),
+        2.0,
+        "the merge function's update applied once"
+    );
+    still_works(&strategy);
+}
+
 #[test]
 fn merge_call_inside_a_merge_function_is_refused() {
     let strategy = strategy(3, Duration::from_secs(60));
     let out: Leaf<String> = strategy
         .run(
             |ctx, ()| {
-                ctx.merge_call::<(), String, _>((), |_, _| {
-                    let nested = ctx.merge_call::<(), (), _>((), |_, _| Ok(()));
+                ctx.merge_call((), |_, _| {
+                    let nested = ctx.merge_call((), |_, _| Ok(()));
                     Ok(Leaf::Same(match nested {
                         Err(StrategyError::Runtime(m)) => m,
                         other => format!("nested merge_call gave {other:?}"),
@@ -423,7 +484,7 @@ fn hundreds_of_steps_with_merges_and_collectives_back_to_back() {
                 |ctx, ()| {
                     let sum = ctx.all_reduce(ReduceOp::Sum, &one(ctx))?;
                     let mine = sum.to_vec::<f32>()?[0] + ctx.replica_id() as f32;
-                    let total: f32 = ctx.merge_call::<f32, f32, _>(mine, |_, v| {
+                    let total: f32 = ctx.merge_call(mine, |_, v| {
                         Ok(Leaf::Same(v.local_results().into_iter().sum()))
                     })?;
                     Ok(total + step as f32)

@@ -5,8 +5,8 @@
 use distribute_collectives::Tensor;
 use distribute_input::{Batch, Dataset, InputOptions, MaskedRegrouped, PartialBatch};
 use distribute_mirrored::MirroredStrategy;
-use distribute_strategy::{Strategy, per_replica_inputs};
-use distribute_values::{Leaf, ReduceOp, Regroup};
+use distribute_strategy::Strategy;
+use distribute_values::{Leaf, Nest, ReduceOp};
 
 #[test]
 fn replicas_get_their_chunks_and_all_reduce_the_global_batch() {
@@ -20,7 +20,7 @@ fn replicas_get_their_chunks_and_all_reduce_the_global_batch() {
         .unwrap();
     let mut global_sums = Vec::new();
     for step in &dataset {
-        let inputs = per_replica_inputs(step.unwrap()).unwrap();
+        let inputs = step.unwrap();
         let (totals, rows, devices): (Leaf<i64>, Leaf<usize>, Leaf<String>) = strategy
             .run(
                 |ctx, batch| {
@@ -76,7 +76,7 @@ fn dropping_the_remainder_ends_every_replica_on_the_same_step() {
 }
 
 /// A dataset element of a user's own: features, token columns and an optional weight per row.
-#[derive(Debug, Clone, Regroup)]
+#[derive(Debug, Clone, Nest)]
 struct Example {
     features: Tensor,
     tokens: Vec<Tensor>,
@@ -111,7 +111,7 @@ fn a_derived_struct_is_a_dataset_element_split_over_the_replicas() {
         .unwrap();
     let mut steps = Vec::new();
     for step in &dataset {
-        let inputs: ExampleRegrouped = per_replica_inputs(step.unwrap()).unwrap();
+        let inputs: ExampleRegrouped = step.unwrap();
         let (rows, tokens, weights): (Leaf<usize>, Leaf<Tensor>, Leaf<f32>) = strategy
             .run(
                 |ctx, batch| {
@@ -168,7 +168,7 @@ fn padded_steps_reach_the_replicas_with_their_masks() {
         .unwrap();
     let mut means = Vec::new();
     for step in dataset.iter_masked() {
-        let inputs: MaskedRegrouped<Tensor> = per_replica_inputs(step.unwrap()).unwrap();
+        let inputs: MaskedRegrouped<Tensor> = step.unwrap();
         let mean: Leaf<f32> = strategy
             .run(
                 |ctx, masked| {

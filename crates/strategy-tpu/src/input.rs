@@ -20,7 +20,7 @@ use distribute_collectives::Tensor;
 use distribute_device_spec::{DeviceSpec, host_for_device};
 use distribute_input::{
     Batch, InputError, InputOptions, InputReplicationMode, InputWorkers, Masked,
-    MaskedDistributedIterator, PartialBatch,
+    MaskedDistributedIterator, MaskedPerReplicaIterator, PartialBatch,
 };
 use distribute_values::{DistributedValues, Nest, PerReplica};
 
@@ -152,7 +152,7 @@ impl TpuStrategy {
     ) -> DeviceBatches<'_, B> {
         DeviceBatches {
             strategy: self,
-            steps,
+            steps: steps.into_per_replica(),
             ready: VecDeque::new(),
             depth: depth.max(1),
             done: false,
@@ -164,7 +164,7 @@ impl TpuStrategy {
 /// [`TpuStrategy::device_batches`].
 pub struct DeviceBatches<'s, B: Batch> {
     strategy: &'s TpuStrategy,
-    steps: MaskedDistributedIterator<B>,
+    steps: MaskedPerReplicaIterator<B>,
     ready: VecDeque<Result<Vec<DeviceValue>, TpuError>>,
     depth: usize,
     done: bool,

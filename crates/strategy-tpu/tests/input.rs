@@ -113,7 +113,7 @@ fn tpu_22_batches_land_on_the_tpu_unless_fetch_to_device_is_off() {
         },
     ] {
         let dist = s.distribute_dataset(dataset(), options).unwrap();
-        let step = dist.iter().next().unwrap().unwrap();
+        let step = dist.iter_per_replica().next().unwrap().unwrap();
         for (r, t) in step.values().iter().enumerate() {
             assert_eq!(
                 t.device(),
@@ -126,7 +126,7 @@ fn tpu_22_batches_land_on_the_tpu_unless_fetch_to_device_is_off() {
         ..InputOptions::default()
     };
     let dist = s.distribute_dataset(dataset(), off).unwrap();
-    let step = dist.iter().next().unwrap().unwrap();
+    let step = dist.iter_per_replica().next().unwrap().unwrap();
     for t in step.values() {
         assert_eq!(t.device(), "/job:localhost/replica:0/task:0/device:CPU:0");
     }

@@ -40,6 +40,7 @@ mod cross_replica;
 mod extended;
 mod replica;
 
+pub(crate) use cross_replica::refuse_in_replica_step;
 pub use cross_replica::{CrossReplicaContext, UpdateContext};
 pub use extended::{MergeArgs, MergeResult, StrategyExtended, initial_value_from_chief};
 pub use replica::ReplicaContext;

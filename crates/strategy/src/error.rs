@@ -25,6 +25,17 @@ pub enum StrategyError {
     /// Not supported by this strategy (TF's `NotImplementedError`).
     #[error("not implemented: {0}")]
     Unimplemented(String),
+    /// A cross-replica operation was called from inside a replica's step, through a strategy or
+    /// cross-replica context the step captured: only a merge function may run them there.
+    #[error(
+        "`{operation}` is a cross-replica operation but was called inside a replica's step (through \
+         a captured strategy or cross-replica context); call it from a merge function \
+         (ctx.merge_call) or outside run"
+    )]
+    CrossReplicaInReplica {
+        /// The operation, e.g. `update`.
+        operation: &'static str,
+    },
     /// A replica's step function panicked.
     #[error("replica {replica} panicked: {message}")]
     ReplicaPanicked {

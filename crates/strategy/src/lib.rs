@@ -12,7 +12,7 @@
 //! - [`DefaultStrategy`]: one replica on the host, TF's identity semantics.
 //!
 //! Datasets reach the replicas through [`Strategy::distribute_dataset`] (the input crate's
-//! `DistributedDataset` over the strategy's devices) and [`per_replica_inputs`].
+//! `DistributedDataset` over the strategy's devices), whose steps are `run`'s inputs.
 //!
 //! This crate knows devices, values, collectives and input pipelines (the layers below). It knows nothing about
 //! how a strategy runs its replicas: threads are `distribute-mirrored`'s business, compiled
@@ -32,7 +32,7 @@ pub use context::{
 pub use default::DefaultStrategy;
 pub use error::StrategyError;
 pub use steps::{LastStepOutput, MultiStepContext};
-pub use strategy::{Strategy, gather_local_replicas, per_replica_inputs};
+pub use strategy::{Strategy, gather_local_replicas};
 pub use variables::{
     VariableCreator, VariableOptions, canonicalize_variable_name, create_distributed_variable,
     replica_variable_name,

@@ -9,11 +9,13 @@ use distribute_input::{
 };
 use distribute_values::{
     Distributed, DistributedValues, DistributedVariable, Leaf, PerReplica, ReduceOp, Regroup,
-    RegroupOptions, VariableValue, regroup_with,
+    VariableValue,
 };
 
 use crate::StrategyError;
-use crate::context::{CrossReplicaContext, ReplicaContext, StrategyExtended};
+use crate::context::{
+    CrossReplicaContext, ReplicaContext, StrategyExtended, refuse_in_replica_step,
+};
 use crate::steps::MultiStepContext;
 use crate::variables::{VariableOptions, create_distributed_variable};
 
@@ -67,6 +69,7 @@ pub trait Strategy: Send + Sync {
         value: &Leaf<Tensor>,
         axis: Option<usize>,
     ) -> Result<Tensor, StrategyError> {
+        refuse_in_replica_step("reduce")?;
         let cross = self.cross_replica();
         let host = Destinations::device(self.extended().host_device())?;
         let reduced = match axis {
@@ -110,6 +113,7 @@ pub trait Strategy: Send + Sync {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     fn gather(&self, value: &Leaf<Tensor>, axis: usize) -> Result<Tensor, StrategyError> {
+        refuse_in_replica_step("gather")?;
         gather_local_replicas(self.extended(), value, axis)
     }
 
@@ -232,9 +236,29 @@ pub trait Strategy: Send + Sync {
     }
 
     /// A global-batch dataset fed to this strategy's replicas (TF's
-    /// `experimental_distribute_dataset`): each step is one `PerReplica` batch, every global
-    /// batch split into contiguous per-replica chunks, placed on the replicas' devices. Turn a
-    /// step into `run`'s inputs with [`per_replica_inputs`].
+    /// `experimental_distribute_dataset`): every global batch split into contiguous per-replica
+    /// chunks, placed on the replicas' devices. Each step it yields is what [`run`](Self::run)
+    /// takes: the batch's structure with per-replica leaves, replica `r` getting its chunk
+    /// (`DistributedDataset::iter_per_replica` gives one `PerReplica` of whole batches instead).
+    ///
+    /// ```
+    /// use distribute_input::{Dataset, InputOptions};
+    /// use distribute_strategy::{DefaultStrategy, Strategy};
+    ///
+    /// let strategy = DefaultStrategy::new()?;
+    /// let dataset = Dataset::range(8).batch(4, false)?;
+    /// let dataset = strategy.distribute_dataset(dataset, InputOptions::default())?;
+    /// let mut sums = Vec::new();
+    /// for batch in &dataset {
+    ///     let sum = strategy.run(
+    ///         |_, batch| Ok(batch.to_vec::<i64>()?.iter().sum::<i64>()),
+    ///         &batch?,
+    ///     )?;
+    ///     sums.push(sum.local_results().into_iter().copied().sum::<i64>());
+    /// }
+    /// assert_eq!(sums, [6, 22]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     fn distribute_dataset<B: Batch>(
         &self,
         dataset: Dataset<B>,
@@ -279,37 +303,6 @@ pub trait Strategy: Send + Sync {
             values,
         )?)
     }
-}
-
-/// A step of a distributed dataset as `run`'s inputs: every leaf stays per replica (replica `r`
-/// gets its own chunk), even where chunks happen to be equal.
-///
-/// ```
-/// use distribute_input::{Dataset, InputOptions};
-/// use distribute_strategy::{per_replica_inputs, DefaultStrategy, Strategy};
-///
-/// let strategy = DefaultStrategy::new()?;
-/// let dataset = Dataset::range(8).batch(4, false)?;
-/// let dataset = strategy.distribute_dataset(dataset, InputOptions::default())?;
-/// let mut sums = Vec::new();
-/// for step in &dataset {
-///     let inputs = per_replica_inputs(step?)?;
-///     let sum = strategy.run(
-///         |_, batch| Ok(batch.to_vec::<i64>()?.iter().sum::<i64>()),
-///         &inputs,
-///     )?;
-///     sums.push(sum.local_results().into_iter().copied().sum::<i64>());
-/// }
-/// assert_eq!(sums, [6, 22]);
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub fn per_replica_inputs<B: Regroup>(step: PerReplica<B>) -> Result<B::Regrouped, StrategyError> {
-    let (values, devices) = step.into_parts();
-    let options = RegroupOptions {
-        always_wrap: true,
-        ..RegroupOptions::default()
-    };
-    Ok(regroup_with(&devices, values, options)?)
 }
 
 /// This process's replicas' values of `value` joined along `axis`, in replica order, on the host

@@ -5,7 +5,7 @@
 //! [`DistributedValues`], nested structures — walked leaf by leaf with [`Nest`], regrouped
 //! across replicas with [`regroup`] / [`select_replica`] / [`select_device_mirrored`] /
 //! [`update_regroup`], named from their regrouped side with [`Distributed`], and
-//! `#[derive(Regroup)]` for users' structs — the distributed variables [`MirroredVariable`] and
+//! `#[derive(Nest)]` for users' structs — the distributed variables [`MirroredVariable`] and
 //! [`SyncOnReadVariable`], and their checkpoint values.
 //!
 //! Element types are generic. This crate knows nothing about device memory, threads or
@@ -77,25 +77,26 @@ pub use regroup::{
 };
 pub use variable::{DistributedVariable, MirroredVariable, SyncOnReadVariable, VariableComponent};
 
-/// `#[derive(Regroup)]`: regroup, select and walk a struct field by field.
+/// `#[derive(Nest)]`: walk, regroup and select a struct field by field, so that it can be a
+/// dataset's batch, a step's input and output, and one fused `all_reduce` payload.
 ///
 /// For `struct Name { … }` it declares `NameRegrouped` with the same fields (and visibility),
 /// each of the field's regrouped type, deriving `Debug`, `Clone` and `PartialEq`, and implements
 /// [`Regroup`] and [`Nest`] for `Name` and [`Distributed`] for `NameRegrouped` (so `run` infers
 /// `Name` from a `NameRegrouped` input). Tuple and unit structs work too; generic parameters get
-/// a `Regroup` (or `Nest`) bound. With `#[regroup(leaf)]` the type is a leaf instead: it regroups
+/// a `Regroup` (or `Nest`) bound. With `#[nest(leaf)]` the type is a leaf instead: it regroups
 /// to [`Leaf<Self>`], needs `Clone + PartialEq`, and is one leaf of a [`Nest`] walk. Enums can
 /// only be leaves: their variants are not regrouped field by field.
 ///
 /// ```
 /// use std::sync::Arc;
-/// use distribute_values::{regroup, select_replica, Leaf, Regroup, ReplicaDeviceMap};
+/// use distribute_values::{regroup, select_replica, Leaf, Nest, ReplicaDeviceMap};
 ///
-/// #[derive(Debug, Clone, PartialEq, Regroup)]
-/// #[regroup(leaf)]
+/// #[derive(Debug, Clone, PartialEq, Nest)]
+/// #[nest(leaf)]
 /// struct Token(u32);
 ///
-/// #[derive(Debug, Clone, PartialEq, Regroup)]
+/// #[derive(Debug, Clone, PartialEq, Nest)]
 /// struct Batch(Vec<Token>, String);
 ///
 /// let map = Arc::new(ReplicaDeviceMap::new(["/cpu:0", "/cpu:1"])?);
@@ -105,4 +106,4 @@ pub use variable::{DistributedVariable, MirroredVariable, SyncOnReadVariable, Va
 /// assert_eq!(select_replica::<Batch>(0, &grouped)?, xs[0]);
 /// # Ok::<(), distribute_values::ValuesError>(())
 /// ```
-pub use distribute_values_derive::Regroup;
+pub use distribute_values_derive::Nest;

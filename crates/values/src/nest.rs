@@ -1,5 +1,5 @@
 //! [`Nest`]: the one way to walk a nested structure (tuples, `Vec`, arrays, maps, `Option`,
-//! `Box`, users' `#[derive(Regroup)]` structs) leaf by leaf, with the [`Path`] of every leaf.
+//! `Box`, users' `#[derive(Nest)]` structs) leaf by leaf, with the [`Path`] of every leaf.
 //!
 //! Three operations cover what the layers above need, each monomorphised for its visitor:
 //! [`Nest::visit_leaves`] reads every leaf, [`Nest::map_leaves`] rebuilds the structure with
@@ -146,14 +146,14 @@ pub trait LeafZipper {
 /// Implemented for leaves (numbers, `bool`, `char`, `String`, `&'static str`, distributed
 /// variables and their components; tensors in distribute-collectives), for `()` (no leaves),
 /// for containers of `Nest` types (tuples up to 8, `Vec`, arrays, `BTreeMap`, `HashMap`,
-/// `Option`, `Box`), and by `#[derive(Regroup)]` for users' structs. A leaf passes itself to
+/// `Option`, `Box`), and by `#[derive(Nest)]` for users' structs. A leaf passes itself to
 /// the visitor; a container passes each part with a child of its path. `HashMap` entries are
 /// visited in key order, so that every replica walks equal maps alike.
 ///
 /// ```
-/// use distribute_values::{Nest, Path, Regroup};
+/// use distribute_values::{Nest, Path};
 ///
-/// #[derive(Debug, Clone, PartialEq, Regroup)]
+/// #[derive(Debug, Clone, PartialEq, Nest)]
 /// struct Metrics {
 ///     loss: f32,
 ///     per_class: Vec<f32>,

@@ -5,8 +5,8 @@
 //! The [`Regroup`] trait maps a structure type to its regrouped type: a leaf `T` becomes a
 //! [`Leaf<T>`], and containers (tuples, `Vec`, arrays, maps, `Option`, `Box`) keep their shape
 //! with regrouped contents; an `Option` that is `None` on some replicas only becomes a
-//! [`RegroupedOption::PerReplica`](crate::RegroupedOption) of each replica's own `Option`. Users' own structs get it from `#[derive(Regroup)]`, which also
-//! declares the regrouped companion struct; `#[regroup(leaf)]` makes a type a leaf instead.
+//! [`RegroupedOption::PerReplica`](crate::RegroupedOption) of each replica's own `Option`. Users' own structs get it from `#[derive(Nest)]`, which also
+//! declares the regrouped companion struct; `#[nest(leaf)]` makes a type a leaf instead.
 //! [`Distributed`] goes the other way, from a regrouped type to its per-replica structure, so
 //! that a strategy's `run` infers what each replica gets from the inputs it is given.
 //!
@@ -132,16 +132,16 @@ impl fmt::Display for Selection<'_> {
 /// Implemented for leaves (numbers, `bool`, `char`, `String`, `&'static str`, `()`), for
 /// containers of `Regroup` types (tuples up to 8, `Vec`, arrays, `BTreeMap`, `HashMap`,
 /// `Option`, `Box`), for distributed variables and their components, and by
-/// `#[derive(Regroup)]` for users' structs. Hand-written impls follow the container impls
+/// `#[derive(Nest)]` for users' structs. Hand-written impls follow the container impls
 /// (`containers.rs`): split the replicas' values field by field, regroup each field with its
 /// own path, and select field by field; implement [`Nest`](crate::Nest) and [`Distributed`]
 /// beside it.
 ///
 /// ```
 /// use std::sync::Arc;
-/// use distribute_values::{regroup, select_replica, Leaf, Regroup, ReplicaDeviceMap};
+/// use distribute_values::{regroup, select_replica, Leaf, Nest, ReplicaDeviceMap};
 ///
-/// #[derive(Debug, Clone, PartialEq, Regroup)]
+/// #[derive(Debug, Clone, PartialEq, Nest)]
 /// struct Step {
 ///     mode: String,
 ///     loss: f32,
@@ -181,7 +181,7 @@ pub trait Regroup: Sized {
 /// A structure of distributed values that names its per-replica structure: the inverse of
 /// [`Regroup::Regrouped`]. Implemented for [`Leaf<T>`], `()`, distributed variables (whose
 /// replicas get their components), the containers (tuples up to 8, `Vec`, arrays, `BTreeMap`,
-/// `HashMap`, `Option`, `Box`) and the companion structs `#[derive(Regroup)]` declares.
+/// `HashMap`, `Option`, `Box`) and the companion structs `#[derive(Nest)]` declares.
 ///
 /// A strategy's `run` takes its inputs as a `Distributed` value and hands replica `r` the
 /// [`Distributed::Local`] it selects, so the step's input type is inferred from the inputs.

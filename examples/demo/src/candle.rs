@@ -17,7 +17,7 @@ use anyhow::{Result, anyhow, ensure};
 use candle_core::{D, Device, Tensor};
 use candle_nn::{Linear, Module, Optimizer, SGD, VarBuilder};
 use distribute::prelude::{
-    Dataset, InputOptions, MirroredStrategy, PartialBatch, ReduceOp, Strategy, per_replica_inputs,
+    Dataset, InputOptions, MirroredStrategy, PartialBatch, ReduceOp, Strategy,
 };
 use distribute_candle::{Config as CandleConfig, DataParallel};
 
@@ -253,10 +253,9 @@ pub fn train_on<S: Strategy>(strategy: &S, config: &Config, data: &WineData) -> 
     let started = Instant::now();
     for step in 0..config.steps {
         let waiting = Instant::now();
-        let batch = steps
+        let inputs = steps
             .next()
             .ok_or_else(|| anyhow!("the input ended after {step} steps"))??;
-        let inputs = per_replica_inputs(batch)?;
         let running = Instant::now();
         let results = model.run(&inputs, |replica, (x, y)| {
             let t0 = Instant::now();

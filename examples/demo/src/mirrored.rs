@@ -196,7 +196,7 @@ pub fn train_on<S: Strategy>(
                  {global_batch}"
             )));
         }
-        ctx.merge_call::<Vec<Tensor>, (), _>(grad_sums, |cross, grad_sums: Vec<Leaf<Tensor>>| {
+        ctx.merge_call(grad_sums, |cross, grad_sums: Vec<Leaf<Tensor>>| {
             // SGD with momentum on every copy: v ← μ·v + g, then w ← w − lr·v, each device's
             // copy with that device's all-reduced gradient sums. g is the gradient of the global
             // batch's mean squared error (TF's `compute_average_loss(..., global_batch_size)`),
@@ -243,7 +243,6 @@ pub fn train_on<S: Strategy>(
         let batch = steps
             .next()
             .ok_or_else(|| anyhow!("the input ended after {step} steps"))??;
-        let batch = per_replica_inputs(batch)?;
         let running = Instant::now();
         let (loss, compute, all_reduce, merge_call) = strategy.run(step_fn, &batch)?;
         let ran = Instant::now();

@@ -214,7 +214,7 @@ fn replica_r_gets_the_r_th_contiguous_chunk_of_each_global_batch() {
     let one = mirrored::input_pipeline(&short_run(1), &data.train, "/cpu:0").unwrap();
     let four = mirrored::input_pipeline(&short_run(4), &data.train, "/cpu:0").unwrap();
     let mut steps = 0;
-    for (whole, parts) in one.iter().zip(four.iter()).take(50) {
+    for (whole, parts) in one.iter_per_replica().zip(four.iter_per_replica()).take(50) {
         let (whole, parts) = (whole.unwrap(), parts.unwrap());
         let (x, y) = &whole.values()[0];
         let sizes: Vec<usize> = parts.values().iter().map(|(x, _)| x.shape()[0]).collect();

@@ -4,7 +4,7 @@
 
 use distribute_values::PerReplica;
 
-use super::iterator::DistributedIterator;
+use super::iterator::PerReplicaIterator;
 use crate::{Batch, InputError, PartialBatch};
 
 /// What this process has for a step of `next_across_processes`, decided before the exchange.
@@ -59,7 +59,7 @@ impl Tally {
     }
 }
 
-impl<B: Batch> DistributedIterator<B> {
+impl<B: Batch> PerReplicaIterator<B> {
     /// The next step when other processes feed other replicas of the same steps (one process
     /// per worker), so that all of them see the end of data, or a failure, on the same step
     /// (TF's `get_next_as_optional`, IN-29).
@@ -85,7 +85,7 @@ impl<B: Batch> DistributedIterator<B> {
     /// // Worker 1 of 2, sharded by data: `range(3).batch(2)` gives it [1], then nothing.
     /// let workers = InputWorkers::worker_of_cluster(2, 1, "/job:worker/task:1", ["/job:worker/task:1/cpu:0"])?;
     /// let dist = DistributedDataset::new(Dataset::range(3).batch(2, false)?, &workers, InputOptions::default())?;
-    /// let mut it = dist.iter();
+    /// let mut it = dist.iter_per_replica();
     /// // Worker 0 has data on both steps (it gets [0], then [2]) and reports 1 each time.
     /// let first = it.next_across_processes(|mine| Ok::<_, InputError>(mine + 1))?.unwrap();
     /// let second = it.next_across_processes(|mine| Ok::<_, InputError>(mine + 1))?.unwrap();

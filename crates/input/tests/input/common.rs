@@ -13,7 +13,7 @@ pub(crate) fn ints(t: &Tensor) -> Vec<i64> {
 
 /// Every step as one list of int64 values per replica.
 pub(crate) fn steps(dist: &DistributedDataset<Tensor>) -> Vec<Vec<Vec<i64>>> {
-    dist.iter()
+    dist.iter_per_replica()
         .map(|step| step.expect("a step").values().iter().map(ints).collect())
         .collect()
 }

@@ -90,7 +90,7 @@ fn squares(n: i64) -> Dataset<(Tensor, Tensor)> {
 }
 
 fn pairs(dist: &DistributedDataset<(Tensor, Tensor)>) -> Vec<Vec<(Vec<i64>, Vec<i64>)>> {
-    dist.iter()
+    dist.iter_per_replica()
         .map(|s| {
             s.unwrap()
                 .values()
@@ -262,7 +262,7 @@ fn in_33_dataset_from_function_sums_per_worker() {
                 },
             )
             .unwrap();
-            ints(&dist.iter().next().unwrap().unwrap().values()[0])
+            ints(&dist.iter_per_replica().next().unwrap().unwrap().values()[0])
                 .iter()
                 .sum()
         })
@@ -525,7 +525,7 @@ fn run_processes_until_stop(
         let (reduce, make, tx) = (Arc::clone(&reduce), Arc::clone(&make), tx.clone());
         std::thread::spawn(move || {
             let dist = make(w);
-            let mut it = dist.iter();
+            let mut it = dist.iter_per_replica();
             let mut steps = Vec::new();
             let error = loop {
                 match it.next_across_processes(|mine| Ok::<_, InputError>(reduce.sum(w, mine))) {
@@ -716,7 +716,7 @@ fn after_the_end_there_is_no_exchange_and_bad_sums_are_refused() {
         InputOptions::default(),
     )
     .unwrap();
-    let mut it = dist.iter();
+    let mut it = dist.iter_per_replica();
     // 2 processes: a report of 1 means data, 3 no structure, 9 a failure; 1 + 3 + 3 counts
     // three processes.
     let err = it

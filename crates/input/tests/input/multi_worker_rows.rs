@@ -226,7 +226,7 @@ fn run_agreed(
             let dist = make(w).with_sum_across_processes(exchange, window).unwrap();
             let mut steps = Vec::new();
             let mut error = None;
-            for step in &dist {
+            for step in dist.iter_per_replica() {
                 match step {
                     Ok(step) => steps.push(step.into_iter().map(|t| ints(&t)).collect()),
                     Err(e) => {
@@ -417,7 +417,7 @@ fn an_exchange_error_ends_iteration_with_it() {
             4,
         )
         .unwrap();
-    let mut it = dist.iter();
+    let mut it = dist.iter_per_replica();
     let err = it.next().unwrap().unwrap_err();
     assert_eq!(err.to_string(), "invalid input option: the link is down");
     assert!(it.next().is_none());
@@ -457,6 +457,7 @@ fn masked_iteration_agrees_too_with_zero_masks_for_a_worker_that_ran_out() {
             .unwrap();
             let masks: Vec<Vec<f32>> = dist
                 .iter_masked()
+                .into_per_replica()
                 .map(|step| {
                     let masked = step.unwrap().into_iter().next().unwrap();
                     masked.mask.to_vec::<f32>().unwrap()

@@ -1,4 +1,4 @@
-//! A user's `#[derive(Regroup)]` struct as a dataset element (issue 13): a struct mixing a
+//! A user's `#[derive(Nest)]` struct as a dataset element (issue 13): a struct mixing a
 //! tensor, a `Vec` of tensors and an `Option` of a tensor is batched, unbatched, distributed
 //! over two replicas and split per replica like a tensor, and a leaf that is not a tensor is an
 //! error naming its path.
@@ -8,10 +8,10 @@ use distribute_input::{
     Batch, Dataset, DistributedDataset, GeneratorSource, InputError, InputOptions, InputWorkers,
     PartialBatch, split_sizes,
 };
-use distribute_values::{DistributedValues, Regroup};
+use distribute_values::{DistributedValues, Nest};
 
 /// One example per row: two features, two token columns, and an optional weight.
-#[derive(Debug, Clone, Regroup)]
+#[derive(Debug, Clone, Nest)]
 struct Example {
     features: Tensor,
     tokens: Vec<Tensor>,
@@ -102,7 +102,7 @@ fn a_derived_struct_is_distributed_and_split_per_replica() {
         .batch(4, false)
         .unwrap();
     let dist = DistributedDataset::new(ds.clone(), &workers, InputOptions::default()).unwrap();
-    let steps: Vec<_> = dist.iter().collect::<Result<_, _>>().unwrap();
+    let steps: Vec<_> = dist.iter_per_replica().collect::<Result<_, _>>().unwrap();
     let globals: Vec<Example> = ds.iter().collect::<Result<_, _>>().unwrap();
     assert_eq!(steps.len(), 3);
     let mut per_replica = Vec::new();
@@ -147,7 +147,12 @@ fn a_derived_struct_is_padded_with_a_mask() {
         ..InputOptions::default()
     };
     let dist = DistributedDataset::new(ds, &workers, options).unwrap();
-    let last = dist.iter_masked().last().unwrap().unwrap();
+    let last = dist
+        .iter_masked()
+        .into_per_replica()
+        .last()
+        .unwrap()
+        .unwrap();
     let [first, second] = last.values() else {
         panic!("two replicas")
     };
@@ -158,7 +163,7 @@ fn a_derived_struct_is_padded_with_a_mask() {
     assert!(second.batch.weight.is_none());
 }
 
-#[derive(Debug, Clone, Regroup)]
+#[derive(Debug, Clone, Nest)]
 struct Scaled {
     x: Tensor,
     scale: f32,

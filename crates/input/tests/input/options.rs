@@ -121,7 +121,7 @@ fn per_replica_mode_is_refused_between_graph() {
 fn in_44_placement_follows_fetch_to_device() {
     let workers = local(2);
     let on_device = distribute(4, 2, false, &workers, InputOptions::default()).unwrap();
-    let step = on_device.iter().next().unwrap().unwrap();
+    let step = on_device.iter_per_replica().next().unwrap().unwrap();
     for (i, device, value) in step.iter() {
         assert_eq!(value.device(), device);
         assert_eq!(
@@ -140,7 +140,7 @@ fn in_44_placement_follows_fetch_to_device() {
         },
     )
     .unwrap();
-    for value in on_host.iter().next().unwrap().unwrap().values() {
+    for value in on_host.iter_per_replica().next().unwrap().unwrap().values() {
         assert_eq!(
             value.device(),
             "/job:localhost/replica:0/task:0/device:CPU:0"
@@ -153,7 +153,7 @@ fn in_44_placement_follows_fetch_to_device() {
         InputOptions::default(),
     )
     .unwrap();
-    let step = dist.iter().next().unwrap().unwrap();
+    let step = dist.iter_per_replica().next().unwrap().unwrap();
     assert_eq!(
         step.values()[1].device(),
         "/job:localhost/replica:0/task:0/device:GPU:1"

@@ -128,6 +128,7 @@ fn pad_with_mask_gives_every_replica_the_full_size() {
     let dist = distribute(9, 4, false, &local(2), options).unwrap();
     let got: Vec<Vec<(Vec<i64>, Vec<f32>)>> = dist
         .iter_masked()
+        .into_per_replica()
         .map(|s| {
             s.unwrap()
                 .values()
@@ -145,7 +146,12 @@ fn pad_with_mask_gives_every_replica_the_full_size() {
         ]
     );
     // The masks sit with their batches.
-    let step = dist.iter_masked().next().unwrap().unwrap();
+    let step = dist
+        .iter_masked()
+        .into_per_replica()
+        .next()
+        .unwrap()
+        .unwrap();
     assert_eq!(
         step.values()[1].mask.device(),
         step.values()[1].batch.device()
@@ -155,7 +161,12 @@ fn pad_with_mask_gives_every_replica_the_full_size() {
 #[test]
 fn masks_are_all_ones_when_nothing_is_padded() {
     let dist = distribute(5, 4, false, &local(2), InputOptions::default()).unwrap();
-    let last = dist.iter_masked().last().unwrap().unwrap();
+    let last = dist
+        .iter_masked()
+        .into_per_replica()
+        .last()
+        .unwrap()
+        .unwrap();
     let rows: Vec<usize> = last
         .values()
         .iter()
@@ -177,7 +188,7 @@ fn in_29_every_replica_gets_a_value_and_all_see_the_end_together() {
                 ..InputOptions::default()
             };
             let dist = distribute(n, b, false, &in_graph(2, 2), options).unwrap();
-            let mut it = dist.iter();
+            let mut it = dist.iter_per_replica();
             for step in it.by_ref() {
                 assert_eq!(
                     step.unwrap().num_replicas(),

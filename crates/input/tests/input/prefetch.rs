@@ -148,7 +148,7 @@ fn dropping_a_distributed_iterator_early_stops_every_pipeline_thread() {
         },
     )
     .unwrap();
-    let mut it = dist.iter();
+    let mut it = dist.iter_per_replica();
     for _ in 0..3 {
         assert_eq!(it.next().unwrap().unwrap().values_len(), 6);
     }

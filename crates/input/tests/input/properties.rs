@@ -21,7 +21,7 @@ proptest! {
         let ds = Dataset::from_tensors((features, labels)).unwrap().batch(batch, false).unwrap();
         let dist = DistributedDataset::new(ds.clone(), &local(replicas), InputOptions { prefetch, ..InputOptions::default() }).unwrap();
         // Collected first, so that a step too many on either side is counted, not zipped away.
-        let steps: Vec<_> = dist.iter().collect::<Result<_, _>>().unwrap();
+        let steps: Vec<_> = dist.iter_per_replica().collect::<Result<_, _>>().unwrap();
         let globals: Vec<_> = ds.iter().collect::<Result<_, _>>().unwrap();
         prop_assert_eq!(steps.len(), rows.div_ceil(batch));
         prop_assert_eq!(globals.len(), rows.div_ceil(batch));
@@ -41,7 +41,7 @@ proptest! {
         let ds = Dataset::range(rows).batch(batch, false).unwrap();
         let dist = DistributedDataset::new(ds, &local(replicas), options).unwrap();
         let mut real = Vec::new();
-        for step in dist.iter_masked() {
+        for step in dist.iter_masked().into_per_replica() {
             for m in step.unwrap().values() {
                 prop_assert_eq!(m.batch.shape()[0], batch.div_ceil(replicas));
                 let values = m.batch.to_vec::<i64>().unwrap();

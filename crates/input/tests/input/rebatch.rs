@@ -225,7 +225,7 @@ fn in_45_batch_sizes_for_worker_drive_a_rebatch_per_worker() {
                 },
             )
             .unwrap();
-            dist.iter()
+            dist.iter_per_replica()
                 .map(|s| s.unwrap().into_iter().map(|t| t.shape()[0]).collect())
                 .collect()
         })

@@ -178,7 +178,7 @@ proptest! {
         let options = InputOptions { prefetch, partial_batch, ..InputOptions::default() };
         let workers = local(replicas);
         let dist = DistributedDataset::new(ds.clone(), &workers, options).unwrap();
-        let steps: Vec<_> = dist.iter().collect::<Result<_, _>>().unwrap();
+        let steps: Vec<_> = dist.iter_per_replica().collect::<Result<_, _>>().unwrap();
         let globals: Vec<(Tensor, Tensor)> = ds.iter().collect::<Result<_, _>>().unwrap();
         prop_assert_eq!(steps.len(), globals.len());
         for (step, global) in steps.iter().zip(&globals) {

@@ -5,7 +5,7 @@ use distribute_input::{
     Dataset, DistributedDataset, InputError, InputOptions, PartialBatch,
     distribute_datasets_from_function,
 };
-use distribute_values::DistributedValues;
+use distribute_values::{DistributedValues, Leaf};
 
 use crate::common::{distribute, ints, local, r, steps, whole};
 
@@ -103,7 +103,7 @@ fn in_11_tuples_are_split_leaf_by_leaf() {
         .unwrap();
     let dist = DistributedDataset::new(ds, &local(2), InputOptions::default()).unwrap();
     let got: Vec<Vec<(Vec<i64>, Vec<i64>)>> = dist
-        .iter()
+        .iter_per_replica()
         .map(|s| {
             s.unwrap()
                 .values()
@@ -167,7 +167,7 @@ fn in_13_empty_batches_keep_dtype_and_trailing_shape() {
         .batch(3, false)
         .unwrap();
     let dist = DistributedDataset::new(ds, &local(4), InputOptions::default()).unwrap();
-    let step = dist.iter().next().unwrap().unwrap();
+    let step = dist.iter_per_replica().next().unwrap().unwrap();
     let (ex, ey) = &step.values()[3];
     assert_eq!(
         (ex.shape(), ex.dtype()),
@@ -182,16 +182,24 @@ fn in_13_empty_batches_keep_dtype_and_trailing_shape() {
 #[test]
 fn in_14_end_of_data_then_replay() {
     let dist = distribute(6, 2, false, &local(2), InputOptions::default()).unwrap();
-    let mut it = dist.iter();
+    let mut it = dist.iter_per_replica();
     assert_eq!(it.by_ref().count(), 3);
     assert!(it.next().is_none(), "end of data stays the end");
     assert!(it.next().is_none());
     let first = steps(&dist);
     let second = steps(&dist);
     assert_eq!(first, second, "two epochs are equal");
+    // `for step in &dist` gives each step as `run` takes it: one per-replica leaf.
     let mut by_for_loop = Vec::new();
     for step in &dist {
-        by_for_loop.push(step.unwrap().values().iter().map(ints).collect::<Vec<_>>());
+        let step = step.unwrap();
+        assert!(matches!(step, Leaf::PerReplica(_)), "{step:?}");
+        by_for_loop.push(
+            step.local_results()
+                .into_iter()
+                .map(ints)
+                .collect::<Vec<_>>(),
+        );
     }
     assert_eq!(by_for_loop, first);
 }
@@ -233,7 +241,7 @@ fn in_19_cross_replica_iteration_splits_the_global_batch() {
 fn in_20_default_single_device_first_element() {
     let dist = distribute(10, 2, false, &local(1), InputOptions::default()).unwrap();
     assert_eq!(
-        ints(&dist.iter().next().unwrap().unwrap().values()[0]),
+        ints(&dist.iter_per_replica().next().unwrap().unwrap().values()[0]),
         [0, 1]
     );
     let from_fn = distribute_datasets_from_function(&local(1), InputOptions::default(), |_| {
@@ -241,7 +249,7 @@ fn in_20_default_single_device_first_element() {
     })
     .unwrap();
     assert_eq!(
-        ints(&from_fn.iter().next().unwrap().unwrap().values()[0]),
+        ints(&from_fn.iter_per_replica().next().unwrap().unwrap().values()[0]),
         [0, 1]
     );
 }
@@ -261,7 +269,7 @@ fn in_39_drop_remainder_gives_every_replica_the_same_shape() {
         };
         let dist = DistributedDataset::new(ds, &local(replicas), options).unwrap();
         let mut count = 0;
-        for step in &dist {
+        for step in dist.iter_per_replica() {
             for (f, l) in step.unwrap().values() {
                 assert_eq!(f.shape(), [8 / replicas, 10]);
                 assert_eq!(l.shape(), [8 / replicas]);

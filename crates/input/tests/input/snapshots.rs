@@ -12,7 +12,7 @@ use crate::common::{distribute, in_graph, local};
 
 fn render(dist: &DistributedDataset<Tensor>) -> String {
     let mut out = String::new();
-    for (i, step) in dist.iter().enumerate() {
+    for (i, step) in dist.iter_per_replica().enumerate() {
         writeln!(out, "step {i}: {}", step.unwrap()).unwrap();
     }
     out
@@ -44,7 +44,7 @@ fn snapshot_pad_with_mask_three_replicas() {
     };
     let dist = distribute(7, 5, false, &local(3), options).unwrap();
     let mut out = String::new();
-    for (i, step) in dist.iter_masked().enumerate() {
+    for (i, step) in dist.iter_masked().into_per_replica().enumerate() {
         writeln!(out, "step {i}:").unwrap();
         for (r, device, m) in step.unwrap().iter() {
             writeln!(

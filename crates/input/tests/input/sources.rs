@@ -82,7 +82,7 @@ fn csv_files_read_as_the_chosen_dtype() {
         .unwrap();
     let dist = DistributedDataset::new(ds, &local(2), InputOptions::default()).unwrap();
     let step: Vec<Vec<i64>> = dist
-        .iter()
+        .iter_per_replica()
         .nth(1)
         .unwrap()
         .unwrap()
@@ -240,7 +240,7 @@ fn errors_reach_the_distributed_iterator_and_end_it() {
             },
         )
         .unwrap();
-        let items: Vec<_> = dist.iter().collect();
+        let items: Vec<_> = dist.iter_per_replica().collect();
         assert_eq!(
             items.len(),
             2,
@@ -271,7 +271,7 @@ fn empty_batches_do_not_keep_a_source_block_alive() {
         ..InputOptions::default()
     };
     let dist = DistributedDataset::new(ds, &local(2), options).unwrap();
-    let mut it = dist.iter();
+    let mut it = dist.iter_per_replica();
     // Replica 0's [0] is a view of the first block.
     let block = it.next().unwrap().unwrap().values()[0].clone();
     assert_eq!(block.to_vec::<i64>().unwrap(), [0]);

@@ -89,7 +89,7 @@ fn step(
     let delta = total.divided_by(LR_DIVISOR)?;
     match update {
         Update::Merge => {
-            ctx.merge_call::<Tensor, (), _>(delta, |cross, delta: Leaf<Tensor>| {
+            ctx.merge_call(delta, |cross, delta: Leaf<Tensor>| {
                 cross.update(w, UpdateOp::AssignSub, &delta)?;
                 Ok(())
             })?;

@@ -3,16 +3,16 @@
 //! step's types are inferred from the inputs (no turbofish on `run`).
 
 use distribute_collectives::Tensor;
-use distribute_strategy::{Strategy, StrategyError, per_replica_inputs};
+use distribute_strategy::{Strategy, StrategyError};
 use distribute_values::{
-    DistributedValues, ErrorKind, Leaf, ReduceOp, Regroup, RegroupedOption, ValuesError,
+    DistributedValues, ErrorKind, Leaf, Nest, ReduceOp, RegroupedOption, ValuesError, regroup,
     select_replica,
 };
 
 use crate::cpus;
 
 /// Gradients of a small model: a tensor, a list of tensors and an optional one.
-#[derive(Debug, Clone, PartialEq, Regroup)]
+#[derive(Debug, Clone, PartialEq, Nest)]
 struct Grads {
     weights: Tensor,
     layers: Vec<Tensor>,
@@ -46,7 +46,8 @@ fn a_derived_struct_is_a_step_input_a_fused_all_reduce_payload_and_a_step_output
     let per_replica = strategy
         .distribute_values_from_function(|r, _| grads(&devices[r], r as f32 + 1.0, true))
         .unwrap();
-    let inputs: GradsRegrouped = per_replica_inputs(per_replica).unwrap();
+    let (replicas, map) = per_replica.into_parts();
+    let inputs: GradsRegrouped = regroup(&map, replicas).unwrap();
 
     let summed = strategy
         .run(

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use distribute_mirrored::{MirroredConfig, MirroredStrategy};
 use distribute_strategy::{Strategy, StrategyError, VariableOptions};
-use distribute_values::{DistributedValues, Leaf, PerReplica, Regroup};
+use distribute_values::{DistributedValues, Leaf, Nest, PerReplica};
 
 use super::cpus;
 
@@ -52,7 +52,7 @@ fn sm16_a_merge_function_cannot_start_another_run() {
     let err = strategy
         .run(
             |ctx, ()| {
-                ctx.merge_call::<(), (), _>((), |_, _| {
+                ctx.merge_call((), |_, _| {
                     strategy.run(|_, ()| Ok(()), &())?;
                     Ok(())
                 })
@@ -74,7 +74,7 @@ fn sm17_merge_call_protocol() {
         .run(
             |ctx, ()| {
                 let args = (ctx.replica_id() as i32, "same".to_owned());
-                ctx.merge_call::<(i32, String), (i32, String), _>(args, |cross, (ids, same)| {
+                ctx.merge_call(args, |cross, (ids, same)| {
                     merges.fetch_add(1, Ordering::SeqCst);
                     assert_eq!(cross.num_replicas_in_sync(), 3);
                     // Regrouped: per replica where the replicas differ, unwrapped where equal.
@@ -95,7 +95,7 @@ fn sm17_merge_call_protocol() {
     insta::assert_debug_snapshot!("sm17_each_replica_gets_its_part", received);
 }
 
-#[derive(Debug, Clone, PartialEq, Regroup)]
+#[derive(Debug, Clone, PartialEq, Nest)]
 struct Squares {
     a: f32,
     b: f32,

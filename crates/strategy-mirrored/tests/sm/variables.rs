@@ -69,7 +69,7 @@ fn sm26_one_variable_per_replica_is_one_mirrored_variable() {
         .run(
             |ctx, ()| {
                 let v = ctx.create_variable(Some("foo"), 1.0f32, VariableOptions::default())?;
-                ctx.merge_call::<(), (), _>((), |_, _| Ok(()))?;
+                ctx.merge_call((), |_, _| Ok(()))?;
                 seen.lock().unwrap().push(v);
                 Ok(())
             },

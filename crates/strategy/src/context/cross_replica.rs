@@ -18,6 +18,26 @@ use super::StrategyExtended;
 
 /// The context of code that sees every replica at once: a merge function, or code outside `run`.
 /// It reduces, broadcasts and updates distributed values.
+///
+/// A step function gets a [`ReplicaContext`](crate::ReplicaContext), which has none of these
+/// operations. A step that captured the strategy could still reach them
+/// (`strategy.cross_replica().update(…)`), so they check at run time: called on a thread running
+/// a replica's step, outside a merge function, they fail with
+/// [`StrategyError::CrossReplicaInReplica`].
+///
+/// ```
+/// use distribute_strategy::{DefaultStrategy, Strategy, StrategyError, VariableOptions};
+/// use distribute_values::{Leaf, UpdateOp};
+///
+/// let strategy = DefaultStrategy::new()?;
+/// let w = strategy.create_variable("w", 1.0f32, VariableOptions::default())?;
+/// let err = strategy
+///     .run(|_ctx, ()| strategy.cross_replica().update(&w, UpdateOp::AssignAdd, &Leaf::Same(1.0)), &())
+///     .unwrap_err();
+/// assert!(matches!(err, StrategyError::CrossReplicaInReplica { operation: "update" }));
+/// assert_eq!(strategy.cross_replica().read_var(&w)?, 1.0); // unchanged
+/// # Ok::<(), StrategyError>(())
+/// ```
 #[derive(Clone, Copy)]
 pub struct CrossReplicaContext<'a> {
     extended: &'a dyn StrategyExtended,
@@ -68,6 +88,7 @@ impl<'a> CrossReplicaContext<'a> {
         value: &Leaf<Tensor>,
         destinations: &Destinations,
     ) -> Result<Leaf<Tensor>, StrategyError> {
+        refuse_in_replica_step("reduce_to")?;
         match value {
             Leaf::Mirrored(_) if op == ReduceOp::Mean => Ok(value.clone()),
             Leaf::Mirrored(_) => Err(StrategyError::Invariant(format!(
@@ -95,6 +116,7 @@ impl<'a> CrossReplicaContext<'a> {
         op: ReduceOp,
         pairs: &[(&Leaf<Tensor>, &Destinations)],
     ) -> Result<Vec<Leaf<Tensor>>, StrategyError> {
+        refuse_in_replica_step("batch_reduce_to")?;
         let per_replica: Vec<(usize, Vec<AnyTensor>)> = pairs
             .iter()
             .enumerate()
@@ -130,6 +152,7 @@ impl<'a> CrossReplicaContext<'a> {
         tensor: &Tensor,
         destinations: &Destinations,
     ) -> Result<Leaf<Tensor>, StrategyError> {
+        refuse_in_replica_step("broadcast_to")?;
         let chiefs = match self
             .extended
             .tensors_from_chief(std::slice::from_ref(tensor))?
@@ -154,6 +177,7 @@ impl<'a> CrossReplicaContext<'a> {
         op: UpdateOp,
         value: &Leaf<T>,
     ) -> Result<(), StrategyError> {
+        refuse_in_replica_step("update")?;
         let per_replica = |values: &[T]| -> Result<PerReplica<T>, StrategyError> {
             Ok(PerReplica::new(
                 Arc::clone(self.device_map()),
@@ -202,6 +226,7 @@ impl<'a> CrossReplicaContext<'a> {
         variable: &DistributedVariable<T>,
         mut f: impl FnMut(&UpdateContext<'_>, &T) -> Result<T, StrategyError>,
     ) -> Result<(), StrategyError> {
+        refuse_in_replica_step("update_with")?;
         // Straight to the components: the new values are one per copy by construction, so
         // none of `update`'s checks of a caller's per-replica value apply.
         variable.update_each_with(|replica, device, current| {
@@ -215,6 +240,7 @@ impl<'a> CrossReplicaContext<'a> {
         &self,
         variable: &DistributedVariable<T>,
     ) -> Result<T, StrategyError> {
+        refuse_in_replica_step("read_var")?;
         match variable {
             DistributedVariable::Mirrored(v) => Ok(v.primary()),
             DistributedVariable::SyncOnRead(v) => Ok(v.read_cross_replica()?),
@@ -253,6 +279,7 @@ impl<'a> CrossReplicaContext<'a> {
         colocate_with: Option<&DistributedVariable<T>>,
         mut f: impl FnMut(&UpdateContext<'_>) -> Result<R, StrategyError>,
     ) -> Result<Vec<R>, StrategyError> {
+        refuse_in_replica_step("update_non_slot")?;
         let map = match colocate_with {
             Some(variable) => variable_device_map(variable),
             None => self.device_map(),
@@ -283,6 +310,14 @@ impl<'a> CrossReplicaContext<'a> {
         variable: &DistributedVariable<T>,
     ) -> VariableCreator {
         VariableCreator::new(Arc::new(variable_device_map(variable).clone()))
+    }
+}
+
+/// Fails with [`StrategyError::CrossReplicaInReplica`] on a thread running a replica's step.
+pub(crate) fn refuse_in_replica_step(operation: &'static str) -> Result<(), StrategyError> {
+    match super::replica::in_replica_step() {
+        true => Err(StrategyError::CrossReplicaInReplica { operation }),
+        false => Ok(()),
     }
 }
 

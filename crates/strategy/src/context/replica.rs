@@ -1,11 +1,12 @@
 //! [`ReplicaContext`]: what a step function sees inside one replica.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use distribute_collectives::{ReplicaCollectives, Tensor};
 use distribute_values::{
-    DistributedVariable, Leaf, Nest, PerReplica, ReduceOp, Regroup, UpdateOp, VariableAggregation,
-    VariableValue, regroup, select_replica,
+    Distributed, DistributedVariable, Leaf, Nest, PerReplica, ReduceOp, Regroup, UpdateOp,
+    VariableAggregation, VariableValue, regroup, select_replica,
 };
 
 use crate::StrategyError;
@@ -14,21 +15,65 @@ use crate::variables::{VariableOptions, canonicalize_variable_name, create_distr
 use super::cross_replica::CrossReplicaContext;
 use super::{MergeArgs, MergeResult, StrategyExtended, initial_value_from_chief};
 
+thread_local! {
+    /// How many replica contexts are alive on this thread, outside a merge function: above zero
+    /// while a replica's step runs here. Cross-replica operations read it to refuse being called
+    /// from a step through a captured strategy, which the types cannot prevent.
+    static REPLICA_STEPS: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Whether this thread is running a replica's step (and not a merge function).
+pub(crate) fn in_replica_step() -> bool {
+    REPLICA_STEPS.with(Cell::get) > 0
+}
+
+/// Marks this thread as outside any replica's step while it lives (a merge function runs in
+/// cross-replica context), restoring the count when dropped.
+struct CrossReplicaSection {
+    saved: usize,
+}
+
+impl CrossReplicaSection {
+    fn enter() -> Self {
+        CrossReplicaSection {
+            saved: REPLICA_STEPS.with(|steps| steps.replace(0)),
+        }
+    }
+}
+
+impl Drop for CrossReplicaSection {
+    fn drop(&mut self) {
+        REPLICA_STEPS.with(|steps| steps.set(self.saved));
+    }
+}
+
 /// The context of a step function inside one replica: which replica this is, collectives with the
 /// other replicas, and `merge_call` into cross-replica context.
+///
+/// While it lives, its thread counts as running a replica's step: cross-replica operations
+/// reached through a strategy the step captured (`strategy.cross_replica().update(…)`) fail
+/// with [`StrategyError::CrossReplicaInReplica`] instead of racing the other replicas.
 pub struct ReplicaContext<'a> {
     replica_id: usize,
     extended: &'a dyn StrategyExtended,
     collectives: &'a dyn ReplicaCollectives,
 }
 
+impl Drop for ReplicaContext<'_> {
+    fn drop(&mut self) {
+        REPLICA_STEPS.with(|steps| steps.set(steps.get().saturating_sub(1)));
+    }
+}
+
 impl<'a> ReplicaContext<'a> {
-    /// The context of replica `replica_id`; strategies build it for each replica's step.
+    /// The context of replica `replica_id`; strategies build it for each replica's step, on the
+    /// thread that runs the step, and drop it when the step returns.
     pub fn new(
         replica_id: usize,
         extended: &'a dyn StrategyExtended,
         collectives: &'a dyn ReplicaCollectives,
     ) -> Self {
+        REPLICA_STEPS.with(|steps| steps.set(steps.get() + 1));
         ReplicaContext {
             replica_id,
             extended,
@@ -67,7 +112,7 @@ impl<'a> ReplicaContext<'a> {
     }
 
     /// The reduction of `value` (a tensor or a nested structure of tensors: tuples, `Vec`s,
-    /// maps, `Option`s, `#[derive(Regroup)]` structs) across replicas; every replica gets the
+    /// maps, `Option`s, `#[derive(Nest)]` structs) across replicas; every replica gets the
     /// result, on its own devices. All tensors travel in one fused rendezvous. Every leaf must be
     /// a tensor; another leaf is a `TypeError` naming its path. `Mean` of an integer tensor is
     /// its exact mean as float64 (TF's true division), bitwise equal to `Strategy::reduce`'s.
@@ -88,12 +133,35 @@ impl<'a> ReplicaContext<'a> {
     /// replicas' `args` (regrouped: `PerReplica` where they differ), and gives each replica its
     /// part of the result (`select_replica`). Every replica must make the same merge calls in the
     /// same order.
-    pub fn merge_call<A, S, F>(&self, args: A, merge_fn: F) -> Result<S, StrategyError>
+    ///
+    /// The types are inferred as `run`'s are: the arguments name their regrouped form, and the
+    /// merge function's result (a [`Distributed`] structure: `()`, a [`Leaf`], a tuple of them,
+    /// a `#[derive(Nest)]` struct's companion) names what each replica gets back.
+    ///
+    /// ```
+    /// use distribute_collectives::Tensor;
+    /// use distribute_strategy::{DefaultStrategy, Strategy};
+    /// use distribute_values::Leaf;
+    ///
+    /// let strategy = DefaultStrategy::new()?;
+    /// let doubled = strategy.run(
+    ///     |ctx, ()| {
+    ///         let mine = Tensor::scalar(ctx.device(), 2.0f32);
+    ///         ctx.merge_call(mine, |_cross, all| {
+    ///             let first = all.local_results()[0].to_vec::<f32>()?[0];
+    ///             Ok(Leaf::Same(first * 2.0))
+    ///         })
+    ///     },
+    ///     &(),
+    /// )?;
+    /// assert_eq!(doubled, Leaf::Same(4.0));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn merge_call<A, R, F>(&self, args: A, merge_fn: F) -> Result<R::Local, StrategyError>
     where
         A: Regroup + Send + 'static,
-        S: Regroup,
-        S::Regrouped: Send + Sync + 'static,
-        F: FnOnce(&CrossReplicaContext<'_>, A::Regrouped) -> Result<S::Regrouped, StrategyError>,
+        R: Distributed + Send + Sync + 'static,
+        F: FnOnce(&CrossReplicaContext<'_>, A::Regrouped) -> Result<R, StrategyError>,
     {
         let extended = self.extended;
         let mut merge_fn = Some(merge_fn);
@@ -103,18 +171,19 @@ impl<'a> ReplicaContext<'a> {
             let merge_fn = merge_fn
                 .take()
                 .ok_or_else(|| StrategyError::Invariant("a merge function ran twice".into()))?;
+            let _cross_replica = CrossReplicaSection::enter();
             let result = merge_fn(&CrossReplicaContext::new(extended), grouped)?;
             Ok(Arc::new(result))
         };
         let shared = extended.merge(self.replica_id, Box::new(args), &mut run)?;
-        let result = shared.downcast_ref::<S::Regrouped>().ok_or_else(|| {
+        let result = shared.downcast_ref::<R>().ok_or_else(|| {
             StrategyError::Runtime(
                 "replica 0's merge function returned another type than this replica's expects; \
                  every replica must make the same merge_call"
                     .into(),
             )
         })?;
-        Ok(select_replica::<S>(self.replica_id, result)?)
+        Ok(select_replica::<R::Local>(self.replica_id, result)?)
     }
 
     /// Creates a distributed variable from inside the step: replica 0 creates it with its name and

@@ -5,17 +5,17 @@
 use std::collections::HashMap;
 
 use distribute_values::{
-    Distributed, ErrorKind, Leaf, LeafVisitor, MirroredVariable, Nest, Path, PerReplica, Regroup,
+    Distributed, ErrorKind, Leaf, LeafVisitor, MirroredVariable, Nest, Path, PerReplica,
     ValuesError, VariableAggregation, VariableComponent, regroup, select_replica,
 };
 
 use crate::cpus;
 
-#[derive(Debug, Clone, PartialEq, Regroup)]
-#[regroup(leaf)]
+#[derive(Debug, Clone, PartialEq, Nest)]
+#[nest(leaf)]
 struct Token(u32);
 
-#[derive(Debug, Clone, PartialEq, Regroup)]
+#[derive(Debug, Clone, PartialEq, Nest)]
 struct Example {
     weights: f32,
     history: Vec<f32>,
@@ -24,10 +24,10 @@ struct Example {
     named: HashMap<String, f32>,
 }
 
-#[derive(Debug, Clone, PartialEq, Regroup)]
+#[derive(Debug, Clone, PartialEq, Nest)]
 struct Pair<T>(T, (T, T));
 
-#[derive(Debug, Clone, PartialEq, Regroup)]
+#[derive(Debug, Clone, PartialEq, Nest)]
 struct Nothing;
 
 fn example(x: f32, best: Option<f32>) -> Example {

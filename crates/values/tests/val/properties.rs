@@ -4,14 +4,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use distribute_values::{ErrorKind, Leaf, Regroup, regroup, select_replica};
+use distribute_values::{ErrorKind, Leaf, Nest, regroup, select_replica};
 use proptest::collection::{btree_map, hash_map, vec};
 use proptest::prelude::*;
 
 use crate::cpus;
 
 /// A recursive user structure that touches every container kind.
-#[derive(Debug, Clone, PartialEq, Regroup)]
+#[derive(Debug, Clone, PartialEq, Nest)]
 struct Node {
     value: i32,
     label: Option<String>,

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use distribute_values::{
-    ErrorKind, Leaf, MirroredVariable, Regroup, RegroupOptions, SyncOnReadVariable, UpdateGrouping,
+    ErrorKind, Leaf, MirroredVariable, Nest, RegroupOptions, SyncOnReadVariable, UpdateGrouping,
     ValuesError, VariableAggregation, VariableComponent, Wrap, regroup, regroup_with,
     select_device_mirrored, select_replica, select_replica_mirrored, update_regroup,
 };
@@ -103,10 +103,10 @@ fn val_04_wrap_mirrored_round_trips_both_ways() {
 }
 
 /// A user's own mapping type (TF: a dict subclass, or a `collections.abc.Mapping`).
-#[derive(Debug, Clone, PartialEq, Regroup)]
+#[derive(Debug, Clone, PartialEq, Nest)]
 struct Counts(BTreeMap<String, i64>);
 
-#[derive(Debug, Clone, PartialEq, Regroup)]
+#[derive(Debug, Clone, PartialEq, Nest)]
 struct Registry {
     entries: HashMap<String, String>,
 }
@@ -181,7 +181,7 @@ fn val_10_single_replica_returns_the_structure_unchanged() {
 }
 
 /// TF's named tuple `Spec(mode, loss, train_op, scaffold)`.
-#[derive(Debug, Clone, PartialEq, Regroup)]
+#[derive(Debug, Clone, PartialEq, Nest)]
 struct Spec {
     mode: String,
     loss: f64,
@@ -226,21 +226,21 @@ fn val_11_snapshot_of_a_regrouped_struct() {
     insta::assert_snapshot!("val_11_regrouped_struct", format!("{grouped:#?}"));
 }
 
-#[derive(Debug, Clone, PartialEq, Regroup)]
+#[derive(Debug, Clone, PartialEq, Nest)]
 struct Point(i32, i32);
 
 /// Generic structs, unit structs and user leaf types derive too.
-#[derive(Debug, Clone, PartialEq, Regroup)]
+#[derive(Debug, Clone, PartialEq, Nest)]
 struct Pair<T> {
     left: T,
     right: Vec<T>,
 }
 
-#[derive(Debug, Clone, PartialEq, Regroup)]
+#[derive(Debug, Clone, PartialEq, Nest)]
 struct Marker;
 
-#[derive(Debug, Clone, PartialEq, Regroup)]
-#[regroup(leaf)]
+#[derive(Debug, Clone, PartialEq, Nest)]
+#[nest(leaf)]
 struct Tensor<T> {
     shape: Vec<usize>,
     data: Vec<T>,
