@@ -36,12 +36,13 @@ use candle_core::{D, Device, Tensor};
 use candle_nn::{Module, Optimizer, SGD, VarBuilder, VarMap};
 use distribute_candle::{Config, CpuThreads, DataParallel};
 use distribute_collectives::Tensor as HostTensor;
+use distribute_device_spec::LocalDevices;
 use distribute_input::{Dataset, InputOptions};
 use distribute_mirrored::MirroredStrategy;
 use distribute_strategy::Strategy;
 use distribute_test_support::candle_mlp::{FEATURES, GLOBAL_BATCH, LEARNING_RATE, ROWS, rows};
 use distribute_values::ReduceOp;
-use example::{Mlp, cpu_devices};
+use example::Mlp;
 use indicatif::{ProgressBar, ProgressDrawTarget};
 
 /// The variable that makes this binary run one case and print its result.
@@ -201,7 +202,7 @@ fn ours(
     threads: Option<NonZeroUsize>,
     steps: usize,
 ) -> Result<Measured, Box<dyn Error>> {
-    let strategy = MirroredStrategy::new(&cpu_devices(replicas))?;
+    let strategy = MirroredStrategy::new(LocalDevices::cpus(replicas))?;
     let config = Config {
         threads: threads.map_or(CpuThreads::Auto, CpuThreads::PerReplica),
         ..Config::default()

@@ -24,6 +24,7 @@ use candle_core::{D, Tensor};
 use candle_nn::{Linear, Module, Optimizer, SGD, VarBuilder};
 use distribute_candle::{Config, CpuThreads, DataParallel};
 use distribute_collectives::Tensor as HostTensor;
+use distribute_device_spec::LocalDevices;
 use distribute_input::{Dataset, InputOptions};
 use distribute_mirrored::MirroredStrategy;
 use distribute_strategy::Strategy;
@@ -97,11 +98,6 @@ pub(crate) struct Trained {
     pub(crate) threads_per_replica: Option<usize>,
 }
 
-/// `replicas` CPU devices.
-pub(crate) fn cpu_devices(replicas: usize) -> Vec<String> {
-    (0..replicas).map(|r| format!("/cpu:{r}")).collect()
-}
-
 /// Writes fresh initial values (candle's initialisers, on one replica) to `path`: the common
 /// start of runs that are to be compared (the tests that include this file use it).
 #[cfg_attr(not(test), allow(dead_code))]
@@ -117,7 +113,7 @@ pub(crate) fn write_initial_values(path: &std::path::Path) -> Result<(), Box<dyn
 
 /// Trains on `options.replicas` CPU replicas of this process.
 pub(crate) fn train(options: &Options) -> Result<Trained, Box<dyn Error>> {
-    let strategy = MirroredStrategy::new(&cpu_devices(options.replicas))?;
+    let strategy = MirroredStrategy::new(LocalDevices::cpus(options.replicas))?;
     train_on(&strategy, options)
 }
 
@@ -129,7 +125,7 @@ pub(crate) fn train_multi_worker(
 ) -> Result<(Trained, usize, bool), Box<dyn Error>> {
     use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
     let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
-        local_devices: cpu_devices(options.replicas),
+        local_devices: LocalDevices::cpus(options.replicas),
         ..MultiWorkerConfig::default()
     })?;
     let trained = train_on(&strategy, options)?;

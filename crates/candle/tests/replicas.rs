@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Init, Linear, Module, Optimizer, SGD, VarBuilder};
 use distribute_candle::{Config, DataParallel, Error, StepError};
+use distribute_device_spec::LocalDevices;
 use distribute_mirrored::MirroredStrategy;
 use distribute_strategy::StrategyError;
 use distribute_values::ReduceOp;
 
 fn strategy(replicas: usize) -> MirroredStrategy {
-    let devices: Vec<String> = (0..replicas).map(|r| format!("/cpu:{r}")).collect();
-    MirroredStrategy::new(&devices).unwrap()
+    MirroredStrategy::new(LocalDevices::cpus(replicas)).unwrap()
 }
 
 fn linear(vb: VarBuilder) -> candle_core::Result<Linear> {

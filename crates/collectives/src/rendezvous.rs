@@ -2,7 +2,7 @@
 //! an abort switch and knowledge of which replicas have finished their step.
 //!
 //! It is the one synchronisation primitive of the in-process backends: collective calls
-//! ([`crate::CollectiveGroup`]) and the strategy layer's `merge_call` both meet here.
+//! ([`crate::backend::CollectiveGroup`]) and the strategy layer's `merge_call` both meet here.
 //!
 //! Waiting spins briefly, then yields, then sleeps on a condition variable, so two replicas on
 //! two cores meet in well under a microsecond while eight replicas on two cores do not starve
@@ -20,7 +20,7 @@ use crate::CollectiveError;
 ///
 /// ```
 /// use std::time::Duration;
-/// use distribute_collectives::Rendezvous;
+/// use distribute_collectives::backend::Rendezvous;
 ///
 /// let rendezvous = Rendezvous::new(2, Duration::from_secs(10))?;
 /// let last: Vec<bool> = std::thread::scope(|s| {

@@ -7,9 +7,10 @@ use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use distribute_collectives::{
-    ClusterKey, CollectiveError, UNIQUE_ID_BYTES, exchange_unique_id,
-    exchange_unique_id_unauthenticated, exchange_unique_id_with_key, nccl_rank,
+use distribute_collectives::CollectiveError;
+use distribute_collectives::backend::nccl_bootstrap::{
+    ClusterKey, UNIQUE_ID_BYTES, exchange_unique_id, exchange_unique_id_unauthenticated,
+    exchange_unique_id_with_key, nccl_rank,
 };
 use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
 

@@ -11,12 +11,13 @@
 
 use std::time::Duration;
 
+use distribute_collectives::backend::{CollectiveGroup, Member};
 use distribute_collectives::cuda::{
     Gpu, PinnedUploader, compile_reduction_kernels, gpu_count, nvrtc_available, require_nvrtc,
 };
 use distribute_collectives::{
-    AnyTensor, CollectiveError, CollectiveGroup, CrossDeviceOps, DType, Destinations, Element,
-    GpuError, GroupConfig, Member, Placement, ReductionToOneDevice, SharedMemoryAllReduce, Tensor,
+    AnyTensor, CollectiveError, CrossDeviceOps, DType, Destinations, Element, GpuError,
+    GroupConfig, Placement, ReductionToOneDevice, SharedMemoryAllReduce, Tensor,
 };
 use distribute_values::{Leaf, ReduceOp};
 use half::{bf16, f16};

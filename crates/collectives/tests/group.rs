@@ -3,9 +3,8 @@
 
 use std::time::Duration;
 
-use distribute_collectives::{
-    CollectiveError, CollectiveGroup, DType, GroupConfig, Member, ReducePlan, Tensor,
-};
+use distribute_collectives::backend::{CollectiveGroup, Member, ReducePlan};
+use distribute_collectives::{CollectiveError, DType, GroupConfig, Tensor};
 use distribute_values::ReduceOp;
 
 const PLANS: [ReducePlan; 3] = [

@@ -13,9 +13,8 @@
 use std::process::Command;
 use std::time::Duration;
 
-use distribute_collectives::{
-    CrossDeviceOps, GroupConfig, INLINE_BYTES, MpiAllReduce, SCATTER_MIN_BYTES, Tensor,
-};
+use distribute_collectives::backend::{INLINE_BYTES, SCATTER_MIN_BYTES};
+use distribute_collectives::{CrossDeviceOps, GroupConfig, MpiAllReduce, Tensor};
 use distribute_values::ReduceOp;
 use half::f16;
 

@@ -8,10 +8,11 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use distribute_collectives::backend::nccl_bootstrap::{CLUSTER_KEY_VAR, ClusterKey};
 use distribute_collectives::cuda::{Gpu, gpu_count, require_nccl, require_nvrtc};
 use distribute_collectives::{
-    AnyTensor, CLUSTER_KEY_VAR, ClusterKey, CollectiveError, CrossDeviceOps, Destinations,
-    GroupConfig, NcclAllReduce, Placement, ReductionToOneDevice, Tensor, choose_the_best,
+    AnyTensor, CollectiveError, CrossDeviceOps, Destinations, GroupConfig, NcclAllReduce,
+    Placement, ReductionToOneDevice, Tensor, choose_the_best,
 };
 use distribute_device_spec::{ClusterSpec, LocalDevices, TaskId, TaskType};
 use distribute_values::{Leaf, ReduceOp};

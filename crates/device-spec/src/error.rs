@@ -210,3 +210,12 @@ pub enum DeviceSpecError {
     #[error("environment variable TF_CONFIG is not set (or not valid Unicode)")]
     NoTfConfig,
 }
+
+/// A conversion that cannot fail (a [`LocalDevices`](crate::LocalDevices) into itself) has no
+/// error to give, so APIs that take `impl TryInto<LocalDevices, Error: Into<DeviceSpecError>>`
+/// take a `LocalDevices` too.
+impl From<std::convert::Infallible> for DeviceSpecError {
+    fn from(never: std::convert::Infallible) -> Self {
+        match never {}
+    }
+}

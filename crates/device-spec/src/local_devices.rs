@@ -159,6 +159,52 @@ impl LocalDevices {
         Ok(LocalDevices { devices: local })
     }
 
+    /// `n` CPU devices, `/cpu:0` … `/cpu:{n-1}`: `n` replicas on the host, one thread each.
+    ///
+    /// ```
+    /// use distribute_device_spec::LocalDevices;
+    ///
+    /// let devices = LocalDevices::cpus(2);
+    /// assert_eq!(devices, LocalDevices::new(["/cpu:0", "/cpu:1"])?);
+    /// # Ok::<(), distribute_device_spec::DeviceSpecError>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// When `n` is 0: a strategy needs at least one device (use [`LocalDevices::new`] to get an
+    /// error instead).
+    pub fn cpus(n: usize) -> LocalDevices {
+        Self::numbered("CPU", n)
+    }
+
+    /// `n` GPU devices, `/gpu:0` … `/gpu:{n-1}`; whether they exist is the strategy's concern
+    /// (this crate knows nothing about drivers).
+    ///
+    /// ```
+    /// use distribute_device_spec::{DeviceKind, LocalDevices};
+    ///
+    /// let devices = LocalDevices::gpus(2);
+    /// assert_eq!(devices[1].kind(), &DeviceKind::Gpu);
+    /// assert_eq!(devices[1].name(), "/job:localhost/replica:0/task:0/device:GPU:1");
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// When `n` is 0, as [`LocalDevices::cpus`].
+    pub fn gpus(n: usize) -> LocalDevices {
+        Self::numbered("GPU", n)
+    }
+
+    fn numbered(kind: &str, n: usize) -> LocalDevices {
+        assert!(
+            n > 0,
+            "LocalDevices::{}s(0): a strategy needs at least one device",
+            kind.to_lowercase()
+        );
+        Self::new((0..n).map(|i| format!("/device:{kind}:{i}")))
+            .expect("numbered local devices are distinct and well-formed")
+    }
+
     /// The devices in the order given.
     pub fn as_slice(&self) -> &[LocalDevice] {
         &self.devices
@@ -209,5 +255,64 @@ impl fmt::Display for LocalDevices {
             f.write_str(&device.name)?;
         }
         f.write_str("]")
+    }
+}
+
+/// Device lists in TF's syntax convert to [`LocalDevices`] (checked as [`LocalDevices::new`]
+/// does), so an API that takes `impl TryInto<LocalDevices>` takes `&["/cpu:0", "/cpu:1"]`, a
+/// `Vec<String>` or a `LocalDevices` alike.
+///
+/// ```
+/// use distribute_device_spec::LocalDevices;
+///
+/// let from_strs = LocalDevices::try_from(&["/cpu:0", "/cpu:1"])?;
+/// let from_strings = LocalDevices::try_from(vec!["/cpu:0".to_owned(), "/cpu:1".to_owned()])?;
+/// assert_eq!(from_strs, from_strings);
+/// assert!(LocalDevices::try_from(&["/cpu:0", "/cpu:0"]).is_err());
+/// # Ok::<(), distribute_device_spec::DeviceSpecError>(())
+/// ```
+impl<S: AsRef<str>> TryFrom<&[S]> for LocalDevices {
+    type Error = DeviceSpecError;
+
+    fn try_from(devices: &[S]) -> Result<Self, DeviceSpecError> {
+        LocalDevices::new(devices)
+    }
+}
+
+impl<S: AsRef<str>, const N: usize> TryFrom<&[S; N]> for LocalDevices {
+    type Error = DeviceSpecError;
+
+    fn try_from(devices: &[S; N]) -> Result<Self, DeviceSpecError> {
+        LocalDevices::new(devices)
+    }
+}
+
+impl<S: AsRef<str>, const N: usize> TryFrom<[S; N]> for LocalDevices {
+    type Error = DeviceSpecError;
+
+    fn try_from(devices: [S; N]) -> Result<Self, DeviceSpecError> {
+        LocalDevices::new(devices)
+    }
+}
+
+impl<S: AsRef<str>> TryFrom<Vec<S>> for LocalDevices {
+    type Error = DeviceSpecError;
+
+    fn try_from(devices: Vec<S>) -> Result<Self, DeviceSpecError> {
+        LocalDevices::new(devices)
+    }
+}
+
+impl<S: AsRef<str>> TryFrom<&Vec<S>> for LocalDevices {
+    type Error = DeviceSpecError;
+
+    fn try_from(devices: &Vec<S>) -> Result<Self, DeviceSpecError> {
+        LocalDevices::new(devices)
+    }
+}
+
+impl From<&LocalDevices> for LocalDevices {
+    fn from(devices: &LocalDevices) -> Self {
+        devices.clone()
     }
 }

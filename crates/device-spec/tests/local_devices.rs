@@ -146,3 +146,45 @@ fn the_list_prints_its_canonical_names() {
     );
     assert!(!devices.is_remote());
 }
+
+#[test]
+fn numbered_constructors_equal_the_spelled_out_lists() {
+    assert_eq!(
+        LocalDevices::cpus(3),
+        LocalDevices::new(["/cpu:0", "/cpu:1", "/cpu:2"]).unwrap()
+    );
+    assert_eq!(
+        LocalDevices::gpus(2),
+        LocalDevices::new(["/gpu:0", "/device:GPU:1"]).unwrap()
+    );
+}
+
+#[test]
+#[should_panic(expected = "LocalDevices::cpus(0): a strategy needs at least one device")]
+fn no_cpus_is_refused() {
+    LocalDevices::cpus(0);
+}
+
+#[test]
+fn every_list_form_converts_alike_and_is_checked() {
+    let expected = LocalDevices::cpus(2);
+    let strings = vec!["/cpu:0".to_owned(), "/cpu:1".to_owned()];
+    let slice: &[&str] = &["/cpu:0", "/cpu:1"];
+    assert_eq!(
+        LocalDevices::try_from(&["/cpu:0", "/cpu:1"]).unwrap(),
+        expected
+    );
+    assert_eq!(
+        LocalDevices::try_from(["/cpu:0", "/cpu:1"]).unwrap(),
+        expected
+    );
+    assert_eq!(LocalDevices::try_from(slice).unwrap(), expected);
+    assert_eq!(LocalDevices::try_from(&strings).unwrap(), expected);
+    assert_eq!(LocalDevices::try_from(strings).unwrap(), expected);
+    assert_eq!(LocalDevices::from(&expected), expected);
+    let empty: Vec<String> = Vec::new();
+    assert_eq!(
+        LocalDevices::try_from(empty).unwrap_err(),
+        DeviceSpecError::EmptyDeviceList
+    );
+}

@@ -44,14 +44,9 @@ pub(crate) struct Trained {
     pub(crate) steps_per_s: f64,
 }
 
-/// `replicas` CPU devices.
-fn cpu_devices(replicas: usize) -> Vec<String> {
-    (0..replicas).map(|r| format!("/cpu:{r}")).collect()
-}
-
 /// Trains on `replicas` CPU replicas of this process for `steps` steps.
 pub(crate) fn train(replicas: usize, steps: usize) -> Result<Trained, Box<dyn std::error::Error>> {
-    let strategy = MirroredStrategy::new(&cpu_devices(replicas))?;
+    let strategy = MirroredStrategy::new(LocalDevices::cpus(replicas))?;
     train_on(&strategy, steps)
 }
 
@@ -63,7 +58,7 @@ pub(crate) fn train_multi_worker(
     steps: usize,
 ) -> Result<(Trained, usize, bool), Box<dyn std::error::Error>> {
     let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
-        local_devices: cpu_devices(replicas),
+        local_devices: LocalDevices::cpus(replicas),
         ..MultiWorkerConfig::default()
     })?;
     let trained = train_on(&strategy, steps)?;

@@ -41,6 +41,7 @@ pub use distribute_values as values;
 /// The names a step function usually needs.
 pub mod prelude {
     pub use distribute_collectives::{DType, Destinations, Tensor};
+    pub use distribute_device_spec::LocalDevices;
     pub use distribute_input::{Dataset, DistributedDataset, InputOptions, PartialBatch};
     pub use distribute_mirrored::{MirroredConfig, MirroredStrategy};
     #[cfg(feature = "mpi")]

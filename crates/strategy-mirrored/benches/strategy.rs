@@ -15,6 +15,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use distribute_collectives::Tensor;
+use distribute_device_spec::LocalDevices;
 use distribute_mirrored::MirroredStrategy;
 use distribute_strategy::Strategy;
 use distribute_test_support::linear_regression::{
@@ -175,8 +176,7 @@ fn regression_step(
 }
 
 fn cpus(n: usize) -> MirroredStrategy {
-    let devices: Vec<String> = (0..n).map(|i| format!("/cpu:{i}")).collect();
-    MirroredStrategy::new(&devices).unwrap()
+    MirroredStrategy::new(LocalDevices::cpus(n)).unwrap()
 }
 
 fn run_trivial(strategy: &MirroredStrategy) -> Leaf<usize> {

@@ -16,6 +16,7 @@
 use std::time::Instant;
 
 use distribute_collectives::Tensor;
+use distribute_device_spec::LocalDevices;
 use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
 use distribute_strategy::{Strategy, StrategyError};
 use distribute_values::ReduceOp;
@@ -44,7 +45,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => vec![4 << 10, 1 << 20, 64 << 20],
     };
     let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
-        local_devices: (0..replicas).map(|r| format!("/cpu:{r}")).collect(),
+        local_devices: LocalDevices::cpus(replicas),
         ..MultiWorkerConfig::default()
     })?;
     let chief = strategy.is_chief();

@@ -20,6 +20,6 @@ mod multi_worker;
 mod pool;
 
 pub use cluster::{InferredCrossDeviceOps, MultiWorkerDevices};
-pub use mirrored::{MirroredConfig, MirroredStrategy};
+pub use mirrored::{CollectiveTuning, CrossDeviceOpsChoice, MirroredConfig, MirroredStrategy};
 #[cfg(feature = "mpi")]
 pub use multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};

@@ -9,7 +9,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use distribute_collectives::{CollectiveError, Rendezvous, lock_ignoring_poison as lock};
+use distribute_collectives::CollectiveError;
+use distribute_collectives::backend::{Rendezvous, lock_ignoring_poison as lock};
 use distribute_strategy::{MergeArgs, MergeResult, StrategyError};
 
 /// Replica 0's merge outcome: its result, or the fact that it failed (replica 0 keeps the error).

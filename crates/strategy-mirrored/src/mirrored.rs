@@ -6,8 +6,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distribute_collectives::{CrossDeviceOps, GroupConfig, ReplicaCollectives, choose_the_best};
-use distribute_device_spec::{DeviceSpecError, LocalDevices, all_local_devices};
+use distribute_collectives::{
+    CrossDeviceOps, GroupConfig, ReplicaCollectives, backend::ReducePlan, choose_the_best,
+};
+use distribute_device_spec::{DeviceSpecError, LocalDevices};
 use distribute_strategy::{
     MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
 };
@@ -17,6 +19,20 @@ use crate::merge::MergeRendezvous;
 use crate::pool::ReplicaPool;
 
 /// Settings of a [`MirroredStrategy`].
+///
+/// One deadline bounds every wait of a step (merge calls and the collectives the strategy
+/// builds); cross-device operations are either chosen and built by the strategy, with
+/// [`CollectiveTuning`] and that deadline, or given ready-made, with their own. So a collectives
+/// deadline that would be silently replaced cannot be written:
+///
+/// ```compile_fail,E0560
+/// use distribute_mirrored::MirroredConfig;
+///
+/// let config = MirroredConfig {
+///     collectives: distribute_collectives::GroupConfig::default(),
+///     ..MirroredConfig::default()
+/// };
+/// ```
 #[derive(Clone)]
 pub struct MirroredConfig {
     /// How long a replica waits for the others at a collective or `merge_call` before the step
@@ -39,10 +55,8 @@ pub struct MirroredConfig {
     /// keeps its thread whatever this says. Off, every replica has its own thread, and a step
     /// may rely on running on the same thread every time.
     pub caller_runs_replica_0: bool,
-    /// The cross-device operations; `None` picks them with `choose_the_best`.
-    pub cross_device_ops: Option<Arc<dyn CrossDeviceOps>>,
-    /// Settings of the collectives `choose_the_best` builds (its deadline is `deadline`).
-    pub collectives: GroupConfig,
+    /// The cross-device operations: chosen by `choose_the_best` (the default), or given.
+    pub cross_device_ops: CrossDeviceOpsChoice,
 }
 
 impl MirroredConfig {
@@ -58,8 +72,7 @@ impl Default for MirroredConfig {
             deadline: Duration::from_secs(300),
             idle_spin: Duration::from_micros(50),
             caller_runs_replica_0: true,
-            cross_device_ops: None,
-            collectives: GroupConfig::default(),
+            cross_device_ops: CrossDeviceOpsChoice::default(),
         }
     }
 }
@@ -70,12 +83,78 @@ impl fmt::Debug for MirroredConfig {
             .field("deadline", &self.deadline)
             .field("idle_spin", &self.idle_spin)
             .field("caller_runs_replica_0", &self.caller_runs_replica_0)
-            .field(
-                "cross_device_ops",
-                &self.cross_device_ops.as_ref().map(|ops| ops.name()),
-            )
-            .field("collectives", &self.collectives)
+            .field("cross_device_ops", &self.cross_device_ops)
             .finish()
+    }
+}
+
+/// Where a [`MirroredStrategy`]'s cross-device operations come from.
+#[derive(Clone)]
+pub enum CrossDeviceOpsChoice {
+    /// `choose_the_best` picks them for the devices and builds them with these settings and the
+    /// strategy's [`deadline`](MirroredConfig::deadline).
+    Best(CollectiveTuning),
+    /// Built by the caller for the strategy's device count; they keep the deadline they were
+    /// built with (the strategy's bounds its `merge_call`s).
+    Given(Arc<dyn CrossDeviceOps>),
+}
+
+impl Default for CrossDeviceOpsChoice {
+    fn default() -> Self {
+        CrossDeviceOpsChoice::Best(CollectiveTuning::default())
+    }
+}
+
+impl fmt::Debug for CrossDeviceOpsChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CrossDeviceOpsChoice::Best(tuning) => f.debug_tuple("Best").field(tuning).finish(),
+            CrossDeviceOpsChoice::Given(ops) => f.debug_tuple("Given").field(&ops.name()).finish(),
+        }
+    }
+}
+
+/// How the collectives a strategy builds reduce: [`GroupConfig`] without its deadline, which is
+/// the strategy's.
+///
+/// ```
+/// use std::time::Duration;
+/// use distribute_mirrored::CollectiveTuning;
+///
+/// let tuning = CollectiveTuning { bytes_per_pack: 1 << 20, ..CollectiveTuning::default() };
+/// let group = tuning.with_deadline(Duration::from_secs(5));
+/// assert_eq!((group.deadline, group.bytes_per_pack), (Duration::from_secs(5), 1 << 20));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CollectiveTuning {
+    /// Who reduces ([`GroupConfig::plan`]).
+    pub plan: ReducePlan,
+    /// The size of the buckets small tensors are packed into ([`GroupConfig::bytes_per_pack`]).
+    pub bytes_per_pack: usize,
+}
+
+impl Default for CollectiveTuning {
+    fn default() -> Self {
+        let GroupConfig {
+            plan,
+            bytes_per_pack,
+            ..
+        } = GroupConfig::default();
+        CollectiveTuning {
+            plan,
+            bytes_per_pack,
+        }
+    }
+}
+
+impl CollectiveTuning {
+    /// The collectives' settings with `deadline`.
+    pub fn with_deadline(self, deadline: Duration) -> GroupConfig {
+        GroupConfig {
+            deadline,
+            plan: self.plan,
+            bytes_per_pack: self.bytes_per_pack,
+        }
     }
 }
 
@@ -125,8 +204,25 @@ impl fmt::Debug for MirroredStrategy {
 }
 
 impl MirroredStrategy {
-    /// A strategy over `devices` with the default settings.
-    pub fn new<S: AsRef<str>>(devices: &[S]) -> Result<Self, StrategyError> {
+    /// A strategy over `devices` with the default settings: a [`LocalDevices`] list
+    /// (`LocalDevices::cpus(2)`), or device names in TF's syntax (`&["/cpu:0", "/cpu:1"]`, a
+    /// `Vec<String>`), parsed and checked once.
+    ///
+    /// ```
+    /// use distribute_device_spec::LocalDevices;
+    /// use distribute_mirrored::MirroredStrategy;
+    /// use distribute_strategy::Strategy;
+    ///
+    /// let typed = MirroredStrategy::new(LocalDevices::cpus(2))?;
+    /// let named = MirroredStrategy::new(&["/cpu:0", "/cpu:1"])?;
+    /// assert_eq!(typed.num_replicas_in_sync(), named.num_replicas_in_sync());
+    /// # Ok::<(), distribute_strategy::StrategyError>(())
+    /// ```
+    pub fn new<D>(devices: D) -> Result<Self, StrategyError>
+    where
+        D: TryInto<LocalDevices>,
+        D::Error: Into<DeviceSpecError>,
+    {
         Self::with_config(devices, MirroredConfig::default())
     }
 
@@ -137,7 +233,10 @@ impl MirroredStrategy {
         let gpus = distribute_collectives::cuda::gpu_count().unwrap_or(0);
         #[cfg(not(feature = "cuda"))]
         let gpus = 0;
-        Self::new(&all_local_devices(gpus, None))
+        match gpus {
+            0 => Self::new(LocalDevices::cpus(1)),
+            n => Self::new(LocalDevices::gpus(n)),
+        }
     }
 
     /// A strategy over `devices` with `config`.
@@ -145,11 +244,12 @@ impl MirroredStrategy {
     /// Devices are canonicalized; an empty list, a device named twice (also through different
     /// spellings such as `/gpu:0` and `/device:GPU:0`), local and remote devices mixed, or devices
     /// of several workers are refused, and so is a deadline below
-    /// [`MirroredConfig::MIN_DEADLINE`].
-    pub fn with_config<S: AsRef<str>>(
-        devices: &[S],
-        config: MirroredConfig,
-    ) -> Result<Self, StrategyError> {
+    /// [`MirroredConfig::MIN_DEADLINE`]. `devices` as for [`MirroredStrategy::new`].
+    pub fn with_config<D>(devices: D, config: MirroredConfig) -> Result<Self, StrategyError>
+    where
+        D: TryInto<LocalDevices>,
+        D::Error: Into<DeviceSpecError>,
+    {
         if config.deadline < MirroredConfig::MIN_DEADLINE {
             return Err(StrategyError::InvalidArgument(format!(
                 "MirroredConfig.deadline of {:?} is below the minimum of {:?}: every step would \
@@ -158,16 +258,12 @@ impl MirroredStrategy {
                 MirroredConfig::MIN_DEADLINE
             )));
         }
-        let devices = LocalDevices::new(devices).map_err(invalid_devices)?;
+        let devices: LocalDevices = devices.try_into().map_err(|e| invalid_devices(e.into()))?;
         let n = devices.len();
         let (ops, ops_reason) = match config.cross_device_ops {
-            Some(ops) => (ops, "given in the configuration".to_owned()),
-            None => {
-                let collectives = GroupConfig {
-                    deadline: config.deadline,
-                    ..config.collectives
-                };
-                choose_the_best(&devices, collectives)?
+            CrossDeviceOpsChoice::Given(ops) => (ops, "given in the configuration".to_owned()),
+            CrossDeviceOpsChoice::Best(tuning) => {
+                choose_the_best(&devices, tuning.with_deadline(config.deadline))?
             }
         };
         if let Some(built_for) = ops.num_replicas().filter(|&k| k != n) {

@@ -9,8 +9,9 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
-use distribute_collectives::{CrossDeviceOps, GroupConfig, MpiAllReduce, Tensor};
+use distribute_collectives::{CrossDeviceOps, MpiAllReduce, Tensor};
 use distribute_device_spec::{LocalDevices, TaskType, TfConfig};
 use distribute_input::{
     Batch, DEFAULT_AGREEMENT_WINDOW, Dataset, DistributedDataset, InputContext, InputError,
@@ -25,17 +26,34 @@ use distribute_values::{
     VariableAggregation, VariableValue, regroup,
 };
 
-use crate::{MirroredConfig, MirroredStrategy, MultiWorkerDevices};
+use crate::{
+    CollectiveTuning, CrossDeviceOpsChoice, MirroredConfig, MirroredStrategy, MultiWorkerDevices,
+};
 
 /// Settings of a [`MultiWorkerMirroredStrategy`].
+///
+/// Its cross-device operations are MPI's (or NCCL's across the processes' GPUs), built by the
+/// strategy, so there is no field to give others, and one deadline bounds every wait:
+///
+/// ```compile_fail,E0560
+/// use distribute_mirrored::{MirroredConfig, MultiWorkerConfig};
+///
+/// let config = MultiWorkerConfig { mirrored: MirroredConfig::default(), ..MultiWorkerConfig::default() };
+/// ```
 #[derive(Debug, Clone)]
 pub struct MultiWorkerConfig {
-    /// This worker's replica devices (host devices; every worker the same count). Default: one
-    /// replica on `/cpu:0`.
-    pub local_devices: Vec<String>,
-    /// The local strategy's settings; `deadline` also bounds every cross-worker wait (past it
-    /// the MPI job is aborted). `cross_device_ops` must be `None`: the backend is MPI's.
-    pub mirrored: MirroredConfig,
+    /// This worker's replica devices (host devices; every worker the same count), e.g.
+    /// `LocalDevices::cpus(2)`. Default: one replica on `/cpu:0`.
+    pub local_devices: LocalDevices,
+    /// How long a replica waits for the others, in this process and across workers (past it
+    /// the MPI job is aborted), as [`MirroredConfig::deadline`].
+    pub deadline: Duration,
+    /// As [`MirroredConfig::idle_spin`].
+    pub idle_spin: Duration,
+    /// As [`MirroredConfig::caller_runs_replica_0`].
+    pub caller_runs_replica_0: bool,
+    /// How the collectives reduce, in this process and across workers.
+    pub collectives: CollectiveTuning,
     /// The cluster, when `TF_CONFIG` describes one: it must agree with the MPI world. `None`
     /// reads the `TF_CONFIG` environment variable (absent: the MPI world alone decides).
     pub tf_config: Option<TfConfig>,
@@ -43,9 +61,18 @@ pub struct MultiWorkerConfig {
 
 impl Default for MultiWorkerConfig {
     fn default() -> Self {
+        let MirroredConfig {
+            deadline,
+            idle_spin,
+            caller_runs_replica_0,
+            ..
+        } = MirroredConfig::default();
         MultiWorkerConfig {
-            local_devices: vec!["/cpu:0".to_owned()],
-            mirrored: MirroredConfig::default(),
+            local_devices: LocalDevices::cpus(1),
+            deadline,
+            idle_spin,
+            caller_runs_replica_0,
+            collectives: CollectiveTuning::default(),
             tf_config: None,
         }
     }
@@ -89,37 +116,28 @@ impl MultiWorkerMirroredStrategy {
     /// A strategy with `config`; every worker of the job must call it (it agrees with the
     /// others on the local replica count).
     ///
-    /// Errors: no or repeated local devices, `cross_device_ops` given, `TF_CONFIG` that
-    /// disagrees with the MPI world, or workers with different replica counts.
+    /// Errors: a deadline below [`MirroredConfig::MIN_DEADLINE`], `TF_CONFIG` that disagrees
+    /// with the MPI world, or workers with different replica counts.
     pub fn with_config(config: MultiWorkerConfig) -> Result<Self, StrategyError> {
-        if config.mirrored.cross_device_ops.is_some() {
-            return Err(StrategyError::InvalidArgument(
-                "a MultiWorkerMirroredStrategy reduces through MPI; leave \
-                 MirroredConfig::cross_device_ops unset"
-                    .into(),
-            ));
-        }
-        let devices = LocalDevices::new(&config.local_devices)?;
+        let devices = config.local_devices;
         let names: Vec<&str> = devices.names().collect();
-        let group = GroupConfig {
-            deadline: config.mirrored.deadline,
-            ..config.mirrored.collectives
-        };
-        let backend = MpiAllReduce::new(&names, group)?;
+        let backend = MpiAllReduce::new(&names, config.collectives.with_deadline(config.deadline))?;
         let (worker, workers) = (backend.worker(), backend.num_workers());
         // Checked on every worker, then agreed: a worker whose TF_CONFIG disagrees fails every
         // worker's construction with an error naming it, rather than leaving the others to wait.
         let tf_check = tf_config_agrees(config.tf_config, worker, workers);
         backend.finish_step(tf_check.as_ref().err().map(ToString::to_string).as_deref())?;
-        let ops = match gpu_ops(&devices, config.mirrored.deadline)? {
+        let ops = match gpu_ops(&devices, config.deadline)? {
             Some(nccl) => nccl,
             None => Arc::new(backend.clone()) as Arc<dyn CrossDeviceOps>,
         };
         let local = MirroredStrategy::with_config(
-            &names,
+            &devices,
             MirroredConfig {
-                cross_device_ops: Some(Arc::clone(&ops)),
-                ..config.mirrored
+                deadline: config.deadline,
+                idle_spin: config.idle_spin,
+                caller_runs_replica_0: config.caller_runs_replica_0,
+                cross_device_ops: CrossDeviceOpsChoice::Given(Arc::clone(&ops)),
             },
         )?;
         let input_workers =

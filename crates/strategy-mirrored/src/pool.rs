@@ -26,7 +26,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-use distribute_collectives::{CrossDeviceOps, ReplicaCollectives, lock_ignoring_poison as lock};
+use distribute_collectives::backend::lock_ignoring_poison as lock;
+use distribute_collectives::{CrossDeviceOps, ReplicaCollectives};
 use distribute_device_spec::{LocalDevice, LocalDevices};
 use distribute_strategy::StrategyError;
 

@@ -13,14 +13,14 @@ use distribute_collectives::{
     AnyTensor, CollectiveError, CrossDeviceOps, Destinations, GroupConfig, ReplicaCollectives,
     SharedMemoryAllReduce, StepLifecycle, Tensor,
 };
-use distribute_mirrored::{MirroredConfig, MirroredStrategy};
+use distribute_device_spec::LocalDevices;
+use distribute_mirrored::{CrossDeviceOpsChoice, MirroredConfig, MirroredStrategy};
 use distribute_strategy::{Strategy, StrategyError, VariableOptions};
 use distribute_values::{Leaf, ReduceOp, UpdateOp};
 
 fn strategy(n: usize, deadline: Duration) -> MirroredStrategy {
-    let devices: Vec<String> = (0..n).map(|i| format!("/cpu:{i}")).collect();
     MirroredStrategy::with_config(
-        &devices,
+        LocalDevices::cpus(n),
         MirroredConfig {
             deadline,
             ..MirroredConfig::default()
@@ -296,7 +296,7 @@ fn with_ops(ops: Arc<dyn CrossDeviceOps>) -> Result<MirroredStrategy, StrategyEr
     MirroredStrategy::with_config(
         &["/cpu:0", "/cpu:1"],
         MirroredConfig {
-            cross_device_ops: Some(ops),
+            cross_device_ops: CrossDeviceOpsChoice::Given(ops),
             ..MirroredConfig::default()
         },
     )

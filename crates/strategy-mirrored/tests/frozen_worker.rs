@@ -15,8 +15,9 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use distribute_collectives::{MpiWorld, Tensor};
-use distribute_mirrored::{MirroredConfig, MultiWorkerConfig, MultiWorkerMirroredStrategy};
+use distribute_collectives::Tensor;
+use distribute_collectives::backend::MpiWorld;
+use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
 use distribute_strategy::Strategy;
 use distribute_values::ReduceOp;
 
@@ -208,12 +209,8 @@ fn frozen_worker_entry() {
         .expect("a worker index");
     let out = std::env::var(OUT).expect("the launcher sets the output folder");
     let config = MultiWorkerConfig {
-        local_devices: vec!["/cpu:0".to_owned()],
-        mirrored: MirroredConfig {
-            deadline: DEADLINE,
-            ..MirroredConfig::default()
-        },
-        tf_config: None,
+        deadline: DEADLINE,
+        ..MultiWorkerConfig::default()
     };
     let strategy = MultiWorkerMirroredStrategy::with_config(config).expect("the strategy");
     let me = strategy.worker();

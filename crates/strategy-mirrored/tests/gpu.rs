@@ -7,6 +7,7 @@
 use distribute_collectives::Placement;
 use distribute_collectives::Tensor;
 use distribute_collectives::cuda::{Gpu, current_gpu, gpu_count, require_nvrtc, to_current_gpu};
+use distribute_device_spec::LocalDevices;
 use distribute_mirrored::MirroredStrategy;
 use distribute_strategy::{Strategy, StrategyError};
 use distribute_values::{Leaf, ReduceOp};
@@ -103,11 +104,9 @@ fn every_gpu_gets_a_replica_when_there_are_several() {
         eprintln!("skipped: one GPU here; several-GPU replicas need two");
         return;
     }
-    let devices: Vec<String> = (0..n).map(|i| format!("/gpu:{i}")).collect();
-    let strategy = MirroredStrategy::new(&devices).unwrap();
+    let strategy = MirroredStrategy::new(LocalDevices::gpus(n)).unwrap();
     eprintln!("{}", strategy.cross_device_ops_reason());
-    let cpus: Vec<String> = (0..n).map(|i| format!("/cpu:{i}")).collect();
-    let reference = step_results(&MirroredStrategy::new(&cpus).unwrap()).unwrap();
+    let reference = step_results(&MirroredStrategy::new(LocalDevices::cpus(n)).unwrap()).unwrap();
     let results = step_results(&strategy).unwrap();
     for ((gs, _), (cs, _)) in results.iter().zip(&reference) {
         // NCCL sums in its own order: equal within rounding, bitwise for two GPUs.

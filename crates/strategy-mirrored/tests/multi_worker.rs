@@ -11,7 +11,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use distribute_collectives::{DType, Tensor};
-use distribute_mirrored::{MirroredConfig, MultiWorkerConfig, MultiWorkerMirroredStrategy};
+use distribute_device_spec::LocalDevices;
+use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
 use distribute_strategy::{Strategy, StrategyError, VariableOptions};
 use distribute_values::{DistributedValues, Leaf, PerReplica, ReduceOp};
 
@@ -385,12 +386,9 @@ fn worker_entry() {
         .expect("a number");
     let deadline = if scenario == "deadline" { 3 } else { 60 };
     let config = MultiWorkerConfig {
-        local_devices: (0..replicas).map(|r| format!("/cpu:{r}")).collect(),
-        mirrored: MirroredConfig {
-            deadline: Duration::from_secs(deadline),
-            ..MirroredConfig::default()
-        },
-        tf_config: None,
+        local_devices: LocalDevices::cpus(replicas),
+        deadline: Duration::from_secs(deadline),
+        ..MultiWorkerConfig::default()
     };
     let strategy = MultiWorkerMirroredStrategy::with_config(config).expect("the strategy");
     let mut lines = Vec::new();

@@ -10,6 +10,7 @@
 
 use std::time::Instant;
 
+use distribute_device_spec::LocalDevices;
 use distribute_mirrored::MirroredStrategy;
 use distribute_tpu::{StepInput, TpuConfig, TpuStrategy};
 use serde_json::json;
@@ -85,9 +86,7 @@ fn main() {
         });
         report("tpu_run_steps", n, run_steps);
 
-        let mirrored =
-            MirroredStrategy::new(&(0..n).map(|i| format!("/cpu:{i}")).collect::<Vec<_>>())
-                .unwrap();
+        let mirrored = MirroredStrategy::new(LocalDevices::cpus(n)).unwrap();
         let mut mirrored_weights = Vec::new();
         let mirrored_step = median(repeats, || {
             let start = Instant::now();

@@ -7,6 +7,7 @@ mod workload;
 use workload::{FEATURES, data, sgd_step, shards, stack, train_mirrored, weights};
 
 use distribute_collectives::Tensor;
+use distribute_device_spec::LocalDevices;
 use distribute_mirrored::MirroredStrategy;
 use distribute_pjrt::stablehlo::{DotDims, Value};
 use distribute_strategy::{Strategy, StrategyError, VariableOptions};
@@ -313,8 +314,12 @@ fn eager_steps_run_through_the_strategy_trait() {
 const STEPS: usize = 20;
 
 fn mirrored_weights(n: usize, x: &Array2<f32>, y: &Array1<f32>) -> Vec<f32> {
-    let devices: Vec<String> = (0..n).map(|i| format!("/cpu:{i}")).collect();
-    train_mirrored(&MirroredStrategy::new(&devices).unwrap(), x, y, STEPS)
+    train_mirrored(
+        &MirroredStrategy::new(LocalDevices::cpus(n)).unwrap(),
+        x,
+        y,
+        STEPS,
+    )
 }
 
 fn assert_close(tpu: &[f32], mirrored: &[f32], what: &str) {

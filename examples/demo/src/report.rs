@@ -112,7 +112,7 @@ fn run_mirrored(args: &Args, data: &WineData) -> Result<()> {
 /// copy of the weights, on every replica of every worker, has the same bits.
 #[cfg(feature = "mpi")]
 pub fn run_multi_worker(args: &Args) -> Result<()> {
-    use distribute::collectives::MpiWorld;
+    use distribute::collectives::backend::MpiWorld;
 
     let Worker {
         strategy,
@@ -377,10 +377,10 @@ struct Worker {
 /// Joins the MPI job as a worker with `args.config.devices` as its replicas.
 #[cfg(feature = "mpi")]
 fn start_worker(args: &Args) -> Result<Worker> {
-    use distribute::prelude::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
+    use distribute::prelude::{LocalDevices, MultiWorkerConfig, MultiWorkerMirroredStrategy};
 
     let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
-        local_devices: args.config.devices.clone(),
+        local_devices: LocalDevices::new(&args.config.devices)?,
         ..MultiWorkerConfig::default()
     })?;
     let (workers, chief) = (strategy.num_workers(), strategy.is_chief());

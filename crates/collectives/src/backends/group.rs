@@ -264,7 +264,8 @@ struct Shared {
 /// clones are the same group.
 ///
 /// ```
-/// use distribute_collectives::{CollectiveGroup, GroupConfig, Tensor};
+/// use distribute_collectives::backend::CollectiveGroup;
+/// use distribute_collectives::{GroupConfig, Tensor};
 /// use distribute_values::ReduceOp;
 ///
 /// let group = CollectiveGroup::new(2, GroupConfig::default())?;

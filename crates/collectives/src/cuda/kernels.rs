@@ -16,7 +16,8 @@ use distribute_values::ReduceOp;
 use super::device::{Gpu, driver_error};
 use super::memory::GpuArray;
 use super::probe::require_nvrtc;
-use crate::{CollectiveError, DType, GpuError, Tensor, lock_ignoring_poison};
+use crate::rendezvous::lock_ignoring_poison;
+use crate::{CollectiveError, DType, GpuError, Tensor};
 
 /// Threads per block of the reduction kernels.
 const THREADS: u32 = 256;

@@ -6,7 +6,7 @@ use distribute_strategy::{Strategy, StrategyError};
 
 #[test]
 fn sm10_construction() {
-    let err = MirroredStrategy::new::<&str>(&[]).unwrap_err();
+    let err = MirroredStrategy::new(Vec::<String>::new()).unwrap_err();
     assert!(matches!(err, StrategyError::Invariant(_)), "{err:?}");
 
     let err = MirroredStrategy::new(&["/gpu:0", "/device:GPU:0"]).unwrap_err();

@@ -10,12 +10,12 @@ mod replicas;
 mod seeds;
 mod variables;
 
+use distribute_device_spec::LocalDevices;
 use distribute_mirrored::MirroredStrategy;
 
 /// A strategy over `n` CPUs of this process.
 pub(crate) fn cpus(n: usize) -> MirroredStrategy {
-    let devices: Vec<String> = (0..n).map(|i| format!("/cpu:{i}")).collect();
-    MirroredStrategy::new(&devices).unwrap()
+    MirroredStrategy::new(LocalDevices::cpus(n)).unwrap()
 }
 
 /// TF's two-replica test setup for variable updates: a GPU and the CPU.

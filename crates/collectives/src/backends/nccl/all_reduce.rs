@@ -15,9 +15,9 @@ use super::member::NcclMember;
 use crate::backends::GroupConfig;
 use crate::cross_replica::reduce_and_deliver;
 use crate::cuda::{Gpu, require_nccl};
+use crate::rendezvous::lock_ignoring_poison;
 use crate::{
     AnyTensor, CollectiveError, CrossDeviceOps, Destinations, ReplicaCollectives, StepLifecycle,
-    lock_ignoring_poison,
 };
 
 /// How replica threads get their communicators.
@@ -137,14 +137,14 @@ impl NcclAllReduce {
     /// This task's replicas of a multi-process run over `cluster` (chief and workers; every task
     /// drives `gpus.len()` GPUs, the same count everywhere): task rank `t` owns NCCL ranks
     /// `t·k .. t·k + k`. The leader (chief, else worker 0) makes the NCCL unique id and hands it
-    /// to the other tasks through [`exchange_unique_id`](crate::exchange_unique_id), waiting at
+    /// to the other tasks through [`exchange_unique_id`](crate::backend::nccl_bootstrap::exchange_unique_id), waiting at
     /// most `deadline` for them.
     ///
     /// The exchange authenticates every task with the cluster key in the environment variable
     /// `DISTRIBUTE_CLUSTER_KEY` (hex, at least 16 bytes, e.g. `openssl rand -hex 32`; or a file
     /// named by `DISTRIBUTE_CLUSTER_KEY_FILE`), the same on every chief and worker task; a cluster
     /// across hosts without one is a [`CollectiveError::BootstrapKey`]. See
-    /// [`exchange_unique_id`](crate::exchange_unique_id#security).
+    /// [`exchange_unique_id`](crate::backend::nccl_bootstrap::exchange_unique_id#security).
     pub fn for_cluster(
         cluster: &distribute_device_spec::ClusterSpec,
         me: distribute_device_spec::TaskId,

@@ -28,7 +28,7 @@ use super::bootstrap::UNIQUE_ID_BYTES;
 use crate::CollectiveError;
 
 /// The environment variable holding the cluster key in hex, read by
-/// [`exchange_unique_id`](crate::exchange_unique_id) and so `NcclAllReduce::for_cluster`: every chief and worker task of one cluster
+/// [`exchange_unique_id`](crate::backend::nccl_bootstrap::exchange_unique_id) and so `NcclAllReduce::for_cluster`: every chief and worker task of one cluster
 /// gets the same random key, e.g. from `openssl rand -hex 32`.
 pub const CLUSTER_KEY_VAR: &str = "DISTRIBUTE_CLUSTER_KEY";
 

@@ -172,7 +172,7 @@ pub fn nccl_rank(cluster: &ClusterSpec, me: TaskId) -> Result<NcclRank, Collecti
 /// ```
 /// use std::time::Duration;
 ///
-/// use distribute_collectives::{UNIQUE_ID_BYTES, exchange_unique_id, nccl_rank};
+/// use distribute_collectives::backend::nccl_bootstrap::{UNIQUE_ID_BYTES, exchange_unique_id, nccl_rank};
 /// use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
 ///
 /// // A cluster of one task needs no networking, so no key.
@@ -211,7 +211,7 @@ fn cluster_of_one(cluster: &ClusterSpec, me: TaskId, id: Option<[u8; UNIQUE_ID_B
 /// ```
 /// use std::time::Duration;
 ///
-/// use distribute_collectives::{ClusterKey, exchange_unique_id_with_key};
+/// use distribute_collectives::backend::nccl_bootstrap::{ClusterKey, exchange_unique_id_with_key};
 /// use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
 ///
 /// let cluster = ClusterSpec::from_json(r#"{"worker": ["localhost:2222"]}"#)?;

@@ -17,9 +17,8 @@ use super::communicator::{Communicator, nccl_dtype, nccl_error, nccl_op};
 use super::signature::Signature;
 use crate::cuda::Gpu;
 use crate::gpu::GpuArray;
-use crate::{
-    CollectiveError, DType, Placement, ReplicaCollectives, Tensor, kernel, lock_ignoring_poison,
-};
+use crate::rendezvous::lock_ignoring_poison;
+use crate::{CollectiveError, DType, Placement, ReplicaCollectives, Tensor, kernel};
 
 /// A replica's NCCL handle: its communicator and stream.
 pub(super) struct NcclMember {

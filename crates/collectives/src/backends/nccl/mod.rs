@@ -7,7 +7,7 @@
 //!   takes its own;
 //! - one rank per process or per GPU across machines ([`NcclAllReduce::from_unique_id`], or
 //!   [`NcclAllReduce::for_cluster`], which hands the NCCL unique id from the cluster's leader to
-//!   every task through [`exchange_unique_id`](crate::exchange_unique_id)).
+//!   every task through [`exchange_unique_id`](crate::backend::nccl_bootstrap::exchange_unique_id)).
 //!
 //! A call returns when its result is on the GPU: the replica thread waits for the stream, polling
 //! NCCL's asynchronous error and the backend's abort flag, and gives up at the deadline by
