@@ -7,6 +7,7 @@
 //! ```
 
 use distribute::prelude::*;
+use distribute::values::select_replica;
 
 /// A batch of examples: features `[rows, 2]` and targets `[rows]`.
 #[derive(Debug, Clone, PartialEq, Nest)]
@@ -22,10 +23,9 @@ pub(crate) struct Sums {
     pub(crate) rows: Tensor,
 }
 
-/// Σ x·y and the row count of every global batch of 4, summed over `replicas` replicas.
-pub(crate) fn sums_per_step(
-    replicas: usize,
-) -> Result<Vec<(Vec<f32>, f32)>, Box<dyn std::error::Error>> {
+/// Σ x·y and the row count of every global batch of 4, summed over `replicas` replicas (as
+/// replica 0 got them).
+pub(crate) fn sums_per_step(replicas: usize) -> Result<Vec<Sums>, Box<dyn std::error::Error>> {
     let strategy = MirroredStrategy::new(LocalDevices::cpus(replicas))?;
     // Row i has features [i, 1] and target i.
     let n = 8;
@@ -45,14 +45,11 @@ pub(crate) fn sums_per_step(
         let total = strategy.run(
             |ctx, rows: Rows| {
                 let (x, y) = (rows.x.to_vec::<f32>()?, rows.y.to_vec::<f32>()?);
-                let xy = (0..2)
-                    .map(|j| {
-                        y.iter()
-                            .enumerate()
-                            .map(|(i, y)| x[2 * i + j] * y)
-                            .sum::<f32>()
-                    })
-                    .collect();
+                let mut xy = vec![0.0f32; 2];
+                for (row, y) in x.chunks(2).zip(&y) {
+                    xy[0] += row[0] * y;
+                    xy[1] += row[1] * y;
+                }
                 let mine = Sums {
                     xy: Tensor::from_vec(ctx.device(), &[2], xy)?,
                     rows: Tensor::scalar(ctx.device(), y.len() as f32),
@@ -61,16 +58,16 @@ pub(crate) fn sums_per_step(
             },
             &batch?,
         )?;
-        // `total` is a `SumsRegrouped`; every replica holds the same sums, so read the first.
-        let xy = total.xy.local_results()[0].to_vec::<f32>()?;
-        steps.push((xy, total.rows.local_results()[0].to_vec::<f32>()?[0]));
+        // `total` is a `SumsRegrouped`, which names `Sums` back: replica 0's sums.
+        steps.push(select_replica::<Sums>(0, &total)?);
     }
     Ok(steps)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let replicas = std::env::args().nth(1).map_or(Ok(2), |r| r.parse())?;
-    for (step, (xy, rows)) in sums_per_step(replicas)?.into_iter().enumerate() {
+    for (step, Sums { xy, rows }) in sums_per_step(replicas)?.into_iter().enumerate() {
+        let (xy, rows) = (xy.to_vec::<f32>()?, rows.to_vec::<f32>()?[0]);
         println!("step {step}: {rows} rows over {replicas} replicas, Σ x·y = {xy:?}");
     }
     Ok(())
