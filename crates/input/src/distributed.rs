@@ -1,4 +1,5 @@
-//! [`DistributedDataset`]: one `PerReplica` batch per step from a global-batch dataset
+//! [`DistributedDataset`]: one step per item, in the form a strategy's `run` takes (or one
+//! `PerReplica` of whole batches), from a global-batch dataset
 //! ([`DistributedDataset::new`]) or from one dataset per input pipeline
 //! ([`distribute_datasets_from_function`]), with the auto-shard and partial-batch policies and
 //! prefetching on background threads.

@@ -363,7 +363,7 @@ fn smoke(data: &WineData) -> Result<()> {
 
 /// The demo's default configuration on `replicas` CPU replicas: `cargo xtask demo --replicas N`.
 fn default_config(replicas: usize) -> Config {
-    Config::new((0..replicas).map(|r| format!("/cpu:{r}")).collect())
+    Config::on_cpus(replicas)
 }
 
 /// `case`'s model and batch, otherwise the demo's defaults, on `replicas` replicas.

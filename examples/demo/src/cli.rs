@@ -172,7 +172,7 @@ impl Options {
                 devices.len()
             ),
             (Some(devices), _) => devices,
-            (None, n) => (0..n.unwrap_or(2)).map(|r| format!("/cpu:{r}")).collect(),
+            (None, n) => Config::on_cpus(n.unwrap_or(2)).devices,
         };
         ensure!(
             batch >= devices.len(),

@@ -124,6 +124,12 @@ impl Config {
         }
     }
 
+    /// The demo's defaults on `replicas` CPU replicas (`--replicas N`): `/cpu:0` … `/cpu:N-1`,
+    /// spelled short as the report prints them (the strategies parse them into `LocalDevices`).
+    pub fn on_cpus(replicas: usize) -> Self {
+        Config::new((0..replicas).map(|r| format!("/cpu:{r}")).collect())
+    }
+
     /// The same run on the first device alone: the reference the replicas must match.
     pub fn one_replica(&self) -> Self {
         Config {

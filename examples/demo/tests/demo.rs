@@ -19,7 +19,7 @@ fn short_run(replicas: usize) -> Config {
         hidden: 8,
         eval_every: 20,
         progress: false,
-        ..Config::new((0..replicas).map(|r| format!("/cpu:{r}")).collect())
+        ..Config::on_cpus(replicas)
     }
 }
 
@@ -380,7 +380,7 @@ fn short_candle_run(replicas: usize) -> Config {
         hidden: 32,
         learning_rate: 0.1,
         progress: false,
-        ..Config::new((0..replicas).map(|r| format!("/cpu:{r}")).collect())
+        ..Config::on_cpus(replicas)
     }
 }
 
