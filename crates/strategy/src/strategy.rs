@@ -113,7 +113,6 @@ pub trait Strategy: Send + Sync {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     fn gather(&self, value: &Leaf<Tensor>, axis: usize) -> Result<Tensor, StrategyError> {
-        refuse_in_replica_step("gather")?;
         gather_local_replicas(self.extended(), value, axis)
     }
 
@@ -307,12 +306,14 @@ pub trait Strategy: Send + Sync {
 
 /// This process's replicas' values of `value` joined along `axis`, in replica order, on the host
 /// ([`Strategy::gather`] in one process; a multi-worker strategy then joins the workers'). A plain
-/// or mirrored value counts once per local replica.
+/// or mirrored value counts once per local replica. Like every cross-replica operation it fails
+/// with [`StrategyError::CrossReplicaInReplica`] inside a replica's step.
 pub fn gather_local_replicas(
     extended: &dyn StrategyExtended,
     value: &Leaf<Tensor>,
     axis: usize,
 ) -> Result<Tensor, StrategyError> {
+    refuse_in_replica_step("gather")?;
     let host = extended.host_device();
     let parts: Vec<Tensor> = match value {
         // Once per replica of this process: the value stands for each one's.
