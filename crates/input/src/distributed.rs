@@ -350,9 +350,9 @@ impl<B: Batch> IntoIterator for &DistributedDataset<B> {
 ///     let per_replica = cx.per_replica_batch_size(4)?;
 ///     Dataset::range(8).shard(cx.num_input_pipelines(), cx.input_pipeline_id())?.batch(per_replica, false)
 /// })?;
+/// // Each step is what a strategy's `run` takes: one per-replica leaf here.
 /// let first = dist.iter().next().unwrap()?;
-/// assert_eq!(first.values()[1].to_vec::<i64>()?, [2, 3]);
-/// # use distribute_values::DistributedValues;
+/// assert_eq!(first.local_results()[1].to_vec::<i64>()?, [2, 3]);
 /// # Ok::<(), distribute_input::InputError>(())
 /// ```
 pub fn distribute_datasets_from_function<B, F>(
