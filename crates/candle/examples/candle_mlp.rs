@@ -12,7 +12,9 @@
 //!
 //! Built with the feature `mpi` and started by `mpirun`, it trains with
 //! `MultiWorkerMirroredStrategy`: every process is a worker with `--replicas` local replicas, and
-//! only the chief prints (`cargo xtask launch -n 2 candle_mlp -- --replicas 1`).
+//! only the chief prints (`cargo xtask launch -n 2 candle_mlp -- --replicas 1`). `--deadline SECS`
+//! (default 300) bounds every wait for the other replicas and workers: a worker that freezes ends
+//! the job that long after, with an error naming it.
 
 use std::collections::BTreeMap;
 use std::error::Error;
@@ -71,6 +73,9 @@ pub(crate) struct Options {
     pub(crate) save_init: Option<PathBuf>,
     /// Threads per replica.
     pub(crate) threads: CpuThreads,
+    /// How long a replica or worker waits for the others (`--deadline SECS`): across workers, a
+    /// frozen one ends the job this long after it stopped, with an error naming it.
+    pub(crate) deadline: std::time::Duration,
 }
 
 impl Default for Options {
@@ -81,6 +86,7 @@ impl Default for Options {
             init: None,
             save_init: None,
             threads: CpuThreads::Auto,
+            deadline: std::time::Duration::from_secs(300),
         }
     }
 }
@@ -113,7 +119,11 @@ pub(crate) fn write_initial_values(path: &std::path::Path) -> Result<(), Box<dyn
 
 /// Trains on `options.replicas` CPU replicas of this process.
 pub(crate) fn train(options: &Options) -> Result<Trained, Box<dyn Error>> {
-    let strategy = MirroredStrategy::new(LocalDevices::cpus(options.replicas))?;
+    let config = distribute_mirrored::MirroredConfig {
+        deadline: options.deadline,
+        ..Default::default()
+    };
+    let strategy = MirroredStrategy::with_config(LocalDevices::cpus(options.replicas), config)?;
     train_on(&strategy, options)
 }
 
@@ -126,6 +136,7 @@ pub(crate) fn train_multi_worker(
     use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
     let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
         local_devices: LocalDevices::cpus(options.replicas),
+        deadline: options.deadline,
         ..MultiWorkerConfig::default()
     })?;
     let trained = train_on(&strategy, options)?;
@@ -231,7 +242,7 @@ fn started_by_mpirun() -> bool {
 /// The command line.
 fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
     const USAGE: &str = "usage: candle_mlp [--replicas R] [--steps N] [--threads T] \
-                         [--init FILE] [--save-init FILE] [--json]";
+                         [--init FILE] [--save-init FILE] [--deadline SECS] [--json]";
     let mut options = Options::default();
     let mut json = false;
     let mut args = std::env::args().skip(1);
@@ -261,6 +272,14 @@ fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
             }
             "--init" => options.init = Some(value("a file")?.into()),
             "--save-init" => options.save_init = Some(value("a file")?.into()),
+            "--deadline" => {
+                options.deadline = value("a number of seconds")?
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|s| s.is_finite() && *s >= 0.1 && *s <= 1e9)
+                    .map(std::time::Duration::from_secs_f64)
+                    .ok_or("--deadline needs a number of seconds from 0.1 on")?;
+            }
             "--json" => json = true,
             "--help" | "-h" => {
                 println!("{USAGE}");

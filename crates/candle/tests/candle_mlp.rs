@@ -26,6 +26,7 @@ fn run(replicas: usize, init: &std::path::Path) -> Trained {
         init: Some(init.to_owned()),
         save_init: None,
         threads: CpuThreads::PerReplica(NonZeroUsize::new(1).unwrap()),
+        ..Options::default()
     })
     .unwrap()
 }

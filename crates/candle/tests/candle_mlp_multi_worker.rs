@@ -31,6 +31,7 @@ fn options(init: &str) -> Options {
         init: Some(init.into()),
         save_init: None,
         threads: CpuThreads::PerReplica(NonZeroUsize::new(1).unwrap()),
+        ..Options::default()
     }
 }
 

@@ -22,8 +22,11 @@
 //! cargo build --release -p distribute --example linear_regression --features mpi
 //! mpirun -n 2 target/release/examples/linear_regression --replicas 1 --json
 //! ```
+//!
+//! `--deadline SECS` (default 300) bounds every wait for the other replicas and workers: a worker
+//! that freezes ends the job that long after, with an error naming it.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use distribute::prelude::*;
 use distribute_test_support::linear_regression::{
@@ -44,9 +47,22 @@ pub(crate) struct Trained {
     pub(crate) steps_per_s: f64,
 }
 
-/// Trains on `replicas` CPU replicas of this process for `steps` steps.
-pub(crate) fn train(replicas: usize, steps: usize) -> Result<Trained, Box<dyn std::error::Error>> {
-    let strategy = MirroredStrategy::new(LocalDevices::cpus(replicas))?;
+/// How long a replica or worker waits for the others before the step fails (`--deadline SECS`;
+/// across workers a frozen one then ends the job, named): the strategies' default.
+pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_secs(300);
+
+/// Trains on `replicas` CPU replicas of this process for `steps` steps, every wait bounded by
+/// `deadline`.
+pub(crate) fn train(
+    replicas: usize,
+    steps: usize,
+    deadline: Duration,
+) -> Result<Trained, Box<dyn std::error::Error>> {
+    let config = MirroredConfig {
+        deadline,
+        ..MirroredConfig::default()
+    };
+    let strategy = MirroredStrategy::with_config(LocalDevices::cpus(replicas), config)?;
     train_on(&strategy, steps)
 }
 
@@ -56,9 +72,11 @@ pub(crate) fn train(replicas: usize, steps: usize) -> Result<Trained, Box<dyn st
 pub(crate) fn train_multi_worker(
     replicas: usize,
     steps: usize,
+    deadline: Duration,
 ) -> Result<(Trained, usize, bool), Box<dyn std::error::Error>> {
     let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
         local_devices: LocalDevices::cpus(replicas),
+        deadline,
         ..MultiWorkerConfig::default()
     })?;
     let trained = train_on(&strategy, steps)?;
@@ -70,6 +88,7 @@ pub(crate) fn train_multi_worker(
 fn train_multi_worker(
     _replicas: usize,
     _steps: usize,
+    _deadline: Duration,
 ) -> Result<(Trained, usize, bool), Box<dyn std::error::Error>> {
     Err(
         "started by mpirun, but built without the `mpi` feature: rebuild with \
@@ -150,6 +169,7 @@ pub(crate) fn train_on<S: Strategy>(
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut replicas = 2;
     let mut json = false;
+    let mut deadline = DEFAULT_DEADLINE;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -161,15 +181,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .ok_or("--replicas needs a positive number")?;
             }
             "--json" => json = true,
+            "--deadline" => {
+                deadline = args
+                    .next()
+                    .and_then(|s| s.parse::<f64>().ok())
+                    .filter(|s| s.is_finite() && *s >= 0.1 && *s <= 1e9)
+                    .map(Duration::from_secs_f64)
+                    .ok_or("--deadline needs a number of seconds from 0.1 on")?;
+            }
             other => {
-                return Err(format!("unknown argument '{other}'; use --replicas N, --json").into());
+                return Err(format!(
+                    "unknown argument '{other}'; use --replicas N, --json, --deadline SECS"
+                )
+                .into());
             }
         }
     }
     let (trained, workers, chief) = if started_by_mpirun() {
-        train_multi_worker(replicas, STEPS)?
+        train_multi_worker(replicas, STEPS, deadline)?
     } else {
-        (train(replicas, STEPS)?, 1, true)
+        (train(replicas, STEPS, deadline)?, 1, true)
     };
     if !chief {
         // Every worker holds the same weights; the chief speaks for all.

@@ -14,10 +14,10 @@ const SHORT_RUN: usize = 20;
 
 #[test]
 fn one_and_many_replicas_learn_the_same_weights() {
-    let one = example::train(1, SHORT_RUN).unwrap();
+    let one = example::train(1, SHORT_RUN, example::DEFAULT_DEADLINE).unwrap();
     assert!(one.loss.is_finite());
     for replicas in [2, 4, 8] {
-        let many = example::train(replicas, SHORT_RUN).unwrap();
+        let many = example::train(replicas, SHORT_RUN, example::DEFAULT_DEADLINE).unwrap();
         let max_diff = one
             .weights
             .iter()
@@ -25,7 +25,7 @@ fn one_and_many_replicas_learn_the_same_weights() {
             .map(|(a, b)| (a - b).abs())
             .fold((one.bias - many.bias).abs(), f32::max);
         assert!(max_diff <= 1e-5, "{replicas} replicas differ by {max_diff}");
-        let again = example::train(replicas, SHORT_RUN).unwrap();
+        let again = example::train(replicas, SHORT_RUN, example::DEFAULT_DEADLINE).unwrap();
         assert!(
             many.weights
                 .iter()
@@ -38,7 +38,7 @@ fn one_and_many_replicas_learn_the_same_weights() {
 
 #[test]
 fn the_full_run_learns_the_generating_weights() {
-    let trained = example::train(2, STEPS).unwrap();
+    let trained = example::train(2, STEPS, example::DEFAULT_DEADLINE).unwrap();
     let worst = trained
         .weights
         .iter()

@@ -30,7 +30,8 @@ fn worker() {
         .expect("started by the launching test")
         .parse()
         .unwrap();
-    let (trained, workers, chief) = example::train_multi_worker(replicas, STEPS).unwrap();
+    let (trained, workers, chief) =
+        example::train_multi_worker(replicas, STEPS, example::DEFAULT_DEADLINE).unwrap();
     assert_eq!(workers, 2);
     if chief {
         write_result(
@@ -75,7 +76,7 @@ fn two_workers(replicas: usize) -> (Vec<f32>, f32) {
 fn two_workers_learn_the_single_process_weights() {
     for replicas in [1, 2] {
         let (weights, bias) = two_workers(replicas);
-        let single = example::train(2 * replicas, STEPS).unwrap();
+        let single = example::train(2 * replicas, STEPS, example::DEFAULT_DEADLINE).unwrap();
         assert_eq!(weights.len(), single.weights.len());
         let max_diff = weights
             .iter()

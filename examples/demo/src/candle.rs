@@ -17,7 +17,7 @@ use anyhow::{Result, anyhow, ensure};
 use candle_core::{D, Device, Tensor};
 use candle_nn::{Linear, Module, Optimizer, SGD, VarBuilder};
 use distribute::prelude::{
-    Dataset, InputOptions, MirroredStrategy, PartialBatch, ReduceOp, Strategy,
+    Dataset, InputOptions, MirroredConfig, MirroredStrategy, PartialBatch, ReduceOp, Strategy,
 };
 use distribute_candle::{Config as CandleConfig, DataParallel};
 
@@ -195,7 +195,13 @@ fn evaluate(model: &Classifier, split: &Split) -> Result<Metrics> {
 
 /// Trains on `config.devices` with `MirroredStrategy`, from the seeded initial values.
 pub fn train(config: &Config, data: &WineData) -> Result<Trained> {
-    let strategy = MirroredStrategy::new(&config.devices)?;
+    let strategy = MirroredStrategy::with_config(
+        &config.devices,
+        MirroredConfig {
+            deadline: config.deadline,
+            ..MirroredConfig::default()
+        },
+    )?;
     train_on(&strategy, config, data)
 }
 

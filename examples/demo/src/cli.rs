@@ -96,6 +96,19 @@ pub struct Options {
     /// Where the loss curve PNG goes [default: target/demo/loss.png]
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
+    /// Seconds a replica or worker waits for the others before the step fails; with --workers,
+    /// a frozen worker ends the job this long after it stopped, with an error naming it
+    #[arg(long, value_name = "SECS", default_value_t = Config::DEFAULT.deadline.as_secs_f64(), value_parser = seconds)]
+    pub deadline: f64,
+}
+
+/// A number of seconds the strategies accept as a deadline: at least 0.1, finite.
+fn seconds(value: &str) -> Result<f64, String> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.1 && *s <= 1e9)
+        .ok_or_else(|| format!("a number of seconds from 0.1 on is needed, got '{value}'"))
 }
 
 /// A whole number above 0.
@@ -190,6 +203,7 @@ impl Options {
                 hidden: self.hidden.unwrap_or(defaults.hidden),
                 seed: self.seed,
                 tpu_arithmetic: self.tpu_arithmetic,
+                deadline: std::time::Duration::from_secs_f64(self.deadline),
                 ..Config::new(devices)
             },
             strategy: self.strategy,

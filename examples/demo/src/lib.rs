@@ -98,6 +98,9 @@ pub struct Config {
     pub progress: bool,
     /// How `--strategy tpu`'s compiled step rounds (the mirrored path ignores it).
     pub tpu_arithmetic: tpu::StepArithmetic,
+    /// How long any replica or worker waits for the others before the step fails (and, across
+    /// workers, the job ends naming the one it waited for): `--deadline SECS`.
+    pub deadline: std::time::Duration,
 }
 
 impl Config {
@@ -114,6 +117,7 @@ impl Config {
         eval_every: 50,
         progress: true,
         tpu_arithmetic: tpu::StepArithmetic::F64Sums,
+        deadline: std::time::Duration::from_secs(300),
     };
 
     /// The demo's defaults on `devices`.

@@ -381,6 +381,7 @@ fn start_worker(args: &Args) -> Result<Worker> {
 
     let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
         local_devices: LocalDevices::new(&args.config.devices)?,
+        deadline: args.config.deadline,
         ..MultiWorkerConfig::default()
     })?;
     let (workers, chief) = (strategy.num_workers(), strategy.is_chief());

@@ -303,6 +303,9 @@ fn the_command_line_refuses_what_this_build_cannot_run() {
         ),
         (2000, 128, 32)
     );
+    assert_eq!(defaults.config.deadline, std::time::Duration::from_secs(300));
+    let quick = parse("--deadline 2.5").unwrap();
+    assert_eq!(quick.config.deadline, std::time::Duration::from_millis(2500));
     let four = parse("--replicas 4 --steps 10 --batch 64 --lr 0.1 --hidden 4").unwrap();
     assert_eq!(four.config.devices.len(), 4);
     assert_eq!(
@@ -318,6 +321,8 @@ fn the_command_line_refuses_what_this_build_cannot_run() {
         ("--devices /cpu:0,/gpu:1", "no GPU kernels"),
         ("--devices /cpu:0 --replicas 2", "disagrees"),
         ("--replicas 0", "positive"),
+        ("--deadline 0", "seconds from 0.1 on"),
+        ("--deadline inf", "seconds from 0.1 on"),
         ("--momentum 1", "below 1"),
         ("--momentum 0.5", "add --framework native"),
         ("--batch 2 --replicas 3", "no rows"),
