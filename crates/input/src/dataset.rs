@@ -464,6 +464,13 @@ impl<B: Batch> Dataset<B> {
         }
     }
 
+    /// Makes the next [`iter`](Self::iter) iteration number `epoch` (0 for the first), whose
+    /// order a shuffle with `reshuffle_each_iteration` depends on: how a resumed job reads the
+    /// epoch it stopped in.
+    pub(crate) fn set_next_epoch(&self, epoch: u64) {
+        self.epochs.store(epoch, Ordering::Relaxed);
+    }
+
     /// The batches, from the start. After an error the iterator ends.
     pub fn iter(&self) -> DatasetIter<B> {
         let origin = self.source.describe();

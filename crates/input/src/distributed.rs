@@ -35,9 +35,10 @@ mod agreement;
 mod iterator;
 mod options;
 mod pipeline;
+mod position;
 mod steps;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use distribute_values::ReplicaDeviceMap;
 
@@ -48,6 +49,7 @@ pub use iterator::{
 };
 pub use options::{AutoShardPolicy, BatchSplit, InputOptions, PartialBatch};
 use pipeline::{LocalStep, LocalSteps, Plan};
+pub use position::InputPosition;
 use steps::Steps;
 
 use crate::dataset::{BatchSpec, BoxIter};
@@ -86,6 +88,9 @@ pub struct DistributedDataset<B: Batch> {
     same_stream: bool,
     /// How the processes agree on the end of data when they read different streams.
     agreement: Option<AgreementConfig>,
+    /// Where the next iteration starts, set by [`resume_from`](Self::resume_from) and taken
+    /// by that iteration.
+    resume: Mutex<Option<InputPosition>>,
 }
 
 impl<B: Batch> DistributedDataset<B> {
@@ -189,6 +194,7 @@ impl<B: Batch> DistributedDataset<B> {
             same_stream: !applied.contains(&AutoShardPolicy::File),
             applied,
             agreement: None,
+            resume: Mutex::new(None),
         })
     }
 
@@ -235,6 +241,33 @@ impl<B: Batch> DistributedDataset<B> {
         Ok(self)
     }
 
+    /// Makes the next iteration ([`iter`](Self::iter), [`iter_per_replica`](Self::iter_per_replica),
+    /// [`iter_masked`](Self::iter_masked), `for … in &dataset`) iteration `position.epoch`
+    /// (the order a reshuffling shuffle gives it) starting after its first `position.step`
+    /// steps; later iterations start at their beginning. A job resumed from a checkpoint so
+    /// reads the batches an uninterrupted run would have read, on any number of replicas and
+    /// workers when each step is one global batch.
+    ///
+    /// The skipped steps' batches are read and dropped (nothing is placed on the replicas'
+    /// devices twice, no step runs): the cost is reading that much data once.
+    ///
+    /// ```
+    /// use distribute_input::{Dataset, DistributedDataset, InputOptions, InputPosition, InputWorkers};
+    ///
+    /// let workers = InputWorkers::local(["/cpu:0", "/cpu:1"])?;
+    /// let dist = DistributedDataset::new(Dataset::range(8).batch(2, false)?, &workers, InputOptions::default())?
+    ///     .resume_from(InputPosition::at_step(3));
+    /// let first = dist.iter_per_replica().next().unwrap()?;
+    /// assert_eq!(first.into_iter().next().unwrap().to_vec::<i64>()?, [6]);
+    /// // The next iteration starts over.
+    /// assert_eq!(dist.iter().count(), 4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn resume_from(self, position: InputPosition) -> Self {
+        *self.resume.lock().unwrap_or_else(|e| e.into_inner()) = Some(position);
+        self
+    }
+
     /// Whether the processes of a multi-worker run must exchange to end on the same step:
     /// more than one process feeds the steps and they read different streams.
     pub fn needs_agreement(&self) -> bool {
@@ -255,8 +288,10 @@ impl<B: Batch> DistributedDataset<B> {
     ///
     /// [`PerReplica`]: distribute_values::PerReplica
     pub fn iter_per_replica(&self) -> PerReplicaIterator<B> {
+        let (steps, skip) = self.steps();
         PerReplicaIterator {
-            steps: self.steps(),
+            steps,
+            skip,
             num_processes: self.num_processes,
             finished: false,
             agreement: self.agreement(),
@@ -266,9 +301,11 @@ impl<B: Batch> DistributedDataset<B> {
     /// Like [`iter`](Self::iter), with each replica's batch paired with its mask (1.0 for
     /// real rows, 0.0 for padding; all ones unless the policy pads).
     pub fn iter_masked(&self) -> MaskedDistributedIterator<B> {
+        let (steps, skip) = self.steps();
         MaskedDistributedIterator {
             inner: MaskedPerReplicaIterator {
-                steps: self.steps(),
+                steps,
+                skip,
                 agreement: self.agreement(),
             },
         }
@@ -295,7 +332,14 @@ impl<B: Batch> DistributedDataset<B> {
         &self.applied
     }
 
-    fn steps(&self) -> Steps<B> {
+    /// A new iteration's steps, and how many of them to skip (a resumed iteration's).
+    fn steps(&self) -> (Steps<B>, u64) {
+        let resume = self.resume.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(position) = resume {
+            for plan in &self.plans {
+                plan.dataset.set_next_epoch(position.epoch);
+            }
+        }
         let pipelines = self
             .plans
             .iter()
@@ -309,7 +353,7 @@ impl<B: Batch> DistributedDataset<B> {
                 it
             })
             .collect::<Vec<_>>();
-        Steps {
+        let steps = Steps {
             ended: vec![false; pipelines.len()],
             pipelines,
             plans: self.plans.clone(),
@@ -318,7 +362,8 @@ impl<B: Batch> DistributedDataset<B> {
             replicas: self.plans.iter().map(|plan| plan.placement.len()).sum(),
             template: None,
             done: false,
-        }
+        };
+        (steps, resume.map_or(0, |p| p.step))
     }
 }
 
@@ -430,6 +475,7 @@ where
         partial: options.partial_batch,
         same_stream: false,
         agreement: None,
+        resume: Mutex::new(None),
     })
 }
 

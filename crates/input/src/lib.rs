@@ -71,7 +71,7 @@ pub use dataset::{
 };
 pub use distributed::{
     AutoShardPolicy, BatchSplit, DEFAULT_AGREEMENT_WINDOW, DistributedDataset, DistributedIterator,
-    InputOptions, MaskedDistributedIterator, MaskedPerReplicaIterator, PartialBatch,
+    InputOptions, InputPosition, MaskedDistributedIterator, MaskedPerReplicaIterator, PartialBatch,
     PerReplicaIterator, SumAcrossProcesses, distribute_datasets_from_function,
 };
 pub use error::{ErrorKind, InputError};

@@ -139,6 +139,15 @@ impl<B: Batch> PerReplicaIterator<B> {
     }
 
     fn local_state(&mut self) -> LocalState<B> {
+        // A resumed iteration's skipped steps: every process skips as many, so no exchange.
+        while self.skip > 0 {
+            self.skip -= 1;
+            match self.steps.next_step() {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return LocalState::Failed(e),
+                None => self.skip = 0,
+            }
+        }
         let (step, has_data) = match self.steps.next_step() {
             Some(Ok(step)) => (step, true),
             Some(Err(e)) => return LocalState::Failed(e),

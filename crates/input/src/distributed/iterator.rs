@@ -25,6 +25,8 @@ use crate::{Batch, InputError, Masked};
 /// [`DistributedDataset`]: crate::DistributedDataset
 pub struct PerReplicaIterator<B: Batch> {
     pub(super) steps: Steps<B>,
+    /// Steps still to read and drop before the first one handed out (a resumed iteration).
+    pub(super) skip: u64,
     /// Processes feeding replicas of each step, this one included.
     pub(super) num_processes: usize,
     /// Whether `next_across_processes` has returned the end or an error, after which it takes
@@ -39,6 +41,19 @@ impl<B: Batch> Iterator for PerReplicaIterator<B> {
     type Item = Result<PerReplica<B>, InputError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        while self.skip > 0 {
+            self.skip -= 1;
+            match self.next_step()? {
+                Ok(_) => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        self.next_step()
+    }
+}
+
+impl<B: Batch> PerReplicaIterator<B> {
+    fn next_step(&mut self) -> Option<Result<PerReplica<B>, InputError>> {
         if let Some(agreement) = &mut self.agreement {
             return agreement.next(&mut self.steps);
         }
@@ -54,6 +69,8 @@ impl<B: Batch> Iterator for PerReplicaIterator<B> {
 pub struct MaskedPerReplicaIterator<B: Batch> {
     pub(super) steps: Steps<B>,
     /// As [`PerReplicaIterator`]'s.
+    pub(super) skip: u64,
+    /// As [`PerReplicaIterator`]'s.
     pub(super) agreement: Option<Agreement<B>>,
 }
 
@@ -61,6 +78,16 @@ impl<B: Batch> Iterator for MaskedPerReplicaIterator<B> {
     type Item = Result<PerReplica<Masked<B>>, InputError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        while self.skip > 0 {
+            self.skip -= 1;
+            let skipped = match &mut self.agreement {
+                Some(agreement) => agreement.next_local(&mut self.steps)?,
+                None => self.steps.next_step()?,
+            };
+            if let Err(e) = skipped {
+                return Some(Err(e));
+            }
+        }
         let step = match &mut self.agreement {
             Some(agreement) => agreement.next_local(&mut self.steps)?,
             None => self.steps.next_step()?,

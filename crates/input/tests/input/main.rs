@@ -11,6 +11,7 @@ mod policies;
 mod prefetch;
 mod properties;
 mod rebatch;
+mod resume;
 mod row_copies;
 mod single_worker;
 mod snapshots;
