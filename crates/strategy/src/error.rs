@@ -62,6 +62,14 @@ pub enum StrategyError {
     /// An input pipeline failed: a malformed dataset, an unreadable file, a bad option.
     #[error(transparent)]
     Input(#[from] distribute_input::InputError),
+    /// A checkpoint file (or directory) could not be written, read or restored.
+    #[error("checkpoint {}: {reason}", path.display())]
+    Checkpoint {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// What was wrong with it.
+        reason: String,
+    },
     /// A device name is malformed.
     #[error(transparent)]
     Device(#[from] DeviceSpecError),

@@ -11,6 +11,10 @@
 //!   thread-local modes).
 //! - [`DefaultStrategy`]: one replica on the host, TF's identity semantics.
 //!
+//! [`Checkpoints`] writes the variables and the input position every N steps (the chief
+//! alone, atomically, checksummed) and restores the newest good checkpoint on any replica and
+//! worker count, so a job that died resumes where it stopped.
+//!
 //! Datasets reach the replicas through [`Strategy::distribute_dataset`] (the input crate's
 //! `DistributedDataset` over the strategy's devices), whose steps are `run`'s inputs.
 //!
@@ -18,6 +22,7 @@
 //! how a strategy runs its replicas: threads are `distribute-mirrored`'s business, compiled
 //! programs `distribute-tpu`'s.
 
+mod checkpoint;
 mod context;
 mod default;
 mod error;
@@ -25,6 +30,10 @@ mod steps;
 mod strategy;
 mod variables;
 
+pub use checkpoint::{
+    CHECKPOINT_MAGIC, CHECKPOINT_VERSION, CheckpointOptions, CheckpointVariable, Checkpoints,
+    Resume,
+};
 pub use context::{
     CrossReplicaContext, MergeArgs, MergeResult, ReplicaContext, StrategyExtended, UpdateContext,
     initial_value_from_chief,
