@@ -42,13 +42,15 @@ pub use distribute_values as values;
 pub mod prelude {
     pub use distribute_collectives::{DType, Destinations, Tensor};
     pub use distribute_device_spec::LocalDevices;
-    pub use distribute_input::{Dataset, DistributedDataset, InputOptions, PartialBatch};
+    pub use distribute_input::{
+        Dataset, DistributedDataset, InputOptions, InputPosition, PartialBatch,
+    };
     pub use distribute_mirrored::{MirroredConfig, MirroredStrategy};
     #[cfg(feature = "mpi")]
     pub use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
     pub use distribute_strategy::{
-        CrossReplicaContext, DefaultStrategy, ReplicaContext, Strategy, StrategyError,
-        VariableOptions,
+        CheckpointOptions, Checkpoints, CrossReplicaContext, DefaultStrategy, ReplicaContext,
+        Strategy, StrategyError, VariableOptions,
     };
     // `Nest` is both the trait and `#[derive(Nest)]`, which makes a struct a dataset's batch, a
     // step's input and output, and one `all_reduce` payload.
