@@ -12,8 +12,11 @@ use std::time::Duration;
 
 use distribute_collectives::{DType, Tensor};
 use distribute_device_spec::LocalDevices;
+use distribute_input::InputPosition;
 use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
-use distribute_strategy::{Strategy, StrategyError, VariableOptions};
+use distribute_strategy::{
+    CheckpointOptions, Checkpoints, Strategy, StrategyError, VariableOptions,
+};
 use distribute_values::{DistributedValues, Leaf, PerReplica, ReduceOp};
 
 const SCENARIO: &str = "DISTRIBUTE_MW_SCENARIO";
@@ -282,6 +285,34 @@ fn the_chief_writes_checkpoints_that_any_worker_count_restores() {
 }
 
 #[test]
+fn checkpoints_managed_by_the_chief_restore_on_any_worker_count() {
+    let written = tempfile::tempdir().expect("a temporary directory");
+    let job = launch_with(2, 2, "managed_write", written.path());
+    completed(&job, 2, "managed_write");
+    assert_eq!(
+        values(&job, "wrote"),
+        ["true", "false"],
+        "only the chief writes"
+    );
+    for (workers, replicas) in [(3, 1), (1, 2)] {
+        // A copy per job (a restore writes nothing, but keep the original pristine).
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        for entry in std::fs::read_dir(written.path()).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+        }
+        let job = launch_with(workers, replicas, "managed_restore", dir.path());
+        completed(&job, workers, "managed_restore");
+        assert_eq!(values(&job, "step"), vec!["1"; workers]);
+        // The sum over 2 × 2 replicas of (global id + 1), and the chief's mirrored value.
+        assert_eq!(
+            values(&job, "restored"),
+            vec![r#"{"total":10.0,"weight":0.25}"#; workers]
+        );
+    }
+}
+
+#[test]
 fn a_mismatched_call_is_an_error_on_every_worker() {
     let job = launch(3, 2, "mismatch");
     completed(&job, 3, "mismatch");
@@ -402,6 +433,8 @@ fn worker_entry() {
         "tf_config" => tf_config(&strategy, &mut lines),
         "checkpoint_write" => checkpoint_write(&strategy, &mut lines),
         "checkpoint_restore" => checkpoint_restore(&strategy, &mut lines),
+        "managed_write" => managed_write(&strategy, &mut lines),
+        "managed_restore" => managed_restore(&strategy, &mut lines),
         "counts" => counts(&strategy, &mut lines),
         "replica_updates" => replica_updates(&strategy, &mut lines),
         "broadcast" => broadcast(&strategy, &mut lines),
@@ -916,6 +949,39 @@ fn checkpoint_restore(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<St
     strategy
         .restore_variable(&weight, &saved("weight"))
         .unwrap();
+    lines.push(format!(
+        "restored={}",
+        saved_json(strategy, &weight, &total)
+    ));
+}
+
+/// `Checkpoints` in the directory `CHECKPOINT`, written after step 1.
+fn managed_checkpoints() -> Checkpoints {
+    let options = CheckpointOptions { every: 1, keep: 1 };
+    Checkpoints::new(std::env::var(CHECKPOINT).unwrap(), options).unwrap()
+}
+
+fn managed_write(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
+    let (weight, total) = checkpoint_variables(strategy);
+    for r in 0..strategy.local_replicas() {
+        total
+            .component(r)
+            .unwrap()
+            .assign(strategy.global_replica_id(r) as f64 + 1.0);
+    }
+    let written = managed_checkpoints()
+        .save(strategy, 1, &[&weight, &total], InputPosition::at_step(1))
+        .unwrap();
+    lines.push(format!("wrote={}", written.is_some()));
+}
+
+fn managed_restore(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
+    let (weight, total) = checkpoint_variables(strategy);
+    let resume = managed_checkpoints()
+        .restore(strategy, &[&weight, &total])
+        .unwrap()
+        .expect("the chief's checkpoint");
+    lines.push(format!("step={}", resume.step));
     lines.push(format!(
         "restored={}",
         saved_json(strategy, &weight, &total)
