@@ -179,6 +179,10 @@ pub(crate) fn train_on<S: Strategy>(
     if let Some(checkpoints) = resumable.checkpoints
         && let Some(resume) = checkpoints.restore(strategy, &[&weights, &bias])?
     {
+        // The chief's refusals, also `log` warnings (this example installs no logger).
+        for (path, why) in &resume.refused {
+            eprintln!("refused checkpoint {}: {why}", path.display());
+        }
         // The input position is the step: the data is the same in every run.
         step = usize::try_from(resume.input.step)?;
         resumed_from = Some(resume.step);
