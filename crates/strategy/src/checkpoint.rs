@@ -246,7 +246,8 @@ impl Checkpoints {
     /// elsewhere and when not due.
     ///
     /// Errors: two variables of one name, a value type without `VariableValue::to_wire`, and
-    /// the chief's I/O errors, naming the file.
+    /// the chief's I/O errors, naming the file (the chief's alone: in a multi-worker job the
+    /// chief's run then ends, and with it the job).
     pub fn save<S: Strategy + ?Sized>(
         &self,
         strategy: &S,
@@ -444,7 +445,21 @@ impl Checkpoints {
     /// failure to delete costs disk space only, so it is a warning.
     fn prune(&self) {
         let Ok(files) = self.files() else { return };
-        for (_, path) in files.into_iter().skip(self.options.keep) {
+        let old = files
+            .into_iter()
+            .skip(self.options.keep)
+            .map(|(_, path)| path);
+        // Only the chief writes, one checkpoint at a time: any temporary file left is stale.
+        let stale = fs::read_dir(&self.dir)
+            .into_iter()
+            .flatten()
+            .filter_map(|entry| Some(entry.ok()?.path()))
+            .filter(|path| {
+                path.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("ckpt-") && n.ends_with(".dst.tmp"))
+            });
+        for path in old.chain(stale.collect::<Vec<_>>()) {
             if let Err(e) = fs::remove_file(&path) {
                 log::warn!("checkpoint {}: cannot be deleted: {e}", path.display());
             }
