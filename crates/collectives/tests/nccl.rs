@@ -141,11 +141,17 @@ fn choose_the_best_says_why_one_gpu_gets_no_nccl() {
 /// `two_processes_share_one_gpu`.
 const CHILD: &str = "DISTRIBUTE_NCCL_CHILD";
 
-#[test]
-fn two_processes_share_one_gpu() {
-    if gpu_with_nccl().is_none() {
-        return;
-    }
+/// What each rank of a two-process launch left: whether it exited successfully (`None`: still
+/// running when the first rank ended a frozen-peer launch, then killed) and its output.
+struct Ranks {
+    statuses: [Option<bool>; 2],
+    logs: [String; 2],
+}
+
+/// Starts this test binary's ignored test `child` as ranks 0 and 1 of a two-task cluster on one
+/// GPU (`env` set in both), and waits for both, or with `first_ends` only for rank 0 (the other
+/// is then killed: a frozen rank never ends by itself). Panics past 180 s.
+fn launch_two_ranks(child: &str, env: &[(&str, &str)], first_ends: bool) -> Ranks {
     let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()
@@ -163,15 +169,11 @@ fn two_processes_share_one_gpu() {
             let out = std::fs::File::create(log(rank)).unwrap();
             let err = out.try_clone().unwrap();
             Command::new(&exe)
-                .args([
-                    "--exact",
-                    "rank_of_two_processes",
-                    "--ignored",
-                    "--nocapture",
-                ])
+                .args(["--exact", child, "--ignored", "--nocapture"])
                 .env(CHILD, rank.to_string())
                 .env("DISTRIBUTE_CLUSTER", &cluster)
                 .env(CLUSTER_KEY_VAR, &key)
+                .envs(env.iter().copied())
                 // Each rank looks like a node of its own, so NCCL accepts both on one GPU.
                 .env("NCCL_HOSTID", format!("distribute-test-host-{rank}"))
                 .env("NCCL_SOCKET_IFNAME", "lo")
@@ -184,28 +186,113 @@ fn two_processes_share_one_gpu() {
         .collect();
     let start = Instant::now();
     let mut statuses = [None; 2];
-    while statuses.iter().any(Option::is_none) {
+    let waited = |statuses: &[Option<bool>; 2]| match first_ends {
+        true => statuses[0].is_none(),
+        false => statuses.iter().any(Option::is_none),
+    };
+    while waited(&statuses) {
         for (child, status) in children.iter_mut().zip(statuses.iter_mut()) {
             if status.is_none() {
-                *status = child.try_wait().unwrap();
+                *status = child.try_wait().unwrap().map(|s| s.success());
             }
         }
         if start.elapsed() > Duration::from_secs(180) {
             children.iter_mut().for_each(|c| {
                 let _ = c.kill();
             });
-            panic!("the two ranks did not finish within 180 s");
+            panic!("the ranks of {child} did not finish within 180 s");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    for (rank, status) in statuses.into_iter().enumerate() {
+    for child in &mut children {
+        // A stopped process dies of SIGKILL too.
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let logs = [0, 1].map(|rank| {
         let text = std::fs::read_to_string(log(rank)).unwrap();
-        eprintln!("--- rank {rank} ---\n{text}");
-        assert!(status.unwrap().success(), "rank {rank} failed");
+        eprintln!("--- {child}: rank {rank} ---\n{text}");
+        text
+    });
+    Ranks { statuses, logs }
+}
+
+#[test]
+fn two_processes_share_one_gpu() {
+    if gpu_with_nccl().is_none() {
+        return;
+    }
+    let ranks = launch_two_ranks("rank_of_two_processes", &[], false);
+    for rank in 0..2 {
+        assert_eq!(ranks.statuses[rank], Some(true), "rank {rank} failed");
         assert!(
-            text.contains("RANK OK"),
+            ranks.logs[rank].contains("RANK OK"),
             "rank {rank} did not finish its checks"
         );
+    }
+}
+
+/// Which moment rank 1 freezes at in `a_frozen_rank_ends_the_others_wait_at_the_deadline`.
+const FREEZE: &str = "DISTRIBUTE_NCCL_FREEZE";
+
+/// The deadline of the frozen-peer launches.
+const FROZEN_DEADLINE: Duration = Duration::from_secs(10);
+
+#[test]
+fn a_frozen_rank_ends_the_others_wait_at_the_deadline() {
+    if gpu_with_nccl().is_none() {
+        return;
+    }
+    // Rank 1 stops (SIGSTOP) after the unique-id exchange, before its communicator's setup, or
+    // after a first healthy all-reduce, before the next: rank 0 must fail at its deadline (its
+    // non-blocking setup or call polled, then aborted), never hang.
+    for (moment, expected) in [
+        ("setup", "NCCL communicator setup (rank 0 of 2)"),
+        ("step", "NCCL all_reduce (agreement) (rank 0 of 2)"),
+    ] {
+        let ranks = launch_two_ranks("frozen_rank_of_two_processes", &[(FREEZE, moment)], true);
+        assert_eq!(ranks.statuses[0], Some(true), "{moment}: rank 0 failed");
+        let line = ranks.logs[0]
+            .lines()
+            .find(|l| l.starts_with("WAIT ENDED"))
+            .unwrap_or_else(|| panic!("{moment}: rank 0 never reported its wait's end"));
+        assert!(line.contains(expected), "{moment}: {line}");
+        assert!(line.contains("deadline"), "{moment}: {line}");
+    }
+}
+
+/// One rank of `a_frozen_rank_ends_the_others_wait_at_the_deadline` (run by it, in a child
+/// process): rank 1 freezes at the moment `FREEZE` names; rank 0 reports how its wait ended.
+#[test]
+#[ignore = "a child process of a_frozen_rank_ends_the_others_wait_at_the_deadline"]
+fn frozen_rank_of_two_processes() {
+    let rank: usize = std::env::var(CHILD).unwrap().parse().unwrap();
+    let moment = std::env::var(FREEZE).unwrap();
+    let cluster = ClusterSpec::from_json(&std::env::var("DISTRIBUTE_CLUSTER").unwrap()).unwrap();
+    let me = TaskId::new(TaskType::Worker, rank as u32);
+    let gpu = Gpu::open(0).unwrap();
+    let freeze = || {
+        println!("FREEZING");
+        let _ = Command::new("kill")
+            .args(["-STOP", &std::process::id().to_string()])
+            .status();
+    };
+    let ops = NcclAllReduce::for_cluster(&cluster, me, &[0], FROZEN_DEADLINE).unwrap();
+    if rank == 1 && moment == "setup" {
+        freeze();
+    }
+    let started = Instant::now();
+    let outcome = ops.replica_collectives(0).and_then(|member| {
+        let x = Tensor::from_vec("/gpu:0", &[1 << 10], vec![1.0f32; 1 << 10])?.to_gpu(&gpu)?;
+        member.all_reduce(ReduceOp::Sum, &x)?;
+        if rank == 1 && moment == "step" {
+            freeze();
+        }
+        member.all_reduce(ReduceOp::Sum, &x).map(drop)
+    });
+    match outcome {
+        Err(e) => println!("WAIT ENDED after {:?}: {e}", started.elapsed()),
+        Ok(()) => panic!("rank {rank}: the frozen peer's collective completed"),
     }
 }
 

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use super::world::MpiWorld;
-use crate::{CollectiveError, NcclAllReduce, UNIQUE_ID_BYTES};
+use crate::backends::nccl::bootstrap::UNIQUE_ID_BYTES;
+use crate::{CollectiveError, NcclAllReduce};
 
 impl NcclAllReduce {
     /// This process's replicas of an MPI job where every process drives `gpus.len()` GPUs (the

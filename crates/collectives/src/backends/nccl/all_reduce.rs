@@ -3,14 +3,14 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cudarc::nccl::result::{self as nccl};
 use cudarc::nccl::sys;
 use distribute_values::{Leaf, ReduceOp};
 
 use super::bootstrap::UNIQUE_ID_BYTES;
-use super::communicator::{Communicator, nccl_error};
+use super::communicator::{Communicator, nccl_error, non_blocking_config};
 use super::member::NcclMember;
 use crate::backends::GroupConfig;
 use crate::cross_replica::reduce_and_deliver;
@@ -86,6 +86,7 @@ impl NcclAllReduce {
                     rank,
                     world,
                     aborted: AtomicBool::new(false),
+                    deadline,
                 })
             })
             .collect();
@@ -231,16 +232,32 @@ impl CrossDeviceOps for NcclAllReduce {
                 let id = sys::ncclUniqueId {
                     internal: id.map(|b| b as std::ffi::c_char),
                 };
-                // SAFETY: `comm` receives the new communicator; the id is the world's.
-                unsafe { nccl::comm_init_rank(&mut comm, *world as i32, id, rank as i32) }
-                    .map_err(|e| nccl_error("ncclCommInitRank", e))?;
-                Communicator {
+                // Non-blocking: the setup waits for every other rank, which a frozen process
+                // never is; it is polled against the deadline instead.
+                let mut config = non_blocking_config();
+                let start = Instant::now();
+                // SAFETY: `comm` receives the new communicator; the id is the world's; the
+                // config is a valid NCCL_CONFIG_INITIALIZER-style value NCCL copies.
+                unsafe {
+                    nccl::comm_init_rank_config(
+                        &mut comm,
+                        *world as i32,
+                        id,
+                        rank as i32,
+                        &mut config,
+                    )
+                }
+                .map_err(|e| nccl_error("ncclCommInitRankConfig", e))?;
+                let communicator = Communicator {
                     comm,
                     gpu,
                     rank,
                     world: *world,
                     aborted: AtomicBool::new(false),
-                }
+                    deadline: shared.deadline,
+                };
+                communicator.settle("communicator setup", start, shared.deadline, &|| None)?;
+                communicator
             }
         };
         Ok(Box::new(NcclMember {

@@ -73,15 +73,26 @@ impl NcclMember {
         self.check_usable()?;
         self.gpu().bind_to_thread()?;
         let stream = self.gpu().stream();
+        let start = Instant::now();
         if let Err(e) = enqueue(self.comm.comm, stream.cu_stream() as sys::cudaStream_t) {
             // A failed enqueue may leave the communicator half way through a call.
             self.comm.abort();
             return Err(nccl_error(what, e).into());
         }
+        // A non-blocking communicator may still be queuing the call (its first calls connect to
+        // the peers, which a frozen one never answers): only once it is queued does an event
+        // recorded after it mark its end.
+        let stopped = || {
+            self.shared
+                .aborted
+                .load(Ordering::SeqCst)
+                .then(|| self.check_usable().unwrap_err())
+        };
+        self.comm
+            .settle(what, start, self.shared.deadline, &stopped)?;
         let done = stream
             .record_event(None)
             .map_err(crate::cuda::driver_error)?;
-        let start = Instant::now();
         let mut spins = 0u32;
         loop {
             if done.try_is_complete().map_err(crate::cuda::driver_error)? {
