@@ -17,11 +17,13 @@ use anyhow::{Result, anyhow, ensure};
 use candle_core::{D, Device, Tensor};
 use candle_nn::{Linear, Module, Optimizer, SGD, VarBuilder};
 use distribute::prelude::{
-    Dataset, InputOptions, MirroredConfig, MirroredStrategy, PartialBatch, ReduceOp, Strategy,
+    Checkpoints, Dataset, InputOptions, InputPosition, MirroredConfig, MirroredStrategy,
+    PartialBatch, ReduceOp, Strategy,
 };
 use distribute_candle::{Config as CandleConfig, DataParallel};
 
 use crate::Config;
+use crate::checkpoint::Progress;
 use crate::data::{FEATURES, Split, SplitMix, WineData};
 use crate::report::progress_bar;
 
@@ -153,6 +155,24 @@ pub struct Trained {
     pub steps_per_s: f64,
     /// Threads each replica's candle kernels used.
     pub threads_per_replica: Option<usize>,
+    /// The checkpoint's step the run resumed from, if it did: the losses, the validation curve
+    /// and the early weights before it come from the checkpoint, the times and speed are of the
+    /// steps after it.
+    pub resumed_from: Option<usize>,
+    /// Steps this run took (after the checkpoint it resumed from, up to a stop).
+    pub steps_run: usize,
+}
+
+/// How a candle run checkpoints, resumes and stops; [`Default`]: none of it.
+#[derive(Default, Clone, Copy)]
+pub struct Resumable<'a> {
+    /// Where checkpoints go and how often (`--checkpoint-dir`, `--checkpoint-every`): the run
+    /// first restores the newest good one there and goes on from its step.
+    pub checkpoints: Option<&'a Checkpoints>,
+    /// Stop after this step (for tests: a job that stopped there).
+    pub stop_after: Option<usize>,
+    /// Called after every step with the number of steps taken (for tests: a worker that dies).
+    pub after_step: Option<&'a (dyn Fn(usize) + Sync)>,
 }
 
 /// The class of each row's quality score.
@@ -208,6 +228,17 @@ pub fn train(config: &Config, data: &WineData) -> Result<Trained> {
 /// Trains with `strategy` (whose local replicas are `config.devices`; across workers every
 /// worker's replicas share each global batch), from the seeded initial values.
 pub fn train_on<S: Strategy>(strategy: &S, config: &Config, data: &WineData) -> Result<Trained> {
+    train_resumable(strategy, config, data, &Resumable::default())
+}
+
+/// [`train_on`], checkpointing, resuming and stopping as `resumable` says. Resumed on the same
+/// worker and replica counts, the weights are the bits of a run that never stopped.
+pub fn train_resumable<S: Strategy>(
+    strategy: &S,
+    config: &Config,
+    data: &WineData,
+    resumable: &Resumable<'_>,
+) -> Result<Trained> {
     ensure!(
         config.steps > 0 && config.global_batch > 0 && config.hidden > 0 && config.eval_every > 0,
         "steps, batch, hidden units and the validation interval must be positive"
@@ -221,6 +252,34 @@ pub fn train_on<S: Strategy>(strategy: &S, config: &Config, data: &WineData) -> 
         |vars| SGD::new(vars, learning_rate),
     )?;
     model.assign(seeded_init(hidden, config.seed)?)?;
+    let chief = strategy.extended().should_checkpoint();
+    let restored = match resumable.checkpoints {
+        Some(checkpoints) => crate::checkpoint::restore(checkpoints, strategy, &model, config)?,
+        None => None,
+    };
+    let (first_step, input, mut progress) = match restored {
+        Some(restored) => {
+            if chief {
+                for (path, why) in &restored.refused {
+                    eprintln!("refused checkpoint {}: {why}", path.display());
+                }
+                println!(
+                    "resumed from the checkpoint of step {} ({})",
+                    restored.step,
+                    restored.path.display()
+                );
+            }
+            (restored.step, restored.input, restored.progress)
+        }
+        None => {
+            let start = model.with_model(0, |m| evaluate(m, &data.validation))??;
+            let progress = Progress {
+                validation: vec![(0, start.loss)],
+                ..Progress::default()
+            };
+            (0, InputPosition::at_step(0), progress)
+        }
+    };
 
     let host = strategy.extended().host_device().to_owned();
     let epochs = (config.steps * config.global_batch).div_ceil(data.train.rows());
@@ -236,28 +295,23 @@ pub fn train_on<S: Strategy>(strategy: &S, config: &Config, data: &WineData) -> 
     .repeat(epochs)?
     .shuffle(config.seed, false)?
     .batch(config.global_batch, false)?;
-    let distributed = strategy.distribute_dataset(
-        batches,
-        InputOptions {
-            partial_batch: PartialBatch::KeepUneven,
-            ..InputOptions::default()
-        },
-    )?;
+    let distributed = strategy
+        .distribute_dataset(
+            batches,
+            InputOptions {
+                partial_batch: PartialBatch::KeepUneven,
+                ..InputOptions::default()
+            },
+        )?
+        .resume_from(input);
 
     let scale = -1.0 / config.global_batch as f64;
     let bar = progress_bar(config);
-    let mut losses = Vec::with_capacity(config.steps);
-    let mut validation = vec![(
-        0,
-        model
-            .with_model(0, |m| evaluate(m, &data.validation))??
-            .loss,
-    )];
     let mut times = StepTimes::default();
     let mut steps = distributed.iter();
-    let mut early_weights = Vec::new();
     let started = Instant::now();
-    for step in 0..config.steps {
+    let mut last_step = first_step;
+    for step in first_step..config.steps {
         let waiting = Instant::now();
         let inputs = steps
             .next()
@@ -283,22 +337,39 @@ pub fn train_on<S: Strategy>(strategy: &S, config: &Config, data: &WineData) -> 
         times.all_reduce += all_reduce;
         times.dispatch += (ran - running).saturating_sub(compute + all_reduce);
         let loss: f32 = results.iter().map(|r| r.0).sum();
-        losses.push(loss);
+        progress.losses.push(loss);
         if step + 1 == CHECK_STEPS.min(config.steps) {
-            early_weights = weights_of(&model)?;
+            progress.early_weights = weights_of(&model)?;
         }
         if (step + 1) % config.eval_every == 0 || step + 1 == config.steps {
             let held_out = model.with_model(0, |m| evaluate(m, &data.validation))??;
-            validation.push((step + 1, held_out.loss));
+            progress.validation.push((step + 1, held_out.loss));
         }
         if step % 20 == 0 || step + 1 == config.steps {
             bar.set_position(step as u64 + 1);
             bar.set_message(format!(
                 "loss {loss:.4} · {:.0} samples/s",
-                (step + 1) as f64 * config.global_batch as f64 / started.elapsed().as_secs_f64()
+                (step + 1 - first_step) as f64 * config.global_batch as f64
+                    / started.elapsed().as_secs_f64()
             ));
         }
+        last_step = step + 1;
+        if let Some(checkpoints) = resumable.checkpoints {
+            crate::checkpoint::save(checkpoints, strategy, &model, config, step + 1, &progress)?;
+        }
+        if let Some(after_step) = resumable.after_step {
+            after_step(step + 1);
+        }
+        if resumable.stop_after == Some(step + 1) {
+            break;
+        }
     }
+    let steps_run = last_step - first_step;
+    let Progress {
+        losses,
+        validation,
+        early_weights,
+    } = progress;
     bar.finish_and_clear();
     let total = times.total();
     model.check_in_sync()?;
@@ -322,7 +393,7 @@ pub fn train_on<S: Strategy>(strategy: &S, config: &Config, data: &WineData) -> 
     let (train, held_out) = model.with_model(0, |m| {
         Ok::<_, anyhow::Error>((evaluate(m, &data.train)?, evaluate(m, &data.validation)?))
     })??;
-    let per_step = |d: Duration| d / config.steps as u32;
+    let per_step = |d: Duration| d / steps_run.max(1) as u32;
     Ok(Trained {
         weights,
         early_weights,
@@ -336,8 +407,10 @@ pub fn train_on<S: Strategy>(strategy: &S, config: &Config, data: &WineData) -> 
             all_reduce: per_step(times.all_reduce),
             dispatch: per_step(times.dispatch),
         },
-        steps_per_s: config.steps as f64 / total.as_secs_f64(),
+        steps_per_s: steps_run as f64 / total.as_secs_f64(),
         threads_per_replica: model.threads_per_replica(),
+        resumed_from: (first_step > 0).then_some(first_step),
+        steps_run,
     })
 }
 

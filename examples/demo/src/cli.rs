@@ -44,6 +44,31 @@ pub struct Args {
     pub framework: Framework,
     /// Where the loss curve goes; `None`: `target/demo/loss.png`.
     pub plot: Option<PathBuf>,
+    /// Where the candle run's checkpoints go (`--checkpoint-dir`); `None`: no checkpoints.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Steps between two checkpoints (`--checkpoint-every`).
+    pub checkpoint_every: u64,
+}
+
+/// Steps between two checkpoints when `--checkpoint-dir` is given and `--checkpoint-every` is
+/// not.
+pub const DEFAULT_CHECKPOINT_EVERY: u64 = 50;
+
+impl Args {
+    /// The checkpoints `--checkpoint-dir` asks for (the newest 3 kept), if any.
+    pub fn checkpoints(&self) -> Result<Option<distribute::prelude::Checkpoints>> {
+        use distribute::prelude::{CheckpointOptions, Checkpoints};
+        self.checkpoint_dir
+            .as_ref()
+            .map(|dir| {
+                let options = CheckpointOptions {
+                    every: self.checkpoint_every,
+                    ..CheckpointOptions::default()
+                };
+                Checkpoints::new(dir, options).context("--checkpoint-every")
+            })
+            .transpose()
+    }
 }
 
 /// The options as clap reads them, before the checks that involve more than one of them.
@@ -100,6 +125,19 @@ pub struct Options {
     /// a frozen worker ends the job this long after it stopped, with an error naming it
     #[arg(long, value_name = "SECS", default_value_t = Config::DEFAULT.deadline.as_secs_f64(), value_parser = seconds)]
     pub deadline: f64,
+    /// Makes the run resumable (candle classifier): the chief writes a checkpoint (the model,
+    /// the input position, the loss history) into DIR every --checkpoint-every steps, and the
+    /// demo started again with the same arguments goes on from the newest good one there
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Steps between two checkpoints
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_CHECKPOINT_EVERY, value_parser = positive_u64, requires = "checkpoint_dir")]
+    pub checkpoint_every: u64,
+}
+
+/// A whole number of steps above 0.
+fn positive_u64(value: &str) -> Result<u64, String> {
+    positive(value).map(|n| n as u64)
 }
 
 /// A number of seconds the strategies accept as a deadline: at least 0.1, finite.
@@ -171,6 +209,11 @@ impl Options {
                 crate::candle::defaults()
             }
         };
+        if self.checkpoint_dir.is_some() && framework != Framework::Candle {
+            bail!(
+                "--checkpoint-dir resumes the candle classifier; the native MLP and --strategy                  tpu do not checkpoint (drop --framework native, or --checkpoint-dir)"
+            );
+        }
         let batch = self.batch.unwrap_or(defaults.global_batch);
         let devices = self.devices.as_deref().map(parse_devices).transpose()?;
         if self.strategy == StrategyKind::Tpu && devices.is_some() {
@@ -209,6 +252,8 @@ impl Options {
             strategy: self.strategy,
             framework,
             plot: self.plot,
+            checkpoint_dir: self.checkpoint_dir,
+            checkpoint_every: self.checkpoint_every,
         })
     }
 }

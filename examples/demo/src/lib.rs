@@ -40,9 +40,16 @@
 //! cargo xtask demo [--framework native|candle] [--replicas N | --devices /cpu:0,/cpu:1,...] [--strategy mirrored|tpu]
 //!                  [--steps S] [--batch B] [--lr LR] [--momentum M] [--hidden H] [--seed SEED]
 //!                  [--tpu-arithmetic f32|f64-sums] [--plot FILE.png]
+//!                  [--checkpoint-dir DIR [--checkpoint-every N]]
 //! ```
+//!
+//! `--checkpoint-dir DIR` (candle classifier) makes the run resumable: the chief writes a
+//! checkpoint every `--checkpoint-every N` steps ([`checkpoint`]), and the demo started again
+//! with the same arguments goes on from the newest good one, to the bits of a run that never
+//! stopped on the same worker and replica counts.
 
 pub mod candle;
+pub mod checkpoint;
 pub mod cli;
 pub mod data;
 pub mod hand_rolled;

@@ -346,7 +346,19 @@ fn run_candle(args: &Args, data: &WineData) -> Result<()> {
     let config = &args.config;
     let replicas = config.devices.len();
     print_candle_model(config);
-    let trained = crate::candle::train(config, data)?;
+    let checkpoints = args.checkpoints()?;
+    let resumable = crate::candle::Resumable {
+        checkpoints: checkpoints.as_ref(),
+        ..Default::default()
+    };
+    let strategy = distribute::prelude::MirroredStrategy::with_config(
+        &config.devices,
+        distribute::prelude::MirroredConfig {
+            deadline: config.deadline,
+            ..Default::default()
+        },
+    )?;
+    let trained = crate::candle::train_resumable(&strategy, config, data, &resumable)?;
     println!(
         "MirroredStrategy on {replicas} replicas [{}] with distribute-candle, {}",
         config.devices.join(", "),
@@ -429,8 +441,13 @@ pub fn run_candle_multi_worker(args: &Args) -> Result<()> {
     if chief {
         print_candle_model(config);
     }
+    let checkpoints = args.checkpoints()?;
+    let resumable = crate::candle::Resumable {
+        checkpoints: checkpoints.as_ref(),
+        ..Default::default()
+    };
     // Checks every copy on every worker (check_in_sync) before it returns.
-    let trained = crate::candle::train_on(&strategy, config, &data)?;
+    let trained = crate::candle::train_resumable(&strategy, config, &data, &resumable)?;
     if !chief {
         return Ok(());
     }
@@ -485,26 +502,28 @@ fn report_candle(
     plot: &str,
 ) -> Result<()> {
     let config = &args.config;
-    print_speed(config, trained.steps_per_s, &trained.losses);
-    let t = trained.times;
-    let total = micros(t.total());
-    let share = |d: Duration| 100.0 * micros(d) / total;
-    println!(
-        "time per step {total:.0} µs: compute {:.0} µs ({:.0} %), gradient all-reduce {:.0} µs \
-         ({:.0} %), input {:.0} µs ({:.0} %), dispatch {:.0} µs ({:.0} %)",
-        micros(t.compute),
-        share(t.compute),
-        micros(t.all_reduce),
-        share(t.all_reduce),
-        micros(t.input),
-        share(t.input),
-        micros(t.dispatch),
-        share(t.dispatch),
-    );
-    println!(
-        "  compute: candle's forward, backward and SGD step on replica 0; the all-reduce \
-         includes waiting for the slower replicas"
-    );
+    if trained.steps_run == 0 {
+        println!(
+            "nothing left to train: the checkpoint is of the last step; loss {:.4} → {:.4} (from \
+             the checkpoint)",
+            trained.losses[0],
+            trained.losses.last().expect("at least one step")
+        );
+    } else {
+        print_speed(config, trained.steps_per_s, &trained.losses);
+        print_candle_times(trained);
+    }
+    if let Some(from) = trained.resumed_from
+        && trained.steps_run > 0
+    {
+        println!(
+            "  resumed at step {from}: the speed and times are of the {} steps after it; the \
+             losses, the loss curve and the check after {} steps include the steps before, from \
+             the checkpoint",
+            trained.steps_run,
+            crate::candle::CHECK_STEPS.min(config.steps)
+        );
+    }
     println!("{:<28}{:>10}{:>15}", "", "accuracy", "cross-entropy");
     for (name, m) in [("train", trained.train), ("validation", trained.held_out)] {
         println!("{name:<28}{:>9.1} %{:>15.4}", 100.0 * m.accuracy, m.loss);
@@ -524,6 +543,29 @@ fn report_candle(
             config.global_batch
         ),
     )
+}
+
+/// The time per step of a candle run, by phase.
+fn print_candle_times(trained: &crate::candle::Trained) {
+    let t = trained.times;
+    let total = micros(t.total());
+    let share = |d: Duration| 100.0 * micros(d) / total;
+    println!(
+        "time per step {total:.0} µs: compute {:.0} µs ({:.0} %), gradient all-reduce {:.0} µs \
+         ({:.0} %), input {:.0} µs ({:.0} %), dispatch {:.0} µs ({:.0} %)",
+        micros(t.compute),
+        share(t.compute),
+        micros(t.all_reduce),
+        share(t.all_reduce),
+        micros(t.input),
+        share(t.input),
+        micros(t.dispatch),
+        share(t.dispatch),
+    );
+    println!(
+        "  compute: candle's forward, backward and SGD step on replica 0; the all-reduce \
+         includes waiting for the slower replicas"
+    );
 }
 
 /// Trains on one replica of this process from the same initial values, batches and order, and
