@@ -171,6 +171,7 @@ mod multi_worker {
                 &serde_json::json!({
                     "weight_bits": bits(&trained),
                     "losses": trained.losses,
+                    "validation": trained.validation,
                     "resumed_from": trained.resumed_from,
                 })
                 .to_string(),
@@ -233,8 +234,10 @@ mod multi_worker {
         let uninterrupted = result(&job(&[]));
         assert_eq!(uninterrupted["resumed_from"], serde_json::Value::Null);
         assert_eq!(resumed["weight_bits"], uninterrupted["weight_bits"]);
-        // The history the report shows: every step's loss, those before the checkpoint from it.
+        // The history the report shows: every step's loss and the validation curve, those before
+        // the checkpoint from it.
         assert_eq!(resumed["losses"], uninterrupted["losses"]);
+        assert_eq!(resumed["validation"], uninterrupted["validation"]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
