@@ -4,7 +4,7 @@
 //!
 //! `Checkpoints` stores `CheckpointVariable`s; the candle model's variables live in
 //! `distribute-candle`'s `DataParallel`, not in `DistributedVariable`s, so the demo stores them
-//! as [`Entry`]s: named byte strings with a signature that must match on restore. A checkpoint
+//! as `Entry`s: named byte strings with a signature that must match on restore. A checkpoint
 //! holds
 //!
 //! - `model/NAME` for every candle variable (`l1.weight`, …): replica 0's copy as
