@@ -303,9 +303,15 @@ fn the_command_line_refuses_what_this_build_cannot_run() {
         ),
         (2000, 128, 32)
     );
-    assert_eq!(defaults.config.deadline, std::time::Duration::from_secs(300));
+    assert_eq!(
+        defaults.config.deadline,
+        std::time::Duration::from_secs(300)
+    );
     let quick = parse("--deadline 2.5").unwrap();
-    assert_eq!(quick.config.deadline, std::time::Duration::from_millis(2500));
+    assert_eq!(
+        quick.config.deadline,
+        std::time::Duration::from_millis(2500)
+    );
     let four = parse("--replicas 4 --steps 10 --batch 64 --lr 0.1 --hidden 4").unwrap();
     assert_eq!(four.config.devices.len(), 4);
     assert_eq!(
