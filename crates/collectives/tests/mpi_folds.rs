@@ -28,7 +28,10 @@ fn every_worker_gets_the_worker_order_fold_on_every_path() {
             .args(["-k", "10", "180", "mpirun", "--oversubscribe", "-n"])
             .arg(workers.to_string())
             .args(["--mca", "btl_tcp_if_include", "lo"])
-            .args(["--mca", "oob_tcp_if_include", "lo"])
+            // Open MPI 4's out-of-band channel on lo too; as an environment variable, because
+            // Open MPI 5 (PRRTE) never uses a loopback interface for it and refuses `--mca
+            // oob_tcp_if_include lo`, while it ignores this variable.
+            .env("OMPI_MCA_oob_tcp_if_include", "lo")
             .arg(&exe)
             .args(["worker_entry", "--exact", "--nocapture", "--test-threads=1"])
             .env("OMPI_ALLOW_RUN_AS_ROOT", "1")

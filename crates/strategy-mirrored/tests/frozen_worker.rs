@@ -70,14 +70,11 @@ fn launch(workers: usize, frozen: usize, scenario: &str) -> Job {
     command
         .args(["-k", "10", "120", "mpirun", "--oversubscribe", "-n"])
         .arg(workers.to_string())
-        .args([
-            "--mca",
-            "btl_tcp_if_include",
-            "lo",
-            "--mca",
-            "oob_tcp_if_include",
-            "lo",
-        ])
+        .args(["--mca", "btl_tcp_if_include", "lo"])
+        // Open MPI 4's out-of-band channel on lo too; as an environment variable, because Open
+        // MPI 5 (PRRTE) never uses a loopback interface for it and refuses `--mca
+        // oob_tcp_if_include lo`, while it ignores this variable.
+        .env("OMPI_MCA_oob_tcp_if_include", "lo")
         .arg(&exe)
         .args([ENTRY, "--exact", "--nocapture", "--test-threads=1"])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
