@@ -77,10 +77,13 @@ commands:
                               `cargo xtask demo --help` lists its options; --workers W trains
                               on W worker processes under mpirun (feature mpi; --replicas R
                               each), checked against one process with one replica
-  launch -n W EXAMPLE [-- ARGS...]
+  launch [--restarts K] -n W EXAMPLE [-- ARGS...]
                               build EXAMPLE in release with the mpi feature and run it as W
                               worker processes under mpirun (--oversubscribe past the cores;
-                              allowed as root)
+                              allowed as root), each job with a fresh random cluster key in
+                              DISTRIBUTE_CLUSTER_KEY; --restarts K starts a failed job again
+                              with the same arguments up to K times (an example given
+                              --checkpoint-dir DIR resumes from its newest good checkpoint)
   help                        print this message
 
 MPI: test, test-mpi, ci, launch, demo --workers and the multi-worker benches build and run the

@@ -232,19 +232,40 @@ pub(crate) struct Launch {
     pub(crate) example: String,
     /// Arguments for every process of the example.
     pub(crate) args: Vec<String>,
+    /// How many times the whole job is started again after it fails (`--restarts K`).
+    pub(crate) restarts: usize,
 }
 
-pub(crate) const LAUNCH_USAGE: &str = "usage: cargo xtask launch -n W EXAMPLE [-- ARGS...]";
+pub(crate) const LAUNCH_USAGE: &str =
+    "usage: cargo xtask launch [--restarts K] -n W EXAMPLE [-- ARGS...]";
 
 impl Launch {
-    /// Parses `-n W EXAMPLE [-- ARGS…]` (also `-nW`, `-n=W`, `--np W`, and `-n` after the
-    /// example).
+    /// Parses `[--restarts K] -n W EXAMPLE [-- ARGS…]` (also `-nW`, `-n=W`, `--np W`,
+    /// `--restarts=K`, and the options after the example).
     pub(crate) fn parse(args: &[String]) -> Result<Launch> {
         let mut workers = None;
         let mut example = None;
+        let mut restarts = None;
         let mut rest = Vec::new();
         let mut iter = args.iter();
         while let Some(arg) = iter.next() {
+            let restart_count = match arg.as_str() {
+                "--restarts" => Some(
+                    iter.next()
+                        .with_context(|| format!("--restarts needs a count; {LAUNCH_USAGE}"))?
+                        .as_str(),
+                ),
+                other => other.strip_prefix("--restarts="),
+            };
+            if let Some(count) = restart_count {
+                let k: usize = count.parse().ok().with_context(|| {
+                    format!("--restarts needs a whole number, not '{count}'; {LAUNCH_USAGE}")
+                })?;
+                if restarts.replace(k).is_some() {
+                    bail!("--restarts is given twice; {LAUNCH_USAGE}");
+                }
+                continue;
+            }
             let count = match arg.as_str() {
                 "--" => {
                     rest.extend(iter.by_ref().cloned());
@@ -281,6 +302,7 @@ impl Launch {
                 .with_context(|| format!("how many processes? give -n W; {LAUNCH_USAGE}"))?,
             example: example.with_context(|| format!("which example? {LAUNCH_USAGE}"))?,
             args: rest,
+            restarts: restarts.unwrap_or(0),
         })
     }
 }
@@ -310,10 +332,16 @@ pub(crate) fn cores() -> usize {
 /// Runs `mpirun ARGS` with the environment of `mpi` (the run-as-root variables when root); an
 /// error on a non-zero exit.
 pub(crate) fn mpirun(mpi: &Mpi, what: &str, args: &[String]) -> Result<()> {
-    eprintln!("xtask: {what}: {} {}", mpi.mpirun.display(), args.join(" "));
+    eprintln!(
+        "xtask: {what}: {} -x {CLUSTER_KEY_VAR} {}",
+        mpi.mpirun.display(),
+        args.join(" ")
+    );
     let status = Command::new(&mpi.mpirun)
+        .args(["-x", CLUSTER_KEY_VAR])
         .args(args)
         .envs(mpi.env())
+        .envs(job_key()?)
         .current_dir(workspace_root())
         .status()
         .with_context(|| format!("could not start {}", mpi.mpirun.display()))?;
@@ -324,6 +352,26 @@ pub(crate) fn mpirun(mpi: &Mpi, what: &str, args: &[String]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The variable through which every task of a job gets its cluster key (the library's
+/// `CLUSTER_KEY_VAR`; xtask depends on no library crate).
+const CLUSTER_KEY_VAR: &str = "DISTRIBUTE_CLUSTER_KEY";
+
+/// A fresh random cluster key for one job, in the environment every worker inherits
+/// (`mpirun` hands its environment to the processes it starts on this machine, and `-x`
+/// exports the variable to other hosts), so the unique-id exchange
+/// authenticates without any setup; a key the user set is kept.
+fn job_key() -> Result<Vec<(&'static str, String)>> {
+    if std::env::var_os(CLUSTER_KEY_VAR).is_some() {
+        return Ok(Vec::new());
+    }
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut random| std::io::Read::read_exact(&mut random, &mut bytes))
+        .context("could not read /dev/urandom for the job's cluster key")?;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(vec![(CLUSTER_KEY_VAR, hex)])
 }
 
 /// Fails unless `package` has the `mpi` feature that `name` needs to run multi-worker.
@@ -376,7 +424,46 @@ pub(crate) fn launch(args: &[String]) -> Result<()> {
     let mpi = resolve(&metadata)?;
     let exe = build_release(&metadata, &mpi, &package, "--example", &launch.example)?;
     let args = mpirun_args(launch.workers, cores(), &exe, &launch.args);
-    mpirun(&mpi, &format!("launch {}", launch.example), &args)
+    let what = format!("launch {}", launch.example);
+    with_restarts(launch.restarts, &what, |attempt| {
+        if attempt > 0 {
+            eprintln!(
+                "xtask: {what}: restart {attempt} of {}: the job starts again with the same \
+                 arguments (an example given --checkpoint-dir resumes from its newest good \
+                 checkpoint)",
+                launch.restarts
+            );
+        }
+        mpirun(&mpi, &what, &args)
+    })
+}
+
+/// Runs `attempt(0)`, and after a failure `attempt(1)`, … up to `restarts` more times; the last
+/// failure is the error, naming how many attempts failed.
+pub(crate) fn with_restarts(
+    restarts: usize,
+    what: &str,
+    mut attempt: impl FnMut(usize) -> Result<()>,
+) -> Result<()> {
+    let mut last = None;
+    for n in 0..=restarts {
+        match attempt(n) {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                eprintln!(
+                    "xtask: {what}: attempt {} of {} failed: {e:#}",
+                    n + 1,
+                    restarts + 1
+                );
+                last = Some(e);
+            }
+        }
+    }
+    let error = last.expect("at least one attempt ran");
+    Err(error.context(format!(
+        "{what}: all {} attempts failed (--restarts {restarts})",
+        restarts + 1
+    )))
 }
 
 /// `cargo xtask bench multi-worker`: `distribute-mirrored`'s `multi_worker_bench` example under
@@ -515,10 +602,16 @@ fn steps_per_s(stdout: &str) -> Result<f64> {
 
 /// [`mpirun`], returning what the processes printed on stdout.
 fn mpirun_output(mpi: &Mpi, what: &str, args: &[String]) -> Result<String> {
-    eprintln!("xtask: {what}: {} {}", mpi.mpirun.display(), args.join(" "));
+    eprintln!(
+        "xtask: {what}: {} -x {CLUSTER_KEY_VAR} {}",
+        mpi.mpirun.display(),
+        args.join(" ")
+    );
     let output = Command::new(&mpi.mpirun)
+        .args(["-x", CLUSTER_KEY_VAR])
         .args(args)
         .envs(mpi.env())
+        .envs(job_key()?)
         .current_dir(workspace_root())
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -618,11 +711,80 @@ mod tests {
     }
 
     #[test]
+    fn launch_takes_a_restart_count() {
+        for form in [
+            &["--restarts", "2", "-n", "2", "linear_regression"][..],
+            &["-n", "2", "--restarts=2", "linear_regression"],
+            &["-n", "2", "linear_regression", "--restarts", "2"],
+        ] {
+            assert_eq!(parse(form).unwrap().restarts, 2, "{form:?}");
+        }
+        assert_eq!(parse(&["-n", "2", "x"]).unwrap().restarts, 0);
+        // After `--` it is the example's.
+        let theirs = parse(&["-n", "2", "x", "--", "--restarts", "3"]).unwrap();
+        assert_eq!((theirs.restarts, theirs.args.len()), (0, 2));
+        for (form, expected) in [
+            (&["--restarts", "-1", "-n", "2", "x"][..], "whole number"),
+            (&["--restarts"][..], "needs a count"),
+            (
+                &["--restarts", "1", "--restarts=2", "-n", "2", "x"][..],
+                "given twice",
+            ),
+        ] {
+            let error = parse(form).unwrap_err().to_string();
+            assert!(error.contains(expected), "{form:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn a_job_is_started_again_until_it_succeeds_or_the_restarts_run_out() {
+        let mut attempts = Vec::new();
+        let result = with_restarts(3, "job", |n| {
+            attempts.push(n);
+            if n < 2 {
+                bail!("worker 1 died")
+            } else {
+                Ok(())
+            }
+        });
+        assert!(result.is_ok());
+        assert_eq!(attempts, [0, 1, 2]);
+        let mut tried = 0;
+        let error = with_restarts(1, "job", |_| {
+            tried += 1;
+            bail!("worker 1 died")
+        })
+        .unwrap_err();
+        assert_eq!(tried, 2);
+        let text = format!("{error:#}");
+        assert!(
+            text.contains("all 2 attempts failed (--restarts 1)"),
+            "{text}"
+        );
+        assert!(text.contains("worker 1 died"), "{text}");
+    }
+
+    #[test]
+    fn every_job_gets_a_fresh_cluster_key() {
+        if std::env::var_os(CLUSTER_KEY_VAR).is_some() {
+            // The user's key is kept: nothing to make.
+            assert!(job_key().unwrap().is_empty());
+            return;
+        }
+        let (a, b) = (job_key().unwrap(), job_key().unwrap());
+        assert_eq!(a[0].0, CLUSTER_KEY_VAR);
+        assert_eq!(a[0].1.len(), 64);
+        assert!(a[0].1.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a[0].1, b[0].1);
+    }
+
+    #[test]
     fn launch_takes_the_count_the_example_and_its_arguments() {
         let expected = Launch {
             workers: 2,
             example: "linear_regression".to_owned(),
             args: strings(&["--replicas", "2", "--json"]),
+            restarts: 0,
         };
         for form in [
             &[
