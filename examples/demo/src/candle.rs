@@ -17,8 +17,7 @@ use anyhow::{Result, anyhow, ensure};
 use candle_core::{D, Device, Tensor};
 use candle_nn::{Linear, Module, Optimizer, SGD, VarBuilder};
 use distribute::prelude::{
-    Checkpoints, Dataset, InputOptions, InputPosition, MirroredConfig, MirroredStrategy,
-    PartialBatch, ReduceOp, Strategy,
+    Checkpoints, Dataset, InputOptions, InputPosition, PartialBatch, ReduceOp, Strategy,
 };
 use distribute_candle::{Config as CandleConfig, DataParallel};
 
@@ -215,14 +214,7 @@ fn evaluate(model: &Classifier, split: &Split) -> Result<Metrics> {
 
 /// Trains on `config.devices` with `MirroredStrategy`, from the seeded initial values.
 pub fn train(config: &Config, data: &WineData) -> Result<Trained> {
-    let strategy = MirroredStrategy::with_config(
-        &config.devices,
-        MirroredConfig {
-            deadline: config.deadline,
-            ..MirroredConfig::default()
-        },
-    )?;
-    train_on(&strategy, config, data)
+    train_on(&config.mirrored_strategy()?, config, data)
 }
 
 /// Trains with `strategy` (whose local replicas are `config.devices`; across workers every

@@ -141,6 +141,16 @@ impl Config {
         Config::new((0..replicas).map(|r| format!("/cpu:{r}")).collect())
     }
 
+    /// `MirroredStrategy` over [`Config::devices`], every wait bounded by [`Config::deadline`].
+    pub fn mirrored_strategy(&self) -> anyhow::Result<distribute::prelude::MirroredStrategy> {
+        use distribute::prelude::{MirroredConfig, MirroredStrategy};
+        let config = MirroredConfig {
+            deadline: self.deadline,
+            ..MirroredConfig::default()
+        };
+        Ok(MirroredStrategy::with_config(&self.devices, config)?)
+    }
+
     /// The same run on the first device alone: the reference the replicas must match.
     pub fn one_replica(&self) -> Self {
         Config {

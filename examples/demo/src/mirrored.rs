@@ -114,14 +114,9 @@ pub(crate) fn training_batches(
 
 /// Trains the MLP on `data.train` with `MirroredStrategy` over `config.devices`.
 pub fn train(config: &Config, data: &WineData) -> Result<Trained> {
-    let strategy = MirroredStrategy::with_config(
-        &config.devices,
-        MirroredConfig {
-            deadline: config.deadline,
-            ..MirroredConfig::default()
-        },
-    )?;
-    train_on(&strategy, config, data, || Duration::ZERO)
+    train_on(&config.mirrored_strategy()?, config, data, || {
+        Duration::ZERO
+    })
 }
 
 /// Trains the MLP on `data.train` with `strategy`, whose local replicas are `config.devices`

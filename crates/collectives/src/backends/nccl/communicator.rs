@@ -82,6 +82,25 @@ pub(super) fn non_blocking_config() -> sys::ncclConfig_t {
     }
 }
 
+/// How a poll of NCCL or the GPU waits between two looks: a thousand spins (a call that ends
+/// in microseconds is seen at once), then 50 µs sleeps (a long wait leaves the core).
+#[derive(Default)]
+pub(super) struct Backoff {
+    spins: u32,
+}
+
+impl Backoff {
+    /// Waits before the next look.
+    pub(super) fn pause(&mut self) {
+        self.spins = self.spins.saturating_add(1);
+        if self.spins < 1000 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
 /// An NCCL communicator and the GPU stream its calls are queued to. Aborted (never blocking)
 /// when dropped.
 pub(super) struct Communicator {
@@ -139,7 +158,7 @@ impl Communicator {
         deadline: Duration,
         stop: &dyn Fn() -> Option<CollectiveError>,
     ) -> Result<(), CollectiveError> {
-        let mut spins = 0u32;
+        let mut backoff = Backoff::default();
         loop {
             if self.is_aborted() {
                 return Err(CollectiveError::Aborted {
@@ -163,12 +182,7 @@ impl Communicator {
                 self.abort();
                 return Err(error);
             }
-            spins += 1;
-            if spins < 1000 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            backoff.pause();
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use cudarc::nccl::result::{self as nccl, NcclError};
@@ -13,7 +13,7 @@ use cudarc::nccl::sys;
 use distribute_values::ReduceOp;
 
 use super::all_reduce::Shared;
-use super::communicator::{Communicator, nccl_dtype, nccl_error, nccl_op};
+use super::communicator::{Backoff, Communicator, nccl_dtype, nccl_error, nccl_op};
 use super::signature::Signature;
 use crate::cuda::Gpu;
 use crate::gpu::GpuArray;
@@ -93,7 +93,7 @@ impl NcclMember {
         let done = stream
             .record_event(None)
             .map_err(crate::cuda::driver_error)?;
-        let mut spins = 0u32;
+        let mut backoff = Backoff::default();
         loop {
             if done.try_is_complete().map_err(crate::cuda::driver_error)? {
                 return Ok(());
@@ -128,12 +128,7 @@ impl NcclMember {
                 self.comm.abort();
                 return Err(error);
             }
-            spins += 1;
-            if spins < 1000 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            backoff.pause();
         }
     }
 
