@@ -55,16 +55,7 @@ fn two_workers_train_the_two_replica_bits() {
     write_initial_values(&init).unwrap();
     let init = init.to_str().unwrap().to_owned();
     let job = run_self("worker", 2, &[(INIT, init.clone())], LIMIT);
-    assert!(
-        job.status.success(),
-        "mpirun exited with {}; stdout:\n{}",
-        job.status,
-        job.stdout
-    );
-    let [line] = &job.results[..] else {
-        panic!("the chief alone writes a result; stdout:\n{}", job.stdout);
-    };
-    let json: serde_json::Value = serde_json::from_str(line).unwrap();
+    let json: serde_json::Value = serde_json::from_str(job.chief_result()).unwrap();
     let single = train(&Options {
         replicas: 2,
         ..options(&init)

@@ -49,20 +49,7 @@ fn two_workers(replicas: usize) -> (Vec<f32>, f32) {
         &[(WORKER_REPLICAS, replicas.to_string())],
         LIMIT,
     );
-    assert!(
-        job.status.success(),
-        "mpirun exited with {}; stdout:\n{}",
-        job.status,
-        job.stdout
-    );
-    let [line] = &job.results[..] else {
-        panic!(
-            "the chief alone writes a result, got {}; stdout:\n{}",
-            job.results.len(),
-            job.stdout
-        );
-    };
-    let json: serde_json::Value = serde_json::from_str(line).unwrap();
+    let json: serde_json::Value = serde_json::from_str(job.chief_result()).unwrap();
     let weights = json["weights"]
         .as_array()
         .unwrap()

@@ -907,6 +907,20 @@ fn checkpoint_variables(
     (weight, total)
 }
 
+/// Sets each local replica's component of `total` to its global replica id plus 1, so every
+/// replica holds a different value.
+fn assign_replica_totals(
+    strategy: &MultiWorkerMirroredStrategy,
+    total: &distribute_values::DistributedVariable<f64>,
+) {
+    for r in 0..strategy.local_replicas() {
+        total
+            .component(r)
+            .unwrap()
+            .assign(strategy.global_replica_id(r) as f64 + 1.0);
+    }
+}
+
 fn saved_json(
     strategy: &MultiWorkerMirroredStrategy,
     weight: &distribute_values::DistributedVariable<f64>,
@@ -923,12 +937,7 @@ fn saved_json(
 
 fn checkpoint_write(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
     let (weight, total) = checkpoint_variables(strategy);
-    for r in 0..strategy.local_replicas() {
-        total
-            .component(r)
-            .unwrap()
-            .assign(strategy.global_replica_id(r) as f64 + 1.0);
-    }
+    assign_replica_totals(strategy, &total);
     let json = saved_json(strategy, &weight, &total);
     let wrote = strategy.extended().should_checkpoint();
     if wrote {
@@ -960,12 +969,7 @@ fn managed_checkpoints() -> Checkpoints {
 
 fn managed_write(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<String>) {
     let (weight, total) = checkpoint_variables(strategy);
-    for r in 0..strategy.local_replicas() {
-        total
-            .component(r)
-            .unwrap()
-            .assign(strategy.global_replica_id(r) as f64 + 1.0);
-    }
+    assign_replica_totals(strategy, &total);
     let written = managed_checkpoints()
         .save(strategy, 1, &[&weight, &total], InputPosition::at_step(1))
         .unwrap();
