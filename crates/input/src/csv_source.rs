@@ -14,7 +14,7 @@ use distribute_collectives::{DType, Element, Tensor};
 use distribute_device_spec::DEFAULT_HOST;
 
 use crate::InputError;
-use crate::dataset::{BoxIter, Source};
+use crate::source::{BoxIter, Source};
 
 /// How CSV files are read.
 ///

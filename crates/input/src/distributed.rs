@@ -52,7 +52,8 @@ use pipeline::{LocalStep, LocalSteps, Plan};
 pub use position::InputPosition;
 use steps::Steps;
 
-use crate::dataset::{BatchSpec, BoxIter};
+use crate::dataset::BatchSpec;
+use crate::source::BoxIter;
 use crate::{
     Batch, Dataset, InputContext, InputError, InputReplicationMode, InputWorkers, Prefetch,
 };

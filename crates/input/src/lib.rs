@@ -60,15 +60,13 @@ mod error;
 pub mod npy;
 mod prefetch;
 mod rows;
+mod source;
 mod split;
 
 pub use batch::{Batch, Masked, MaskedRegrouped};
 pub use context::{InputContext, InputReplicationMode, InputWorkers};
 pub use csv_source::{CsvOptions, CsvSource};
-pub use dataset::{
-    BatchSpec, BoxIter, Dataset, DatasetIter, GeneratorSource, MemorySource, RangeSource,
-    ShuffleSpec, Source,
-};
+pub use dataset::{BatchSpec, Dataset, DatasetIter, ShuffleSpec};
 pub use distributed::{
     AutoShardPolicy, BatchSplit, DEFAULT_AGREEMENT_WINDOW, DistributedDataset, DistributedIterator,
     InputOptions, InputPosition, MaskedDistributedIterator, MaskedPerReplicaIterator, PartialBatch,
@@ -77,4 +75,5 @@ pub use distributed::{
 pub use error::{ErrorKind, InputError};
 pub use npy::NpySource;
 pub use prefetch::Prefetch;
+pub use source::{BoxIter, GeneratorSource, MemorySource, RangeSource, Source};
 pub use split::{batch_sizes_for_worker, split_sizes};

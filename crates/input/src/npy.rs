@@ -12,7 +12,7 @@ use distribute_collectives::{DType, Tensor};
 use distribute_device_spec::DEFAULT_HOST;
 
 use crate::InputError;
-use crate::dataset::{BoxIter, Source};
+use crate::source::{BoxIter, Source};
 
 const MAGIC: &[u8] = b"\x93NUMPY";
 

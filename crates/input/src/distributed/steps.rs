@@ -7,7 +7,7 @@ use std::sync::Arc;
 use distribute_values::{PerReplica, ReplicaDeviceMap};
 
 use super::pipeline::{LocalStep, Plan, zero_rows};
-use crate::dataset::BoxIter;
+use crate::source::BoxIter;
 use crate::{Batch, InputError, PartialBatch};
 
 /// The steps of all local pipelines, joined replica by replica.
