@@ -95,6 +95,15 @@ pub(crate) const SUITES: &[Suite] = &[
         needs: Needs::Nccl,
     },
     Suite {
+        name: "nccl-exchange-cluster",
+        package: "distribute-nccl-exchange",
+        kind: Kind::Test,
+        target: "nccl_cluster",
+        feature: Some("nccl"),
+        args: &[],
+        needs: Needs::Nccl,
+    },
+    Suite {
         name: "mirrored-gpu",
         package: "distribute-mirrored",
         kind: Kind::Test,
@@ -172,11 +181,13 @@ pub(crate) const SUITES: &[Suite] = &[
 /// The suite `cargo xtask test` runs on every machine.
 pub(crate) const NVRTC_SUITE: &str = "collectives-nvrtc";
 
-/// The packages that have the `cuda` and `nccl` features; `cargo xtask ci` lints them with both.
-pub(crate) const FEATURE_PACKAGES: &[&str] = &[
-    "distribute-collectives",
-    "distribute-mirrored",
-    "distribute",
+/// The packages with GPU features and which of `cuda` and `nccl` each has; `cargo xtask ci` lints
+/// them with those features on.
+pub(crate) const FEATURE_PACKAGES: &[(&str, &[&str])] = &[
+    ("distribute-collectives", &["cuda", "nccl"]),
+    ("distribute-nccl-exchange", &["nccl"]),
+    ("distribute-mirrored", &["cuda", "nccl"]),
+    ("distribute", &["cuda", "nccl"]),
 ];
 
 impl Suite {
@@ -231,17 +242,25 @@ pub(super) fn suite(name: &str) -> &'static Suite {
         .unwrap_or_else(|| panic!("no GPU suite named {name}"))
 }
 
-/// `cargo clippy` arguments that lint every target of [`FEATURE_PACKAGES`] with `features` (such
-/// as `cuda`, or `cuda` and `nccl`) on, warnings denied. CI lints both sets: code gated on one
-/// feature alone can warn where the pair does not.
+/// `cargo clippy` arguments that lint every target of the [`FEATURE_PACKAGES`] that have any of
+/// `features` (such as `cuda`, or `cuda` and `nccl`) with those of them on, warnings denied. CI
+/// lints both sets: code gated on one feature alone can warn where the pair does not.
 pub(crate) fn clippy_args(features: &[&str]) -> Vec<String> {
     let mut args = vec!["clippy".to_owned(), "--all-targets".to_owned()];
-    for package in FEATURE_PACKAGES {
+    let chosen: Vec<(&str, Vec<&str>)> = FEATURE_PACKAGES
+        .iter()
+        .map(|(package, has)| {
+            let on = features.iter().copied().filter(|f| has.contains(f));
+            (*package, on.collect::<Vec<_>>())
+        })
+        .filter(|(_, on)| !on.is_empty())
+        .collect();
+    for (package, _) in &chosen {
         args.extend(["--package".to_owned(), (*package).to_owned()]);
     }
-    let features: Vec<String> = FEATURE_PACKAGES
+    let features: Vec<String> = chosen
         .iter()
-        .flat_map(|package| features.iter().map(move |f| format!("{package}/{f}")))
+        .flat_map(|(package, on)| on.iter().map(move |f| format!("{package}/{f}")))
         .collect();
     args.extend([
         "--features".to_owned(),
@@ -310,19 +329,26 @@ mod tests {
     }
 
     #[test]
-    fn clippy_lints_every_feature_package_with_cuda_and_nccl() {
+    fn clippy_lints_every_feature_package_with_the_features_it_has() {
         let args = clippy_args(&["cuda", "nccl"]).join(" ");
         assert!(
-            args.starts_with("clippy --all-targets --package distribute-collectives --package"),
+            args.starts_with(
+                "clippy --all-targets --package distribute-collectives --package \
+                 distribute-nccl-exchange --package"
+            ),
             "{args}"
         );
         assert!(
             args.contains(
                 "--features distribute-collectives/cuda,distribute-collectives/nccl,\
-                 distribute-mirrored/cuda,distribute-mirrored/nccl,distribute/cuda,distribute/nccl"
+                 distribute-nccl-exchange/nccl,distribute-mirrored/cuda,distribute-mirrored/nccl,\
+                 distribute/cuda,distribute/nccl"
             ),
             "{args}"
         );
         assert!(args.ends_with("-- -D warnings"), "{args}");
+        // Without `nccl`, the exchange (which has no `cuda`) is left out.
+        let cuda = clippy_args(&["cuda"]).join(" ");
+        assert!(!cuda.contains("nccl"), "{cuda}");
     }
 }

@@ -1,8 +1,8 @@
 //! The secret of the unique-id exchange ([`ClusterKey`]) and what both sides compute with it: a
 //! challenge–response in HMAC-SHA256 and the sealing of the id on the wire.
 //!
-//! Part of layer 3 (collectives), beside [`bootstrap`](super::bootstrap), which runs the protocol;
-//! this file knows only bytes (no sockets, no cluster specs, no NCCL).
+//! The protocol runs in `leader.rs` and `client.rs`; this file knows only bytes (no sockets, no
+//! cluster specs, no NCCL).
 //!
 //! # The handshake
 //!
@@ -24,12 +24,14 @@ use std::path::Path;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::bootstrap::UNIQUE_ID_BYTES;
-use crate::CollectiveError;
+use distribute_collectives::CollectiveError;
+
+use crate::UNIQUE_ID_BYTES;
 
 /// The environment variable holding the cluster key in hex, read by
-/// [`exchange_unique_id`](crate::backend::nccl_bootstrap::exchange_unique_id) and so `NcclAllReduce::for_cluster`: every chief and worker task of one cluster
-/// gets the same random key, e.g. from `openssl rand -hex 32`.
+/// [`exchange_unique_id`](crate::exchange_unique_id) and so `nccl_all_reduce_for_cluster`: every
+/// chief and worker task of one cluster gets the same random key, e.g. from
+/// `openssl rand -hex 32`.
 pub const CLUSTER_KEY_VAR: &str = "DISTRIBUTE_CLUSTER_KEY";
 
 /// The environment variable naming a file that holds the cluster key in hex (surrounding white

@@ -8,11 +8,11 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use distribute_collectives::CollectiveError;
-use distribute_collectives::backend::nccl_bootstrap::{
+use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
+use distribute_nccl_exchange::{
     ClusterKey, UNIQUE_ID_BYTES, exchange_unique_id, exchange_unique_id_unauthenticated,
     exchange_unique_id_with_key, nccl_rank,
 };
-use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
 
 /// Long enough for a loaded machine, short enough that a failing test fails fast.
 const TIMEOUT: Duration = Duration::from_secs(3);
