@@ -20,7 +20,7 @@ pub(crate) fn simple_broadcast(
 
 /// One copy per destination (see [`Tensor::copy_to`]: host values share their buffer, GPU values
 /// are copied to each destination GPU).
-pub(crate) fn deliver<T>(
+pub fn deliver<T>(
     destinations: &Destinations,
     copy: impl Fn(&str) -> Result<T, CollectiveError>,
 ) -> Result<Leaf<T>, CollectiveError> {

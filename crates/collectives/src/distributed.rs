@@ -89,17 +89,13 @@ impl VariableValue for Tensor {
 
     /// The elements' native-endian bytes (workers of one job run on one architecture).
     fn to_wire(&self) -> Option<Vec<u8>> {
-        let host = self.to_host().ok()?;
-        with_dtype!(host.dtype(), T => {
-            let values = host.to_vec::<T>().ok()?;
-            Some(crate::backends::mpi::element_bytes(&values).to_vec())
-        })
+        crate::bytes::tensor_bytes(self).ok()
     }
 
     fn like_from_wire(&self, bytes: &[u8]) -> Option<Tensor> {
         with_dtype!(self.dtype(), T => {
             let mut values = vec![<T as crate::Element>::zero(); self.num_elements()];
-            let target = crate::backends::mpi::element_bytes_mut(&mut values);
+            let target = crate::bytes::element_bytes_mut(&mut values);
             if target.len() != bytes.len() {
                 return None;
             }

@@ -95,7 +95,8 @@ pub enum CollectiveError {
     /// An operation this backend does not provide (TF's `NotImplementedError`).
     #[error("not implemented: {0}")]
     Unimplemented(String),
-    /// The unique-id exchange of a multi-process run did not complete within its timeout.
+    /// The unique-id exchange of a multi-process run (`distribute-nccl-exchange`, which returns
+    /// this crate's errors and these `Bootstrap*` variants) did not complete within its timeout.
     #[error(
         "unique-id exchange: {task} gave up after {waited:?} waiting for {waiting_for}; start \
          every chief and worker task with the same cluster spec, or raise the timeout"

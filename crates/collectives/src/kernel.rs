@@ -35,14 +35,23 @@ const TILE: usize = 32;
 pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
 
 /// Arithmetic of one element type, with its accumulator type.
-pub(crate) trait Arith: Element {
+///
+/// Implemented for every [`Element`] type; a backend names it as the bound of code generic over
+/// the dtype (inside [`with_dtype!`](crate::backend::with_dtype)).
+pub trait Arith: Element {
     /// The type sums are kept in.
     type Acc: Copy + Default + Send + Sync;
+    /// The element widened to its accumulator.
     fn load(self) -> Self::Acc;
+    /// The accumulator rounded back to the element type.
     fn store(acc: Self::Acc) -> Self;
+    /// `a + b`.
     fn add(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    /// `a - b`.
     fn sub(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    /// The smaller of `a` and `b`.
     fn min(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    /// The larger of `a` and `b`.
     fn max(a: Self::Acc, b: Self::Acc) -> Self::Acc;
     /// `a / n`, or `None` where division has no exact meaning (integers).
     fn div(a: Self::Acc, n: usize) -> Option<Self::Acc>;
@@ -240,7 +249,7 @@ fn place_like_a_gpu_reduction(
 
 /// Fails for `Mean` of an integer dtype where the caller has no exact path for it (reductions
 /// along an axis, NCCL), before any work is done.
-pub(crate) fn check_op(op: ReduceOp, dtype: DType) -> Result<(), CollectiveError> {
+pub fn check_op(op: ReduceOp, dtype: DType) -> Result<(), CollectiveError> {
     if op == ReduceOp::Mean && !dtype.is_floating() {
         return Err(CollectiveError::IntegerMean(dtype));
     }
@@ -251,12 +260,7 @@ pub(crate) fn check_op(op: ReduceOp, dtype: DType) -> Result<(), CollectiveError
 ///
 /// `divisor` is what `Mean` divides by (the replica count, which may differ from `inputs.len()`
 /// when several workers contribute). Inputs must be at least as long as `out`.
-pub(crate) fn reduce_slices<T: Arith>(
-    op: ReduceOp,
-    inputs: &[&[T]],
-    out: &mut [T],
-    divisor: usize,
-) {
+pub fn reduce_slices<T: Arith>(op: ReduceOp, inputs: &[&[T]], out: &mut [T], divisor: usize) {
     reduce_slices_with(op, inputs, out, divisor, Stores::Cached);
 }
 
@@ -398,7 +402,7 @@ fn store_fence() {
 
 /// The contiguous elements of a host array, or `None` for a non-standard layout (a transposed
 /// or strided view), which callers copy first.
-pub(crate) fn contiguous<T: Element>(array: &ArcArray<T, IxDyn>) -> Option<&[T]> {
+pub fn contiguous<T: Element>(array: &ArcArray<T, IxDyn>) -> Option<&[T]> {
     array.as_slice()
 }
 
@@ -406,7 +410,7 @@ pub(crate) fn contiguous<T: Element>(array: &ArcArray<T, IxDyn>) -> Option<&[T]>
 ///
 /// All inputs must share dtype and shape. `divisor` is what `Mean` divides by; an integer `Mean`
 /// gives float64.
-pub(crate) fn reduce_tensors(
+pub fn reduce_tensors(
     op: ReduceOp,
     inputs: &[&Tensor],
     device: &str,
@@ -484,7 +488,7 @@ pub(crate) fn subtract(a: &Tensor, b: &Tensor) -> Result<Tensor, CollectiveError
 
 /// Divides every element by `n` (TF's `divide_by_n_tensors_or_indexed_slices` for dense values):
 /// integers by true division, giving float64.
-pub(crate) fn divide(tensor: &Tensor, n: usize) -> Result<Tensor, CollectiveError> {
+pub fn divide(tensor: &Tensor, n: usize) -> Result<Tensor, CollectiveError> {
     if n == 0 {
         return Err(CollectiveError::InvalidArgument(
             "cannot divide by 0".into(),

@@ -10,16 +10,22 @@
 //! own under `backends/`; GPU memory and kernels live in `cuda` (feature `cuda`), and the shared
 //! files reach them through one small API that a build without `cuda` provides too, so `cfg`
 //! appears only on `mod` lines. The pieces the backends are built from, for authors of new
-//! backends and strategies, are in [`backend`], apart from what step functions use.
+//! backends and strategies, are in [`backend`], apart from what step functions use. The
+//! in-process backends build on `group/`, the group engine ([`backend::CollectiveGroup`]), which
+//! is no backend.
 
+mod agreement;
 mod backends;
+mod bytes;
 mod choose;
 mod cross_replica;
 mod destinations;
 mod distributed;
 mod error;
 mod flat;
+mod fnv;
 mod fusion;
+mod group;
 mod kernel;
 mod ops;
 mod rendezvous;
@@ -27,6 +33,7 @@ mod sparse;
 // `with_host!` reaches the `cuda` module below by textual scope.
 #[macro_use]
 mod tensor;
+mod workers;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -39,46 +46,43 @@ use cuda::bridge as gpu;
 #[cfg(not(feature = "cuda"))]
 use no_cuda as gpu;
 
-#[cfg(feature = "mpi")]
-pub use backends::mpi::MpiAllReduce;
 #[cfg(feature = "nccl")]
 pub use backends::nccl::NcclAllReduce;
-pub use backends::{GroupConfig, ReductionToOneDevice, SharedMemoryAllReduce};
-pub use choose::choose_the_best;
+pub use backends::{ReductionToOneDevice, SharedMemoryAllReduce};
+pub use choose::{OpsPlan, choose_the_best};
 pub use cross_replica::reduce_non_distributed_value;
 pub use destinations::Destinations;
 pub use error::{CollectiveError, GpuError};
 pub use fusion::FusionPlan;
+pub use group::GroupConfig;
 pub use ops::{CrossDeviceOps, ReplicaCollectives, StepLifecycle};
 pub use sparse::{AnyTensor, IndexedSlices};
 pub use tensor::{DType, Element, Placement, Tensor};
+pub use workers::Workers;
 
-/// For authors of backends and strategies, not for step functions: the building blocks the
-/// bundled backends are made of (the in-process rendezvous and collective group, the MPI
-/// world and its tuning constants, NCCL's unique-id bootstrap). They are public so that a new
-/// backend or strategy can be built from them; their API follows the backends' needs and is less
-/// stable than the crate root's.
+/// For authors of backends and strategies, not for step functions: the kit every backend is
+/// built from, in this crate or another (the MPI backend of `distribute-mpi` uses nothing else):
+/// the in-process rendezvous and collective group, the agreement record every backend gathers
+/// before data moves and its hash, the fold kernel with its dtype dispatch, tensors as bytes and
+/// delivery to destinations. Their API follows the backends' needs and is less stable than the
+/// crate root's.
 ///
 /// ```compile_fail,E0432
 /// // Not at the crate root: a user's step never needs them.
 /// use distribute_collectives::Rendezvous;
 /// ```
 pub mod backend {
-    #[cfg(feature = "mpi")]
-    pub use crate::backends::mpi::{INLINE_BYTES, MpiWorld, SCATTER_MIN_BYTES};
-    pub use crate::backends::{CollectiveGroup, Member, ReducePlan};
+    pub use crate::group::{CollectiveGroup, Member, ReducePlan};
     pub use crate::rendezvous::{Rendezvous, lock_ignoring_poison};
 
-    /// NCCL's bootstrap across processes: the authenticated exchange of NCCL's 128-byte unique
-    /// id over TCP, the cluster key that authenticates it, and each process's NCCL rank.
-    pub mod nccl_bootstrap {
-        pub use crate::backends::nccl::auth::{
-            CLUSTER_KEY_FILE_VAR, CLUSTER_KEY_VAR, ClusterKey, ExchangeAuth, MIN_CLUSTER_KEY_BYTES,
-            UNAUTHENTICATED_VAR,
-        };
-        pub use crate::backends::nccl::bootstrap::{
-            NcclRank, UNIQUE_ID_BYTES, exchange_unique_id, exchange_unique_id_unauthenticated,
-            exchange_unique_id_with_key, nccl_rank,
-        };
-    }
+    /// Runs its body with a type alias naming the Rust type of a [`DType`](crate::DType):
+    /// `with_dtype!(tensor.dtype(), T => tensor.to_vec::<T>())`.
+    pub use crate::__with_dtype as with_dtype;
+    pub use crate::agreement::{Call, MAX_DIMS, Record, Status, Verdict, judge};
+    pub use crate::bytes::{element_bytes, element_bytes_mut, tensor_bytes};
+    pub use crate::cross_replica::deliver;
+    pub use crate::fnv::Fnv;
+    pub use crate::kernel::{Arith, check_op, contiguous, divide, reduce_slices, reduce_tensors};
+    /// The half-precision element types, as [`with_dtype!`] names them.
+    pub use half::{bf16, f16};
 }

@@ -170,16 +170,19 @@ macro_rules! with_host {
     };
 }
 
-/// Runs `$body` with the type alias `$t` naming the Rust type of `$dtype`.
-macro_rules! with_dtype {
+/// Runs `$body` with the type alias `$t` naming the Rust type of `$dtype` (published to other
+/// crates' backends as `distribute_collectives::backend::with_dtype!`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __with_dtype {
     ($dtype:expr, $t:ident => $body:expr) => {
         match $dtype {
             $crate::DType::F16 => {
-                type $t = half::f16;
+                type $t = $crate::backend::f16;
                 $body
             }
             $crate::DType::BF16 => {
-                type $t = half::bf16;
+                type $t = $crate::backend::bf16;
                 $body
             }
             $crate::DType::F32 => {
@@ -201,7 +204,7 @@ macro_rules! with_dtype {
         }
     };
 }
-pub(crate) use with_dtype;
+pub(crate) use __with_dtype as with_dtype;
 
 impl HostArray {
     pub(crate) fn shape(&self) -> &[usize] {
@@ -275,8 +278,9 @@ impl Tensor {
         }
     }
 
-    /// [`Tensor::copy_to`] `like`'s device, sharing `like`'s label where nothing moves.
-    pub(crate) fn copy_to_device_of(&self, like: &Tensor) -> Result<Tensor, CollectiveError> {
+    /// [`Tensor::copy_to`] `like`'s device, sharing `like`'s label where nothing moves (a host
+    /// tensor keeps its buffer: how a backend reuses a buffer for a result on another replica).
+    pub fn copy_to_device_of(&self, like: &Tensor) -> Result<Tensor, CollectiveError> {
         match &self.storage {
             Storage::Host(_) => Ok(Tensor {
                 storage: self.storage.clone(),

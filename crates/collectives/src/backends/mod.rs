@@ -3,22 +3,19 @@
 //!
 //! - [`reduction_to_one`]: reduce on one device, copy to the destinations (TF's default).
 //! - [`shared_memory`]: the in-process all-reduce, each replica thread reducing a slice.
-//! - [`group`]: the in-process group both meet in (rendezvous, agreement, the reduce plans).
 //! - [`nccl`]: NCCL between GPUs (feature `nccl`), with the unique-id exchange of a multi-process
 //!   run beside it.
 //!
-//! - [`mpi`]: the hierarchical all-reduce across the worker processes of an MPI job (feature
-//!   `mpi`; its agreement records, which need no MPI, build and are tested without it). A
-//!   multi-worker strategy builds it itself: [`choose_the_best`](crate::choose_the_best) picks
-//!   among the backends of one process.
+//! The two in-process backends build on the group engine ([`crate::group`]), which is no
+//! backend.
+//!
+//! Backends in other crates (the MPI backend in `distribute-mpi`) are built from the same kit,
+//! [`crate::backend`].
 
-pub(crate) mod group;
-pub(crate) mod mpi;
 pub(crate) mod nccl;
 pub(crate) mod reduction_to_one;
 pub(crate) mod shared_memory;
 
-pub use group::{CollectiveGroup, GroupConfig, Member, ReducePlan};
 pub use reduction_to_one::ReductionToOneDevice;
 pub use shared_memory::SharedMemoryAllReduce;
 

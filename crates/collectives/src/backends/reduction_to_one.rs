@@ -2,10 +2,10 @@
 
 use distribute_values::{Leaf, ReduceOp};
 
-use super::group::{CollectiveGroup, GroupConfig, ReducePlan};
 use super::{group_backed_ops, group_lifecycle};
 use crate::cross_replica::reduce_and_deliver;
 use crate::destinations::canonical_device;
+use crate::group::{CollectiveGroup, GroupConfig, ReducePlan};
 use crate::{AnyTensor, CollectiveError, CrossDeviceOps, Destinations};
 
 /// Reduces on one device (the configured one, else the first destination), then copies the

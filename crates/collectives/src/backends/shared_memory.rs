@@ -3,9 +3,9 @@
 
 use distribute_values::{Leaf, ReduceOp};
 
-use super::group::{CollectiveGroup, GroupConfig};
 use super::{group_backed_ops, group_lifecycle};
 use crate::cross_replica::reduce_and_deliver;
+use crate::group::{CollectiveGroup, GroupConfig};
 use crate::{AnyTensor, CollectiveError, CrossDeviceOps, Destinations};
 
 /// The in-process shared-memory all-reduce: for large tensors the replica threads reduce pieces

@@ -8,7 +8,7 @@ use ndarray::{ArcArray, ArrayD, IxDyn};
 
 use super::device::Gpu;
 use super::memory::GpuArray;
-use crate::tensor::{HostArray, Storage};
+use crate::tensor::{HostArray, Storage, with_dtype};
 use crate::{CollectiveError, DType, Element, Tensor};
 
 impl Tensor {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::CrossDeviceOps;
-use crate::backends::GroupConfig;
+use crate::group::GroupConfig;
 
 /// Why this build cannot reduce `gpus` with NCCL (see the `nccl` build's namesake).
 pub(crate) fn nccl_backend(

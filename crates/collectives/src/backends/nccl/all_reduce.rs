@@ -9,12 +9,11 @@ use cudarc::nccl::result::{self as nccl};
 use cudarc::nccl::sys;
 use distribute_values::{Leaf, ReduceOp};
 
-use super::bootstrap::UNIQUE_ID_BYTES;
 use super::communicator::{Communicator, nccl_error, non_blocking_config};
 use super::member::NcclMember;
-use crate::backends::GroupConfig;
 use crate::cross_replica::reduce_and_deliver;
 use crate::cuda::{Gpu, require_nccl};
+use crate::group::GroupConfig;
 use crate::rendezvous::lock_ignoring_poison;
 use crate::{
     AnyTensor, CollectiveError, CrossDeviceOps, Destinations, ReplicaCollectives, StepLifecycle,
@@ -26,7 +25,7 @@ pub(super) enum Setup {
     Local(Mutex<Vec<Option<Communicator>>>),
     /// Each replica thread joins the world with its rank.
     Ranked {
-        id: [u8; UNIQUE_ID_BYTES],
+        id: [u8; NcclAllReduce::UNIQUE_ID_BYTES],
         world: usize,
         first_rank: usize,
     },
@@ -56,6 +55,11 @@ impl std::fmt::Debug for NcclAllReduce {
 }
 
 impl NcclAllReduce {
+    /// The bytes of an NCCL unique id (`NCCL_UNIQUE_ID_BYTES`), which every rank of a
+    /// communicator must share: what [`NcclAllReduce::new_unique_id`] makes and
+    /// [`NcclAllReduce::from_unique_id`] takes.
+    pub const UNIQUE_ID_BYTES: usize = 128;
+
     /// One replica per GPU of `gpus` (indices), all in this process: the communicators are made
     /// now with `ncclCommInitAll`. NCCL before 2.30 refuses the same GPU twice.
     pub fn new(gpus: &[usize], deadline: Duration) -> Result<NcclAllReduce, CollectiveError> {
@@ -98,7 +102,7 @@ impl NcclAllReduce {
     }
 
     /// A fresh NCCL unique id, made by the one task (the leader) that hands it to the others.
-    pub fn new_unique_id() -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
+    pub fn new_unique_id() -> Result<[u8; Self::UNIQUE_ID_BYTES], CollectiveError> {
         require_nccl()?;
         let id = nccl::get_uniqueid().map_err(|e| nccl_error("ncclGetUniqueId", e))?;
         Ok(id.internal.map(|c| c as u8))
@@ -107,8 +111,12 @@ impl NcclAllReduce {
     /// This process's replicas in a world of `world` ranks: local replica `r` runs on GPU
     /// `gpus[r]` as rank `first_rank + r`. Every process passes the same `id`; each replica thread
     /// joins when it takes its collectives handle, and the join waits until every rank has.
+    ///
+    /// Moving the id between processes is not this crate's: `distribute-nccl-exchange` hands it
+    /// over TCP from a cluster's leader (its `nccl_all_reduce_for_cluster` then calls this), and
+    /// an MPI job broadcasts it.
     pub fn from_unique_id(
-        id: [u8; UNIQUE_ID_BYTES],
+        id: [u8; Self::UNIQUE_ID_BYTES],
         world: usize,
         first_rank: usize,
         gpus: &[usize],
@@ -133,35 +141,6 @@ impl NcclAllReduce {
             },
             deadline,
         ))
-    }
-
-    /// This task's replicas of a multi-process run over `cluster` (chief and workers; every task
-    /// drives `gpus.len()` GPUs, the same count everywhere): task rank `t` owns NCCL ranks
-    /// `t·k .. t·k + k`. The leader (chief, else worker 0) makes the NCCL unique id and hands it
-    /// to the other tasks through [`exchange_unique_id`](crate::backend::nccl_bootstrap::exchange_unique_id), waiting at
-    /// most `deadline` for them.
-    ///
-    /// The exchange authenticates every task with the cluster key in the environment variable
-    /// `DISTRIBUTE_CLUSTER_KEY` (hex, at least 16 bytes, e.g. `openssl rand -hex 32`; or a file
-    /// named by `DISTRIBUTE_CLUSTER_KEY_FILE`), the same on every chief and worker task; a cluster
-    /// across hosts without one is a [`CollectiveError::BootstrapKey`]. See
-    /// [`exchange_unique_id`](crate::backend::nccl_bootstrap::exchange_unique_id#security).
-    pub fn for_cluster(
-        cluster: &distribute_device_spec::ClusterSpec,
-        me: distribute_device_spec::TaskId,
-        gpus: &[usize],
-        deadline: Duration,
-    ) -> Result<NcclAllReduce, CollectiveError> {
-        require_nccl()?;
-        let task = super::bootstrap::nccl_rank(cluster, me)?;
-        let id = if task.is_leader() {
-            Some(NcclAllReduce::new_unique_id()?)
-        } else {
-            None
-        };
-        let id = super::bootstrap::exchange_unique_id(cluster, me, id, deadline)?;
-        let k = gpus.len();
-        NcclAllReduce::from_unique_id(id, task.world_size * k, task.rank * k, gpus, deadline)
     }
 
     fn with_setup(gpus: &[usize], setup: Setup, deadline: Duration) -> NcclAllReduce {

@@ -1,5 +1,6 @@
 //! An NCCL communicator owned by one replica thread (RAII: finalized on a clean end, aborted on
-//! failure), and the mapping of dtypes and reduce ops to NCCL's.
+//! failure), its collectives as safe methods (every `unsafe` NCCL call of a replica is here, next
+//! to the checks that make it sound), and the mapping of dtypes and reduce ops to NCCL's.
 //!
 //! Communicators across processes are made in NCCL's non-blocking mode (a config with
 //! `blocking = 0`): their setup, the lazy connections of their first collectives and their
@@ -7,15 +8,18 @@
 //! `ncclCommGetAsyncError` against the deadline, then `ncclCommAbort`ed past it, so a frozen
 //! peer process cannot hang this one in NCCL.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::nccl::NcclType;
 use cudarc::nccl::result::{self as nccl, NcclError};
 use cudarc::nccl::sys;
 use distribute_values::ReduceOp;
 
 use crate::cuda::Gpu;
+use crate::gpu::GpuArray;
 use crate::{CollectiveError, DType, GpuError};
 
 pub(super) fn nccl_error(what: &str, e: NcclError) -> GpuError {
@@ -24,7 +28,7 @@ pub(super) fn nccl_error(what: &str, e: NcclError) -> GpuError {
     GpuError::Nccl(format!("{what}: {} ({:?})", text.to_string_lossy(), e.0))
 }
 
-pub(super) fn nccl_dtype(dtype: DType) -> sys::ncclDataType_t {
+fn nccl_dtype(dtype: DType) -> sys::ncclDataType_t {
     use sys::ncclDataType_t as N;
     match dtype {
         DType::F16 => N::ncclFloat16,
@@ -36,7 +40,7 @@ pub(super) fn nccl_dtype(dtype: DType) -> sys::ncclDataType_t {
     }
 }
 
-pub(super) fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
+fn nccl_op(op: ReduceOp) -> sys::ncclRedOp_t {
     use sys::ncclRedOp_t as N;
     match op {
         ReduceOp::Sum => N::ncclSum,
@@ -101,6 +105,16 @@ impl Backoff {
     }
 }
 
+/// Fails the way NCCL fails a bad argument unless `buffer` holds `bytes`: the check that keeps
+/// NCCL inside the buffers it is given.
+fn holds<T>(buffer: &CudaSlice<T>, bytes: usize) -> Result<(), NcclError> {
+    if buffer.num_bytes() >= bytes {
+        Ok(())
+    } else {
+        Err(NcclError(sys::ncclResult_t::ncclInvalidArgument))
+    }
+}
+
 /// An NCCL communicator and the GPU stream its calls are queued to. Aborted (never blocking)
 /// when dropped.
 pub(super) struct Communicator {
@@ -133,13 +147,29 @@ impl Communicator {
         self.aborted.load(Ordering::SeqCst)
     }
 
+    /// The handle while it is live: every call below takes it from here, so none reaches NCCL
+    /// after [`Communicator::abort`] released it.
+    fn live(&self) -> Result<sys::ncclComm_t, NcclError> {
+        if self.is_aborted() {
+            Err(NcclError(sys::ncclResult_t::ncclInvalidUsage))
+        } else {
+            Ok(self.comm)
+        }
+    }
+
+    /// This communicator's stream, as NCCL takes it.
+    fn raw_stream(&self) -> sys::cudaStream_t {
+        self.gpu.stream().cu_stream() as sys::cudaStream_t
+    }
+
     /// NCCL's asynchronous state of the communicator: `Ok(true)` while work it returned
     /// `ncclInProgress` for (setup, a call's enqueue, finalize) is still under way, `Ok(false)`
-    /// once it is done, the error when it failed.
+    /// once it is done, the error when it failed (a running collective's included).
     pub(super) fn in_progress(&self) -> Result<bool, NcclError> {
+        let comm = self.live()?;
         let mut state = sys::ncclResult_t::ncclSuccess;
-        // SAFETY: a live communicator (not aborted: callers check) and a valid out-pointer.
-        let called = unsafe { sys::ncclCommGetAsyncError(self.comm, &mut state) };
+        // SAFETY: a live communicator and a valid out-pointer.
+        let called = unsafe { sys::ncclCommGetAsyncError(comm, &mut state) };
         match (called, state) {
             (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclSuccess) => Ok(false),
             (sys::ncclResult_t::ncclSuccess, sys::ncclResult_t::ncclInProgress) => Ok(true),
@@ -184,6 +214,162 @@ impl Communicator {
             }
             backoff.pause();
         }
+    }
+}
+
+/// The collectives, queued on this communicator's stream; each returns once NCCL has taken the
+/// call (a non-blocking communicator may still be queuing it: [`Communicator::settle`]). Buffers
+/// are device memory of this communicator's GPU; sizes count elements, never the buffers' length
+/// (a buffer may be longer), and a buffer too small for them fails with `ncclInvalidArgument`
+/// before NCCL sees it.
+impl Communicator {
+    /// All-gathers `count` elements of `T` from `send` into `recv`, `count` per rank in rank
+    /// order.
+    pub(super) fn all_gather<T: NcclType>(
+        &self,
+        send: &CudaSlice<T>,
+        recv: &mut CudaSlice<T>,
+        count: usize,
+    ) -> Result<(), NcclError> {
+        let comm = self.live()?;
+        let bytes = count.saturating_mul(std::mem::size_of::<T>());
+        holds(send, bytes)?;
+        holds(recv, bytes.saturating_mul(self.world))?;
+        let stream = self.gpu.stream();
+        let (src, _read) = send.device_ptr(stream);
+        let (dst, _write) = recv.device_ptr_mut(stream);
+        // SAFETY: a live communicator; `send` holds `count` elements and `recv` `world * count`
+        // (checked above); the guards, dropped after the call is queued, order the buffers'
+        // later use and freeing after it on the stream.
+        unsafe {
+            nccl::all_gather(
+                src as *const c_void,
+                dst as *mut c_void,
+                count,
+                T::as_nccl_type(),
+                comm,
+                self.raw_stream(),
+            )
+        }
+        .map(drop)
+    }
+
+    /// All-reduces (`op`) each of `inputs` into the matching buffer of `outputs` (as many
+    /// elements of the input's dtype), as one NCCL group call; empty inputs are skipped.
+    pub(super) fn all_reduce(
+        &self,
+        op: ReduceOp,
+        inputs: &[GpuArray],
+        outputs: &mut [CudaSlice<u8>],
+    ) -> Result<(), NcclError> {
+        let comm = self.live()?;
+        let stream = self.gpu.stream();
+        // The guards record each buffer's use when dropped, so they must outlive group_end,
+        // where NCCL actually queues the work.
+        let mut guards = Vec::with_capacity(2 * inputs.len());
+        nccl::group_start()?;
+        let mut result = Ok(());
+        for (input, output) in inputs.iter().zip(outputs.iter_mut()) {
+            let count = input.shape.iter().product::<usize>();
+            if count == 0 {
+                continue;
+            }
+            result = holds(&input.bytes, input.num_bytes()).and_then(|()| {
+                holds(output, input.num_bytes())?;
+                let (src, read) = input.bytes.device_ptr(stream);
+                let (dst, write) = output.device_ptr_mut(stream);
+                guards.extend([read, write]);
+                // SAFETY: a live communicator; both buffers hold `count` elements of the dtype
+                // (checked above); the guards outlive the group (see above).
+                unsafe {
+                    nccl::all_reduce(
+                        src as *const c_void,
+                        dst as *mut c_void,
+                        count,
+                        nccl_dtype(input.dtype),
+                        nccl_op(op),
+                        comm,
+                        self.raw_stream(),
+                    )
+                }
+                .map(drop)
+            });
+            if result.is_err() {
+                break;
+            }
+        }
+        nccl::group_end()?;
+        drop(guards);
+        result
+    }
+
+    /// Reduce-scatters (`op`): `send` holds `world * count` elements of `dtype`, `recv` gets
+    /// this rank's `count` reduced ones.
+    pub(super) fn reduce_scatter(
+        &self,
+        op: ReduceOp,
+        dtype: DType,
+        send: &CudaSlice<u8>,
+        recv: &mut CudaSlice<u8>,
+        count: usize,
+    ) -> Result<(), NcclError> {
+        let comm = self.live()?;
+        let bytes = count.saturating_mul(dtype.size_in_bytes());
+        holds(send, bytes.saturating_mul(self.world))?;
+        holds(recv, bytes)?;
+        let stream = self.gpu.stream();
+        let (src, _read) = send.device_ptr(stream);
+        let (dst, _write) = recv.device_ptr_mut(stream);
+        // SAFETY: a live communicator; `send` holds `world * count` elements and `recv` `count`
+        // (checked above); the guards order the buffers' later use after the call.
+        unsafe {
+            nccl::reduce_scatter(
+                src as *const c_void,
+                dst as *mut c_void,
+                count,
+                nccl_dtype(dtype),
+                nccl_op(op),
+                comm,
+                self.raw_stream(),
+            )
+        }
+        .map(drop)
+    }
+
+    /// Broadcasts `count` elements of `dtype` from rank `root` into every rank's `recv`: the
+    /// root sends its `send`, or its `recv` in place where `send` is `None` (receivers pass
+    /// `None`).
+    pub(super) fn broadcast<T>(
+        &self,
+        root: usize,
+        dtype: DType,
+        send: Option<&CudaSlice<T>>,
+        recv: &mut CudaSlice<T>,
+        count: usize,
+    ) -> Result<(), NcclError> {
+        let comm = self.live()?;
+        let bytes = count.saturating_mul(dtype.size_in_bytes());
+        holds(recv, bytes)?;
+        send.map_or(Ok(()), |send| holds(send, bytes))?;
+        let stream = self.gpu.stream();
+        let (dst, _write) = recv.device_ptr_mut(stream);
+        let read = send.map(|send| send.device_ptr(stream));
+        let src = read.as_ref().map_or(dst, |(ptr, _)| *ptr);
+        // SAFETY: a live communicator; the send buffer (or `recv`, in place) and `recv` hold
+        // `count` elements of `dtype` (checked above); the guards order their later use after
+        // the call.
+        unsafe {
+            nccl::broadcast(
+                src as *const c_void,
+                dst as *mut c_void,
+                count,
+                nccl_dtype(dtype),
+                root as i32,
+                comm,
+                self.raw_stream(),
+            )
+        }
+        .map(drop)
     }
 }
 

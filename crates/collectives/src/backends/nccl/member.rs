@@ -1,20 +1,19 @@
 //! A replica thread's NCCL handle ([`ReplicaCollectives`]): every call first agrees on its
-//! [`Signature`] with every rank, then runs on the replica's stream and waits for it, polling for
+//! agreement [`Record`] with every rank, then runs on the replica's stream (through the
+//! [`Communicator`]'s methods, where every raw NCCL call is) and waits for it, polling for
 //! aborts and the deadline.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use cudarc::nccl::result::{self as nccl, NcclError};
-use cudarc::nccl::sys;
+use cudarc::driver::CudaSlice;
+use cudarc::nccl::result::NcclError;
 use distribute_values::ReduceOp;
 
 use super::all_reduce::Shared;
-use super::communicator::{Backoff, Communicator, nccl_dtype, nccl_error, nccl_op};
-use super::signature::Signature;
+use super::communicator::{Backoff, Communicator, nccl_error};
+use crate::agreement::{Call, Record, Status};
 use crate::cuda::Gpu;
 use crate::gpu::GpuArray;
 use crate::rendezvous::lock_ignoring_poison;
@@ -36,11 +35,6 @@ impl std::fmt::Debug for NcclMember {
         )
     }
 }
-
-const CALL_ALL_REDUCE: i64 = 1;
-const CALL_ALL_GATHER: i64 = 2;
-const CALL_REDUCE_SCATTER: i64 = 3;
-const CALL_BROADCAST: i64 = 4;
 
 impl NcclMember {
     fn gpu(&self) -> &Gpu {
@@ -64,17 +58,18 @@ impl NcclMember {
         Ok(())
     }
 
-    /// Queues NCCL work with `enqueue` and waits for the stream, giving up at the deadline.
+    /// Queues NCCL work with `enqueue` (a [`Communicator`] call) and waits for the stream,
+    /// giving up at the deadline.
     fn run(
         &self,
         what: &str,
-        enqueue: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> Result<(), NcclError>,
+        enqueue: impl FnOnce() -> Result<(), NcclError>,
     ) -> Result<(), CollectiveError> {
         self.check_usable()?;
         self.gpu().bind_to_thread()?;
         let stream = self.gpu().stream();
         let start = Instant::now();
-        if let Err(e) = enqueue(self.comm.comm, stream.cu_stream() as sys::cudaStream_t) {
+        if let Err(e) = enqueue() {
             // A failed enqueue may leave the communicator half way through a call.
             self.comm.abort();
             return Err(nccl_error(what, e).into());
@@ -98,16 +93,8 @@ impl NcclMember {
             if done.try_is_complete().map_err(crate::cuda::driver_error)? {
                 return Ok(());
             }
-            let mut async_error = sys::ncclResult_t::ncclSuccess;
-            // SAFETY: a live communicator and a valid out-pointer.
-            let _ = unsafe { sys::ncclCommGetAsyncError(self.comm.comm, &mut async_error) };
-            let failure = if async_error != sys::ncclResult_t::ncclSuccess
-                && async_error != sys::ncclResult_t::ncclInProgress
-            {
-                Some(CollectiveError::from(nccl_error(
-                    what,
-                    NcclError(async_error),
-                )))
+            let failure = if let Err(e) = self.comm.in_progress() {
+                Some(CollectiveError::from(nccl_error(what, e)))
             } else if self.shared.aborted.load(Ordering::SeqCst) {
                 Some(self.check_usable().unwrap_err())
             } else if start.elapsed() >= self.shared.deadline {
@@ -132,18 +119,20 @@ impl NcclMember {
         }
     }
 
-    /// Gathers every rank's signature and fails on every rank alike when they differ, or when
-    /// any rank refused its own arguments (`local`, checked before: a rank that returned early
-    /// would leave the others waiting in this very call).
+    /// Gathers every rank's agreement record and fails on every rank alike when they differ,
+    /// or when any rank refused its own arguments (`local`, checked before: a rank that returned
+    /// early would leave the others waiting in this very call; it sends [`Status::Failed`]).
     fn agree(
         &self,
         what: &str,
-        mut mine: Signature,
+        mut mine: Record,
         local: Result<(), CollectiveError>,
-    ) -> Result<Vec<Signature>, CollectiveError> {
-        const W: usize = Signature::WORDS;
+    ) -> Result<Vec<Record>, CollectiveError> {
+        const W: usize = Record::WORDS;
         let world = self.comm.world;
-        mine.refused = i64::from(local.is_err());
+        if local.is_err() {
+            mine.status = Status::Failed;
+        }
         let stream = self.gpu().stream();
         let send = stream
             .clone_htod(&mine.words())
@@ -151,50 +140,46 @@ impl NcclMember {
         let mut recv = stream
             .alloc_zeros::<i64>(W * world)
             .map_err(crate::cuda::driver_error)?;
-        self.run(&format!("{what} (agreement)"), |comm, raw| {
-            let (src, _g1) = send.device_ptr(stream);
-            let (dst, _g2) = recv.device_ptr_mut(stream);
-            // SAFETY: W i64 sent, W per rank received.
-            unsafe {
-                nccl::all_gather(
-                    src as *const c_void,
-                    dst as *mut c_void,
-                    W,
-                    sys::ncclDataType_t::ncclInt64,
-                    comm,
-                    raw,
-                )
-            }
-            .map(|_| ())
+        self.run(&format!("{what} (agreement)"), || {
+            self.comm.all_gather(&send, &mut recv, W)
         })?;
         let all = stream
             .clone_dtoh(&recv)
             .map_err(crate::cuda::driver_error)?;
-        let signatures: Vec<Signature> = all.chunks(W).map(Signature::from_words).collect();
         local?;
-        if let Some(rank) = signatures.iter().position(|s| s.refused != 0) {
+        let records = all
+            .chunks(W)
+            .enumerate()
+            .map(|(rank, words)| {
+                Record::from_words(words).ok_or_else(|| {
+                    CollectiveError::Invariant(format!(
+                        "NCCL {what}: rank {rank} sent an agreement record this build cannot \
+                         read; every rank must run the same build"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<Record>, _>>()?;
+        if let Some(rank) = records.iter().position(|r| r.status != Status::Ok) {
             return Err(CollectiveError::InvalidArgument(format!(
                 "NCCL {what}: rank {rank} refused its arguments, so every rank fails this call"
             )));
         }
-        let first = signatures[0];
-        let gather = first.kind() == CALL_ALL_GATHER;
-        if let Some((other, sig)) = signatures.iter().enumerate().find(|(_, s)| {
-            s.call != first.call
-                || s.dtype != first.dtype
-                || s.rest != first.rest
-                || (!gather && s.rows != first.rows)
-        }) {
+        let first = records[0];
+        if let Some((other, record)) = records
+            .iter()
+            .enumerate()
+            .find(|(_, r)| !r.agrees_with(&first))
+        {
             return Err(CollectiveError::ReplicaMismatch {
                 op: format!("NCCL {what}"),
                 call: 0,
                 first_replica: 0,
-                first: describe(&first),
+                first: first.to_string(),
                 other_replica: other,
-                other: describe(sig),
+                other: record.to_string(),
             });
         }
-        Ok(signatures)
+        Ok(records)
     }
 
     /// The GPU storage of `tensor` on this replica's GPU.
@@ -234,7 +219,7 @@ impl NcclMember {
             .try_for_each(|t| kernel::check_op(op, t.dtype()));
         self.agree(
             "all_reduce",
-            Signature::of(CALL_ALL_REDUCE, Some(op), tensors),
+            Record::of(Call::AllReduce, Some(op), tensors),
             local,
         )?;
         let inputs = tensors
@@ -245,72 +230,14 @@ impl NcclMember {
             .iter()
             .map(|a| GpuArray::alloc(self.gpu(), a.dtype, &a.shape))
             .collect::<Result<Vec<_>, _>>()?;
-        self.run("all_reduce", |comm, stream| {
-            let s = self.gpu().stream();
-            // The guards record each buffer's use when dropped, so they must outlive group_end,
-            // where NCCL actually queues the work.
-            let mut guards = Vec::with_capacity(2 * inputs.len());
-            nccl::group_start()?;
-            let mut result = Ok(());
-            for (input, output) in inputs.iter().zip(outputs.iter_mut()) {
-                let count = input.shape.iter().product::<usize>();
-                if count == 0 {
-                    continue;
-                }
-                let (src, g1) = input.bytes.device_ptr(s);
-                let (dst, g2) = output.device_ptr_mut(s);
-                guards.extend([g1, g2]);
-                // SAFETY: both buffers hold `count` elements of the dtype.
-                result = unsafe {
-                    nccl::all_reduce(
-                        src as *const c_void,
-                        dst as *mut c_void,
-                        count,
-                        nccl_dtype(input.dtype),
-                        nccl_op(op),
-                        comm,
-                        stream,
-                    )
-                }
-                .map(|_| ());
-                if result.is_err() {
-                    break;
-                }
-            }
-            nccl::group_end()?;
-            drop(guards);
-            result
+        self.run("all_reduce", || {
+            self.comm.all_reduce(op, &inputs, &mut outputs)
         })?;
         tensors
             .iter()
             .zip(inputs.iter().zip(outputs))
             .map(|(t, (input, bytes))| self.output(Some(t), input.dtype, &input.shape, bytes))
             .collect()
-    }
-}
-
-fn describe(s: &Signature) -> String {
-    let op = match s.call % 16 {
-        1 => "(SUM)",
-        2 => "(MEAN)",
-        3 => "(MIN)",
-        4 => "(MAX)",
-        _ => "",
-    };
-    match s.kind() {
-        CALL_BROADCAST => format!("broadcast from root {}", s.dtype),
-        kind => {
-            let call = match kind {
-                CALL_ALL_REDUCE => "all_reduce",
-                CALL_ALL_GATHER => "all_gather",
-                CALL_REDUCE_SCATTER => "reduce_scatter",
-                _ => "an unknown call",
-            };
-            format!(
-                "{call}{op} (dtype hash {:x}, rows {}, shape hash {:x})",
-                s.dtype, s.rows, s.rest
-            )
-        }
     }
 }
 
@@ -343,12 +270,12 @@ impl ReplicaCollectives for NcclMember {
         } else {
             Ok(())
         };
-        let signatures = self.agree(
+        let records = self.agree(
             "all_gather",
-            Signature::of(CALL_ALL_GATHER, None, &[tensor]),
+            Record::of(Call::AllGather, None, &[tensor]),
             local,
         )?;
-        let rows: Vec<usize> = signatures.iter().map(|s| s.rows as usize).collect();
+        let rows: Vec<usize> = records.iter().map(|r| r.rows as usize).collect();
         let max_rows = rows.iter().copied().max().unwrap_or(0);
         let row_elems: usize = tensor.shape()[1..].iter().product();
         let row_bytes = row_elems * tensor.dtype().size_in_bytes();
@@ -370,24 +297,11 @@ impl ReplicaCollectives for NcclMember {
         let world = self.comm.world;
         let chunk = max_rows * row_bytes;
         let mut gathered = GpuArray::alloc_bytes(self.gpu(), world * chunk)?;
-        self.run("all_gather", |comm, stream_raw| {
+        self.run("all_gather", || {
             if chunk == 0 {
                 return Ok(());
             }
-            let (src, _g1) = send.device_ptr(&stream);
-            let (dst, _g2) = gathered.device_ptr_mut(&stream);
-            // SAFETY: `chunk` bytes sent, `chunk` per rank received.
-            unsafe {
-                nccl::all_gather(
-                    src as *const c_void,
-                    dst as *mut c_void,
-                    chunk,
-                    sys::ncclDataType_t::ncclUint8,
-                    comm,
-                    stream_raw,
-                )
-            }
-            .map(|_| ())
+            self.comm.all_gather(&send, &mut gathered, chunk)
         })?;
         let total_rows: usize = rows.iter().sum();
         let mut shape = tensor.shape().to_vec();
@@ -425,7 +339,7 @@ impl ReplicaCollectives for NcclMember {
         });
         self.agree(
             "reduce_scatter",
-            Signature::of(CALL_REDUCE_SCATTER, Some(op), &[tensor]),
+            Record::of(Call::ReduceScatter, Some(op), &[tensor]),
             local,
         )?;
         let input = self.input(tensor)?;
@@ -433,26 +347,12 @@ impl ReplicaCollectives for NcclMember {
         shape[0] = rows / world;
         let count: usize = shape.iter().product();
         let mut out = GpuArray::alloc(self.gpu(), tensor.dtype(), &shape)?;
-        self.run("reduce_scatter", |comm, stream| {
+        self.run("reduce_scatter", || {
             if count == 0 {
                 return Ok(());
             }
-            let s = self.gpu().stream();
-            let (src, _g1) = input.bytes.device_ptr(s);
-            let (dst, _g2) = out.device_ptr_mut(s);
-            // SAFETY: `world * count` elements sent, `count` received.
-            unsafe {
-                nccl::reduce_scatter(
-                    src as *const c_void,
-                    dst as *mut c_void,
-                    count,
-                    nccl_dtype(tensor.dtype()),
-                    nccl_op(op),
-                    comm,
-                    stream,
-                )
-            }
-            .map(|_| ())
+            self.comm
+                .reduce_scatter(op, tensor.dtype(), &input.bytes, &mut out, count)
         })?;
         self.output(Some(tensor), tensor.dtype(), &shape, out)
     }
@@ -478,15 +378,12 @@ impl ReplicaCollectives for NcclMember {
         } else {
             Ok(())
         };
-        // Every rank must name the same root: the root goes where the dtype hash would.
-        let signature = Signature {
-            call: CALL_BROADCAST * 16,
-            dtype: root as i64,
-            rows: 0,
-            rest: 0,
-            refused: 0,
+        // Every rank must name the same root; only the root knows the tensor.
+        let record = match tensor {
+            Some(t) => Record::of(Call::Broadcast, None, &[t]),
+            None => Record::bare(Call::Broadcast, Status::Ok),
         };
-        self.agree("broadcast", signature, local)?;
+        self.agree("broadcast", record.with_extra(root as i64), local)?;
         let mut header = [0i64; MAX_RANK + 2];
         if let Some(t) = tensor {
             header[0] = t.rank() as i64;
@@ -499,21 +396,9 @@ impl ReplicaCollectives for NcclMember {
         let mut meta = stream
             .clone_htod(&header)
             .map_err(crate::cuda::driver_error)?;
-        self.run("broadcast (shape)", |comm, raw| {
-            let (ptr, _g) = meta.device_ptr_mut(&stream);
-            // SAFETY: in place, MAX_RANK + 2 i64 on every rank.
-            unsafe {
-                nccl::broadcast(
-                    ptr as *const c_void,
-                    ptr as *mut c_void,
-                    MAX_RANK + 2,
-                    sys::ncclDataType_t::ncclInt64,
-                    root as i32,
-                    comm,
-                    raw,
-                )
-            }
-            .map(|_| ())
+        self.run("broadcast (shape)", || {
+            self.comm
+                .broadcast(root, DType::I64, None, &mut meta, MAX_RANK + 2)
         })?;
         let header = stream
             .clone_dtoh(&meta)
@@ -539,26 +424,12 @@ impl ReplicaCollectives for NcclMember {
         let count: usize = shape.iter().product();
         let mut out = GpuArray::alloc(self.gpu(), dtype, &shape)?;
         let input = tensor.map(|t| self.input(t)).transpose()?;
-        self.run("broadcast", |comm, raw| {
+        self.run("broadcast", || {
             if count == 0 {
                 return Ok(());
             }
-            let (dst, _g2) = out.device_ptr_mut(&stream);
-            let read = input.as_ref().map(|a| a.bytes.device_ptr(&stream));
-            let src = read.as_ref().map_or(dst, |(p, _)| *p);
-            // SAFETY: `count` elements on the root's send buffer and every receive buffer.
-            unsafe {
-                nccl::broadcast(
-                    src as *const c_void,
-                    dst as *mut c_void,
-                    count,
-                    nccl_dtype(dtype),
-                    root as i32,
-                    comm,
-                    raw,
-                )
-            }
-            .map(|_| ())
+            let send = input.as_ref().map(|a| &*a.bytes);
+            self.comm.broadcast(root, dtype, send, &mut out, count)
         })?;
         self.output(tensor, dtype, &shape, out)
     }

@@ -5,15 +5,16 @@
 //! - one process driving several GPUs (`NcclAllReduce::new`): the communicators are made
 //!   together with `ncclCommInitAll` (cudarc's `Comm::from_devices`), and each replica thread
 //!   takes its own;
-//! - one rank per process or per GPU across machines ([`NcclAllReduce::from_unique_id`], or
-//!   [`NcclAllReduce::for_cluster`], which hands the NCCL unique id from the cluster's leader to
-//!   every task through [`exchange_unique_id`](crate::backend::nccl_bootstrap::exchange_unique_id)).
+//! - one rank per process or per GPU across machines ([`NcclAllReduce::from_unique_id`]), every
+//!   process given the same NCCL unique id: `distribute-nccl-exchange` hands it from a cluster's
+//!   leader to every task over TCP (its `nccl_all_reduce_for_cluster`), `distribute-mpi`
+//!   broadcasts it over an MPI job. This crate does not move the id between processes.
 //!
 //! A call returns when its result is on the GPU: the replica thread waits for the stream, polling
 //! NCCL's asynchronous error and the backend's abort flag, and gives up at the deadline by
 //! aborting the communicator. A replica that never makes a call, or makes a different one, is
 //! reported as an error rather than hanging the others: every call first gathers each rank's
-//! dtype and shape (a 32-byte all-gather) and fails on every rank when they disagree.
+//! dtype and shape (an all-gather of one agreement record per rank, `Record::WORDS` words) and fails on every rank when they disagree.
 //!
 //! Not covered by the deadline: NCCL's own blocking steps — joining a communicator
 //! (`ncclCommInitRank` waits for every rank) and, with NCCL's default lazy connection setup
@@ -25,15 +26,10 @@
 //! replica-order host kernel beyond two ranks; use [`ReductionToOneDevice`](crate::ReductionToOneDevice)
 //! on GPUs where bits matter more than bandwidth.
 //!
-//! Files: [`bootstrap`] (the unique-id exchange over TCP: only bytes, so always compiled and
-//! tested), [`auth`] (its cluster key, HMAC handshake and sealed id), `fnv` (the hash both sides agree through); with feature `nccl` `all_reduce` (the
-//! backend), `communicator` (RAII over an NCCL communicator), `signature` (what every rank agrees
-//! on before a call) and `member` (a replica thread's handle); without it `absent` (why there is
-//! no NCCL backend).
-
-pub(crate) mod auth;
-pub(crate) mod bootstrap;
-mod fnv;
+//! Files: with feature `nccl` `all_reduce` (the backend), `communicator` (RAII over an NCCL
+//! communicator, and its collectives: every `unsafe` NCCL call of a replica) and `member` (a
+//! replica thread's handle, which agrees on the crate's agreement record before each call);
+//! without it `absent` (why there is no NCCL backend).
 
 #[cfg(not(feature = "nccl"))]
 mod absent;
@@ -43,8 +39,6 @@ mod all_reduce;
 mod communicator;
 #[cfg(feature = "nccl")]
 mod member;
-#[cfg(feature = "nccl")]
-mod signature;
 
 #[cfg(not(feature = "nccl"))]
 pub(crate) use absent::nccl_backend;

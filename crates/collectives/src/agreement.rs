@@ -4,24 +4,27 @@
 //! peers learn it in the very collective they were about to start and fail alike instead of
 //! waiting for data that will never come.
 //!
-//! Pure data and judgement: nothing here touches MPI, so it is tested without it.
+//! Pure data and judgement: nothing here moves bytes, so it is tested without any transport.
+//! The one agreement record of every cross-rank backend: MPI gathers it before each call across
+//! workers, NCCL before each call across ranks; both hash through the one [`Fnv`].
 
 use std::fmt;
 
 use distribute_values::ReduceOp;
 
+use crate::fnv::Fnv;
 use crate::{DType, Tensor};
 
 /// Dimensions a record carries in clear (the broadcast receivers need the root's shape); a
 /// tensor of higher rank is refused with an error naming this limit.
-pub(crate) const MAX_DIMS: usize = 7;
+pub const MAX_DIMS: usize = 7;
 
 /// The `dims` of a tensor of rank above [`MAX_DIMS`].
 const RANK_TOO_HIGH: i64 = -2;
 
 /// The cross-worker calls.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Call {
+pub enum Call {
     /// A replica-context all-reduce (one tensor or a fused batch).
     AllReduce = 1,
     /// A replica-context all-gather; rows may differ per worker.
@@ -38,6 +41,9 @@ pub(crate) enum Call {
     Exchange = 6,
     /// Worker 0's values of tensors every worker has alike (variables' initial values).
     ChiefValues = 7,
+    /// A replica-context reduce-scatter: every rank passes the same shape and gets its slice of
+    /// the first dimension.
+    ReduceScatter = 8,
 }
 
 impl Call {
@@ -50,6 +56,7 @@ impl Call {
             5 => Call::EndStep,
             6 => Call::Exchange,
             7 => Call::ChiefValues,
+            8 => Call::ReduceScatter,
             _ => return None,
         })
     }
@@ -63,13 +70,14 @@ impl Call {
             Call::EndStep => "the end of its step",
             Call::Exchange => "exchange",
             Call::ChiefValues => "broadcast of the chief's values",
+            Call::ReduceScatter => "reduce_scatter",
         }
     }
 }
 
 /// How a worker stands when it sends a record.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Status {
+pub enum Status {
     /// Healthy: making the call, or ending a step that succeeded.
     Ok = 0,
     /// Its step failed on its own (an error or a panic in one of its replicas).
@@ -80,29 +88,31 @@ pub(crate) enum Status {
 
 /// One worker's record: fixed size, so every worker's fits one gather whatever it is doing.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) struct Record {
-    pub(crate) call: Call,
+pub struct Record {
+    /// The call.
+    pub call: Call,
     /// The reduce op (`ReduceOp as i64 + 1`), 0 for none.
-    pub(crate) op: i64,
+    pub op: i64,
     /// The dtype (`DType as i64 + 1`), 0 for none; for a fused batch, a hash of every dtype.
-    pub(crate) dtype: i64,
+    pub dtype: i64,
     /// The first dimension (all-gather: may differ per worker); for a batch, the element count.
-    pub(crate) rows: i64,
+    pub rows: i64,
     /// The dimensions after the first, hashed with the rank (and a batch's dtypes and shapes).
-    pub(crate) rest: i64,
+    pub rest: i64,
     /// A broadcast's root (global replica), a reduction's replica count, else 0.
-    pub(crate) extra: i64,
-    pub(crate) status: Status,
+    pub extra: i64,
+    /// How the worker stands.
+    pub status: Status,
     /// The shape in clear, for broadcast receivers; `-1` past the rank.
-    pub(crate) dims: [i64; MAX_DIMS],
+    pub dims: [i64; MAX_DIMS],
 }
 
 impl Record {
     /// Words on the wire.
-    pub(crate) const WORDS: usize = 7 + MAX_DIMS;
+    pub const WORDS: usize = 7 + MAX_DIMS;
 
     /// The record of a call on `tensors` (one tensor, or a fused batch).
-    pub(crate) fn of(call: Call, op: Option<ReduceOp>, tensors: &[&Tensor]) -> Record {
+    pub fn of(call: Call, op: Option<ReduceOp>, tensors: &[&Tensor]) -> Record {
         let mut record = Record::bare(call, Status::Ok);
         record.op = op.map_or(0, |op| op as i64 + 1);
         match tensors {
@@ -111,12 +121,11 @@ impl Record {
                 record.dtype = one.dtype() as i64 + 1;
                 record.rows = one.shape().first().map_or(0, |&d| d as i64);
                 let mut rest = Fnv::new();
-                rest.word(one.rank() as u64);
-                one.shape()
-                    .iter()
-                    .skip(1)
-                    .for_each(|&d| rest.word(d as u64));
-                record.rest = rest.finish();
+                rest.bytes(&(one.rank() as u64).to_le_bytes());
+                one.shape().iter().skip(1).for_each(|&d| {
+                    rest.bytes(&(d as u64).to_le_bytes());
+                });
+                record.rest = rest.0 as i64;
                 if one.rank() > MAX_DIMS {
                     record.dims = [RANK_TOO_HIGH; MAX_DIMS];
                 } else {
@@ -128,13 +137,15 @@ impl Record {
             many => {
                 let (mut dtype, mut rest) = (Fnv::new(), Fnv::new());
                 for t in many {
-                    dtype.word(t.dtype() as u64);
-                    rest.word(t.rank() as u64);
-                    t.shape().iter().for_each(|&d| rest.word(d as u64));
+                    dtype.bytes(&(t.dtype() as u64).to_le_bytes());
+                    rest.bytes(&(t.rank() as u64).to_le_bytes());
+                    t.shape().iter().for_each(|&d| {
+                        rest.bytes(&(d as u64).to_le_bytes());
+                    });
                 }
-                record.dtype = dtype.finish();
+                record.dtype = dtype.0 as i64;
                 record.rows = many.iter().map(|t| t.num_elements() as i64).sum();
-                record.rest = rest.finish();
+                record.rest = rest.0 as i64;
             }
         }
         record
@@ -143,25 +154,27 @@ impl Record {
     /// The record of a worker-level all-gather of `tensor` along `axis`: `rows` is the length of
     /// the axis (which may differ per worker); the rank, the axis and every other dimension must
     /// agree.
-    pub(crate) fn gather_along(tensor: &Tensor, axis: usize) -> Record {
+    pub fn gather_along(tensor: &Tensor, axis: usize) -> Record {
         let mut record = Record::bare(Call::AllGather, Status::Ok);
         record.dtype = tensor.dtype() as i64 + 1;
         record.rows = tensor.shape().get(axis).map_or(0, |&d| d as i64);
         let mut rest = Fnv::new();
-        rest.word(tensor.rank() as u64);
-        rest.word(axis as u64);
+        rest.bytes(&(tensor.rank() as u64).to_le_bytes());
+        rest.bytes(&(axis as u64).to_le_bytes());
         tensor
             .shape()
             .iter()
             .enumerate()
             .filter(|&(d, _)| d != axis)
-            .for_each(|(_, &d)| rest.word(d as u64));
-        record.rest = rest.finish();
+            .for_each(|(_, &d)| {
+                rest.bytes(&(d as u64).to_le_bytes());
+            });
+        record.rest = rest.0 as i64;
         record
     }
 
     /// A record that carries no tensor: the end of a step, or a receiver of a broadcast.
-    pub(crate) fn bare(call: Call, status: Status) -> Record {
+    pub fn bare(call: Call, status: Status) -> Record {
         Record {
             call,
             op: 0,
@@ -174,12 +187,14 @@ impl Record {
         }
     }
 
-    pub(crate) fn with_extra(mut self, extra: i64) -> Record {
+    /// The record with `extra` set (a root, a replica count, a byte length).
+    pub fn with_extra(mut self, extra: i64) -> Record {
         self.extra = extra;
         self
     }
 
-    pub(crate) fn words(&self) -> [i64; Record::WORDS] {
+    /// The record as words on the wire ([`Record::WORDS`] of them).
+    pub fn words(&self) -> [i64; Record::WORDS] {
         let mut w = [0i64; Record::WORDS];
         w[..7].copy_from_slice(&[
             self.call as i64,
@@ -195,7 +210,7 @@ impl Record {
     }
 
     /// A record from the wire; `None` for words no worker of this build sends.
-    pub(crate) fn from_words(w: &[i64]) -> Option<Record> {
+    pub fn from_words(w: &[i64]) -> Option<Record> {
         if w.len() != Record::WORDS {
             return None;
         }
@@ -220,7 +235,7 @@ impl Record {
     }
 
     /// The shape carried in clear; `None` for a rank above [`MAX_DIMS`].
-    pub(crate) fn shape(&self) -> Option<Vec<usize>> {
+    pub fn shape(&self) -> Option<Vec<usize>> {
         if self.dims[0] == RANK_TOO_HIGH {
             return None;
         }
@@ -234,7 +249,7 @@ impl Record {
     }
 
     /// The dtype of a single-tensor record.
-    pub(crate) fn single_dtype(&self) -> Option<DType> {
+    pub fn single_dtype(&self) -> Option<DType> {
         [
             DType::F16,
             DType::BF16,
@@ -249,7 +264,7 @@ impl Record {
 
     /// Whether two workers' records describe the same call. All-gather rows may differ, and a
     /// broadcast's receivers know only the root.
-    fn agrees_with(&self, other: &Record) -> bool {
+    pub(crate) fn agrees_with(&self, other: &Record) -> bool {
         let same_call = self.call == other.call && self.op == other.op;
         match self.call {
             Call::Broadcast => same_call && self.extra == other.extra,
@@ -278,26 +293,29 @@ impl fmt::Display for Record {
             }
         }
         match (self.single_dtype(), self.call) {
-            (_, Call::EndStep) => Ok(()),
+            (_, Call::EndStep) => {}
             (Some(dtype), _) => match self.shape() {
-                Some(shape) => write!(f, " of a {dtype} {shape:?} tensor"),
-                None => write!(f, " of a {dtype} tensor of rank above {MAX_DIMS}"),
+                Some(shape) => write!(f, " of a {dtype} {shape:?} tensor")?,
+                None => write!(f, " of a {dtype} tensor of rank above {MAX_DIMS}")?,
             },
-            (None, _) if self.dtype != 0 => {
-                write!(
-                    f,
-                    " of a batch of {} elements (dtypes and shapes #{:x})",
-                    self.rows, self.rest
-                )
-            }
-            (None, _) => Ok(()),
+            (None, _) if self.dtype != 0 => write!(
+                f,
+                " of a batch of {} elements (dtypes and shapes #{:x})",
+                self.rows, self.rest
+            )?,
+            (None, _) => {}
         }
+        // Receivers of a broadcast know only the root, so it is what they can disagree on.
+        if self.call == Call::Broadcast {
+            write!(f, " from root {}", self.extra)?;
+        }
+        Ok(())
     }
 }
 
 /// What the gathered records say.
 #[derive(Clone, PartialEq, Eq, Debug)]
-pub(crate) enum Verdict {
+pub enum Verdict {
     /// Every worker makes the same call: go on.
     Agreed,
     /// Every worker is at the end of its step, and none failed.
@@ -316,7 +334,7 @@ pub(crate) enum Verdict {
 }
 
 /// Judges every worker's record (in worker order).
-pub(crate) fn judge(records: &[Record]) -> Verdict {
+pub fn judge(records: &[Record]) -> Verdict {
     let all_ended = records.iter().all(|r| r.call == Call::EndStep);
     let failed = |status| records.iter().position(|r| r.status == status);
     if let Some(worker) = failed(Status::Failed).or_else(|| failed(Status::FailedAsConsequence)) {
@@ -339,26 +357,6 @@ pub(crate) fn judge(records: &[Record]) -> Verdict {
          make the same collective calls with the same dtypes and shapes",
         calls.join("; ")
     ))
-}
-
-/// FNV-1a over 64-bit words: a hash every worker computes alike, whatever its build.
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn word(&mut self, word: u64) {
-        for byte in word.to_le_bytes() {
-            self.0 ^= u64::from(byte);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    fn finish(&self) -> i64 {
-        self.0 as i64
-    }
 }
 
 #[cfg(test)]
@@ -471,6 +469,46 @@ mod tests {
         let receiver = Record::bare(Call::Broadcast, Status::Ok).with_extra(3);
         assert_eq!(judge(&[receiver, root]), Verdict::Agreed);
         let other_root = Record::bare(Call::Broadcast, Status::Ok).with_extra(1);
-        assert!(matches!(judge(&[other_root, root]), Verdict::Disagree(_)));
+        let Verdict::Disagree(text) = judge(&[other_root, root]) else {
+            panic!("receivers naming another root disagree with the root");
+        };
+        assert!(text.contains("worker 0: broadcast from root 1"), "{text}");
+        assert!(
+            text.contains("worker 1: broadcast of a float32 [2, 2] tensor from root 3"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn reduce_scatter_records_read_back_and_need_the_same_rows() {
+        let a = Record::of(Call::ReduceScatter, Some(ReduceOp::Sum), &[&t(&[4, 2])]);
+        assert_eq!(Record::from_words(&a.words()), Some(a));
+        assert_eq!(
+            a.to_string(),
+            "reduce_scatter(SUM) of a float32 [4, 2] tensor"
+        );
+        assert_eq!(judge(&[a, a]), Verdict::Agreed);
+        let rows = Record::of(Call::ReduceScatter, Some(ReduceOp::Sum), &[&t(&[6, 2])]);
+        assert!(matches!(judge(&[a, rows]), Verdict::Disagree(_)));
+        let all_reduce = Record::of(Call::AllReduce, Some(ReduceOp::Sum), &[&t(&[4, 2])]);
+        assert!(matches!(judge(&[a, all_reduce]), Verdict::Disagree(_)));
+    }
+
+    #[test]
+    fn a_batch_agrees_on_every_dtype_and_shape_not_just_the_element_count() {
+        let f64s = Tensor::zeros("/cpu:0", DType::F64, &[2, 3]).unwrap();
+        let batch = Record::of(Call::AllReduce, Some(ReduceOp::Sum), &[&t(&[2, 3]), &f64s]);
+        assert_eq!(batch.rows, 12);
+        assert_eq!(judge(&[batch, batch]), Verdict::Agreed);
+        let reshaped = Record::of(Call::AllReduce, Some(ReduceOp::Sum), &[&t(&[3, 2]), &f64s]);
+        let retyped = Record::of(
+            Call::AllReduce,
+            Some(ReduceOp::Sum),
+            &[&t(&[2, 3]), &t(&[2, 3])],
+        );
+        for other in [reshaped, retyped] {
+            assert_eq!(other.rows, batch.rows);
+            assert!(matches!(judge(&[batch, other]), Verdict::Disagree(_)));
+        }
     }
 }
