@@ -1,0 +1,228 @@
+//! [`MpiMember`]: one local replica's handle, its member of the local group and the backend's
+//! cross-process step, made by local replica 0's thread.
+use crate::all_reduce::Inner;
+use crate::all_reduce::gather_layout;
+use crate::folds::local_op;
+use distribute_collectives::backend::{
+    Call, Member, Record, Status, check_op, element_bytes as as_bytes,
+    element_bytes_mut as as_bytes_mut, with_dtype,
+};
+use distribute_collectives::{CollectiveError, Element, FusionPlan, ReplicaCollectives, Tensor};
+use distribute_values::ReduceOp;
+use std::sync::Arc;
+
+/// One local replica's handle: the local group's member, and the backend for the cross-process
+/// step its thread makes when it is local replica 0.
+#[derive(Debug)]
+pub(crate) struct MpiMember {
+    pub(crate) member: Member,
+    pub(crate) inner: Arc<Inner>,
+    /// This replica's device, for results of calls it passed no tensor to.
+    pub(crate) device: String,
+}
+
+impl MpiMember {
+    fn local_replicas(&self) -> usize {
+        self.inner.group.num_replicas()
+    }
+
+    /// Runs `cross` on local replica 0's thread and hands its `count` tensors to every local
+    /// replica, each labelled with `device`. A failure of `cross` aborts the local group, so the
+    /// other local replicas fail too instead of waiting.
+    fn via_leader(
+        &self,
+        count: usize,
+        device: &str,
+        cross: impl FnOnce() -> Result<Vec<Tensor>, CollectiveError>,
+    ) -> Result<Vec<Tensor>, CollectiveError> {
+        if self.local_replicas() == 1 {
+            return cross();
+        }
+        if self.member.replica() == 0 {
+            let results = cross().inspect_err(|e| self.inner.group.abort(e.to_string()))?;
+            for t in &results {
+                self.member.broadcast(0, Some(t))?;
+            }
+            return Ok(results);
+        }
+        (0..count)
+            .map(|_| self.member.broadcast(0, None)?.copy_to(device))
+            .collect()
+    }
+
+    /// The local reduction of every local replica's `tensors` (themselves with one replica).
+    fn local_batch(
+        &self,
+        op: ReduceOp,
+        tensors: &[Tensor],
+    ) -> Result<Vec<Tensor>, CollectiveError> {
+        if self.local_replicas() == 1 {
+            return tensors.iter().map(Tensor::to_host).collect();
+        }
+        self.member
+            .batch_all_reduce(op, tensors)?
+            .iter()
+            .map(Tensor::to_host)
+            .collect()
+    }
+}
+
+impl ReplicaCollectives for MpiMember {
+    fn replica(&self) -> usize {
+        self.member.replica()
+    }
+
+    fn all_reduce(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
+        let mut out = self.batch_all_reduce(op, std::slice::from_ref(tensor))?;
+        Ok(out.swap_remove(0))
+    }
+
+    fn batch_all_reduce(
+        &self,
+        op: ReduceOp,
+        tensors: &[Tensor],
+    ) -> Result<Vec<Tensor>, CollectiveError> {
+        if let Some(t) = tensors.first() {
+            check_op(op, t.dtype())?;
+        }
+        let local = self.local_batch(local_op(op), tensors)?;
+        let inner = &self.inner;
+        let plan = FusionPlan::new(&local, inner.bytes_per_pack);
+        let total = inner.workers() * self.local_replicas();
+        let device = tensors.first().map_or("", |t| t.device());
+        // One tensor is its own bucket: no packing, no unpacking (a copy each way saved).
+        let single = local.len() == 1;
+        let buckets = self.via_leader(plan.num_buckets(), device, || {
+            let refs: Vec<&Tensor> = local.iter().collect();
+            let record = Record::of(Call::AllReduce, Some(op), &refs);
+            match single {
+                true => inner.reduce_across(record, op, total, &local),
+                false => inner.reduce_across(record, op, total, &plan.pack(&local)?),
+            }
+        })?;
+        let reduced = match single {
+            true => buckets,
+            false => plan.unpack(&buckets)?,
+        };
+        reduced
+            .into_iter()
+            .zip(tensors)
+            .map(|(r, t)| r.copy_to(t.device()))
+            .collect()
+    }
+
+    fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
+        let local = if self.local_replicas() == 1 {
+            tensor.to_host()?
+        } else {
+            self.member.all_gather(tensor)?.to_host()?
+        };
+        let inner = &self.inner;
+        let mut out = self.via_leader(1, tensor.device(), || {
+            let records = inner.agree(Record::of(Call::AllGather, None, &[&local]), "")?;
+            if local.rank() == 0 {
+                return Err(CollectiveError::InvalidArgument(
+                    "all_gather concatenates along the first axis: a scalar has none; reshape \
+                     it to [1]"
+                        .into(),
+                ));
+            }
+            if inner.workers() == 1 {
+                return Ok(vec![local.clone()]);
+            }
+            let row: usize = local.shape()[1..].iter().product();
+            let rows: Vec<usize> = records.iter().map(|r| r.rows as usize).collect();
+            let (counts, displs) =
+                gather_layout(rows.iter().map(|&r| r * row), local.dtype().size_in_bytes())?;
+            let total_rows: usize = rows.iter().sum();
+            let mut shape = local.shape().to_vec();
+            shape[0] = total_rows;
+            with_dtype!(local.dtype(), T => {
+                let mine: Vec<T> = local.to_vec::<T>()?;
+                let mut all = vec![T::zero(); total_rows * row];
+                inner.world.all_gather_varcount(
+                    as_bytes(&mine),
+                    as_bytes_mut(&mut all),
+                    &counts,
+                    &displs,
+                    inner.deadline,
+                    &|| format!("the all_gather of {local}"),
+                );
+                Ok(vec![Tensor::from_vec(tensor.device(), &shape, all)?])
+            })
+        })?;
+        out.swap_remove(0).copy_to(tensor.device())
+    }
+
+    fn reduce_scatter(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
+        let reduced = self.all_reduce(op, tensor)?;
+        let n = self.inner.workers() * self.local_replicas();
+        let rows = reduced.shape().first().copied().unwrap_or(0);
+        if rows % n != 0 {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "reduce_scatter: the first dimension ({rows}) must divide evenly among the {n} \
+                 replicas of every worker"
+            )));
+        }
+        let part = rows / n;
+        let global = self.inner.world.rank() * self.local_replicas() + self.member.replica();
+        reduced.slice_rows(global * part..(global + 1) * part)
+    }
+
+    fn broadcast(&self, root: usize, tensor: Option<&Tensor>) -> Result<Tensor, CollectiveError> {
+        let inner = &self.inner;
+        let r = self.local_replicas();
+        if root >= inner.workers() * r {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "broadcast root {root} is out of range for {} replicas ({} workers × {r})",
+                inner.workers() * r,
+                inner.workers()
+            )));
+        }
+        let (root_worker, local_root) = (root / r, root % r);
+        let device = tensor.map_or_else(|| self.device.clone(), |t| t.device().to_owned());
+        let local = if inner.world.rank() != root_worker {
+            None
+        } else if r == 1 {
+            Some(
+                tensor
+                    .ok_or_else(|| {
+                        CollectiveError::InvalidArgument(format!(
+                            "broadcast: the root replica {root} passed no tensor"
+                        ))
+                    })?
+                    .to_host()?,
+            )
+        } else {
+            Some(self.member.broadcast(local_root, tensor)?.to_host()?)
+        };
+        let mut out = self.via_leader(1, &device, || {
+            let record = match &local {
+                Some(t) => Record::of(Call::Broadcast, None, &[t]),
+                None => Record::bare(Call::Broadcast, Status::Ok),
+            };
+            let records = inner.agree(record.with_extra(root as i64), "")?;
+            let source = &records[root_worker];
+            let (Some(dtype), Some(shape)) = (source.single_dtype(), source.shape()) else {
+                return Err(CollectiveError::InvalidArgument(format!(
+                    "broadcast across workers carries tensors of rank up to {}",
+                    distribute_collectives::backend::MAX_DIMS
+                )));
+            };
+            if inner.workers() == 1 {
+                return Ok(vec![local.clone().expect("one worker is the root")]);
+            }
+            with_dtype!(dtype, T => {
+                let mut values: Vec<T> = match &local {
+                    Some(t) => t.to_vec::<T>()?,
+                    None => vec![T::zero(); shape.iter().product()],
+                };
+                inner.world.broadcast(root_worker, as_bytes_mut(&mut values), inner.deadline, &|| {
+                    format!("the broadcast from replica {root}")
+                });
+                Ok(vec![Tensor::from_vec(&device, &shape, values)?])
+            })
+        })?;
+        out.swap_remove(0).copy_to(&device)
+    }
+}
