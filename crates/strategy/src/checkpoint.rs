@@ -137,7 +137,7 @@ impl<T: VariableValue + 'static> CheckpointVariable for DistributedVariable<T> {
         let DistributedVariable::SyncOnRead(sync_on_read) = self else {
             return Ok(bytes);
         };
-        let Some(every) = extended.bytes_from_every_worker(&bytes)? else {
+        let Some(every) = extended.workers().map(|w| w.exchange(&bytes)).transpose()? else {
             return Ok(bytes);
         };
         let values = every
@@ -339,7 +339,11 @@ impl Checkpoints {
             Err(_) => u64::MAX,
             Ok(_) => message.len() as u64,
         };
-        let length = match extended.bytes_from_chief(&length.to_le_bytes())? {
+        let length = match extended
+            .workers()
+            .map(|w| w.bytes_from_chief(&length.to_le_bytes()))
+            .transpose()?
+        {
             Some(chiefs) => u64::from_le_bytes(chiefs.try_into().map_err(|_| {
                 StrategyError::Runtime("the chief's checkpoint length is not 8 bytes".into())
             })?),
@@ -365,7 +369,11 @@ impl Checkpoints {
         } else {
             message
         };
-        let message = extended.bytes_from_chief(&own)?.unwrap_or(own);
+        let message = extended
+            .workers()
+            .map(|w| w.bytes_from_chief(&own))
+            .transpose()?
+            .unwrap_or(own);
         let mut reader = Reader::new(&message);
         let path = PathBuf::from(
             reader

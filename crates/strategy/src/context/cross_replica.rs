@@ -155,7 +155,9 @@ impl<'a> CrossReplicaContext<'a> {
         refuse_in_replica_step("broadcast_to")?;
         let chiefs = match self
             .extended
-            .tensors_from_chief(std::slice::from_ref(tensor))?
+            .workers()
+            .map(|w| w.tensors_from_chief(std::slice::from_ref(tensor)))
+            .transpose()?
         {
             Some(mut chiefs) if chiefs.len() == 1 => chiefs.swap_remove(0),
             Some(chiefs) => {

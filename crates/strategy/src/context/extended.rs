@@ -4,7 +4,7 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use distribute_collectives::{CrossDeviceOps, Tensor};
+use distribute_collectives::{CrossDeviceOps, Workers};
 use distribute_values::{ReplicaDeviceMap, VariableValue};
 
 use crate::StrategyError;
@@ -68,28 +68,11 @@ pub trait StrategyExtended: Send + Sync {
         false
     }
 
-    /// Worker 0's `bytes` on every worker (each worker passes its own, of the same length): how
-    /// values that must start identical everywhere (variables' initial values) reach every
-    /// worker. `None` in one process, which has no other worker to hear from.
-    fn bytes_from_chief(&self, bytes: &[u8]) -> Result<Option<Vec<u8>>, StrategyError> {
-        let _ = bytes;
-        Ok(None)
-    }
-
-    /// Every worker's `bytes`, in worker order, on every worker (each passes its own, of the same
-    /// length): how a replica-context update of a mirrored variable hears every worker's
-    /// contributions, so that every worker applies the same aggregate. `None` in one process.
-    fn bytes_from_every_worker(&self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, StrategyError> {
-        let _ = bytes;
-        Ok(None)
-    }
-
-    /// Worker 0's values of `tensors` on every worker, on the host (each worker passes its own,
-    /// of the same dtypes and shapes, agreed before anything moves): what a cross-replica
-    /// broadcast sends in a multi-worker run. `None` in one process.
-    fn tensors_from_chief(&self, tensors: &[Tensor]) -> Result<Option<Vec<Tensor>>, StrategyError> {
-        let _ = tensors;
-        Ok(None)
+    /// The worker processes of this job, through the one cross-worker seam: `None` in one
+    /// process (and for every in-process strategy). Checkpoints, variables' initial values,
+    /// sync-on-read aggregates and input pipelines reach the other workers through it.
+    fn workers(&self) -> Option<&dyn Workers> {
+        None
     }
 
     /// The `merge_call` rendezvous: `replica` deposits `args` and waits for every replica; replica
@@ -126,9 +109,10 @@ pub fn initial_value_from_chief<T: VariableValue>(
              VariableValue::to_wire); use tensors or numbers"
         ))
     })?;
-    let Some(chiefs) = extended.bytes_from_chief(&bytes)? else {
+    let Some(workers) = extended.workers() else {
         return Ok(initial);
     };
+    let chiefs = workers.bytes_from_chief(&bytes)?;
     initial.like_from_wire(&chiefs).ok_or_else(|| {
         StrategyError::InvalidArgument(format!(
             "variable {name}: the chief's initial value does not fit this worker's (another \

@@ -379,7 +379,7 @@ fn contributions_of_every_worker<T: VariableValue>(
         mine.extend_from_slice(&(wire.len() as u64).to_le_bytes());
         mine.extend_from_slice(&wire);
     }
-    let Some(workers) = extended.bytes_from_every_worker(&mine)? else {
+    let Some(workers) = extended.workers().map(|w| w.exchange(&mine)).transpose()? else {
         return Ok(None);
     };
     let like = &values[0];
