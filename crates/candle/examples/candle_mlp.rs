@@ -133,7 +133,7 @@ pub(crate) fn train(options: &Options) -> Result<Trained, Box<dyn Error>> {
 pub(crate) fn train_multi_worker(
     options: &Options,
 ) -> Result<(Trained, usize, bool), Box<dyn Error>> {
-    use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
+    use distribute_multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
     let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
         local_devices: LocalDevices::cpus(options.replicas),
         deadline: options.deadline,

@@ -372,7 +372,10 @@ where
         let bytes = variables::agreed(extended, packed, "reading its model's values")?;
         let (_, workers) = variables::worker_of(extended);
         let from_chief = if workers > 1 {
-            extended.bytes_from_chief(&bytes)?
+            extended
+                .workers()
+                .map(|w| w.bytes_from_chief(&bytes))
+                .transpose()?
         } else {
             None
         };

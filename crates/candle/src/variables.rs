@@ -174,7 +174,10 @@ pub(crate) fn agreed<T>(
     result: Result<T, Error>,
     what: &str,
 ) -> Result<T, Error> {
-    let heard = extended.bytes_from_every_worker(&[u8::from(result.is_ok())]);
+    let heard = extended
+        .workers()
+        .map(|w| w.exchange(&[u8::from(result.is_ok())]))
+        .transpose();
     let value = result?;
     let Some(all) = heard? else {
         return Ok(value);
@@ -197,7 +200,11 @@ pub(crate) fn agree_across_workers(
     let text = manifest_text(manifest);
     let mut digest = (text.len() as u64).to_le_bytes().to_vec();
     digest.extend(fnv1a(text.as_bytes(), FNV_START).to_le_bytes());
-    let Some(digests) = extended.bytes_from_every_worker(&digest)? else {
+    let Some(digests) = extended
+        .workers()
+        .map(|w| w.exchange(&digest))
+        .transpose()?
+    else {
         return Ok(());
     };
     if digests.iter().all(|d| *d == digests[0]) {
@@ -217,7 +224,9 @@ pub(crate) fn agree_across_workers(
     let mut padded = text.into_bytes();
     padded.resize(longest, 0);
     let manifests = extended
-        .bytes_from_every_worker(&padded)?
+        .workers()
+        .map(|w| w.exchange(&padded))
+        .transpose()?
         .ok_or_else(|| Error::ModelMismatch("the workers stopped exchanging manifests".into()))?;
     let chief = parse_manifest(&manifests[0])?;
     for (w, bytes) in manifests.iter().enumerate().skip(1) {
@@ -312,7 +321,7 @@ pub(crate) fn fingerprints_agree_across_workers(
     ours: &[u64],
 ) -> Result<(), Error> {
     let bytes: Vec<u8> = ours.iter().flat_map(|f| f.to_le_bytes()).collect();
-    let Some(all) = extended.bytes_from_every_worker(&bytes)? else {
+    let Some(all) = extended.workers().map(|w| w.exchange(&bytes)).transpose()? else {
         return Ok(());
     };
     for (w, theirs) in all.iter().enumerate().skip(1) {

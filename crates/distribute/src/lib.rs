@@ -18,7 +18,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! With the feature `mpi`, the prelude also has [`MultiWorkerMirroredStrategy`](mirrored::MultiWorkerMirroredStrategy)
+//! With the feature `mpi`, the prelude also has [`MultiWorkerMirroredStrategy`](multi_worker::MultiWorkerMirroredStrategy)
 //! for programs started by `mpirun` (one process per worker).
 //!
 //! Downstream projects that need one layer can depend on its crate alone. This crate adds no
@@ -33,6 +33,12 @@ pub use distribute_collectives as collectives;
 pub use distribute_device_spec as device_spec;
 pub use distribute_input as input;
 pub use distribute_mirrored as mirrored;
+#[cfg(feature = "mpi")]
+pub use distribute_mpi as mpi;
+#[cfg(feature = "mpi")]
+pub use distribute_multi_worker as multi_worker;
+#[cfg(feature = "nccl")]
+pub use distribute_nccl_exchange as nccl_exchange;
 pub use distribute_pjrt as pjrt;
 pub use distribute_strategy as strategy;
 pub use distribute_tpu as tpu;
@@ -47,7 +53,7 @@ pub mod prelude {
     };
     pub use distribute_mirrored::{MirroredConfig, MirroredStrategy};
     #[cfg(feature = "mpi")]
-    pub use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
+    pub use distribute_multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
     pub use distribute_strategy::{
         CheckpointOptions, Checkpoints, CrossReplicaContext, DefaultStrategy, ReplicaContext,
         Strategy, StrategyError, VariableOptions,

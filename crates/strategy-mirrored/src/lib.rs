@@ -6,20 +6,15 @@
 //! replica that panics, fails, makes a different number of merge calls or never arrives turns
 //! into an error on the caller, never a hang.
 //!
-//! With the feature `mpi`, [`MultiWorkerMirroredStrategy`] runs the same replicas in every
-//! worker process of an MPI job, reductions spanning all of them.
+//! Across the worker processes of a job, `distribute-multi-worker`'s
+//! `MultiWorkerMirroredStrategy` runs the same replicas in every process, on this crate's
+//! replica threads ([`MirroredStrategy::run_replicas`]).
 //!
 //! This crate knows the strategy layer and everything below it; it knows nothing about input
 //! pipelines' internals or compiled (XLA) programs.
 
-mod cluster;
 mod merge;
 mod mirrored;
-#[cfg(feature = "mpi")]
-mod multi_worker;
 mod pool;
 
-pub use cluster::{InferredCrossDeviceOps, MultiWorkerDevices};
 pub use mirrored::{CollectiveTuning, CrossDeviceOpsChoice, MirroredConfig, MirroredStrategy};
-#[cfg(feature = "mpi")]
-pub use multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};

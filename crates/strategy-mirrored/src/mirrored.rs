@@ -357,9 +357,10 @@ impl Strategy for MirroredStrategy {
 
 impl MirroredStrategy {
     /// Runs `step` once on every replica thread, each with a context over `extended` (this
-    /// strategy, or a multi-worker strategy built on it), and returns the replicas' outputs in
-    /// replica order, or the root-cause error of a failed step.
-    pub(crate) fn run_replicas<D, O, F>(
+    /// strategy, or a strategy built on its replica threads, such as the multi-worker strategy),
+    /// and returns the replicas' outputs in replica order, or the root-cause error of a failed
+    /// step. For authors of strategies; a user calls [`Strategy::run`].
+    pub fn run_replicas<D, O, F>(
         &self,
         extended: &dyn StrategyExtended,
         step: F,

@@ -208,7 +208,12 @@ pub fn save<S: Strategy, O: Optimizer + Send>(
         return Ok(());
     }
     let mine = f32_bytes(&progress.losses);
-    let losses = match strategy.extended().bytes_from_every_worker(&mine)? {
+    let losses = match strategy
+        .extended()
+        .workers()
+        .map(|w| w.exchange(&mine))
+        .transpose()?
+    {
         None => progress.losses.clone(),
         Some(every) => {
             let mut total = vec![0.0f32; progress.losses.len()];

@@ -112,7 +112,8 @@ fn run_mirrored(args: &Args, data: &WineData) -> Result<()> {
 /// copy of the weights, on every replica of every worker, has the same bits.
 #[cfg(feature = "mpi")]
 pub fn run_multi_worker(args: &Args) -> Result<()> {
-    use distribute::collectives::backend::MpiWorld;
+    use distribute::collectives::Workers;
+    use distribute::mpi::MpiWorld;
 
     let Worker {
         strategy,

@@ -9,7 +9,7 @@
 //! step (one scalar all-reduce) through `run`.
 //!
 //! ```text
-//! cargo build --release -p distribute-mirrored --features mpi --example multi_worker_bench
+//! cargo build --release -p distribute-multi-worker --example multi_worker_bench
 //! mpirun -n 2 target/release/examples/multi_worker_bench --replicas 1
 //! ```
 
@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use distribute_collectives::Tensor;
 use distribute_device_spec::LocalDevices;
-use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
+use distribute_multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
 use distribute_strategy::{Strategy, StrategyError};
 use distribute_values::ReduceOp;
 

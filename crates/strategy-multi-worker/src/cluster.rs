@@ -2,40 +2,30 @@
 //! (`configure(cluster_spec)`, `_initialize_multi_worker`) — every worker's devices, this task's,
 //! the replica count and the cross-device ops it would infer.
 //!
-//! A [`crate::MirroredStrategy`] runs on one machine only (building one over several workers'
-//! devices is an error); across processes, `MultiWorkerMirroredStrategy` (feature `mpi`) runs
-//! the replicas, and checks `TF_CONFIG` against the MPI world with this plan.
+//! A `MirroredStrategy` runs on one machine only (building one over several workers' devices is
+//! an error); across processes, [`crate::MultiWorkerMirroredStrategy`] runs the replicas, and
+//! checks `TF_CONFIG` against the MPI world with this plan.
 
+use distribute_collectives::OpsPlan;
 use distribute_device_spec::{
-    ClusterSpec, DeviceSpec, DeviceSpecError, MAX_GPUS_PER_WORKER, TaskId, TaskType, TfConfig,
-    cluster_spec_to_device_list,
+    ClusterSpec, DeviceSpec, DeviceSpecError, LocalDevices, MAX_GPUS_PER_WORKER, TaskId, TaskType,
+    TfConfig, cluster_spec_to_device_list,
 };
 use distribute_strategy::StrategyError;
-
-/// The cross-device ops TF infers for a device list.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InferredCrossDeviceOps {
-    /// One worker with GPUs: NCCL all-reduce among them.
-    Nccl,
-    /// One worker without GPUs: reduce on one device and broadcast.
-    ReductionToOneDevice,
-    /// Several workers: TF's `MultiWorkerAllReduce`, which reduces within each worker first
-    /// (NCCL when it has GPUs) and then across the workers.
-    MultiWorkerAllReduce,
-}
 
 /// The devices of a multi-worker cluster as a mirrored strategy on one of its tasks sees them.
 ///
 /// ```
 /// use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
-/// use distribute_mirrored::{InferredCrossDeviceOps, MultiWorkerDevices};
+/// use distribute_collectives::OpsPlan;
+/// use distribute_multi_worker::MultiWorkerDevices;
 ///
 /// let cluster = ClusterSpec::from_json(r#"{"worker": ["w0:2222", "w1:2222"]}"#)?;
 /// let plan = MultiWorkerDevices::from_cluster(&cluster, TaskId::new(TaskType::Worker, 1), 2)?;
 /// assert_eq!(plan.num_replicas_in_sync, 4);
 /// assert_eq!(plan.local_devices, ["/job:worker/task:1/device:GPU:0", "/job:worker/task:1/device:GPU:1"]);
 /// assert_eq!(plan.default_device(), "/job:worker/task:0");
-/// assert_eq!(plan.cross_device_ops, InferredCrossDeviceOps::MultiWorkerAllReduce);
+/// assert_eq!(plan.cross_device_ops, OpsPlan::NcclAcrossWorkers);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,8 +41,10 @@ pub struct MultiWorkerDevices {
     pub num_gpus_per_worker: usize,
     /// The replicas of all workers together: workers × max(GPUs, 1).
     pub num_replicas_in_sync: usize,
-    /// The cross-device ops TF would infer for these devices.
-    pub cross_device_ops: InferredCrossDeviceOps,
+    /// The cross-device ops the one chooser plans for these devices
+    /// ([`OpsPlan::for_devices`]; TF infers `ReductionToOneDevice` for one CPU worker, where the
+    /// plan is the shared-memory all-reduce, which gives the same bits).
+    pub cross_device_ops: OpsPlan,
 }
 
 impl MultiWorkerDevices {
@@ -95,11 +87,8 @@ impl MultiWorkerDevices {
                 "the cluster has no chief and no worker, so no replicas".into(),
             ));
         }
-        let cross_device_ops = match (workers.len(), num_gpus) {
-            (1, 0) => InferredCrossDeviceOps::ReductionToOneDevice,
-            (1, _) => InferredCrossDeviceOps::Nccl,
-            _ => InferredCrossDeviceOps::MultiWorkerAllReduce,
-        };
+        let cross_device_ops =
+            OpsPlan::for_devices(&LocalDevices::new(&local_devices)?, workers.len());
         Ok(MultiWorkerDevices {
             num_replicas_in_sync: specs.len(),
             devices: specs.iter().map(ToString::to_string).collect(),
@@ -113,7 +102,7 @@ impl MultiWorkerDevices {
     /// The plan for the task `TF_CONFIG` names, each worker with `num_gpus` GPUs.
     ///
     /// Fails on a configuration without a cluster (use
-    /// [`MirroredStrategy::with_default_devices`](crate::MirroredStrategy::with_default_devices)
+    /// `MirroredStrategy::with_default_devices`
     /// on one machine) or without a task.
     pub fn from_tf_config(config: &TfConfig, num_gpus: usize) -> Result<Self, StrategyError> {
         if config.cluster.is_empty() {
@@ -143,7 +132,7 @@ impl MultiWorkerDevices {
     ///
     /// ```
     /// use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
-    /// use distribute_mirrored::MultiWorkerDevices;
+    /// use distribute_multi_worker::MultiWorkerDevices;
     ///
     /// let cluster = ClusterSpec::from_json(r#"{"worker": ["w0:2222", "w1:2222"]}"#)?;
     /// let plan = MultiWorkerDevices::from_cluster(&cluster, TaskId::new(TaskType::Worker, 0), 1)?;

@@ -1,5 +1,6 @@
 //! [`MultiWorkerMirroredStrategy`]: synchronous data parallelism over the replicas of several
-//! worker processes (TF 2.x's `MultiWorkerMirroredStrategy`), reduced through MPI.
+//! worker processes (TF 2.x's `MultiWorkerMirroredStrategy`), reduced through MPI; its workers
+//! reach the strategy layer through [`Workers`], the one cross-worker seam.
 //!
 //! Each worker process runs its local replicas as [`MirroredStrategy`] does (persistent threads,
 //! `merge_call`, typed contexts); collectives go through [`MpiAllReduce`], so reductions span
@@ -11,7 +12,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distribute_collectives::{CrossDeviceOps, MpiAllReduce, Tensor};
+use distribute_collectives::{CrossDeviceOps, OpsPlan, Tensor, Workers};
 use distribute_device_spec::{LocalDevices, TaskType, TfConfig};
 use distribute_input::{
     Batch, DEFAULT_AGREEMENT_WINDOW, Dataset, DistributedDataset, InputContext, InputError,
@@ -26,9 +27,12 @@ use distribute_values::{
     VariableAggregation, VariableValue, regroup,
 };
 
-use crate::{
-    CollectiveTuning, CrossDeviceOpsChoice, MirroredConfig, MirroredStrategy, MultiWorkerDevices,
+use distribute_mirrored::{
+    CollectiveTuning, CrossDeviceOpsChoice, MirroredConfig, MirroredStrategy,
 };
+use distribute_mpi::MpiAllReduce;
+
+use crate::MultiWorkerDevices;
 
 /// Settings of a [`MultiWorkerMirroredStrategy`].
 ///
@@ -127,10 +131,7 @@ impl MultiWorkerMirroredStrategy {
         // worker's construction with an error naming it, rather than leaving the others to wait.
         let tf_check = tf_config_agrees(config.tf_config, worker, workers);
         backend.finish_step(tf_check.as_ref().err().map(ToString::to_string).as_deref())?;
-        let ops = match gpu_ops(&devices, config.deadline)? {
-            Some(nccl) => nccl,
-            None => Arc::new(backend.clone()) as Arc<dyn CrossDeviceOps>,
-        };
+        let (ops, why) = cross_device_ops(&devices, workers, &backend, config.deadline)?;
         let local = MirroredStrategy::with_config(
             &devices,
             MirroredConfig {
@@ -140,10 +141,14 @@ impl MultiWorkerMirroredStrategy {
                 cross_device_ops: CrossDeviceOpsChoice::Given(Arc::clone(&ops)),
             },
         )?;
-        let input_workers =
-            InputWorkers::worker_of_cluster(workers, worker, devices.host(), &names)?;
+        let input_workers = InputWorkers::worker_of_cluster(
+            workers,
+            worker,
+            devices.host(),
+            local.device_map().primary_devices(),
+        )?;
         log::info!(
-            "MultiWorkerMirroredStrategy: worker {worker} of {workers}, {} local replicas",
+            "MultiWorkerMirroredStrategy: worker {worker} of {workers}, {} local replicas; {why}",
             devices.len()
         );
         Ok(MultiWorkerMirroredStrategy {
@@ -258,37 +263,36 @@ impl MultiWorkerMirroredStrategy {
     /// The integer sum across workers with which distributed datasets agree on the end of
     /// data (once per window of steps, and only when the workers read different streams).
     fn sum_across_workers(&self) -> SumAcrossProcesses {
-        let backend = self.backend.clone();
-        SumAcrossProcesses::new(move |counters| {
-            let bytes: Vec<u8> = counters.iter().flat_map(|c| c.to_le_bytes()).collect();
-            let all = backend.exchange(&bytes)?;
-            counters.fill(0);
-            for worker in &all {
-                for (sum, word) in counters.iter_mut().zip(worker.chunks_exact(8)) {
-                    let word: [u8; 8] = word.try_into().expect("chunks of 8 bytes");
-                    *sum += u64::from_le_bytes(word);
-                }
-            }
-            Ok::<(), InputError>(())
-        })
+        SumAcrossProcesses::of_workers(Arc::new(self.backend.clone()))
     }
 }
 
-/// With the feature `nccl` and only GPUs: NCCL across every process's GPUs, its unique id
-/// broadcast over MPI (untested here: the build machine has no GPU). Otherwise `None`: the
-/// MPI backend reduces, GPU values through the host.
-fn gpu_ops(
+/// The replicas' cross-device ops, as the one chooser plans them ([`OpsPlan::for_devices`]):
+/// every device a GPU → NCCL across every process's GPUs, its unique id broadcast over MPI
+/// (feature `nccl`; untested here: the build machine has no GPU); anything else, or no `nccl`
+/// feature, → `backend`, MPI's hierarchical all-reduce (GPU values through the host). A job of
+/// one worker keeps `backend`, whose local part is the shared-memory all-reduce.
+fn cross_device_ops(
     devices: &LocalDevices,
+    workers: usize,
+    backend: &MpiAllReduce,
     deadline: std::time::Duration,
-) -> Result<Option<Arc<dyn CrossDeviceOps>>, StrategyError> {
-    let gpus: Option<Vec<usize>> = devices.iter().map(|d| d.gpu_index()).collect();
+) -> Result<(Arc<dyn CrossDeviceOps>, &'static str), StrategyError> {
+    let plan = OpsPlan::for_devices(devices, workers.max(2));
     #[cfg(feature = "nccl")]
-    if let Some(gpus) = gpus {
-        let nccl = distribute_collectives::NcclAllReduce::for_mpi_world(&gpus, deadline)?;
-        return Ok(Some(Arc::new(nccl)));
+    if plan == OpsPlan::NcclAcrossWorkers {
+        let gpus: Vec<usize> = devices.iter().filter_map(|d| d.gpu_index()).collect();
+        let nccl = distribute_mpi::nccl_for_mpi_world(&gpus, deadline)?;
+        return Ok((Arc::new(nccl), "NCCL across every worker's GPUs"));
     }
-    let _ = (gpus, deadline);
-    Ok(None)
+    let _ = deadline;
+    let why = match plan {
+        OpsPlan::NcclAcrossWorkers => {
+            "MPI's all-reduce through the host: the GPUs' NCCL needs the feature `nccl`"
+        }
+        _ => "MPI's hierarchical all-reduce",
+    };
+    Ok((Arc::new(backend.clone()), why))
 }
 
 /// `tf_config` (else the `TF_CONFIG` environment variable), when it names a cluster, checked
@@ -363,16 +367,8 @@ impl StrategyExtended for MultiWorkerMirroredStrategy {
         self.is_chief()
     }
 
-    fn bytes_from_chief(&self, bytes: &[u8]) -> Result<Option<Vec<u8>>, StrategyError> {
-        Ok(Some(self.backend.bytes_from_chief(bytes)?))
-    }
-
-    fn bytes_from_every_worker(&self, bytes: &[u8]) -> Result<Option<Vec<Vec<u8>>>, StrategyError> {
-        Ok(Some(self.backend.exchange(bytes)?))
-    }
-
-    fn tensors_from_chief(&self, tensors: &[Tensor]) -> Result<Option<Vec<Tensor>>, StrategyError> {
-        Ok(Some(self.backend.broadcast_from_chief(tensors)?))
+    fn workers(&self) -> Option<&dyn Workers> {
+        Some(&self.backend)
     }
 
     fn should_save_summary(&self) -> bool {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use distribute_collectives::{DType, Tensor};
 use distribute_device_spec::LocalDevices;
 use distribute_input::InputPosition;
-use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
+use distribute_multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
 use distribute_strategy::{
     CheckpointOptions, Checkpoints, Strategy, StrategyError, VariableOptions,
 };

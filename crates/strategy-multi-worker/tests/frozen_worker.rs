@@ -16,8 +16,8 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use distribute_collectives::Tensor;
-use distribute_collectives::backend::MpiWorld;
-use distribute_mirrored::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
+use distribute_mpi::MpiWorld;
+use distribute_multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
 use distribute_strategy::Strategy;
 use distribute_values::ReduceOp;
 
