@@ -81,6 +81,97 @@ fn metadata() -> Result<Value> {
     serde_json::from_slice(&output.stdout).context("`cargo metadata` printed invalid JSON")
 }
 
+/// The workspace packages that build with MPI: those with an `mpi` feature, and those that need
+/// MPI whatever their features (`distribute-mpi`, and what depends on it unconditionally).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MpiPackages {
+    /// Packages with an `mpi` feature, sorted: built with it on.
+    pub(crate) featured: Vec<String>,
+    /// Packages that need MPI to build at all, sorted: left out of the workspace's plain builds
+    /// (`--exclude`) and built only with MPI provisioned.
+    pub(crate) only: Vec<String>,
+}
+
+impl MpiPackages {
+    /// The MPI packages of `metadata` (`cargo metadata --no-deps`).
+    pub(crate) fn of(metadata: &Value) -> MpiPackages {
+        MpiPackages {
+            featured: feature_packages(metadata),
+            only: mpi_only_packages(metadata),
+        }
+    }
+
+    /// Every MPI package, sorted.
+    fn all(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.featured.iter().chain(&self.only).cloned().collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    fn is_empty(&self) -> bool {
+        self.featured.is_empty() && self.only.is_empty()
+    }
+
+    /// `--package P` for every MPI package, and `--features` for those with the feature.
+    fn cargo_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        for package in self.all() {
+            args.extend(["--package".to_owned(), package]);
+        }
+        if !self.featured.is_empty() {
+            args.extend(["--features".to_owned(), feature_list(&self.featured)]);
+        }
+        args
+    }
+}
+
+/// The workspace packages that need MPI to build whatever their features, from `cargo
+/// metadata`: a normal, non-optional dependency on the `mpi` crate or on such a package.
+pub(crate) fn mpi_only_packages(metadata: &Value) -> Vec<String> {
+    let packages: Vec<&Value> = metadata["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    let mut only: Vec<String> = Vec::new();
+    loop {
+        let before = only.len();
+        for package in &packages {
+            let Some(name) = package["name"].as_str() else {
+                continue;
+            };
+            if only.iter().any(|o| o == name) {
+                continue;
+            }
+            let needs_mpi = package["dependencies"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|dep| dep["kind"].is_null() && dep["optional"] != true)
+                .filter_map(|dep| dep["name"].as_str())
+                .any(|dep| dep == "mpi" || only.iter().any(|o| o == dep));
+            if needs_mpi {
+                only.push(name.to_owned());
+            }
+        }
+        if only.len() == before {
+            break;
+        }
+    }
+    only.sort();
+    only
+}
+
+/// The packages a plain (no-MPI) workspace build leaves out: `--exclude P` for each package
+/// that needs MPI to build.
+pub(crate) fn plain_build_excludes() -> Result<Vec<String>> {
+    Ok(mpi_only_packages(&metadata()?)
+        .into_iter()
+        .flat_map(|package| ["--exclude".to_owned(), package])
+        .collect())
+}
+
 /// The workspace packages that declare an `mpi` feature, sorted.
 fn feature_packages(metadata: &Value) -> Vec<String> {
     let mut packages: Vec<String> = metadata["packages"]
@@ -132,35 +223,18 @@ fn feature_list(packages: &[String]) -> String {
 }
 
 /// `cargo clippy` arguments that lint every target of `packages` with `mpi` on.
-fn clippy_args(packages: &[String]) -> Vec<String> {
+fn clippy_args(packages: &MpiPackages) -> Vec<String> {
     let mut args = vec!["clippy".to_owned(), "--all-targets".to_owned()];
-    for package in packages {
-        args.extend(["--package".to_owned(), package.clone()]);
-    }
-    args.extend(
-        [
-            "--features",
-            &feature_list(packages),
-            "--",
-            "-D",
-            "warnings",
-        ]
-        .map(str::to_owned),
-    );
+    args.extend(packages.cargo_args());
+    args.extend(["--", "-D", "warnings"].map(str::to_owned));
     args
 }
 
 /// `cargo test` arguments for `packages` with `mpi` on: every target, or the doc tests.
-fn test_args(packages: &[String], doc: bool, extra: &[String]) -> Vec<String> {
+fn test_args(packages: &MpiPackages, doc: bool, extra: &[String]) -> Vec<String> {
     let mut args = vec!["test".to_owned()];
-    for package in packages {
-        args.extend(["--package".to_owned(), package.clone()]);
-    }
-    args.extend([
-        "--features".to_owned(),
-        feature_list(packages),
-        if doc { "--doc" } else { "--all-targets" }.to_owned(),
-    ]);
+    args.extend(packages.cargo_args());
+    args.push(if doc { "--doc" } else { "--all-targets" }.to_owned());
     if !extra.is_empty() {
         args.push("--".to_owned());
         args.extend(extra.iter().cloned());
@@ -171,9 +245,9 @@ fn test_args(packages: &[String], doc: bool, extra: &[String]) -> Vec<String> {
 /// `cargo xtask ci`'s lint with the `mpi` feature; an error when no MPI can be had.
 pub(crate) fn clippy() -> Result<()> {
     let metadata = metadata()?;
-    let packages = feature_packages(&metadata);
+    let packages = MpiPackages::of(&metadata);
     if packages.is_empty() {
-        eprintln!("xtask: clippy (feature mpi): no package has an `mpi` feature; nothing to lint");
+        eprintln!("xtask: clippy (feature mpi): no package builds with MPI; nothing to lint");
         return Ok(());
     }
     let mpi = resolve(&metadata).context("linting with the `mpi` feature")?;
@@ -187,9 +261,9 @@ pub(crate) fn clippy() -> Result<()> {
 /// warning).
 pub(crate) fn test(extra: &[String]) -> Result<()> {
     let metadata = metadata()?;
-    let packages = feature_packages(&metadata);
+    let packages = MpiPackages::of(&metadata);
     if packages.is_empty() {
-        eprintln!("xtask: tests (feature mpi): no package has an `mpi` feature; nothing to run");
+        eprintln!("xtask: tests (feature mpi): no package builds with MPI; nothing to run");
         return Ok(());
     }
     let mpi = match resolve(&metadata) {
@@ -197,7 +271,7 @@ pub(crate) fn test(extra: &[String]) -> Result<()> {
         Err(err) => {
             let message = format!(
                 "testing {} with the `mpi` feature: {err:#}",
-                packages.join(", ")
+                packages.all().join(", ")
             );
             if std::env::var_os("DISTRIBUTE_SKIP_MPI").is_some_and(|v| v == "1") {
                 eprintln!(
@@ -376,7 +450,7 @@ fn job_key() -> Result<Vec<(&'static str, String)>> {
 
 /// Fails unless `package` has the `mpi` feature that `name` needs to run multi-worker.
 fn require_feature(metadata: &Value, package: &str, name: &str) -> Result<()> {
-    if !feature_packages(metadata).iter().any(|p| p == package) {
+    if !MpiPackages::of(metadata).all().iter().any(|p| p == package) {
         bail!("package {package} has no `{FEATURE}` feature, so {name} cannot run multi-worker");
     }
     Ok(())
@@ -392,19 +466,15 @@ pub(crate) fn build_release(
     name: &str,
 ) -> Result<PathBuf> {
     require_feature(metadata, package, name)?;
+    let mut args = vec!["build", "--release", "--package", package];
     let feature = format!("{package}/{FEATURE}");
+    if feature_packages(metadata).iter().any(|p| p == package) {
+        args.extend(["--features", &feature]);
+    }
+    args.extend([kind, name]);
     cargo_env(
         &format!("build {name} (release, feature mpi)"),
-        &[
-            "build",
-            "--release",
-            "--package",
-            package,
-            "--features",
-            &feature,
-            kind,
-            name,
-        ],
+        &args,
         &env_refs(&mpi.env()),
     )?;
     let mut exe = mpi.target_dir.join("release");
@@ -924,10 +994,28 @@ mod tests {
     }
 
     const METADATA: &str = r#"{"target_directory":"/t","packages":[
-        {"name":"distribute-mirrored","features":{"mpi":["dep:mpi"],"nccl":[]},"targets":[{"kind":["lib"],"name":"distribute_mirrored"}]},
-        {"name":"distribute","features":{"mpi":["distribute-mirrored/mpi"]},"targets":[{"kind":["lib"],"name":"distribute"},{"kind":["example"],"name":"linear_regression"}]},
-        {"name":"distribute-input","features":{},"targets":[{"kind":["example"],"name":"csv_demo"}]}
+        {"name":"distribute-mirrored","features":{"mpi":["dep:mpi"],"nccl":[]},"targets":[{"kind":["lib"],"name":"distribute_mirrored"}],
+         "dependencies":[{"name":"mpi","kind":null,"optional":true}]},
+        {"name":"distribute","features":{"mpi":["distribute-mirrored/mpi"]},"targets":[{"kind":["lib"],"name":"distribute"},{"kind":["example"],"name":"linear_regression"}],
+         "dependencies":[{"name":"distribute-multi-worker","kind":null,"optional":true}]},
+        {"name":"distribute-input","features":{},"targets":[{"kind":["example"],"name":"csv_demo"}],
+         "dependencies":[{"name":"distribute-mpi","kind":"dev","optional":false}]},
+        {"name":"distribute-multi-worker","features":{},"targets":[{"kind":["example"],"name":"multi_worker_bench"}],
+         "dependencies":[{"name":"distribute-mpi","kind":null,"optional":false}]},
+        {"name":"distribute-mpi","features":{"nccl":[]},"targets":[{"kind":["lib"],"name":"distribute_mpi"}],
+         "dependencies":[{"name":"mpi","kind":null,"optional":false}]}
     ]}"#;
+
+    #[test]
+    fn packages_that_need_mpi_whatever_their_features_are_found_through_their_dependencies() {
+        let metadata: Value = serde_json::from_str(METADATA).unwrap();
+        // An optional dependency or a dev-dependency does not make a package need MPI.
+        assert_eq!(
+            mpi_only_packages(&metadata),
+            ["distribute-mpi", "distribute-multi-worker"]
+        );
+        require_feature(&metadata, "distribute-multi-worker", "multi_worker_bench").unwrap();
+    }
 
     #[test]
     fn the_mpi_packages_and_examples_come_from_metadata() {
@@ -954,17 +1042,21 @@ mod tests {
     }
 
     #[test]
-    fn cargo_arguments_name_every_package_with_the_feature() {
-        let packages = strings(&["distribute", "distribute-mirrored"]);
+    fn cargo_arguments_name_every_mpi_package_and_the_feature_where_it_exists() {
+        let packages = MpiPackages {
+            featured: strings(&["distribute", "distribute-mirrored"]),
+            only: strings(&["distribute-mpi"]),
+        };
         assert_eq!(
             clippy_args(&packages).join(" "),
             "clippy --all-targets --package distribute --package distribute-mirrored \
-             --features distribute/mpi,distribute-mirrored/mpi -- -D warnings"
+             --package distribute-mpi --features distribute/mpi,distribute-mirrored/mpi -- -D \
+             warnings"
         );
         assert_eq!(
             test_args(&packages, false, &strings(&["--nocapture"])).join(" "),
-            "test --package distribute --package distribute-mirrored --features \
-             distribute/mpi,distribute-mirrored/mpi --all-targets -- --nocapture"
+            "test --package distribute --package distribute-mirrored --package distribute-mpi \
+             --features distribute/mpi,distribute-mirrored/mpi --all-targets -- --nocapture"
         );
         assert!(test_args(&packages, true, &[]).join(" ").ends_with("--doc"));
     }
