@@ -6,8 +6,9 @@
 //! variable's value, a sync-on-read variable's aggregate over every replica of every worker)
 //! and the input pipeline's [`InputPosition`]. The chief alone writes it, atomically: a
 //! temporary file, `fsync`, `rename`, then an `fsync` of the directory, so a crash leaves either
-//! the whole new file or none. A SHA-256 over the header and the payload catches a torn or
-//! corrupted file on restore, which then falls back to the previous checkpoint with a warning.
+//! the whole new file or none. A checksum over the header and the payload (64-bit FNV-1a, the
+//! workspace's one hash: no cryptography, whose guarantees against a chosen input a checkpoint
+//! does not need) catches a torn or corrupted file on restore, which then falls back to the previous checkpoint with a warning.
 //! Restoring, the chief reads the file and sends its bytes to every worker, so workers on other
 //! machines need no shared disk.
 //!
@@ -16,10 +17,10 @@
 //! | bytes | field |
 //! |---|---|
 //! | 8 | magic `DSTCKPT\0` |
-//! | 4 | format version, `u32` (1) |
+//! | 4 | format version, `u32` (2) |
 //! | 8 | step, `u64` |
 //! | 8 | payload length, `u64` |
-//! | 32 | SHA-256 of the 28 bytes above followed by the payload |
+//! | 8 | checksum, `u64`: FNV-1a of the 28 bytes above followed by the payload |
 //! | … | payload |
 //!
 //! The payload: the input position (`epoch` and `step`, `u64` each), the variable count
@@ -34,18 +35,18 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use distribute_collectives::Tensor;
+use distribute_collectives::backend::Fnv;
 use distribute_input::InputPosition;
 use distribute_values::{DistributedVariable, SavedValue, VariableAggregation, VariableValue};
-use sha2::{Digest, Sha256};
 
 use crate::{Strategy, StrategyError, StrategyExtended};
 
 /// The first bytes of every checkpoint file.
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"DSTCKPT\0";
-/// The format version this crate writes and reads.
-pub const CHECKPOINT_VERSION: u32 = 1;
-/// Bytes before the payload: magic, version, step, payload length, SHA-256.
-const HEADER_BYTES: usize = 8 + 4 + 8 + 8 + 32;
+/// The format version this crate writes and reads (1 had a SHA-256 where 2 has its checksum).
+pub const CHECKPOINT_VERSION: u32 = 2;
+/// Bytes before the payload: magic, version, step, payload length, checksum.
+const HEADER_BYTES: usize = 8 + 4 + 8 + 8 + 8;
 /// The bytes the checksum covers besides the payload: the header up to the checksum.
 const HASHED_HEADER_BYTES: usize = 8 + 4 + 8 + 8;
 
@@ -496,13 +497,15 @@ fn encode(step: u64, payload: &[u8]) -> Vec<u8> {
     out.extend(CHECKPOINT_VERSION.to_le_bytes());
     out.extend(step.to_le_bytes());
     out.extend((payload.len() as u64).to_le_bytes());
-    let digest = Sha256::new()
-        .chain_update(&out[..HASHED_HEADER_BYTES])
-        .chain_update(payload)
-        .finalize();
-    out.extend(digest);
+    let checksum = checksum(&out[..HASHED_HEADER_BYTES], payload);
+    out.extend(checksum.to_le_bytes());
     out.extend(payload);
     out
+}
+
+/// The checksum of a checkpoint: FNV-1a of its hashed header, then its payload.
+fn checksum(header: &[u8], payload: &[u8]) -> u64 {
+    Fnv::new().bytes(header).bytes(payload).0
 }
 
 /// The step and payload of a checkpoint file's bytes, or why they are not a good checkpoint.
@@ -532,12 +535,9 @@ fn verify(file: &[u8]) -> Result<(u64, &[u8]), String> {
             payload.len()
         ));
     }
-    let digest = Sha256::new()
-        .chain_update(&file[..HASHED_HEADER_BYTES])
-        .chain_update(payload)
-        .finalize();
-    if digest[..] != file[HASHED_HEADER_BYTES..HEADER_BYTES] {
-        return Err("its SHA-256 checksum does not match its contents (corrupt)".into());
+    let stored = reader.u64().unwrap_or_default();
+    if checksum(&file[..HASHED_HEADER_BYTES], payload) != stored {
+        return Err("its checksum does not match its contents (corrupt)".into());
     }
     Ok((step, payload))
 }

@@ -103,11 +103,13 @@ fn no_directory_is_a_fresh_start() {
 #[test]
 fn a_damaged_checkpoint_is_refused_and_the_previous_one_restores() {
     type Damage = fn(&mut Vec<u8>);
-    let damages: [(&str, Damage); 4] = [
+    let damages: [(&str, Damage); 6] = [
         ("truncated", |b| b.truncate(b.len() - 1)),
         ("torn header", |b| b.truncate(20)),
         ("a payload byte flipped", |b| *b.last_mut().unwrap() ^= 1),
         ("a header byte flipped", |b| b[13] ^= 0x40),
+        ("a checksum byte flipped", |b| b[30] ^= 0x01),
+        ("format version 1 (a SHA-256 where 2 has its checksum)", |b| b[8] = 1),
     ];
     for (what, damage) in damages {
         let dir = fresh_dir("damaged");

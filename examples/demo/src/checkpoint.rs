@@ -1,5 +1,5 @@
 //! `--checkpoint-dir DIR`: the candle classifier's run as entries of the strategy crate's
-//! `Checkpoints` (atomic files written by the chief, SHA-256 checked, the chief's bytes sent to
+//! `Checkpoints` (atomic files written by the chief, checksummed, the chief's bytes sent to
 //! every worker on restore).
 //!
 //! `Checkpoints` stores `CheckpointVariable`s; the candle model's variables live in
