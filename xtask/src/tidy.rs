@@ -129,6 +129,16 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// Checks a checker's `violations` against `expected`, in order: each violation contains its
+/// expected line (the tests of every check on its synthetic input).
+#[cfg(test)]
+fn assert_violations(violations: &[String], expected: &[&str]) {
+    assert_eq!(violations.len(), expected.len(), "{violations:#?}");
+    for (violation, expected) in violations.iter().zip(expected) {
+        assert!(violation.contains(expected), "{violation}");
+    }
+}
+
 #[test]
 fn every_library_module_starts_with_a_doc_header() {
     let mut missing = Vec::new();

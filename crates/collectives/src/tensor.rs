@@ -37,6 +37,16 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every dtype, in declaration order (`dtype as usize` is its index).
+    pub const ALL: [DType; 6] = [
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+        DType::I32,
+        DType::I64,
+    ];
+
     /// Bytes per element.
     pub fn size_in_bytes(self) -> usize {
         match self {

@@ -29,14 +29,7 @@ const GPU1: &str = "/job:localhost/replica:0/task:0/device:GPU:1";
 const CPU0: &str = "/job:localhost/replica:0/task:0/device:CPU:0";
 
 const OPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Max];
-const DTYPES: [DType; 6] = [
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-    DType::I32,
-    DType::I64,
-];
+const DTYPES: [DType; 6] = DType::ALL;
 const FLOATS: [DType; 4] = [DType::F16, DType::BF16, DType::F32, DType::F64];
 
 // ---------------------------------------------------------------------------------------------

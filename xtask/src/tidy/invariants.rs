@@ -108,10 +108,7 @@ fn the_invariants_parse_and_the_check_catches_each_kind_of_violation() {
         "docs/architecture.md: crate `distribute-new` has no invariants bullet `- **new** — …`",
         "docs/architecture.md: invariants bullet `- **ghost** — …` names no workspace crate",
     ];
-    assert_eq!(violations.len(), expected.len(), "{violations:#?}");
-    for (violation, expected) in violations.iter().zip(expected) {
-        assert!(violation.starts_with(expected), "{violation}");
-    }
+    super::assert_violations(&violations, &expected);
 
     assert!(parse_bullets("# no section\n- **a** — x\n").is_err());
     assert!(parse_bullets("## Invariants\n\nprose only\n").is_err());

@@ -12,14 +12,7 @@ use proptest::prelude::*;
 
 use crate::common::local;
 
-const DTYPES: [DType; 6] = [
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-    DType::I32,
-    DType::I64,
-];
+const DTYPES: [DType; 6] = DType::ALL;
 
 /// A tensor of `dtype` and `shape` whose elements take their bits from `bits` (NaNs, negative
 /// zeros and all).
