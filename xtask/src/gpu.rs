@@ -33,7 +33,7 @@ use crate::workspace_root;
 
 pub(crate) use bundle::dry_run;
 pub(crate) use runner::test_nvrtc;
-pub(crate) use suites::clippy_args;
+pub(crate) use suites::{clippy_args, gpu_only_packages};
 
 /// `cargo xtask test-gpu [--build-only DIR [SUITE...] | --dry-run]`.
 pub(crate) fn command(args: &[String]) -> Result<()> {

@@ -140,8 +140,7 @@ fn run(args: &[String]) -> Result<()> {
 fn test(extra: &[String]) -> Result<()> {
     let root = workspace_root();
     pjrt::fetch(&root, &[])?;
-    // The packages that need MPI to build run in `mpi::test`, with MPI provisioned.
-    let excludes = mpi::plain_build_excludes()?;
+    let excludes = plain_build_excludes()?;
     let excludes: Vec<&str> = excludes.iter().map(String::as_str).collect();
     let mut all_targets = vec!["test", "--workspace", "--all-targets"];
     let mut doc = vec!["test", "--workspace", "--doc"];
@@ -163,13 +162,26 @@ fn test(extra: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// `--exclude P` for every package the workspace's plain builds (no MPI, no CUDA) leave out: those
+/// that need MPI to build (`mpi::test` and `mpi::clippy` take them, with MPI provisioned) and
+/// those that need CUDA whatever their features (the GPU lints and the GPU bundle take them;
+/// built with the others, they would turn on collectives' `cuda` for every crate).
+fn plain_build_excludes() -> Result<Vec<String>> {
+    let mut packages = mpi::workspace_mpi_only_packages()?;
+    packages.extend(gpu::gpu_only_packages().map(str::to_owned));
+    Ok(packages
+        .into_iter()
+        .flat_map(|package| ["--exclude".to_owned(), package])
+        .collect())
+}
+
 fn ci(rest: &[String]) -> Result<()> {
     if !rest.is_empty() {
         bail!("`cargo xtask ci` takes no arguments (got {rest:?})");
     }
     cargo("format check", &["fmt", "--all", "--", "--check"])?;
     let mut clippy = vec!["clippy", "--workspace", "--all-targets"];
-    let excludes = mpi::plain_build_excludes()?;
+    let excludes = plain_build_excludes()?;
     clippy.extend(excludes.iter().map(String::as_str));
     clippy.extend(["--", "-D", "warnings"]);
     cargo("clippy", &clippy)?;

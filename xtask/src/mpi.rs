@@ -163,13 +163,9 @@ pub(crate) fn mpi_only_packages(metadata: &Value) -> Vec<String> {
     only
 }
 
-/// The packages a plain (no-MPI) workspace build leaves out: `--exclude P` for each package
-/// that needs MPI to build.
-pub(crate) fn plain_build_excludes() -> Result<Vec<String>> {
-    Ok(mpi_only_packages(&metadata()?)
-        .into_iter()
-        .flat_map(|package| ["--exclude".to_owned(), package])
-        .collect())
+/// The workspace's packages that need MPI to build, from `cargo metadata`.
+pub(crate) fn workspace_mpi_only_packages() -> Result<Vec<String>> {
+    Ok(mpi_only_packages(&metadata()?))
 }
 
 /// The workspace packages that declare an `mpi` feature, sorted.
@@ -253,7 +249,45 @@ pub(crate) fn clippy() -> Result<()> {
     let mpi = resolve(&metadata).context("linting with the `mpi` feature")?;
     let args = clippy_args(&packages);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    cargo_env("clippy (feature mpi)", &args, &env_refs(&mpi.env()))
+    cargo_env("clippy (feature mpi)", &args, &env_refs(&mpi.env()))?;
+    // MPI and NCCL together (NCCL across an MPI job's GPUs): the same packages, with `nccl` on
+    // where they have it.
+    let args = with_nccl(
+        clippy_args(&packages),
+        &nccl_packages(&metadata, &packages.all()),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    cargo_env("clippy (features mpi, nccl)", &args, &env_refs(&mpi.env()))
+}
+
+/// Those of `packages` that have an `nccl` feature.
+fn nccl_packages(metadata: &Value, packages: &[String]) -> Vec<String> {
+    metadata["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|package| package["features"].get("nccl").is_some())
+        .filter_map(|package| package["name"].as_str())
+        .filter(|name| packages.iter().any(|p| p == name))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `args` (a cargo command line ending in `-- ...`) with `P/nccl` for each of `packages` added
+/// to its features.
+fn with_nccl(mut args: Vec<String>, packages: &[String]) -> Vec<String> {
+    let nccl: Vec<String> = packages.iter().map(|p| format!("{p}/nccl")).collect();
+    if nccl.is_empty() {
+        return args;
+    }
+    match args.iter().position(|a| a == "--features") {
+        Some(i) => args[i + 1] = format!("{},{}", args[i + 1], nccl.join(",")),
+        None => {
+            let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+            args.splice(end..end, ["--features".to_owned(), nccl.join(",")]);
+        }
+    }
+    args
 }
 
 /// `cargo xtask test`'s part with the `mpi` feature: every test of the packages that have it,
@@ -1059,5 +1093,28 @@ mod tests {
              --features distribute/mpi,distribute-mirrored/mpi --all-targets -- --nocapture"
         );
         assert!(test_args(&packages, true, &[]).join(" ").ends_with("--doc"));
+        assert_eq!(
+            with_nccl(clippy_args(&packages), &strings(&["distribute-mpi"])).join(" "),
+            "clippy --all-targets --package distribute --package distribute-mirrored --package \
+             distribute-mpi --features distribute/mpi,distribute-mirrored/mpi,distribute-mpi/nccl \
+             -- -D warnings"
+        );
+        let only = MpiPackages {
+            featured: Vec::new(),
+            only: strings(&["distribute-mpi"]),
+        };
+        assert_eq!(
+            with_nccl(clippy_args(&only), &strings(&["distribute-mpi"])).join(" "),
+            "clippy --all-targets --package distribute-mpi --features distribute-mpi/nccl -- -D \
+             warnings"
+        );
+        let metadata: Value = serde_json::from_str(METADATA).unwrap();
+        assert_eq!(
+            nccl_packages(
+                &metadata,
+                &strings(&["distribute-mirrored", "distribute-mpi"])
+            ),
+            ["distribute-mirrored", "distribute-mpi"]
+        );
     }
 }

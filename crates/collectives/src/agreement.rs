@@ -250,21 +250,14 @@ impl Record {
 
     /// The dtype of a single-tensor record.
     pub fn single_dtype(&self) -> Option<DType> {
-        [
-            DType::F16,
-            DType::BF16,
-            DType::F32,
-            DType::F64,
-            DType::I32,
-            DType::I64,
-        ]
-        .into_iter()
-        .find(|&d| d as i64 + 1 == self.dtype)
+        DType::ALL
+            .into_iter()
+            .find(|&d| d as i64 + 1 == self.dtype)
     }
 
     /// Whether two workers' records describe the same call. All-gather rows may differ, and a
     /// broadcast's receivers know only the root.
-    pub(crate) fn agrees_with(&self, other: &Record) -> bool {
+    pub fn agrees_with(&self, other: &Record) -> bool {
         let same_call = self.call == other.call && self.op == other.op;
         match self.call {
             Call::Broadcast => same_call && self.extra == other.extra,

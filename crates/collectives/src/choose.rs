@@ -1,23 +1,19 @@
 //! The one place that chooses a strategy's cross-device ops from (local devices, workers):
-//! [`OpsPlan::for_devices`] says which, [`choose_the_best`] builds the in-process ones.
+//! [`OpsPlan::for_devices`] says which; the strategy builds them (`distribute-mirrored`'s
+//! `choose_the_best` the ones of one process, `distribute-multi-worker` a job's).
 //!
 //! | workers | local devices | ops |
 //! |---|---|---|
-//! | 1 | every device a CPU | [`SharedMemoryAllReduce`] |
-//! | 1 | two or more GPUs, nothing else | `NcclAllReduce` (feature `nccl`, NCCL loadable), else [`ReductionToOneDevice`] |
-//! | 1 | anything else (one GPU, GPUs and CPUs) | [`ReductionToOneDevice`] |
+//! | 1 | every device a CPU | `SharedMemoryAllReduce` |
+//! | 1 | two or more GPUs, nothing else | `NcclAllReduce` (`distribute-nccl`: feature `nccl`, NCCL loadable), else `ReductionToOneDevice` |
+//! | 1 | anything else (one GPU, GPUs and CPUs) | `ReductionToOneDevice` |
 //! | 2+ | every device a GPU | NCCL across every worker's GPUs (feature `nccl`), else MPI's all-reduce through the host |
 //! | 2+ | anything else | MPI's hierarchical all-reduce (`distribute-mpi`) |
 //!
 //! TensorFlow infers `ReductionToOneDevice` for one CPU worker; the shared-memory all-reduce gives
 //! the same bits in parallel, so it is chosen here.
 
-use std::sync::Arc;
-
-use distribute_device_spec::{DeviceKind, LocalDevice, LocalDevices};
-
-use crate::backends::{ReductionToOneDevice, SharedMemoryAllReduce, nccl};
-use crate::{CollectiveError, CrossDeviceOps, GroupConfig};
+use distribute_device_spec::{DeviceKind, LocalDevices};
 
 /// Which cross-device ops a strategy's replicas get, from its local devices and the number of
 /// workers (see the module's table).
@@ -60,74 +56,4 @@ impl OpsPlan {
             (true, ..) => OpsPlan::MpiAllReduce,
         }
     }
-}
-
-/// The backend for a strategy's devices in one process (the first three rows of the module's
-/// table, through [`OpsPlan::for_devices`]), and why it was chosen (also logged at info level).
-///
-/// All local CPUs → [`SharedMemoryAllReduce`]. Two or more GPUs, with feature `nccl` and NCCL
-/// loadable → `NcclAllReduce`. Anything else → [`ReductionToOneDevice`], and the reason says why
-/// NCCL was not used (feature off, one GPU, NCCL missing, NCCL refusing the devices). Devices of
-/// other workers are refused: `distribute-multi-worker` builds the ops of a multi-worker job.
-///
-/// ```
-/// use distribute_collectives::{choose_the_best, GroupConfig};
-/// use distribute_device_spec::LocalDevices;
-///
-/// let devices = LocalDevices::new(["/cpu:0", "/cpu:1"])?;
-/// let (ops, why) = choose_the_best(&devices, GroupConfig::default())?;
-/// assert_eq!(ops.name(), "SharedMemoryAllReduce");
-/// assert!(why.contains("CPUs of this process"));
-/// # Ok::<(), Box<dyn std::error::Error>>(())
-/// ```
-pub fn choose_the_best(
-    devices: &LocalDevices,
-    config: GroupConfig,
-) -> Result<(Arc<dyn CrossDeviceOps>, String), CollectiveError> {
-    if devices.is_remote() {
-        return Err(CollectiveError::Unimplemented(format!(
-            "device '{}' belongs to another worker; the ops of a multi-worker job are built by \
-             its strategy (MultiWorkerMirroredStrategy, crate distribute-multi-worker)",
-            devices[0]
-        )));
-    }
-    let n = devices.len();
-    let (ops, reason): (Arc<dyn CrossDeviceOps>, String) = match OpsPlan::for_devices(devices, 1) {
-        OpsPlan::SharedMemoryAllReduce => (
-            Arc::new(SharedMemoryAllReduce::new(n, config)?),
-            format!(
-                "SharedMemoryAllReduce: all {n} devices are CPUs of this process, so replicas \
-                 reduce in shared memory, each a slice in parallel"
-            ),
-        ),
-        plan => {
-            let nccl = match plan {
-                OpsPlan::NcclAllReduce => {
-                    let gpus: Vec<usize> =
-                        devices.iter().filter_map(LocalDevice::gpu_index).collect();
-                    nccl::nccl_backend(&gpus, &config)
-                }
-                _ if devices.iter().all(|d| *d.kind() == DeviceKind::Gpu) => {
-                    Err("there is only one GPU, so there is nothing for NCCL to do".into())
-                }
-                _ => Err("not every device is a GPU, which NCCL needs".into()),
-            };
-            match nccl {
-                Ok((ops, why)) => (ops, why),
-                Err(why_not) => {
-                    let other = devices.iter().find(|d| *d.kind() != DeviceKind::Cpu);
-                    let other = other.map_or_else(String::new, |d| d.kind().to_string());
-                    (
-                        Arc::new(ReductionToOneDevice::new(n, config)?),
-                        format!(
-                            "ReductionToOneDevice: the devices include {other} and {why_not}; \
-                             values are reduced on one device"
-                        ),
-                    )
-                }
-            }
-        }
-    };
-    log::info!("choose_the_best: {reason}");
-    Ok((ops, reason))
 }

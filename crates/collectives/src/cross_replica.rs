@@ -95,7 +95,7 @@ fn reduce_on(
 /// The cross-replica `reduce` of every backend: reduces `values` on `reduce_device` (the first
 /// destination when `None`) and delivers a copy to every destination (a value already alone on
 /// its one destination is returned as it is).
-pub(crate) fn reduce_and_deliver(
+pub fn reduce_and_deliver(
     op: ReduceOp,
     values: &[AnyTensor],
     destinations: &Destinations,

@@ -46,10 +46,8 @@ use cuda::bridge as gpu;
 #[cfg(not(feature = "cuda"))]
 use no_cuda as gpu;
 
-#[cfg(feature = "nccl")]
-pub use backends::nccl::NcclAllReduce;
 pub use backends::{ReductionToOneDevice, SharedMemoryAllReduce};
-pub use choose::{OpsPlan, choose_the_best};
+pub use choose::OpsPlan;
 pub use cross_replica::reduce_non_distributed_value;
 pub use destinations::Destinations;
 pub use error::{CollectiveError, GpuError};
@@ -80,7 +78,7 @@ pub mod backend {
     pub use crate::__with_dtype as with_dtype;
     pub use crate::agreement::{Call, MAX_DIMS, Record, Status, Verdict, judge};
     pub use crate::bytes::{element_bytes, element_bytes_mut, tensor_bytes};
-    pub use crate::cross_replica::deliver;
+    pub use crate::cross_replica::{deliver, reduce_and_deliver};
     pub use crate::fnv::Fnv;
     pub use crate::kernel::{Arith, check_op, contiguous, divide, reduce_slices, reduce_tensors};
     /// The half-precision element types, as [`with_dtype!`] names them.

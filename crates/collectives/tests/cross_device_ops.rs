@@ -1,14 +1,12 @@
-//! Cross-replica reductions and broadcasts through `CrossDeviceOps`: COL-01..COL-18, COL-29..COL-31,
-//! COL-35, and agreement between the cross-replica and in-replica paths.
+//! Cross-replica reductions and broadcasts through `CrossDeviceOps`: COL-01..COL-18, COL-29, COL-30,
+//! COL-35 (COL-31, choosing the ops, is `distribute-mirrored`'s `choose_the_best`), and agreement between the cross-replica and in-replica paths.
 
 use std::sync::Arc;
 
 use distribute_collectives::{
     AnyTensor, CollectiveError, CrossDeviceOps, Destinations, GroupConfig, IndexedSlices,
-    ReductionToOneDevice, SharedMemoryAllReduce, Tensor, choose_the_best,
-    reduce_non_distributed_value,
+    ReductionToOneDevice, SharedMemoryAllReduce, Tensor, reduce_non_distributed_value,
 };
-use distribute_device_spec::LocalDevices;
 use distribute_values::{DistributedValues, Leaf, ReduceOp};
 
 const CPU: &str = "/job:localhost/replica:0/task:0/device:CPU:0";
@@ -383,31 +381,6 @@ fn col30_concurrent_batch_reduces_do_not_interfere() {
             }
         }
     }
-}
-
-#[test]
-fn col31_choose_the_best() {
-    let choose = |devices: &[&str]| {
-        choose_the_best(&LocalDevices::new(devices).unwrap(), GroupConfig::default())
-    };
-    let (ops, why) = choose(&["/cpu:0"]).unwrap();
-    assert_eq!(ops.name(), "SharedMemoryAllReduce");
-    assert!(why.contains("all 1 devices are CPUs"), "{why}");
-    let (ops, why) = choose(&["/gpu:0", "/gpu:1"]).unwrap();
-    assert_eq!(ops.name(), "ReductionToOneDevice");
-    // Without feature `nccl`: "no NCCL backend"; with it, on a machine without NCCL or GPUs,
-    // why NCCL could not be used.
-    assert!(why.contains("GPU") && why.contains("NCCL"), "{why}");
-    let (ops, _) = choose(&["/cpu:0", "/gpu:0"]).unwrap();
-    assert_eq!(ops.name(), "ReductionToOneDevice");
-    let remote = choose(&["/job:worker/task:1/cpu:0"]).unwrap_err();
-    assert!(
-        matches!(remote, CollectiveError::Unimplemented(_)),
-        "{remote:?}"
-    );
-    // Invalid and empty lists never reach `choose_the_best`: its device list is validated.
-    assert!(LocalDevices::new(["/gpu:x"]).is_err());
-    assert!(LocalDevices::new::<&str>([]).is_err());
 }
 
 #[test]

@@ -38,6 +38,8 @@ pub use distribute_mpi as mpi;
 #[cfg(feature = "mpi")]
 pub use distribute_multi_worker as multi_worker;
 #[cfg(feature = "nccl")]
+pub use distribute_nccl as nccl;
+#[cfg(feature = "nccl")]
 pub use distribute_nccl_exchange as nccl_exchange;
 pub use distribute_pjrt as pjrt;
 pub use distribute_strategy as strategy;

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use distribute_collectives::{CollectiveError, NcclAllReduce};
+use distribute_collectives::CollectiveError;
+use distribute_nccl::NcclAllReduce;
 
 use crate::MpiWorld;
 

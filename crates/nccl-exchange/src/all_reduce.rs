@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use distribute_collectives::CollectiveError;
 use distribute_collectives::cuda::require_nccl;
-use distribute_collectives::{CollectiveError, NcclAllReduce};
 use distribute_device_spec::{ClusterSpec, TaskId};
+use distribute_nccl::NcclAllReduce;
 
 use crate::{UNIQUE_ID_BYTES, exchange_unique_id, nccl_rank};
 

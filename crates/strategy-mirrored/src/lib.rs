@@ -13,8 +13,10 @@
 //! This crate knows the strategy layer and everything below it; it knows nothing about input
 //! pipelines' internals or compiled (XLA) programs.
 
+mod choose;
 mod merge;
 mod mirrored;
 mod pool;
 
+pub use choose::choose_the_best;
 pub use mirrored::{CollectiveTuning, CrossDeviceOpsChoice, MirroredConfig, MirroredStrategy};

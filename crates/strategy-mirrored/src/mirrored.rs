@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distribute_collectives::{
-    CrossDeviceOps, GroupConfig, ReplicaCollectives, backend::ReducePlan, choose_the_best,
+    CrossDeviceOps, GroupConfig, ReplicaCollectives, backend::ReducePlan,
 };
 use distribute_device_spec::{DeviceSpecError, LocalDevices};
 use distribute_strategy::{
@@ -15,6 +15,7 @@ use distribute_strategy::{
 };
 use distribute_values::{Distributed, Regroup, ReplicaDeviceMap, regroup, select_replica};
 
+use crate::choose::choose_the_best;
 use crate::merge::MergeRendezvous;
 use crate::pool::ReplicaPool;
 

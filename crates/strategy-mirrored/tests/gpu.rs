@@ -4,11 +4,10 @@
 //! Without a GPU the tests say why and pass, unless `DISTRIBUTE_REQUIRE_GPU=1` (set by
 //! `cargo xtask test-gpu`).
 
-use distribute_collectives::Placement;
-use distribute_collectives::Tensor;
 use distribute_collectives::cuda::{Gpu, current_gpu, gpu_count, require_nvrtc, to_current_gpu};
+use distribute_collectives::{GroupConfig, Placement, Tensor};
 use distribute_device_spec::LocalDevices;
-use distribute_mirrored::MirroredStrategy;
+use distribute_mirrored::{MirroredStrategy, choose_the_best};
 use distribute_strategy::{Strategy, StrategyError};
 use distribute_values::{Leaf, ReduceOp};
 
@@ -122,4 +121,26 @@ fn a_missing_gpu_is_a_clear_error() {
     let Some(n) = gpus_or_skip() else { return };
     let err = MirroredStrategy::new(&[format!("/gpu:{n}")]).unwrap_err();
     assert!(err.to_string().contains("does not exist"), "{err}");
+}
+
+#[test]
+fn choose_the_best_says_why_one_gpu_gets_no_nccl() {
+    let Some(gpus) = gpus_or_skip() else { return };
+    let one_gpu = LocalDevices::new(["/gpu:0"]).unwrap();
+    let (ops, why) = choose_the_best(&one_gpu, GroupConfig::default()).unwrap();
+    assert_eq!(ops.name(), "ReductionToOneDevice");
+    assert!(why.contains("only one GPU"), "{why}");
+    // With two GPUs, NCCL where this build has it (feature `nccl`, which the GPU bundle builds)
+    // and NCCL loads; else the reason names NCCL.
+    if gpus >= 2 {
+        let two_gpus = LocalDevices::new(["/gpu:0", "/gpu:1"]).unwrap();
+        let (ops, why) = choose_the_best(&two_gpus, GroupConfig::default()).unwrap();
+        let nccl = cfg!(feature = "nccl") && distribute_collectives::cuda::nccl_available();
+        let expected = if nccl {
+            "NcclAllReduce"
+        } else {
+            "ReductionToOneDevice"
+        };
+        assert_eq!(ops.name(), expected, "{why}");
+    }
 }

@@ -383,10 +383,10 @@ mod tests {
             path("bench-gpu"),
             PathBuf::from("/w/target/release/deps/gpu-3333")
         );
-        let err = executable_from_messages(MESSAGES, suite("collectives-nccl")).unwrap_err();
+        let err = executable_from_messages(MESSAGES, suite("nccl")).unwrap_err();
         assert!(
             err.to_string()
-                .contains("no test executable 'nccl' of distribute-collectives"),
+                .contains("no test executable 'nccl' of distribute-nccl"),
             "{err}"
         );
         assert!(executable_from_messages("not json\n{", suite("bench-gpu")).is_err());
@@ -419,7 +419,7 @@ mod tests {
             "{list}"
         );
         for line in [
-            "collectives-nccl nccl --test-threads=1",
+            "nccl nccl --test-threads=1",
             "bench-gpu gpu --bench",
             "tpu-strategy cuda-pjrt --test-threads=1",
             "demo-tpu cuda-pjrt --strategy tpu --replicas 1",

@@ -86,11 +86,11 @@ pub(crate) const SUITES: &[Suite] = &[
         needs: Needs::Gpu,
     },
     Suite {
-        name: "collectives-nccl",
-        package: "distribute-collectives",
+        name: "nccl",
+        package: "distribute-nccl",
         kind: Kind::Test,
         target: "nccl",
-        feature: Some("nccl"),
+        feature: None,
         args: &[],
         needs: Needs::Nccl,
     },
@@ -108,7 +108,8 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-mirrored",
         kind: Kind::Test,
         target: "gpu",
-        feature: Some("cuda"),
+        // With NCCL, so `choose_the_best` can pick it on two GPUs.
+        feature: Some("nccl"),
         args: &[],
         needs: Needs::Gpu,
     },
@@ -182,9 +183,12 @@ pub(crate) const SUITES: &[Suite] = &[
 pub(crate) const NVRTC_SUITE: &str = "collectives-nvrtc";
 
 /// The packages with GPU features and which of `cuda` and `nccl` each has; `cargo xtask ci` lints
-/// them with those features on.
+/// them with those features on. A package with none (`distribute-nccl`) needs CUDA whatever its
+/// features: every GPU lint takes it, and the workspace's plain builds leave it out
+/// ([`gpu_only_packages`]), so that it does not turn on collectives' `cuda` for every crate.
 pub(crate) const FEATURE_PACKAGES: &[(&str, &[&str])] = &[
-    ("distribute-collectives", &["cuda", "nccl"]),
+    ("distribute-collectives", &["cuda"]),
+    ("distribute-nccl", &[]),
     ("distribute-nccl-exchange", &["nccl"]),
     ("distribute-mirrored", &["cuda", "nccl"]),
     ("distribute", &["cuda", "nccl"]),
@@ -245,6 +249,14 @@ pub(super) fn suite(name: &str) -> &'static Suite {
 /// `cargo clippy` arguments that lint every target of the [`FEATURE_PACKAGES`] that have any of
 /// `features` (such as `cuda`, or `cuda` and `nccl`) with those of them on, warnings denied. CI
 /// lints both sets: code gated on one feature alone can warn where the pair does not.
+/// The packages that need CUDA whatever their features (no features in [`FEATURE_PACKAGES`]).
+pub(crate) fn gpu_only_packages() -> impl Iterator<Item = &'static str> {
+    FEATURE_PACKAGES
+        .iter()
+        .filter(|(_, features)| features.is_empty())
+        .map(|(package, _)| *package)
+}
+
 pub(crate) fn clippy_args(features: &[&str]) -> Vec<String> {
     let mut args = vec!["clippy".to_owned(), "--all-targets".to_owned()];
     let chosen: Vec<(&str, Vec<&str>)> = FEATURE_PACKAGES
@@ -253,7 +265,7 @@ pub(crate) fn clippy_args(features: &[&str]) -> Vec<String> {
             let on = features.iter().copied().filter(|f| has.contains(f));
             (*package, on.collect::<Vec<_>>())
         })
-        .filter(|(_, on)| !on.is_empty())
+        .filter(|(package, on)| !on.is_empty() || gpu_only_packages().any(|p| p == *package))
         .collect();
     for (package, _) in &chosen {
         args.extend(["--package".to_owned(), (*package).to_owned()]);
@@ -299,9 +311,8 @@ mod tests {
     #[test]
     fn cargo_args_name_package_feature_and_target() {
         assert_eq!(
-            suite("collectives-nccl").cargo_args(false).join(" "),
-            "test --package distribute-collectives --features distribute-collectives/nccl \
-             --test nccl"
+            suite("nccl").cargo_args(false).join(" "),
+            "test --package distribute-nccl --test nccl"
         );
         assert_eq!(
             suite("bench-gpu").cargo_args(true).join(" "),
@@ -333,22 +344,27 @@ mod tests {
         let args = clippy_args(&["cuda", "nccl"]).join(" ");
         assert!(
             args.starts_with(
-                "clippy --all-targets --package distribute-collectives --package \
-                 distribute-nccl-exchange --package"
+                "clippy --all-targets --package distribute-collectives --package distribute-nccl \
+                 --package distribute-nccl-exchange --package"
             ),
             "{args}"
         );
         assert!(
             args.contains(
-                "--features distribute-collectives/cuda,distribute-collectives/nccl,\
-                 distribute-nccl-exchange/nccl,distribute-mirrored/cuda,distribute-mirrored/nccl,\
-                 distribute/cuda,distribute/nccl"
+                "--features distribute-collectives/cuda,distribute-nccl-exchange/nccl,\
+                 distribute-mirrored/cuda,distribute-mirrored/nccl,distribute/cuda,distribute/nccl"
             ),
             "{args}"
         );
         assert!(args.ends_with("-- -D warnings"), "{args}");
-        // Without `nccl`, the exchange (which has no `cuda`) is left out.
+        // Without `nccl`, the exchange (which has no `cuda`) is left out; the NCCL backend, which
+        // needs CUDA whatever its features, is in.
         let cuda = clippy_args(&["cuda"]).join(" ");
-        assert!(!cuda.contains("nccl"), "{cuda}");
+        assert!(
+            !cuda.contains("nccl-exchange") && !cuda.contains("/nccl"),
+            "{cuda}"
+        );
+        assert!(cuda.contains("--package distribute-nccl "), "{cuda}");
+        assert_eq!(gpu_only_packages().collect::<Vec<_>>(), ["distribute-nccl"]);
     }
 }

@@ -1,18 +1,12 @@
-//! The backends, one module each; a backend that needs a feature has `cfg` on its `mod` line
-//! only, and what the rest of the crate needs of it has the same name with the feature off.
+//! The in-process backends, one module each:
 //!
 //! - [`reduction_to_one`]: reduce on one device, copy to the destinations (TF's default).
 //! - [`shared_memory`]: the in-process all-reduce, each replica thread reducing a slice.
-//! - [`nccl`]: NCCL between GPUs (feature `nccl`), with the unique-id exchange of a multi-process
-//!   run beside it.
 //!
-//! The two in-process backends build on the group engine ([`crate::group`]), which is no
-//! backend.
-//!
-//! Backends in other crates (the MPI backend in `distribute-mpi`) are built from the same kit,
-//! [`crate::backend`].
+//! Both build on the group engine ([`crate::group`]), which is no backend. The backends with an
+//! engine of their own live in crates of their own, built from the same kit
+//! ([`crate::backend`]): NCCL in `distribute-nccl`, MPI in `distribute-mpi`.
 
-pub(crate) mod nccl;
 pub(crate) mod reduction_to_one;
 pub(crate) mod shared_memory;
 

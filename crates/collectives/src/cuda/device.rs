@@ -10,7 +10,8 @@ use distribute_device_spec::{DeviceKind, DeviceSpec};
 use super::probe::gpu_count;
 use crate::{CollectiveError, GpuError};
 
-pub(crate) fn driver_error(e: DriverError) -> GpuError {
+/// A driver error as the crate's [`GpuError`].
+pub fn driver_error(e: DriverError) -> GpuError {
     GpuError::Driver(format!("{e:?}"))
 }
 

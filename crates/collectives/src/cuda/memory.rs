@@ -9,23 +9,24 @@ use crate::tensor::HostArray;
 use crate::{CollectiveError, DType, GpuError, Tensor};
 
 /// The storage of a GPU tensor: its bytes on one GPU, never written after they are filled (every
-/// operation makes a new buffer), so clones share them like host tensors share theirs.
+/// operation makes a new buffer), so clones share them like host tensors share theirs. Part of
+/// the backend kit: a GPU backend in another crate (`distribute-nccl`) reads and makes tensors'
+/// GPU storage through it.
 #[derive(Clone)]
-pub(crate) struct GpuArray {
-    pub(crate) dtype: DType,
-    pub(crate) shape: Arc<[usize]>,
-    pub(crate) bytes: Arc<CudaSlice<u8>>,
+pub struct GpuArray {
+    /// The element type.
+    pub dtype: DType,
+    /// The shape, row-major.
+    pub shape: Arc<[usize]>,
+    /// The elements' bytes (one byte for an empty array).
+    pub bytes: Arc<CudaSlice<u8>>,
     /// The GPU, with the stream that filled `bytes`.
-    pub(crate) gpu: Gpu,
+    pub gpu: Gpu,
 }
 
 impl GpuArray {
     /// An uninitialised buffer for `shape` elements of `dtype`; the caller fills all of it.
-    pub(crate) fn alloc(
-        gpu: &Gpu,
-        dtype: DType,
-        shape: &[usize],
-    ) -> Result<CudaSlice<u8>, GpuError> {
+    pub fn alloc(gpu: &Gpu, dtype: DType, shape: &[usize]) -> Result<CudaSlice<u8>, GpuError> {
         GpuArray::alloc_bytes(gpu, shape.iter().product::<usize>() * dtype.size_in_bytes())
     }
 
@@ -33,18 +34,19 @@ impl GpuArray {
     ///
     /// An empty buffer still takes one byte: the driver's handling of zero-byte allocations is
     /// not something to depend on. Sizes are always taken from the shape, never from the buffer.
-    pub(crate) fn alloc_bytes(gpu: &Gpu, len: usize) -> Result<CudaSlice<u8>, GpuError> {
+    pub fn alloc_bytes(gpu: &Gpu, len: usize) -> Result<CudaSlice<u8>, GpuError> {
         // SAFETY: every caller writes the whole logical buffer (a copy, a kernel or a collective)
         // before it is read.
         unsafe { gpu.stream().alloc::<u8>(len.max(1)) }.map_err(driver_error)
     }
 
     /// The bytes the elements take (the buffer may be one byte longer for an empty array).
-    pub(crate) fn num_bytes(&self) -> usize {
+    pub fn num_bytes(&self) -> usize {
         self.shape.iter().product::<usize>() * self.dtype.size_in_bytes()
     }
 
-    pub(crate) fn new(gpu: &Gpu, dtype: DType, shape: &[usize], bytes: CudaSlice<u8>) -> GpuArray {
+    /// An array over `bytes`, filled on `gpu`'s stream with `shape` elements of `dtype`.
+    pub fn new(gpu: &Gpu, dtype: DType, shape: &[usize], bytes: CudaSlice<u8>) -> GpuArray {
         GpuArray {
             dtype,
             shape: shape.into(),

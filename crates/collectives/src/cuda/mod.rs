@@ -25,10 +25,7 @@ mod memory;
 mod probe;
 mod tensor;
 
-pub use device::{Gpu, current_gpu, set_current_gpu, to_current_gpu};
+pub use device::{Gpu, current_gpu, driver_error, set_current_gpu, to_current_gpu};
 pub use kernels::{compile_reduction_kernels, kernel_source};
-pub use memory::PinnedUploader;
+pub use memory::{GpuArray, PinnedUploader};
 pub use probe::{gpu_count, nccl_available, nvrtc_available, require_nccl, require_nvrtc};
-
-#[cfg(feature = "nccl")]
-pub(crate) use device::driver_error;

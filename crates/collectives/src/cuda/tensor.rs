@@ -12,8 +12,8 @@ use crate::tensor::{HostArray, Storage, with_dtype};
 use crate::{CollectiveError, DType, Element, Tensor};
 
 impl Tensor {
-    /// A tensor over GPU storage.
-    pub(crate) fn from_gpu_array(device: Arc<str>, array: GpuArray) -> Tensor {
+    /// A tensor over GPU storage, labelled `device` (for GPU backends: see [`GpuArray`]).
+    pub fn from_gpu_array(device: Arc<str>, array: GpuArray) -> Tensor {
         Tensor {
             storage: Storage::Gpu(array),
             device,
@@ -22,7 +22,7 @@ impl Tensor {
 
     /// The label a copy on `gpu` gets: this tensor's own when it names that GPU, else the GPU's
     /// canonical name.
-    pub(crate) fn gpu_label(&self, gpu: &Gpu) -> Arc<str> {
+    pub fn gpu_label(&self, gpu: &Gpu) -> Arc<str> {
         match Gpu::index_of(&self.device) {
             Ok(Some(ordinal)) if ordinal == gpu.ordinal() => self.device.clone(),
             _ => gpu.device_name().into(),
@@ -31,7 +31,7 @@ impl Tensor {
 
     /// The GPU storage on `gpu`'s device: shared if it is there, else copied there (uploaded
     /// from the host, or a peer copy from another GPU).
-    pub(crate) fn gpu_array_on(&self, gpu: &Gpu) -> Result<GpuArray, CollectiveError> {
+    pub fn gpu_array_on(&self, gpu: &Gpu) -> Result<GpuArray, CollectiveError> {
         Ok(match &self.storage {
             Storage::Host(host) => GpuArray::upload(host, gpu)?,
             Storage::Gpu(array) => array.copy_to(gpu)?,

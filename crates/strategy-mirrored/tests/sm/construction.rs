@@ -1,8 +1,9 @@
-//! SM-10, SM-11: building the strategy (multi-worker device lists, SM-11..SM-13, are
+//! SM-10, SM-11: building the strategy, and COL-31: the cross-device ops it chooses (multi-worker device lists, SM-11..SM-13, are
 //! `distribute-multi-worker`'s `tests/cluster.rs`).
 
-use distribute_device_spec::DeviceSpecError;
-use distribute_mirrored::MirroredStrategy;
+use distribute_collectives::{CollectiveError, GroupConfig};
+use distribute_device_spec::{DeviceSpecError, LocalDevices};
+use distribute_mirrored::{MirroredStrategy, choose_the_best};
 use distribute_strategy::{Strategy, StrategyError};
 
 #[test]
@@ -52,4 +53,29 @@ fn sm11_devices_of_several_workers_are_refused() {
         StrategyError::Runtime(m) => assert!(m.contains("several workers"), "{m}"),
         other => panic!("expected Runtime, got {other:?}"),
     }
+}
+
+#[test]
+fn col31_choose_the_best() {
+    let choose = |devices: &[&str]| {
+        choose_the_best(&LocalDevices::new(devices).unwrap(), GroupConfig::default())
+    };
+    let (ops, why) = choose(&["/cpu:0"]).unwrap();
+    assert_eq!(ops.name(), "SharedMemoryAllReduce");
+    assert!(why.contains("all 1 devices are CPUs"), "{why}");
+    let (ops, why) = choose(&["/gpu:0", "/gpu:1"]).unwrap();
+    assert_eq!(ops.name(), "ReductionToOneDevice");
+    // Without feature `nccl`: "no NCCL backend"; with it, on a machine without NCCL or GPUs,
+    // why NCCL could not be used.
+    assert!(why.contains("GPU") && why.contains("NCCL"), "{why}");
+    let (ops, _) = choose(&["/cpu:0", "/gpu:0"]).unwrap();
+    assert_eq!(ops.name(), "ReductionToOneDevice");
+    let remote = choose(&["/job:worker/task:1/cpu:0"]).unwrap_err();
+    assert!(
+        matches!(remote, CollectiveError::Unimplemented(_)),
+        "{remote:?}"
+    );
+    // Invalid and empty lists never reach `choose_the_best`: its device list is validated.
+    assert!(LocalDevices::new(["/gpu:x"]).is_err());
+    assert!(LocalDevices::new::<&str>([]).is_err());
 }

@@ -11,13 +11,12 @@ use cudarc::driver::CudaSlice;
 use cudarc::nccl::result::NcclError;
 use distribute_values::ReduceOp;
 
-use super::all_reduce::Shared;
-use super::communicator::{Backoff, Communicator, nccl_error};
-use crate::agreement::{Call, Record, Status};
-use crate::cuda::Gpu;
-use crate::gpu::GpuArray;
-use crate::rendezvous::lock_ignoring_poison;
-use crate::{CollectiveError, DType, Placement, ReplicaCollectives, Tensor, kernel};
+use distribute_collectives::backend::{Call, Record, Status, check_op, lock_ignoring_poison};
+use distribute_collectives::cuda::{Gpu, GpuArray, driver_error};
+use distribute_collectives::{CollectiveError, DType, Placement, ReplicaCollectives, Tensor};
+
+use crate::all_reduce::Shared;
+use crate::communicator::{Backoff, Communicator, nccl_error};
 
 /// A replica's NCCL handle: its communicator and stream.
 pub(super) struct NcclMember {
@@ -85,12 +84,10 @@ impl NcclMember {
         };
         self.comm
             .settle(what, start, self.shared.deadline, &stopped)?;
-        let done = stream
-            .record_event(None)
-            .map_err(crate::cuda::driver_error)?;
+        let done = stream.record_event(None).map_err(driver_error)?;
         let mut backoff = Backoff::default();
         loop {
-            if done.try_is_complete().map_err(crate::cuda::driver_error)? {
+            if done.try_is_complete().map_err(driver_error)? {
                 return Ok(());
             }
             let failure = if let Err(e) = self.comm.in_progress() {
@@ -134,18 +131,12 @@ impl NcclMember {
             mine.status = Status::Failed;
         }
         let stream = self.gpu().stream();
-        let send = stream
-            .clone_htod(&mine.words())
-            .map_err(crate::cuda::driver_error)?;
-        let mut recv = stream
-            .alloc_zeros::<i64>(W * world)
-            .map_err(crate::cuda::driver_error)?;
+        let send = stream.clone_htod(&mine.words()).map_err(driver_error)?;
+        let mut recv = stream.alloc_zeros::<i64>(W * world).map_err(driver_error)?;
         self.run(&format!("{what} (agreement)"), || {
             self.comm.all_gather(&send, &mut recv, W)
         })?;
-        let all = stream
-            .clone_dtoh(&recv)
-            .map_err(crate::cuda::driver_error)?;
+        let all = stream.clone_dtoh(&recv).map_err(driver_error)?;
         local?;
         let records = all
             .chunks(W)
@@ -214,9 +205,7 @@ impl NcclMember {
         op: ReduceOp,
         tensors: &[&Tensor],
     ) -> Result<Vec<Tensor>, CollectiveError> {
-        let local = tensors
-            .iter()
-            .try_for_each(|t| kernel::check_op(op, t.dtype()));
+        let local = tensors.iter().try_for_each(|t| check_op(op, t.dtype()));
         self.agree(
             "all_reduce",
             Record::of(Call::AllReduce, Some(op), tensors),
@@ -284,14 +273,12 @@ impl ReplicaCollectives for NcclMember {
         // Every rank sends max_rows rows (NCCL needs equal counts): shorter inputs are padded.
         let mut send = GpuArray::alloc_bytes(self.gpu(), max_rows * row_bytes)?;
         if max_rows * row_bytes > 0 {
-            stream
-                .memset_zeros(&mut send)
-                .map_err(crate::cuda::driver_error)?;
+            stream.memset_zeros(&mut send).map_err(driver_error)?;
             let mine = rows[self.comm.rank] * row_bytes;
             if mine > 0 {
                 stream
                     .memcpy_dtod(&input.bytes.slice(..mine), &mut send.slice_mut(..mine))
-                    .map_err(crate::cuda::driver_error)?;
+                    .map_err(driver_error)?;
             }
         }
         let world = self.comm.world;
@@ -317,7 +304,7 @@ impl ReplicaCollectives for NcclMember {
                         &gathered.slice(from..from + len),
                         &mut out.slice_mut(at..at + len),
                     )
-                    .map_err(crate::cuda::driver_error)?;
+                    .map_err(driver_error)?;
             }
             at += len;
         }
@@ -327,7 +314,7 @@ impl ReplicaCollectives for NcclMember {
     fn reduce_scatter(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
         let world = self.comm.world;
         let rows = tensor.shape().first().copied().unwrap_or(0);
-        let local = kernel::check_op(op, tensor.dtype()).and_then(|()| {
+        let local = check_op(op, tensor.dtype()).and_then(|()| {
             if tensor.rank() == 0 || rows % world != 0 {
                 return Err(CollectiveError::InvalidArgument(format!(
                     "reduce_scatter needs a first dimension divisible by the {world} ranks, got \
@@ -393,32 +380,21 @@ impl ReplicaCollectives for NcclMember {
             }
         }
         let stream = self.gpu().stream().clone();
-        let mut meta = stream
-            .clone_htod(&header)
-            .map_err(crate::cuda::driver_error)?;
+        let mut meta = stream.clone_htod(&header).map_err(driver_error)?;
         self.run("broadcast (shape)", || {
             self.comm
                 .broadcast(root, DType::I64, None, &mut meta, MAX_RANK + 2)
         })?;
-        let header = stream
-            .clone_dtoh(&meta)
-            .map_err(crate::cuda::driver_error)?;
+        let header = stream.clone_dtoh(&meta).map_err(driver_error)?;
         let rank = usize::try_from(header[0])
             .ok()
             .filter(|&r| r <= MAX_RANK)
             .ok_or_else(|| {
                 CollectiveError::Invariant(format!("broadcast header names rank {}", header[0]))
             })?;
-        let dtype = [
-            DType::F16,
-            DType::BF16,
-            DType::F32,
-            DType::F64,
-            DType::I32,
-            DType::I64,
-        ]
-        .into_iter()
-        .find(|d| *d as i64 == header[1])
+        let dtype = DType::ALL
+            .into_iter()
+            .find(|d| *d as i64 == header[1])
         .ok_or_else(|| CollectiveError::Invariant("broadcast header names no dtype".into()))?;
         let shape: Vec<usize> = header[2..2 + rank].iter().map(|&d| d as usize).collect();
         let count: usize = shape.iter().product();

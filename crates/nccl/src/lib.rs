@@ -1,7 +1,12 @@
-//! `NcclAllReduce`: the NCCL backend (feature `nccl`) — all-reduce, batched all-reduce (one
+//! `distribute-nccl`: [`NcclAllReduce`], the NCCL backend — all-reduce, batched all-reduce (one
 //! NCCL group call), all-gather, reduce-scatter and broadcast between GPU replicas.
 //!
-//! Part of layer 3 (collectives); knows nothing about strategies. Two ways to build it:
+//! Layer: a backend beside the in-process ones of `distribute-collectives`, built from its
+//! published kit (`distribute_collectives::backend`, and its `cuda` module's GPU memory) and
+//! nothing else of it. Knows nothing about strategies, MPI or how a unique id travels between
+//! processes. Building it enables collectives' feature `cuda` (CUDA and NCCL are loaded at run
+//! time, so it builds without them); a strategy takes it behind its feature `nccl`. Two ways to
+//! build the backend:
 //! - one process driving several GPUs (`NcclAllReduce::new`): the communicators are made
 //!   together with `ncclCommInitAll` (cudarc's `Comm::from_devices`), and each replica thread
 //!   takes its own;
@@ -23,26 +28,16 @@
 //! that skips a call is caught by the deadline (`GroupConfig::deadline`), not at once.
 //!
 //! NCCL reduces in its own order (rings, trees), so results are not bitwise equal to the
-//! replica-order host kernel beyond two ranks; use [`ReductionToOneDevice`](crate::ReductionToOneDevice)
+//! replica-order host kernel beyond two ranks; use `ReductionToOneDevice`
 //! on GPUs where bits matter more than bandwidth.
 //!
-//! Files: with feature `nccl` `all_reduce` (the backend), `communicator` (RAII over an NCCL
-//! communicator, and its collectives: every `unsafe` NCCL call of a replica) and `member` (a
-//! replica thread's handle, which agrees on the crate's agreement record before each call);
-//! without it `absent` (why there is no NCCL backend).
+//! Files, named by role as in every backend: `all_reduce` (the backend), `communicator` (RAII
+//! over an NCCL communicator, and its collectives: every `unsafe` NCCL call of a replica) and
+//! `member` (a replica thread's handle, which gathers the one agreement record,
+//! `distribute_collectives::backend::Record`, before each call).
 
-#[cfg(not(feature = "nccl"))]
-mod absent;
-#[cfg(feature = "nccl")]
 mod all_reduce;
-#[cfg(feature = "nccl")]
 mod communicator;
-#[cfg(feature = "nccl")]
 mod member;
 
-#[cfg(not(feature = "nccl"))]
-pub(crate) use absent::nccl_backend;
-#[cfg(feature = "nccl")]
-pub use all_reduce::NcclAllReduce;
-#[cfg(feature = "nccl")]
-pub(crate) use all_reduce::nccl_backend;
+pub use all_reduce::{NcclAllReduce, nccl_backend};

@@ -1,5 +1,5 @@
-//! The NCCL backend on a real GPU (feature `nccl`): single-rank plumbing, results against the
-//! host kernel, and what `choose_the_best` picks. Ranks in separate processes, whose NCCL unique
+//! The NCCL backend on a real GPU: single-rank plumbing and results against the host kernel
+//! (what `choose_the_best` picks is `distribute-mirrored`'s `gpu` suite). Ranks in separate processes, whose NCCL unique
 //! id crosses processes, are tested with the exchange (`distribute-nccl-exchange`'s
 //! `nccl_cluster` suite).
 //!
@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use distribute_collectives::cuda::{Gpu, gpu_count, require_nccl, require_nvrtc};
 use distribute_collectives::{
-    AnyTensor, CollectiveError, CrossDeviceOps, Destinations, GroupConfig, NcclAllReduce,
-    Placement, ReductionToOneDevice, Tensor, choose_the_best,
+    AnyTensor, CollectiveError, CrossDeviceOps, Destinations, GroupConfig, Placement,
+    ReductionToOneDevice, Tensor,
 };
-use distribute_device_spec::LocalDevices;
+use distribute_nccl::NcclAllReduce;
 use distribute_values::{Leaf, ReduceOp};
 use half::bf16;
 
@@ -117,21 +117,5 @@ fn cross_replica_reduce_matches_the_host_backend_bitwise() {
         };
         assert_eq!(a.placement(), Placement::Cuda { ordinal: 0 });
         assert!(a.bitwise_eq(&b), "{op}");
-    }
-}
-
-#[test]
-fn choose_the_best_says_why_one_gpu_gets_no_nccl() {
-    if gpu_with_nccl().is_none() {
-        return;
-    }
-    let one_gpu = LocalDevices::new(["/gpu:0"]).unwrap();
-    let (ops, why) = choose_the_best(&one_gpu, GroupConfig::default()).unwrap();
-    assert_eq!(ops.name(), "ReductionToOneDevice");
-    assert!(why.contains("only one GPU"), "{why}");
-    if gpu_count().unwrap() >= 2 {
-        let two_gpus = LocalDevices::new(["/gpu:0", "/gpu:1"]).unwrap();
-        let (ops, why) = choose_the_best(&two_gpus, GroupConfig::default()).unwrap();
-        assert_eq!(ops.name(), "NcclAllReduce", "{why}");
     }
 }

@@ -18,9 +18,8 @@ use cudarc::nccl::result::{self as nccl, NcclError};
 use cudarc::nccl::sys;
 use distribute_values::ReduceOp;
 
-use crate::cuda::Gpu;
-use crate::gpu::GpuArray;
-use crate::{CollectiveError, DType, GpuError};
+use distribute_collectives::cuda::{Gpu, GpuArray};
+use distribute_collectives::{CollectiveError, DType, GpuError};
 
 pub(super) fn nccl_error(what: &str, e: NcclError) -> GpuError {
     // SAFETY: ncclGetErrorString returns a static C string for every result code.

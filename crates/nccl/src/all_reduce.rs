@@ -9,14 +9,13 @@ use cudarc::nccl::result::{self as nccl};
 use cudarc::nccl::sys;
 use distribute_values::{Leaf, ReduceOp};
 
-use super::communicator::{Communicator, nccl_error, non_blocking_config};
-use super::member::NcclMember;
-use crate::cross_replica::reduce_and_deliver;
-use crate::cuda::{Gpu, require_nccl};
-use crate::group::GroupConfig;
-use crate::rendezvous::lock_ignoring_poison;
-use crate::{
-    AnyTensor, CollectiveError, CrossDeviceOps, Destinations, ReplicaCollectives, StepLifecycle,
+use crate::communicator::{Communicator, nccl_error, non_blocking_config};
+use crate::member::NcclMember;
+use distribute_collectives::backend::{lock_ignoring_poison, reduce_and_deliver};
+use distribute_collectives::cuda::{Gpu, require_nccl};
+use distribute_collectives::{
+    AnyTensor, CollectiveError, CrossDeviceOps, Destinations, GroupConfig, ReplicaCollectives,
+    StepLifecycle,
 };
 
 /// How replica threads get their communicators.
@@ -41,7 +40,7 @@ pub(super) struct Shared {
 
 /// The NCCL backend (TF's `NcclAllReduce`): replica threads reduce GPU tensors with NCCL; values
 /// reduced in cross-replica context go through the reduction kernel on the destination GPU, as
-/// with [`ReductionToOneDevice`](crate::ReductionToOneDevice).
+/// with [`ReductionToOneDevice`](distribute_collectives::ReductionToOneDevice).
 pub struct NcclAllReduce {
     shared: Arc<Shared>,
 }
@@ -264,7 +263,7 @@ impl StepLifecycle for NcclAllReduce {
 
 /// The NCCL backend for `gpus` (two or more GPU indices of this process), and why it was
 /// chosen; or why NCCL could not be used.
-pub(crate) fn nccl_backend(
+pub fn nccl_backend(
     gpus: &[usize],
     config: &GroupConfig,
 ) -> Result<(Arc<dyn CrossDeviceOps>, String), String> {
