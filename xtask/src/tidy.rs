@@ -10,10 +10,12 @@
 //! - [`licences`]: every package the workspace can reach, with every feature, has a `license`
 //!   expression that the allowed licences satisfy ([`spdx`] evaluates it); workspace crates say
 //!   the workspace's `Apache-2.0`.
+//! - [`facade`]: a CPU-only build of the facade compiles no cryptography, MPI or CUDA.
 //! - Here: every library crate has a `//!` header on every module, and inherits the workspace
 //!   lints.
 
 mod crate_map;
+mod facade;
 mod invariants;
 mod licences;
 mod spdx;
