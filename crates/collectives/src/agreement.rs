@@ -250,9 +250,7 @@ impl Record {
 
     /// The dtype of a single-tensor record.
     pub fn single_dtype(&self) -> Option<DType> {
-        DType::ALL
-            .into_iter()
-            .find(|&d| d as i64 + 1 == self.dtype)
+        DType::ALL.into_iter().find(|&d| d as i64 + 1 == self.dtype)
     }
 
     /// Whether two workers' records describe the same call. All-gather rows may differ, and a

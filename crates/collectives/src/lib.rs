@@ -2,12 +2,15 @@
 //! them across replicas.
 //!
 //! Knows device names (layer 1) and distributed values (layer 2); knows nothing about strategies,
-//! input pipelines or how replica threads are scheduled.
+//! input pipelines, how replica threads are scheduled, or any transport between processes: the
+//! NCCL and MPI backends are crates of their own (`distribute-nccl`, `distribute-mpi`), built
+//! from the kit in [`backend`], and the other worker processes of a job are reached through
+//! [`Workers`], the one cross-worker seam.
 //!
 //! Shared files: [`Tensor`] and [`AnyTensor`], the backend traits ([`CrossDeviceOps`],
 //! [`StepLifecycle`], [`ReplicaCollectives`]), [`Destinations`], the cross-replica reductions every
-//! backend shares, [`FusionPlan`] and [`choose_the_best`]. Each backend lives in a module of its
-//! own under `backends/`; GPU memory and kernels live in `cuda` (feature `cuda`), and the shared
+//! backend shares, [`FusionPlan`], [`OpsPlan`] (which ops for which devices and workers) and
+//! [`Workers`]. Each in-process host backend lives in a module of its own under `backends/`; GPU memory and kernels live in `cuda` (feature `cuda`), and the shared
 //! files reach them through one small API that a build without `cuda` provides too, so `cfg`
 //! appears only on `mod` lines. The pieces the backends are built from, for authors of new
 //! backends and strategies, are in [`backend`], apart from what step functions use. The

@@ -3,8 +3,8 @@
 //! replica's value), [`StepLifecycle`] (what a strategy tells the backend around a step) and
 //! [`ReplicaCollectives`] (the collective calls replica threads make).
 //!
-//! The backends themselves live in `backends/`, one module each; [`choose_the_best`](crate::choose_the_best)
-//! picks one for a device list.
+//! The in-process host backends live in `backends/`, one module each, NCCL's and MPI's in crates
+//! of their own; [`OpsPlan`](crate::OpsPlan) says which a strategy's devices get.
 
 use std::fmt;
 

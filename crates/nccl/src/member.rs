@@ -395,7 +395,7 @@ impl ReplicaCollectives for NcclMember {
         let dtype = DType::ALL
             .into_iter()
             .find(|d| *d as i64 == header[1])
-        .ok_or_else(|| CollectiveError::Invariant("broadcast header names no dtype".into()))?;
+            .ok_or_else(|| CollectiveError::Invariant("broadcast header names no dtype".into()))?;
         let shape: Vec<usize> = header[2..2 + rank].iter().map(|&d| d as usize).collect();
         let count: usize = shape.iter().product();
         let mut out = GpuArray::alloc(self.gpu(), dtype, &shape)?;

@@ -109,7 +109,10 @@ fn a_damaged_checkpoint_is_refused_and_the_previous_one_restores() {
         ("a payload byte flipped", |b| *b.last_mut().unwrap() ^= 1),
         ("a header byte flipped", |b| b[13] ^= 0x40),
         ("a checksum byte flipped", |b| b[30] ^= 0x01),
-        ("format version 1 (a SHA-256 where 2 has its checksum)", |b| b[8] = 1),
+        (
+            "format version 1 (a SHA-256 where 2 has its checksum)",
+            |b| b[8] = 1,
+        ),
     ];
     for (what, damage) in damages {
         let dir = fresh_dir("damaged");
