@@ -29,6 +29,7 @@
 //! worker `W` stop itself (`SIGSTOP`) right after its `N`-th agreement, between an agreement and
 //! the data collective it agreed on, the one place a test cannot reach from a step function.
 
+use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -157,12 +158,15 @@ impl MpiWorld {
         SimpleCommunicator::world().abort(1)
     }
 
-    /// Prints why this worker ends the job.
+    /// Prints why this worker ends the job, as one write: `mpirun` forwards every worker's
+    /// stderr into one stream, where a line written piece by piece (as `eprintln!` writes its
+    /// arguments) can interleave with another worker's.
     fn announce(&self, message: &str) {
-        eprintln!(
-            "distribute: worker {} of {}: {message}; aborting the MPI job",
+        let line = format!(
+            "distribute: worker {} of {}: {message}; aborting the MPI job\n",
             self.rank, self.size
         );
+        let _ = std::io::stderr().write_all(line.as_bytes());
     }
 
     /// Every process's `send` (all the same length) into `recv`, in rank order.
@@ -297,9 +301,12 @@ impl MpiWorld {
                  (DISTRIBUTE_FAULT_STOP_AFTER_AGREEMENT)",
                 self.rank
             );
-            let _ = std::process::Command::new("kill")
-                .args(["-STOP", &std::process::id().to_string()])
-                .status();
+            // Synchronous, unlike a `kill -STOP` child process: the signal stops every thread
+            // of this process before `raise` returns, so nothing of the agreed call is sent.
+            // SAFETY: `raise` only sends a signal to the calling thread; it touches no memory.
+            unsafe {
+                libc::raise(libc::SIGSTOP);
+            }
         }
     }
 

@@ -220,10 +220,12 @@ fn frozen_worker_entry() {
                     if freeze {
                         std::fs::write(out.join("frozen_at"), now_secs().to_string())
                             .expect("the output folder is writable");
-                        // As `kill -STOP` from outside would.
-                        let _ = Command::new("kill")
-                            .args(["-STOP", &std::process::id().to_string()])
-                            .status();
+                        // As `kill -STOP` from outside would, but at once: a `kill` child process
+                        // was seen to stop this one only after it had made its next call.
+                        // SAFETY: `raise` only sends a signal to the calling thread.
+                        unsafe {
+                            libc::raise(libc::SIGSTOP);
+                        }
                     }
                     let gradient: Vec<f32> = (0..GRADIENT).map(|i| (i % 7) as f32).collect();
                     let gradient = Tensor::from_vec(ctx.device(), &[GRADIENT], gradient)?;
