@@ -122,6 +122,15 @@ pub(crate) const SUITES: &[Suite] = &[
         args: &[],
         needs: Needs::Gpu,
     },
+    Suite {
+        name: "bench-nccl",
+        package: "distribute-nccl",
+        kind: Kind::Bench,
+        target: "two_ranks",
+        feature: None,
+        args: &[],
+        needs: Needs::Nccl,
+    },
     // TpuStrategy on the CUDA PJRT plugin: the suites take the plugin `PJRT_PLUGIN` names.
     Suite {
         name: "pjrt-plugin",
