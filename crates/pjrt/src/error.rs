@@ -133,6 +133,23 @@ pub enum PjrtError {
         /// The buffer's type.
         found: ElementType,
     },
+    /// A client was asked for more devices than the plugin has (or may use, under
+    /// `DISTRIBUTE_PJRT_DEVICES`); refused before a client is created where the plugin's offer
+    /// already says so.
+    #[error(
+        "asked for {} devices, but the {} plugin {} has {}{}",
+        shortfall.needed,
+        shortfall.platform,
+        path.display(),
+        shortfall.has,
+        if shortfall.capped { format!(" ({}={})", crate::DEVICES_ENV, shortfall.has) } else { String::new() }
+    )]
+    NotEnoughDevices {
+        /// The plugin's file.
+        path: PathBuf,
+        /// How many were asked for and how many it has.
+        shortfall: crate::Shortfall,
+    },
     /// Arguments that would make an invalid call or program, caught before the plugin sees them.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -12,6 +12,8 @@
 //! Programs are StableHLO text from [`stablehlo::Builder`], compiled with [`CompileOptions`] for
 //! N replicas. [`Plugin::discover`] finds a plugin: `PJRT_PLUGIN`, else the pinned CPU plugin that
 //! `cargo xtask fetch-pjrt` installs; a missing plugin is an error that says how to get one.
+//! [`Plugin::offer`] says how many devices it has (capped by [`DEVICES_ENV`]) before a client is
+//! made for a count it cannot give.
 //!
 //! Reading a result is the per-step latency a training loop pays, so [`Buffer::to_vec`] reads a
 //! buffer that lives in host memory (the CPU plugin's) where it lies, as JAX hands CPU arrays to
@@ -40,6 +42,7 @@
 
 mod api;
 mod error;
+mod offer;
 mod options;
 mod plugin;
 pub mod protobuf;
@@ -49,6 +52,7 @@ mod sys;
 mod types;
 
 pub use error::{ErrorCode, PjrtError, Result};
+pub use offer::{DEVICES_ENV, Offer, Shortfall, parse_cap};
 pub use options::CompileOptions;
 pub use plugin::{PINNED_PLUGIN_RELATIVE_PATH, PLUGIN_ENV, Plugin, pinned_plugin_path};
 pub use runtime::{

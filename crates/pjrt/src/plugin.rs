@@ -8,6 +8,7 @@ use std::sync::{Mutex, OnceLock};
 
 use crate::api::Api;
 use crate::error::{PjrtError, Result};
+use crate::offer::Offer;
 
 /// The environment variable naming a plugin .so to use instead of the pinned one.
 pub const PLUGIN_ENV: &str = "PJRT_PLUGIN";
@@ -21,6 +22,10 @@ pub const PINNED_PLUGIN_RELATIVE_PATH: &str =
 /// threads and register global state that `dlclose` would pull from under them.
 pub struct Plugin {
     pub(crate) api: Api,
+    /// What it offers this process, once asked ([`Plugin::offer`]).
+    pub(crate) offer: OnceLock<Offer>,
+    /// Held while [`Plugin::offer`] asks, so that it asks once.
+    pub(crate) probing: Mutex<()>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -59,7 +64,11 @@ impl Plugin {
         // SAFETY: the map guarantees one load and one initialization per file; that the file is
         // a PJRT plugin is the user's claim (PJRT_PLUGIN) or xtask's checksum-verified install.
         let api = unsafe { Api::load(&key) }?;
-        let plugin: &'static Plugin = Box::leak(Box::new(Plugin { api }));
+        let plugin: &'static Plugin = Box::leak(Box::new(Plugin {
+            api,
+            offer: OnceLock::new(),
+            probing: Mutex::new(()),
+        }));
         loaded.insert(key, plugin);
         Ok(plugin)
     }

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::error::{PjrtError, Result};
+use crate::offer::Shortfall;
 use crate::options::CompileOptions;
 use crate::plugin::Plugin;
 use crate::sys;
@@ -146,12 +147,13 @@ impl Client {
         })
     }
 
-    /// A client of `plugin` and the devices a caller runs on: all of the plugin's devices
-    /// (`wanted` `None`), or its first `wanted`. The CPU plugin, whose device count is a client
-    /// option, is asked for exactly `wanted` ([`CPU_PLATFORM`]; `cpu_device_count`); any other
+    /// A client of `plugin` and the devices a caller runs on: all the devices the plugin offers
+    /// (`wanted` `None`; [`Plugin::offer`], under `DISTRIBUTE_PJRT_DEVICES`), or its first
+    /// `wanted`. Asking for more than it offers is refused before a client is created, with an
+    /// error that names both numbers. The CPU plugin, whose device count is a client option, is
+    /// created with exactly the count wanted ([`CPU_PLATFORM`]; `cpu_device_count`); any other
     /// plugin gets no CPU-only option, since plugins reject options they do not know. An explicit
-    /// `options.cpu_device_count` is passed as given. Asking for more devices than the plugin has
-    /// is an error that names both numbers.
+    /// `options.cpu_device_count` is passed as given.
     pub fn with_devices(
         plugin: &'static Plugin,
         options: &ClientOptions,
@@ -162,28 +164,32 @@ impl Client {
                 "asked for 0 devices; ask for at least one, or for all".to_owned(),
             ));
         }
-        let mut client = Client::new(plugin, options)?;
+        let offer = plugin.offer()?;
+        let short = |shortfall| PjrtError::NotEnoughDevices {
+            path: plugin.path().to_owned(),
+            shortfall,
+        };
+        let wanted = match wanted {
+            Some(n) => {
+                offer.check(n).map_err(short)?;
+                Some(n)
+            }
+            None => offer.most_devices(),
+        };
+        let mut options = options.clone();
+        if offer.is_cpu() && options.cpu_device_count.is_none() {
+            options.cpu_device_count = wanted;
+        }
+        let client = Client::new(plugin, &options)?;
         let mut devices = client.devices()?;
         if let Some(n) = wanted {
-            if options.cpu_device_count.is_none()
-                && devices.len() != n
-                && client.platform_name()? == CPU_PLATFORM
-            {
-                drop(devices);
-                let cpu = ClientOptions {
-                    cpu_device_count: Some(n),
-                    ..options.clone()
-                };
-                client = Client::new(plugin, &cpu)?;
-                devices = client.devices()?;
-            }
             if devices.len() < n {
-                return Err(PjrtError::InvalidArgument(format!(
-                    "asked for {n} devices, but the {} plugin {} has {}",
-                    client.platform_name()?,
-                    plugin.path().display(),
-                    devices.len()
-                )));
+                return Err(short(Shortfall {
+                    needed: n,
+                    platform: offer.platform().to_owned(),
+                    has: devices.len(),
+                    capped: false,
+                }));
             }
             devices.truncate(n);
         }

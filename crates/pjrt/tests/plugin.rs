@@ -1,22 +1,67 @@
 //! Behaviour of the binding on a real plugin: the one `PJRT_PLUGIN` names, else the pinned CPU
 //! plugin `cargo xtask fetch-pjrt` installs (`cargo xtask test` does so first). Without one these
-//! tests fail with the error that says how to get it; they never skip. Checks of what only the
-//! CPU plugin does (its platform name, its device count option) run on the CPU plugin only.
+//! tests fail with the error that says how to get it. Checks of what only the CPU plugin does
+//! (its platform name, its device count option) run on the pinned CPU plugin only.
+//!
+//! Tests run on the devices the plugin offers ([`Plugin::offer`]; one GPU gives one): a test
+//! generic over the replica count runs over the counts it can give, and a test that needs more
+//! prints `skipped: needs N devices, the <platform> plugin has M` and returns before it creates a
+//! client. `DISTRIBUTE_PJRT_DEVICES=1` makes the CPU plugin such a one-device plugin.
 
 use distribute_pjrt::stablehlo::{
     AllReduceOp, Builder, Comparison, DotDims, Reduction, ReplicaGroups, TensorType, UnaryOp, Value,
 };
 use distribute_pjrt::{
-    CPU_PLATFORM, Client, ClientOptions, CompileOptions, ElementType, ErrorCode, Plugin,
+    CPU_PLATFORM, Client, ClientOptions, CompileOptions, ElementType, ErrorCode, Offer, PjrtError,
+    Plugin, Shortfall, pinned_plugin_path,
 };
+
+fn plugin() -> &'static Plugin {
+    Plugin::discover().unwrap_or_else(|err| panic!("{err}"))
+}
+
+fn offer() -> &'static Offer {
+    plugin().offer().unwrap_or_else(|err| panic!("{err}"))
+}
 
 /// A client of the plugin with `devices` devices: exactly that many on the CPU plugin, the first
 /// of them on any other (which must have enough).
 fn client(devices: usize) -> Client {
-    let plugin = Plugin::discover().unwrap_or_else(|err| panic!("{err}"));
-    Client::with_devices(plugin, &ClientOptions::default(), Some(devices))
+    Client::with_devices(plugin(), &ClientOptions::default(), Some(devices))
         .unwrap_or_else(|err| panic!("{err}"))
         .0
+}
+
+/// Prints why the running test skips (some of) its work.
+fn skip(reason: &dyn std::fmt::Display) {
+    let test = std::thread::current().name().unwrap_or("").to_owned();
+    println!("skipped: {reason} ({test})");
+}
+
+/// A client with `devices` devices, or `None` after saying why not: the plugin offers fewer.
+fn client_or_skip(devices: usize) -> Option<Client> {
+    match offer().check(devices) {
+        Ok(()) => Some(client(devices)),
+        Err(short) => {
+            skip(&short);
+            None
+        }
+    }
+}
+
+/// The replica counts of `counts` the plugin can give; the others are skipped, each with its
+/// reason.
+fn counts(counts: &[usize]) -> Vec<usize> {
+    let (within, short) = offer().counts_within(counts);
+    short.iter().for_each(|s: &Shortfall| skip(s));
+    within
+}
+
+/// Whether the plugin is the pinned CPU plugin, whose own behaviour some tests check.
+fn is_the_pinned_cpu_plugin() -> bool {
+    pinned_plugin_path()
+        .canonicalize()
+        .is_ok_and(|pinned| plugin().path() == pinned)
 }
 
 fn f32s(dims: &[i64]) -> TensorType {
@@ -56,11 +101,23 @@ fn run_replicated(
 
 #[test]
 fn the_plugin_reports_its_version_and_devices() {
-    let client = client(4);
+    let client = client(1);
     let (major, minor) = client.plugin().version();
     assert_eq!(major, 0);
     assert!(minor >= 90, "minor {minor}");
+    assert_eq!(client.platform_name().unwrap(), offer().platform());
+    assert_eq!(client.devices().unwrap().len(), 1);
+    if !is_the_pinned_cpu_plugin() {
+        skip(&format!(
+            "the pinned CPU plugin's platform and device kinds, on {}",
+            plugin().path().display()
+        ));
+        return;
+    }
     assert_eq!(client.platform_name().unwrap(), "cpu");
+    let Some(client) = client_or_skip(4) else {
+        return;
+    };
     let devices = client.devices().unwrap();
     assert_eq!(devices.len(), 4);
     let ids: Vec<i32> = devices.iter().map(|d| d.id()).collect();
@@ -107,8 +164,8 @@ fn threads_reading_one_buffer_at_once_all_get_its_values() {
 }
 
 #[test]
-fn all_reduce_ops_on_2_4_and_8_replicas() {
-    for replicas in [2usize, 4, 8] {
+fn all_reduce_ops_on_1_2_4_and_8_replicas() {
+    for replicas in counts(&[1, 2, 4, 8]) {
         let client = client(replicas);
         // Replica r holds [r + 1, -(r + 1), 10 r].
         let inputs: Vec<Vec<f32>> = (0..replicas)
@@ -152,7 +209,9 @@ fn all_reduce_ops_on_2_4_and_8_replicas() {
 
 #[test]
 fn all_reduce_within_replica_groups() {
-    let client = client(4);
+    let Some(client) = client_or_skip(4) else {
+        return;
+    };
     let inputs: Vec<Vec<f32>> = (0..4).map(|r| vec![1.0 + r as f32]).collect();
     let groups = ReplicaGroups::new(vec![vec![0, 2], vec![1, 3]]).unwrap();
     let outputs = run_replicated(&client, 4, 1, &inputs, |b, x| {
@@ -163,7 +222,7 @@ fn all_reduce_within_replica_groups() {
 
 #[test]
 fn replica_id_is_each_replicas_index() {
-    for replicas in [2usize, 4, 8] {
+    for replicas in counts(&[1, 2, 4, 8]) {
         let client = client(replicas);
         let inputs = vec![vec![0.0f32]; replicas];
         let outputs = run_replicated(&client, replicas, 1, &inputs, |b, x| {
@@ -179,7 +238,9 @@ fn replica_id_is_each_replicas_index() {
 
 #[test]
 fn all_gather_and_all_to_all_move_blocks_between_replicas() {
-    let client = client(2);
+    let Some(client) = client_or_skip(2) else {
+        return;
+    };
     let inputs = vec![vec![1.0f32, 2.0], vec![3.0, 4.0]];
     let gathered = run_replicated(&client, 2, 2, &inputs, |b, x| {
         b.all_gather(x, 0, &ReplicaGroups::all(2)).unwrap()
@@ -284,8 +345,14 @@ fn dynamic_slice_reads_the_row_a_loop_counter_selects() {
 
 #[test]
 fn a_while_loop_with_a_cross_replica_sum_in_its_body() {
+    for replicas in counts(&[1, 4]) {
+        while_loop_then_a_sum_on(replicas);
+    }
+}
+
+fn while_loop_then_a_sum_on(replicas: usize) {
     // TPU-27's shape: 10 iterations adding 1 per replica, then a sum over replicas.
-    let client = client(4);
+    let client = client(replicas);
     let mut b = Builder::new();
     let x = b.parameter(f32s(&[]));
     let i0 = b.scalar(0i32);
@@ -304,9 +371,15 @@ fn a_while_loop_with_a_cross_replica_sum_in_its_body() {
         )
         .unwrap();
     let total = b
-        .all_reduce(&out[1], AllReduceOp::Sum, &ReplicaGroups::all(4))
+        .all_reduce(
+            &out[1],
+            AllReduceOp::Sum,
+            &ReplicaGroups::all(replicas as u32),
+        )
         .unwrap();
-    let module = b.build("loop", &[total, out[0].clone()], 4).unwrap();
+    let module = b
+        .build("loop", &[total, out[0].clone()], replicas as u32)
+        .unwrap();
     let exe = client
         .compile(module.text(), &module.compile_options())
         .unwrap_or_else(|err| panic!("{err}\n{}", module.text()));
@@ -317,8 +390,12 @@ fn a_while_loop_with_a_cross_replica_sum_in_its_body() {
         .collect();
     let args: Vec<Vec<_>> = zeros.iter().map(|b| vec![b]).collect();
     let outputs = exe.execute(&args).unwrap().wait().unwrap();
+    assert_eq!(outputs.len(), replicas);
     for replica in &outputs {
-        assert_eq!(replica[0].to_vec::<f32>().unwrap(), [40.0]);
+        assert_eq!(
+            replica[0].to_vec::<f32>().unwrap(),
+            [10.0 * replicas as f32]
+        );
         assert_eq!(replica[1].to_vec::<i32>().unwrap(), [10]);
     }
 }
@@ -343,7 +420,9 @@ fn bad_stablehlo_returns_the_compilers_message() {
 
 #[test]
 fn wrong_argument_lists_are_refused_before_the_plugin_sees_them() {
-    let client = client(2);
+    let Some(client) = client_or_skip(2) else {
+        return;
+    };
     let mut b = Builder::new();
     let x = b.parameter(f32s(&[1]));
     let module = b.build("id", &[x], 2).unwrap();
@@ -382,7 +461,7 @@ fn max_in_flight_above_the_safe_depth_is_refused() {
 /// issued without waiting, each consuming the previous one's output, and all must complete.
 #[test]
 fn two_hundred_executions_in_flight_complete() {
-    for replicas in [4, 8] {
+    for replicas in counts(&[1, 4, 8]) {
         two_hundred_executions_on(replicas);
     }
 }
@@ -441,7 +520,9 @@ fn two_hundred_executions_on(replicas: usize) {
 
 #[test]
 fn a_device_assignment_places_replicas_on_chosen_devices() {
-    let client = client(4);
+    let Some(client) = client_or_skip(4) else {
+        return;
+    };
     let mut b = Builder::new();
     let x = b.parameter(f32s(&[1]));
     let id = b.replica_id();
@@ -482,19 +563,30 @@ fn a_device_assignment_places_replicas_on_chosen_devices() {
 
 #[test]
 fn with_devices_gives_all_or_the_first_n_and_names_both_counts_when_short() {
-    let plugin = Plugin::discover().unwrap_or_else(|err| panic!("{err}"));
+    let plugin = plugin();
     let (client, devices) = Client::with_devices(plugin, &ClientOptions::default(), None).unwrap();
     assert_eq!(devices.len(), client.devices().unwrap().len());
     let err = Client::with_devices(plugin, &ClientOptions::default(), Some(0)).unwrap_err();
     assert!(err.to_string().contains("asked for 0 devices"), "{err}");
-    let err = Client::with_devices(plugin, &ClientOptions::default(), Some(devices.len() + 1));
-    if client.platform_name().unwrap() != CPU_PLATFORM {
-        let err = err.unwrap_err().to_string();
-        let counts = format!("asked for {} devices", devices.len() + 1);
-        assert!(err.contains(&counts), "{err}");
-        assert!(err.contains(&format!("has {}", devices.len())), "{err}");
+    if let Some(most) = offer().most_devices() {
+        // A plugin of fixed devices (or a capped CPU plugin): all of them, and no more.
+        assert_eq!(devices.len(), most);
+        let err =
+            Client::with_devices(plugin, &ClientOptions::default(), Some(most + 1)).unwrap_err();
+        assert!(
+            matches!(err, PjrtError::NotEnoughDevices { ref shortfall, .. }
+                if shortfall.needed == most + 1 && shortfall.has == most),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("asked for {} devices", most + 1)),
+            "{text}"
+        );
+        assert!(text.contains(&format!("has {most}")), "{text}");
         return;
     }
+    assert_eq!(offer().platform(), CPU_PLATFORM);
     // The CPU plugin is created with exactly the devices asked for, more than its default too.
     for n in [1, 3, 6] {
         let (client, devices) =
