@@ -3,10 +3,14 @@
 //! per case: `tpu_compile` (trace + compile + first step), `tpu_step` (one launch per step,
 //! the weights a device variable whose buffers each step replaces, the data on the devices),
 //! `tpu_run_steps` (all steps in one device loop carrying the variable) and
-//! `mirrored_step` (host threads, host all-reduce). `median_s` is per step (per compile).
+//! `mirrored_step` (host threads, host all-reduce). `median_s` is per step (per compile);
+//! `platform` is the PJRT plugin's (`cpu`, `cuda`) for the `tpu_*` cases and `cpu` for
+//! `mirrored_step`.
 //!
-//! Without `--bench` (as `cargo test --all-targets` runs it) it does a quick smoke run that still
-//! checks that both strategies train the same weights.
+//! It runs on 1, 2 and 4 replicas, those the plugin can give (one GPU gives 1; see
+//! `tests/devices/mod.rs`), and prints a `skipped:` line for each count it cannot. Without
+//! `--bench` (as `cargo test --all-targets` runs it) it does a quick smoke run on 1 and 2
+//! replicas that still checks that both strategies train the same weights.
 
 use std::time::Instant;
 
@@ -15,6 +19,8 @@ use distribute_mirrored::MirroredStrategy;
 use distribute_tpu::{StepInput, TpuConfig, TpuStrategy};
 use serde_json::json;
 
+#[path = "../tests/devices/mod.rs"]
+mod devices;
 #[path = "../tests/workload/mod.rs"]
 mod workload;
 use workload::{data, sgd_step, shards, stack, train_mirrored, weights};
@@ -22,12 +28,26 @@ use workload::{data, sgd_step, shards, stack, train_mirrored, weights};
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
     let (replica_counts, steps, repeats): (&[usize], usize, usize) = if full {
-        (&[2, 4], 200, 7)
+        (&[1, 2, 4], 200, 7)
     } else {
-        (&[2], 5, 1)
+        (&[1, 2], 5, 1)
+    };
+    let platform = devices::offer().platform();
+    // MirroredStrategy's replicas are host threads whatever the plugin is.
+    let report = |bench: &str, replicas: usize, median_s: f64| {
+        let platform = if bench == "mirrored_step" {
+            "cpu"
+        } else {
+            platform
+        };
+        println!(
+            "{}",
+            json!({"bench": bench, "platform": platform, "replicas": replicas,
+                   "median_s": median_s, "per_s": 1.0 / median_s})
+        );
     };
     let (x, y) = data();
-    for &n in replica_counts {
+    for n in devices::counts(replica_counts) {
         let tpu = TpuStrategy::new(TpuConfig::cpu(n)).unwrap_or_else(|err| panic!("{err}"));
         let (xs, ys) = shards(&tpu, &x, &y);
         let xd = tpu.to_device(StepInput::PerReplica(&xs)).unwrap();
@@ -107,13 +127,6 @@ fn main() {
             );
         }
     }
-}
-
-fn report(bench: &str, replicas: usize, median_s: f64) {
-    println!(
-        "{}",
-        json!({"bench": bench, "replicas": replicas, "median_s": median_s, "per_s": 1.0 / median_s})
-    );
 }
 
 fn median(repeats: usize, mut sample: impl FnMut() -> f64) -> f64 {

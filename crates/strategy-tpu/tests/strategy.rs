@@ -1,9 +1,13 @@
 //! TpuStrategy on the CPU plugin (`PJRT_PLUGIN`, else the pinned one `cargo xtask test`
-//! installs; without one these tests fail with the error that says how to get it).
+//! installs; without one these tests fail with the error that says how to get it), on the
+//! devices the plugin offers (see `devices/mod.rs`: one GPU runs the tests generic over the
+//! replica count on one replica, and skips those that need more, saying so).
 
 use std::sync::Arc;
 
+mod devices;
 mod workload;
+use devices::{counts, has, strategy, up_to};
 use workload::{FEATURES, data, sgd_step, shards, stack, train_mirrored, weights};
 
 use distribute_collectives::Tensor;
@@ -14,10 +18,6 @@ use distribute_strategy::{Strategy, StrategyError, VariableOptions};
 use distribute_tpu::{DeviceAssignment, StepBuilder, StepInput, TpuConfig, TpuError, TpuStrategy};
 use distribute_values::{Leaf, PerReplica, ReduceOp};
 use ndarray::{Array1, Array2};
-
-fn strategy(devices: usize) -> TpuStrategy {
-    TpuStrategy::new(TpuConfig::cpu(devices)).unwrap_or_else(|err| panic!("{err}"))
-}
 
 fn per_replica(s: &TpuStrategy, values: Vec<Tensor>) -> PerReplica<Tensor> {
     PerReplica::new(Arc::clone(s.device_map()), values).unwrap()
@@ -37,19 +37,25 @@ fn scalars(s: &TpuStrategy, values: &[f32]) -> PerReplica<Tensor> {
 
 #[test]
 fn tpu_12_every_device_is_a_replica() {
-    let s = strategy(4);
-    assert_eq!(s.num_replicas_in_sync(), 4);
-    let devices = s.worker_devices();
-    for (i, d) in devices.iter().enumerate() {
-        assert_eq!(
-            d,
-            &format!("/job:localhost/replica:0/task:0/device:TPU:{i}")
-        );
+    for n in counts(&[1, 4]) {
+        let s = strategy(n);
+        assert_eq!(s.num_replicas_in_sync(), n);
+        let devices = s.worker_devices();
+        assert_eq!(devices.len(), n);
+        for (i, d) in devices.iter().enumerate() {
+            assert_eq!(
+                d,
+                &format!("/job:localhost/replica:0/task:0/device:TPU:{i}")
+            );
+        }
     }
 }
 
 #[test]
 fn tpu_13_an_assignment_picks_the_cores() {
+    if !has(2) {
+        return;
+    }
     let topology = TpuStrategy::topology_for(2).unwrap();
     let second = DeviceAssignment::new(topology.clone(), &[vec![vec![0, 0, 0, 1]]]).unwrap();
     let config = TpuConfig {
@@ -80,6 +86,9 @@ fn tpu_13_an_assignment_picks_the_cores() {
 
 #[test]
 fn bad_assignments_are_refused() {
+    if !has(2) {
+        return;
+    }
     let other = DeviceAssignment::new(
         TpuStrategy::topology_for(4).unwrap(),
         &[vec![vec![0, 0, 0, 3]]],
@@ -111,8 +120,15 @@ fn bad_assignments_are_refused() {
 
 #[test]
 fn tpu_16_logical_devices_out_of_range_are_refused() {
-    let s = strategy(2);
-    assert!(s.logical_device(1, 0).unwrap().ends_with("device:TPU:1"));
+    let n = up_to(2);
+    let s = strategy(n);
+    let last = n - 1;
+    assert!(
+        s.logical_device(last, 0)
+            .unwrap()
+            .ends_with(&format!("device:TPU:{last}"))
+    );
+    assert!(s.logical_device(n, 0).is_err(), "replica {n} of {n}");
     let err = s.logical_device(0, 1).unwrap_err();
     assert!(
         matches!(err, TpuError::InvalidArgument(ref m) if m.contains("out of range")),
@@ -122,6 +138,9 @@ fn tpu_16_logical_devices_out_of_range_are_refused() {
 
 #[test]
 fn tpu_19_reduce_inside_and_outside_the_step() {
+    if !has(2) {
+        return;
+    }
     let s = strategy(2);
     let x = scalars(&s, &[2.0, 3.0]);
     // Outside: squares on each replica, then a host-side MEAN → (4 + 9) / 2.
@@ -178,8 +197,8 @@ fn one_replica_collectives_are_the_value_and_refuse_the_same_ops() {
 use distribute_values::DistributedValues;
 
 #[test]
-fn all_reduce_and_replica_id_on_2_4_and_8_replicas() {
-    for n in [2usize, 4, 8] {
+fn all_reduce_and_replica_id_on_1_2_4_and_8_replicas() {
+    for n in counts(&[1, 2, 4, 8]) {
         let s = strategy(n);
         let f = s.function(|b: &mut StepBuilder<'_>, x: &[Value]| {
             let id = b.replica_id();
@@ -205,7 +224,7 @@ fn all_reduce_and_replica_id_on_2_4_and_8_replicas() {
 
 #[test]
 fn tpu_27_a_device_loop_then_a_sum_reduce() {
-    for n in [2usize, 4] {
+    for n in counts(&[1, 2, 4]) {
         let s = strategy(n);
         let plus_one = s.function(|b, state| {
             let one = b.splat(1.0f32, &[1]);
@@ -223,14 +242,20 @@ fn tpu_27_a_device_loop_then_a_sum_reduce() {
 
 #[test]
 fn one_compilation_per_input_signature() {
-    let s = strategy(2);
+    let n = up_to(2);
+    let s = strategy(n);
     let double = s.function(|b, x| Ok(vec![b.add(&x[0], &x[0])?]));
-    let a = scalars(&s, &[1.0, 2.0]);
-    let b = scalars(&s, &[5.0, 6.0]);
-    double.run(&[StepInput::PerReplica(&a)]).unwrap();
-    let out = double.run(&[StepInput::PerReplica(&b)]).unwrap();
+    let a: Vec<f32> = (1..=n).map(|v| v as f32).collect();
+    let b: Vec<f32> = (5..5 + n).map(|v| v as f32).collect();
+    double
+        .run(&[StepInput::PerReplica(&scalars(&s, &a))])
+        .unwrap();
+    let out = double
+        .run(&[StepInput::PerReplica(&scalars(&s, &b))])
+        .unwrap();
     assert_eq!(double.compilations(), 1);
-    assert_eq!(out[0].replica(1).unwrap().to_vec::<f32>().unwrap(), [12.0]);
+    let last = out[0].replica(n - 1).unwrap().to_vec::<f32>().unwrap();
+    assert_eq!(last, [2.0 * b[n - 1]]);
     let wide = Tensor::from_vec("/cpu:0", &[2], vec![1.0f32, 2.0]).unwrap();
     double.run(&[StepInput::Same(&wide)]).unwrap();
     assert_eq!(double.compilations(), 2);
@@ -238,6 +263,9 @@ fn one_compilation_per_input_signature() {
 
 #[test]
 fn shapes_must_agree_between_replicas() {
+    if !has(2) {
+        return;
+    }
     let s = strategy(2);
     let f = s.function(|_, x| Ok(vec![x[0].clone()]));
     let devices = s.worker_devices();
@@ -257,19 +285,21 @@ fn shapes_must_agree_between_replicas() {
 
 #[test]
 fn builder_mistakes_in_a_step_are_reported() {
-    let s = strategy(2);
+    let n = up_to(2);
+    let s = strategy(n);
     let f = s.function(|b, x| {
         let wrong = b.splat(1.0f32, &[5]);
         Ok(vec![b.add(&x[0], &wrong)?])
     });
-    let x = scalars(&s, &[1.0, 2.0]);
+    let x = scalars(&s, &vec![1.0; n]);
     let err = f.run(&[StepInput::PerReplica(&x)]).unwrap_err().to_string();
     assert!(err.contains("operand types differ"), "{err}");
 }
 
 #[test]
 fn two_hundred_runs_back_to_back() {
-    let s = strategy(4);
+    let n = up_to(4);
+    let s = strategy(n);
     let step = s.function(|b, w| {
         let one = b.splat(1.0f32, &[1]);
         let summed = b.all_reduce(ReduceOp::Sum, &one)?;
@@ -280,14 +310,18 @@ fn two_hundred_runs_back_to_back() {
     for _ in 0..200 {
         w = step.run(&[StepInput::Device(&w)]).unwrap().remove(0);
     }
-    for r in 0..4 {
-        assert_eq!(w.replica(r).unwrap().to_vec::<f32>().unwrap(), [800.0]);
+    for r in 0..n {
+        assert_eq!(
+            w.replica(r).unwrap().to_vec::<f32>().unwrap(),
+            [200.0 * n as f32]
+        );
     }
 }
 
 #[test]
 fn eager_steps_run_through_the_strategy_trait() {
-    let s = strategy(2);
+    let n = up_to(2);
+    let s = strategy(n);
     let sums: Leaf<Tensor> = s
         .run(
             |ctx, ()| {
@@ -297,8 +331,9 @@ fn eager_steps_run_through_the_strategy_trait() {
             &(),
         )
         .unwrap();
+    assert_eq!(sums.local_results().len(), n);
     for t in sums.local_results() {
-        assert_eq!(t.to_vec::<f32>().unwrap(), [3.0]);
+        assert_eq!(t.to_vec::<f32>().unwrap(), [(n * (n + 1) / 2) as f32]);
     }
     let err = s
         .run(
@@ -334,7 +369,7 @@ fn assert_close(tpu: &[f32], mirrored: &[f32], what: &str) {
 #[test]
 fn linear_regression_matches_mirrored_strategy() {
     let (x, y) = data();
-    for n in [2usize, 4, 8] {
+    for n in counts(&[1, 2, 4, 8]) {
         let expected = mirrored_weights(n, &x, &y);
         let s = strategy(n);
         let (xs, ys) = shards(&s, &x, &y);
@@ -369,7 +404,7 @@ fn linear_regression_matches_mirrored_strategy() {
 #[test]
 fn run_steps_trains_the_same_weights_in_one_device_loop() {
     let (x, y) = data();
-    let n = 2;
+    let n = up_to(2);
     let expected = mirrored_weights(n, &x, &y);
     let s = strategy(n);
     let (xs, ys) = shards(&s, &x, &y);
@@ -384,7 +419,7 @@ fn run_steps_trains_the_same_weights_in_one_device_loop() {
             &[StepInput::PerReplica(&xs), StepInput::PerReplica(&ys)],
         )
         .unwrap();
-    let tpu = out[0].replica(1).unwrap().to_vec::<f32>().unwrap();
+    let tpu = out[0].replica(n - 1).unwrap().to_vec::<f32>().unwrap();
     assert_close(&tpu, &expected, "run_steps");
     // The same loop with the weights as a device variable the loop carries.
     let w = weights(&s);
@@ -397,7 +432,7 @@ fn run_steps_trains_the_same_weights_in_one_device_loop() {
         )
         .unwrap();
     assert!(rest.is_empty());
-    let tpu = w.read_replica(1).unwrap().to_vec::<f32>().unwrap();
+    let tpu = w.read_replica(n - 1).unwrap().to_vec::<f32>().unwrap();
     assert_close(&tpu, &expected, "run_steps");
     let err = step
         .run_steps(3, &[StepInput::Same(&zeros)], &[StepInput::PerReplica(&xs)])
@@ -410,6 +445,9 @@ fn run_steps_trains_the_same_weights_in_one_device_loop() {
 
 #[test]
 fn a_short_last_batch_is_padded_with_a_mask_instead_of_recompiled() {
+    if !has(2) {
+        return;
+    }
     let (x, y) = data();
     let s = strategy(2);
     // Σ_replicas xᵀ((x w − y) · mask) with w = 0.5: the masked gradient sum.
@@ -488,6 +526,9 @@ fn assert_close_relative(got: &[f32], expected: &[f32]) {
 
 #[test]
 fn tpu_26_steps_on_single_core_sub_strategies() {
+    if !has(2) {
+        return;
+    }
     let topology = TpuStrategy::topology_for(2).unwrap();
     let on_core = |core: i32| {
         let assignment =
@@ -536,13 +577,16 @@ fn tpu_26_steps_on_single_core_sub_strategies() {
 /// step's uneven batches, joined in replica order on the host.
 #[test]
 fn gather_joins_compiled_and_eager_outputs_on_the_host() {
-    let s = strategy(4);
-    let x = scalars(&s, &[1.0, 2.0, 3.0, 4.0]);
+    let n = up_to(4);
+    let s = strategy(n);
+    let values: Vec<f32> = (1..=n).map(|v| v as f32).collect();
+    let x = scalars(&s, &values);
     let double = s.function(|b, x| Ok(vec![b.add(&x[0], &x[0])?]));
     let out = double.run(&[StepInput::PerReplica(&x)]).unwrap();
     let doubled = Leaf::PerReplica(out[0].to_per_replica().unwrap());
     let gathered = s.gather(&doubled, 0).unwrap();
-    assert_eq!(gathered.to_vec::<f32>().unwrap(), [2.0, 4.0, 6.0, 8.0]);
+    let doubled: Vec<f32> = values.iter().map(|v| 2.0 * v).collect();
+    assert_eq!(gathered.to_vec::<f32>().unwrap(), doubled);
     assert_eq!(gathered.device(), s.extended().host_device());
 
     // Replica r returns r rows: the last batch of an uneven dataset.
@@ -556,7 +600,10 @@ fn gather_joins_compiled_and_eager_outputs_on_the_host() {
         )
         .unwrap();
     let gathered = s.gather(&rows, 0).unwrap();
-    assert_eq!(gathered.to_vec::<i32>().unwrap(), [1, 2, 2, 3, 3, 3]);
+    let rows: Vec<i32> = (0..n as i32)
+        .flat_map(|r| std::iter::repeat_n(r, r as usize))
+        .collect();
+    assert_eq!(gathered.to_vec::<i32>().unwrap(), rows);
 
     // The eager replica context's integer MEAN is TF's float64 mean.
     let mean: Leaf<Tensor> = s
@@ -569,6 +616,6 @@ fn gather_joins_compiled_and_eager_outputs_on_the_host() {
         )
         .unwrap();
     for t in mean.local_results() {
-        assert_eq!(t.to_vec::<f64>().unwrap(), [1.5]);
+        assert_eq!(t.to_vec::<f64>().unwrap(), [(n - 1) as f64 / 2.0]);
     }
 }

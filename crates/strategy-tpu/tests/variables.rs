@@ -1,21 +1,21 @@
 //! Device-resident variables (TPU-23, TPU-24, TPU-25, TPU-28 of the reference behaviours) on
 //! the CPU plugin: one PJRT buffer per replica, updated by compiled steps without a host round
-//! trip, read and updated from the host with TF's cross-replica rules.
+//! trip, read and updated from the host with TF's cross-replica rules. On the devices the
+//! plugin offers (`devices/mod.rs`).
 
 use std::cell::Cell;
 use std::sync::Arc;
 
 use distribute_collectives::Tensor;
 use distribute_strategy::VariableOptions;
-use distribute_tpu::{StepInput, TpuConfig, TpuError, TpuStrategy, TpuVariable};
+use distribute_tpu::{StepInput, TpuError, TpuStrategy, TpuVariable};
 use distribute_values::{
     DistributedValues, Leaf, Mirrored, PerReplica, ReduceOp, SyncKind, UpdateOp,
     VariableAggregation, VariableSynchronization,
 };
 
-fn strategy(devices: usize) -> TpuStrategy {
-    TpuStrategy::new(TpuConfig::cpu(devices)).unwrap_or_else(|err| panic!("{err}"))
-}
+mod devices;
+use devices::{counts, has, strategy, up_to};
 
 fn vector(device: &str, values: &[f32]) -> Tensor {
     Tensor::from_vec(device, &[values.len()], values.to_vec()).unwrap()
@@ -52,7 +52,13 @@ fn per_replica(s: &TpuStrategy, values: Vec<Tensor>) -> PerReplica<Tensor> {
 
 #[test]
 fn tpu_24_components_are_named_per_replica_and_share_one_initial_value() {
-    let s = strategy(4);
+    for n in counts(&[1, 4]) {
+        components_on(n);
+    }
+}
+
+fn components_on(n: usize) {
+    let s = strategy(n);
     let calls = Cell::new(0);
     let w = s
         .create_device_variable("dense/kernel", VariableOptions::default(), |device| {
@@ -62,20 +68,15 @@ fn tpu_24_components_are_named_per_replica_and_share_one_initial_value() {
         })
         .unwrap();
     assert_eq!(calls.get(), 1, "the initial value is computed once");
-    assert_eq!(
-        w.component_names(),
-        [
-            "dense/kernel",
-            "dense/kernel/replica_1",
-            "dense/kernel/replica_2",
-            "dense/kernel/replica_3"
-        ]
-    );
+    let names: Vec<String> = std::iter::once("dense/kernel".to_owned())
+        .chain((1..n).map(|r| format!("dense/kernel/replica_{r}")))
+        .collect();
+    assert_eq!(w.component_names(), names);
     assert_eq!(w.sync_kind(), SyncKind::OnWrite);
     assert!(w.trainable());
-    assert_eq!(copies(&w), vec![vec![1.0, 2.0]; 4]);
+    assert_eq!(copies(&w), vec![vec![1.0, 2.0]; n]);
     // Each copy is its replica's device's.
-    for r in 0..4 {
+    for r in 0..n {
         assert!(
             w.read_replica(r)
                 .unwrap()
@@ -99,7 +100,8 @@ fn tpu_24_components_are_named_per_replica_and_share_one_initial_value() {
 
 #[test]
 fn steps_update_mirrored_variables_on_the_devices() {
-    let s = strategy(2);
+    let n = up_to(2);
+    let s = strategy(n);
     let w = variable(
         &s,
         "w",
@@ -113,14 +115,15 @@ fn steps_update_mirrored_variables_on_the_devices() {
         let mean = b.all_reduce(ReduceOp::Mean, x)?;
         Ok(vec![b.subtract(w, &mean)?, x.clone()])
     });
+    // Replica r's x is [2r + 1, 2r + 2]: their mean is [n, n + 1].
     let devices = s.worker_devices();
     let x = per_replica(
         &s,
-        vec![
-            vector(&devices[0], &[1.0, 2.0]),
-            vector(&devices[1], &[3.0, 4.0]),
-        ],
+        (0..n)
+            .map(|r| vector(&devices[r], &[2.0 * r as f32 + 1.0, 2.0 * r as f32 + 2.0]))
+            .collect(),
     );
+    let after_three = vec![-3.0 * n as f32, -3.0 * (n + 1) as f32];
     for _ in 0..3 {
         let rest = step
             .run_updating(&[&w], &[StepInput::PerReplica(&x)])
@@ -128,10 +131,10 @@ fn steps_update_mirrored_variables_on_the_devices() {
         assert_eq!(rest.len(), 1);
     }
     assert_eq!(step.compilations(), 1);
-    assert_eq!(copies(&w), vec![vec![-6.0, -9.0]; 2]);
+    assert_eq!(copies(&w), vec![after_three.clone(); n]);
     assert_eq!(
         w.read_cross_replica(None).unwrap().to_vec::<f32>().unwrap(),
-        [-6.0, -9.0]
+        after_three
     );
     // The step must give the variable back with its type; a wrong one changes nothing.
     let wrong = s.function(|b, _| Ok(vec![b.splat(1.0f32, &[3])]));
@@ -140,7 +143,7 @@ fn steps_update_mirrored_variables_on_the_devices() {
         matches!(err, TpuError::InvalidArgument(ref m) if m.contains("holds tensor<2xf32>")),
         "{err}"
     );
-    assert_eq!(copies(&w), vec![vec![-6.0, -9.0]; 2]);
+    assert_eq!(copies(&w), vec![after_three; n]);
     let twice = s.function(|_, args| Ok(args.to_vec()));
     let err = twice.run_updating(&[&w, &w], &[]).unwrap_err();
     assert!(err.to_string().contains("passed twice"), "{err}");
@@ -148,7 +151,8 @@ fn steps_update_mirrored_variables_on_the_devices() {
 
 #[test]
 fn run_steps_updating_carries_variables_through_the_device_loop() {
-    let s = strategy(4);
+    let n = up_to(4);
+    let s = strategy(n);
     let v = variable(
         &s,
         "counter",
@@ -168,15 +172,18 @@ fn run_steps_updating_carries_variables_through_the_device_loop() {
         .run_steps_updating(10, &[&v], &[StepInput::Same(&zero)], &[])
         .unwrap();
     assert_eq!(rest[0].replica(0).unwrap().to_vec::<f32>().unwrap(), [10.0]);
-    assert_eq!(copies(&v), vec![vec![40.0]; 4]);
+    assert_eq!(copies(&v), vec![vec![10.0 * n as f32]; n]);
     // The next loop starts from the updated buffers.
     step.run_steps_updating(5, &[&v], &[StepInput::Same(&zero)], &[])
         .unwrap();
-    assert_eq!(copies(&v), vec![vec![60.0]; 4]);
+    assert_eq!(copies(&v), vec![vec![15.0 * n as f32]; n]);
 }
 
 #[test]
 fn tpu_25_aggregated_mirrored_updates_need_mirrored_arguments() {
+    if !has(2) {
+        return;
+    }
     let s = strategy(2);
     let devices = s.worker_devices();
     let w = variable(
@@ -230,7 +237,8 @@ fn tpu_25_aggregated_mirrored_updates_need_mirrored_arguments() {
 
 #[test]
 fn tpu_28_an_only_first_replica_sync_on_read_variable() {
-    let s = strategy(4);
+    let n = up_to(4);
+    let s = strategy(n);
     let w = variable(
         &s,
         "w",
@@ -252,15 +260,16 @@ fn tpu_28_an_only_first_replica_sync_on_read_variable() {
         Ok(vec![new_w, out])
     });
     let out = step.run_updating(&[&w], &[]).unwrap();
-    let data_sum = (0..4).sum::<i32>() as f32;
-    for r in 0..4 {
+    let data_sum = (0..n).sum::<usize>() as f32;
+    for r in 0..n {
         assert_eq!(
             out[0].replica(r).unwrap().to_vec::<f32>().unwrap(),
             [r as f32 + data_sum]
         );
     }
     // Replica copies differ; the cross-replica read is the first replica's.
-    assert_eq!(copies(&w), [vec![0.0], vec![1.0], vec![2.0], vec![3.0]]);
+    let ids: Vec<Vec<f32>> = (0..n).map(|r| vec![r as f32]).collect();
+    assert_eq!(copies(&w), ids);
     assert_eq!(
         w.read_cross_replica(None).unwrap().to_vec::<f32>().unwrap(),
         [0.0]
@@ -269,6 +278,9 @@ fn tpu_28_an_only_first_replica_sync_on_read_variable() {
 
 #[test]
 fn sync_on_read_sum_and_mean_aggregate_when_read() {
+    if !has(2) {
+        return;
+    }
     let s = strategy(2);
     let devices = s.worker_devices();
     let values = || {
@@ -318,19 +330,20 @@ fn sync_on_read_sum_and_mean_aggregate_when_read() {
 
 #[test]
 fn tpu_23_broadcast_to_outside_and_inside_a_step() {
-    let s = strategy(4);
+    let n = up_to(4);
+    let s = strategy(n);
     let x = vector("/cpu:0", &[1.5, 2.5]);
     // Outside a replicated computation the value comes back unchanged.
     assert_eq!(s.broadcast_to(&x), Leaf::Same(x.clone()));
     // Inside, every replica gets replica 0's value.
     let step = s.function(|b, args| Ok(vec![b.broadcast_from_first(&args[0])?]));
     let devices = s.worker_devices();
-    let values = (0..4)
+    let values = (0..n)
         .map(|r| vector(&devices[r], &[r as f32 + 1.0, 10.0 * (r as f32 + 1.0)]))
         .collect();
     let p = per_replica(&s, values);
     let out = step.run(&[StepInput::PerReplica(&p)]).unwrap();
-    for r in 0..4 {
+    for r in 0..n {
         assert_eq!(
             out[0].replica(r).unwrap().to_vec::<f32>().unwrap(),
             [1.0, 10.0]
@@ -340,7 +353,8 @@ fn tpu_23_broadcast_to_outside_and_inside_a_step() {
 
 #[test]
 fn steps_read_variables_as_device_inputs_and_refuse_another_strategys() {
-    let s = strategy(2);
+    let n = up_to(2);
+    let s = strategy(n);
     let w = variable(
         &s,
         "w",
@@ -351,12 +365,15 @@ fn steps_read_variables_as_device_inputs_and_refuse_another_strategys() {
     // Read-only use: the buffers go in as a device input and stay as they were.
     let double = s.function(|b, args| Ok(vec![b.add(&args[0], &args[0])?]));
     let out = double.run(&[StepInput::Device(&w.device_value())]).unwrap();
-    assert_eq!(out[0].replica(1).unwrap().to_vec::<f32>().unwrap(), [4.0]);
-    assert_eq!(copies(&w), vec![vec![2.0]; 2]);
+    assert_eq!(
+        out[0].replica(n - 1).unwrap().to_vec::<f32>().unwrap(),
+        [4.0]
+    );
+    assert_eq!(copies(&w), vec![vec![2.0]; n]);
     // A variable of another strategy (another client) is refused before anything runs.
-    let other = strategy(2);
+    let other = strategy(n);
     let f = other.function(|_, args| Ok(args.to_vec()));
     let err = f.run_updating(&[&w], &[]).unwrap_err();
     assert!(err.to_string().contains("another client"), "{err}");
-    assert_eq!(copies(&w), vec![vec![2.0]; 2]);
+    assert_eq!(copies(&w), vec![vec![2.0]; n]);
 }
