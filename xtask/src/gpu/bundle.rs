@@ -19,12 +19,20 @@ const RUN_SCRIPT: &str = include_str!("run.sh");
 const SUITE_LIST: &str = "suites.txt";
 /// The most a device run carries back and forth.
 const BUNDLE_LIMIT: u64 = 64 << 20;
+/// How the dry run makes the PJRT CPU plugin a one-device plugin, as the CUDA plugin is on one
+/// GPU (`distribute_pjrt::DEVICES_ENV`; xtask does not link the library crates).
+const ONE_DEVICE: (&str, &str) = ("DISTRIBUTE_PJRT_DEVICES", "1");
+/// What a test that needs two devices prints on the capped CPU plugin.
+const ONE_DEVICE_SKIP: &str =
+    "skipped: needs 2 devices, the cpu plugin has 1 (DISTRIBUTE_PJRT_DEVICES=1)";
 
 /// The bundle's dry run on a machine without a GPU, which `cargo xtask test` ends with so the
 /// bundle cannot rot between GPU runs: every suite built into `target/gpu-bundle-dry` and run
 /// by its own `run.sh`, with the pinned NVRTC and the PJRT CPU plugin standing in for the CUDA
-/// one. Every binary must start; the NVRTC suite and the TpuStrategy suites must pass (the
-/// latter on the CPU plugin); the GPU and NCCL suites must fail or skip with the typed "no GPU"
+/// one, capped to one device ([`ONE_DEVICE`]) as one GPU has. Every binary must start; the
+/// NVRTC suite and the TpuStrategy suites must pass (the latter on the CPU plugin, each test and
+/// bench that needs more devices skipping with its `skipped: needs N devices` line); the GPU and
+/// NCCL suites must fail or skip with the typed "no GPU"
 /// error, never a panic inside cudarc; no suite may time out; no binary may need a shared
 /// library this machine lacks; and the bundle with the working tree must fit what a device run
 /// carries.
@@ -53,6 +61,7 @@ pub(crate) fn dry_run(root: &Path) -> Result<()> {
         .env("OUT", &out)
         .env("NVRTC_LIB_DIR", &nvrtc_dir)
         .env("PJRT_PLUGIN", &cpu_plugin)
+        .env(ONE_DEVICE.0, ONE_DEVICE.1)
         .env("DISTRIBUTE_GPU_DEADLINE", "420")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -114,6 +123,22 @@ fn dry_run_problems(results: &str, log: &str) -> Vec<String> {
                 want.join(" or ")
             )),
         }
+        // On one device, every TpuStrategy test and bench suite has something that needs more.
+        let one_device_skips =
+            suite.needs == super::suites::Needs::CudaPjrt && suite.kind != super::suites::Kind::Bin;
+        let line = results
+            .lines()
+            .find(|line| line.split_whitespace().nth(1) == Some(suite.name));
+        if one_device_skips && !line.is_some_and(|line| line.contains(" skipped")) {
+            problems.push(format!(
+                "suite {} counted no skipped tests on the one-device CPU plugin: {}",
+                suite.name,
+                line.unwrap_or("no line")
+            ));
+        }
+    }
+    if !log.contains(ONE_DEVICE_SKIP) {
+        problems.push(format!("no suite said \"{ONE_DEVICE_SKIP}\""));
     }
     if log
         .lines()
@@ -355,7 +380,7 @@ fn suite_list(suites: &[&Suite]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::suites::{Needs, suite};
+    use super::super::suites::{Kind, Needs, suite};
     use super::*;
 
     /// Messages as cargo 1.95 prints them for `cargo test --no-run --message-format=json`,
@@ -415,13 +440,13 @@ mod tests {
         let list = suite_list(&selected(&[]).unwrap());
         assert_eq!(list.lines().count(), SUITES.len());
         assert!(
-            list.starts_with("collectives-nvrtc nvrtc --test-threads=1\n"),
+            list.starts_with("collectives-nvrtc nvrtc --test-threads=1 --nocapture\n"),
             "{list}"
         );
         for line in [
-            "nccl nccl --test-threads=1",
+            "nccl nccl --test-threads=1 --nocapture",
             "bench-gpu gpu --bench",
-            "tpu-strategy cuda-pjrt --test-threads=1",
+            "tpu-strategy cuda-pjrt --test-threads=1 --nocapture",
             "demo-tpu cuda-pjrt --strategy tpu --replicas 1",
         ] {
             assert!(list.lines().any(|l| l == line), "no `{line}` in:\n{list}");
@@ -442,17 +467,38 @@ mod tests {
     /// failures.
     #[test]
     fn a_dry_run_wants_passes_where_no_gpu_is_needed_and_typed_failures_where_one_is() {
-        let typed = "DISTRIBUTE_REQUIRE_GPU=1 but no GPU: no NVIDIA driver";
+        let typed = format!(
+            "DISTRIBUTE_REQUIRE_GPU=1 but no GPU: no NVIDIA driver\n{ONE_DEVICE_SKIP} (x)\n"
+        );
+        let typed = typed.as_str();
         let line = |outcome: &str, name: &str| format!("{outcome:<9}{name} (…)\n");
         let good: String = SUITES
             .iter()
-            .map(|s| match s.needs {
-                Needs::Nvrtc | Needs::CudaPjrt => line("PASS", s.name),
-                Needs::Gpu => line("FAIL", s.name),
-                Needs::Nccl => line("SKIP", s.name),
+            .map(|s| match (s.needs, s.kind) {
+                (Needs::CudaPjrt, Kind::Test | Kind::Bench) => {
+                    format!("PASS     {} (3 s; 9 skipped: …)\n", s.name)
+                }
+                (Needs::Nvrtc | Needs::CudaPjrt, _) => line("PASS", s.name),
+                (Needs::Gpu, _) => line("FAIL", s.name),
+                (Needs::Nccl, _) => line("SKIP", s.name),
             })
             .collect();
         assert_eq!(dry_run_problems(&good, typed), Vec::<String>::new());
+        // A TpuStrategy suite that ran everything on one device did not see the cap.
+        let uncapped = good.replacen(
+            "PASS     tpu-input (3 s; 9 skipped: …)",
+            "PASS     tpu-input (3 s)",
+            1,
+        );
+        assert_eq!(
+            dry_run_problems(&uncapped, typed),
+            [
+                "suite tpu-input counted no skipped tests on the one-device CPU plugin: PASS     \
+              tpu-input (3 s)"
+            ]
+        );
+        let no_skip_line = typed.replace(ONE_DEVICE_SKIP, "");
+        assert_eq!(dry_run_problems(&good, &no_skip_line).len(), 1);
         let timed_out = good.replacen(
             "PASS     collectives-nvrtc",
             "TIMEOUT  collectives-nvrtc",
@@ -464,7 +510,7 @@ mod tests {
         );
         let panicked = "thread 'x' panicked at /root/.cargo/registry/src/cudarc-0.19.10/src/lib.rs";
         let problems = dry_run_problems(&good, panicked);
-        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert_eq!(problems.len(), 3, "{problems:?}");
     }
 
     #[test]
@@ -482,8 +528,12 @@ mod tests {
         write("bad", "#!/bin/sh\nexit 3\n");
         write("slow", "#!/bin/sh\nsleep 30\n");
         write(
+            "some",
+            "#!/bin/sh\necho 'test a ... skipped: needs 2 devices'\necho 'skipped: b' >&2\n",
+        );
+        write(
             SUITE_LIST,
-            "ok gpu\nbad gpu\nslow gpu\nok floppy\nok gpu --again\n",
+            "ok gpu\nbad gpu\nslow gpu\nok floppy\nok gpu --again\nsome gpu\n",
         );
         let run = |out: &str, env: &[(&str, &str)]| {
             let out = dir.path().join(out);
@@ -505,9 +555,36 @@ mod tests {
         assert_eq!(code, Some(1));
         assert_eq!(
             lines,
-            ["PASS ok", "FAIL bad", "TIMEOUT slow", "FAIL ok", "PASS ok"]
+            [
+                "PASS ok",
+                "FAIL bad",
+                "TIMEOUT slow",
+                "FAIL ok",
+                "PASS ok",
+                "PASS some"
+            ]
         );
         assert!(logged);
+        let results = std::fs::read_to_string(dir.path().join("o1/results.txt")).unwrap();
+        assert!(
+            results.contains("PASS     some (0 s; 2 skipped: suites/some.log says why)"),
+            "{results}"
+        );
+        let own = std::fs::read_to_string(dir.path().join("o1/suites/some.log")).unwrap();
+        assert!(
+            own.contains("skipped: b"),
+            "stderr is in the suite's log: {own}"
+        );
+        // Strict: skipped tests fail the suite that passed.
+        let (code, lines, _) = run(
+            "o3",
+            &[
+                ("DISTRIBUTE_GPU_STRICT", "1"),
+                ("DISTRIBUTE_GPU_SUITE_LIMIT", "2"),
+            ],
+        );
+        assert_eq!(code, Some(1));
+        assert_eq!(lines[5], "FAIL some");
         // A deadline too close to start anything: every suite it could run is a TIMEOUT line.
         let (code, lines, _) = run("o2", &[("DISTRIBUTE_GPU_DEADLINE", "12")]);
         assert_eq!(code, Some(1));
@@ -518,7 +595,8 @@ mod tests {
                 "TIMEOUT bad",
                 "TIMEOUT slow",
                 "FAIL ok",
-                "TIMEOUT ok"
+                "TIMEOUT ok",
+                "TIMEOUT some"
             ]
         );
     }

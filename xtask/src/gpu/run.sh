@@ -14,12 +14,15 @@
 #                         xla_cuda_plugin.so in this folder, then in the jax_plugins/ folder of
 #                         python3's jax-cuda13-pjrt or jax-cuda12-pjrt wheel)
 #   OUT=DIR               where results go (else out/ beside run.sh): results.txt gets one
-#                         PASS/FAIL/SKIP/TIMEOUT line per suite as each ends, run.log everything
+#                         PASS/FAIL/SKIP/TIMEOUT line per suite as each ends (with how many of
+#                         its tests or cases printed `skipped:`), run.log everything, and
+#                         suites/NAME.log each suite's own output
 #   DISTRIBUTE_GPU_DEADLINE=S     the whole run's limit in seconds (default 480): a suite that
 #                                 would pass it is stopped (TIMEOUT) and later suites still get
 #                                 their line
 #   DISTRIBUTE_GPU_SUITE_LIMIT=S  one suite's limit in seconds (default 240)
-#   DISTRIBUTE_GPU_STRICT=1       a SKIP counts as a failure
+#   DISTRIBUTE_GPU_STRICT=1       a SKIP counts as a failure, and so does a suite that passed
+#                                 with tests or cases skipped
 set -u
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)" || exit 2
 cd "$here" || exit 2
@@ -29,6 +32,7 @@ suite_limit_s="${DISTRIBUTE_GPU_SUITE_LIMIT:-240}"
 out="${OUT:-$here/out}"
 mkdir -p "$out" || exit 2
 : > "$out/results.txt" || exit 2
+mkdir -p "$out/suites" || exit 2
 # Everything from here on also goes to run.log, line by line, so a run cut short keeps it.
 exec > >(tee -a "$out/run.log") 2>&1
 echo "run.sh: $(date -u +%Y-%m-%dT%H:%M:%SZ), deadline ${deadline_s} s, ${suite_limit_s} s a suite, results in $out"
@@ -228,16 +232,25 @@ run_suite() {
   fi
   limit=$((left < suite_limit_s ? left : suite_limit_s))
   echo "=== $name: ./$name $* (limit ${limit} s)"
-  local begun=$SECONDS
+  local begun=$SECONDS log="$out/suites/$name.log"
   # timeout runs the suite in a process group of its own and kills all of it.
   if [ "$needs" = cuda-pjrt ]; then
-    PJRT_PLUGIN="$cuda_pjrt" timeout --kill-after=5 "$limit" "./$name" "$@"
+    PJRT_PLUGIN="$cuda_pjrt" timeout --kill-after=5 "$limit" "./$name" "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
   else
-    timeout --kill-after=5 "$limit" "./$name" "$@"
+    timeout --kill-after=5 "$limit" "./$name" "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
   fi
-  rc=$?
-  local took=$((SECONDS - begun))
-  if [ "$rc" -eq 0 ]; then
+  local took=$((SECONDS - begun)) skipped
+  # Tests print `skipped: <why>` (run with --nocapture), benches `"skipped": "<why>"`.
+  skipped=$(grep -o -e 'skipped: ' -e '"skipped":' "$log" | wc -l)
+  if [ "$rc" -eq 0 ] && [ "$skipped" -gt 0 ]; then
+    if [ "${DISTRIBUTE_GPU_STRICT:-0}" = 1 ]; then
+      record "FAIL     $name (${took} s; passed with $skipped skipped, DISTRIBUTE_GPU_STRICT=1; suites/$name.log says why)"
+    else
+      record "PASS     $name (${took} s; $skipped skipped: suites/$name.log says why)"
+    fi
+  elif [ "$rc" -eq 0 ]; then
     record "PASS     $name (${took} s)"
   elif [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
     record "TIMEOUT  $name (stopped after ${limit} s)"

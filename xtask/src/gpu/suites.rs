@@ -30,7 +30,8 @@ impl Needs {
 /// The kind of cargo target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
-    /// An integration test (`tests/NAME.rs`), run with `--test-threads=1`.
+    /// An integration test (`tests/NAME.rs`), run with `--test-threads=1 --nocapture` (so its
+    /// `skipped:` lines reach the suite's log, where `run.sh` counts them).
     Test,
     /// A `harness = false` bench (`benches/NAME.rs`) that prints JSON lines, run with `--bench`.
     Bench,
@@ -241,7 +242,7 @@ impl Suite {
     /// What the executable is run with.
     pub(super) fn run_args(&self) -> &'static [&'static str] {
         match self.kind {
-            Kind::Test => &["--test-threads=1"],
+            Kind::Test => &["--test-threads=1", "--nocapture"],
             Kind::Bench => &["--bench"],
             Kind::Bin => self.args,
         }
