@@ -55,8 +55,9 @@ commands:
   fetch-pjrt [--plugin cpu|cuda]
                               install a pinned PJRT plugin under target/pjrt/ (its wheel
                               downloaded with curl or wget from PyPI, sha256 checked; a no-op
-                              when installed): the CPU one by default (`test`
-                              runs it first), or JAX's CUDA 13 plugin (jax-cuda13-pjrt==0.11.2)
+                              when installed): the CPU one by default, or JAX's
+                              CUDA 13 plugin (jax-cuda13-pjrt==0.11.2); `test` installs both
+                              (the CUDA one for its create-option checks, which need no GPU)
   fetch-nvrtc                 install the pinned NVRTC (nvidia-cuda-nvrtc==13.0.88, curl or
                               wget, sha256 checked; a no-op when installed) under target/nvrtc/
                               and print its lib folder; `test` runs it. Wheels put by hand in
@@ -140,6 +141,8 @@ fn run(args: &[String]) -> Result<()> {
 fn test(extra: &[String]) -> Result<()> {
     let root = workspace_root();
     pjrt::fetch(&root, &[])?;
+    // The pjrt crate's cuda_plugin test checks create options against JAX's CUDA plugin.
+    pjrt::fetch(&root, &["--plugin".to_owned(), "cuda".to_owned()])?;
     let excludes = plain_build_excludes()?;
     let excludes: Vec<&str> = excludes.iter().map(String::as_str).collect();
     let mut all_targets = vec!["test", "--workspace", "--all-targets"];

@@ -13,6 +13,16 @@ use std::time::{Duration, Instant};
 use crate::error::{ErrorCode, PjrtError, Result};
 use crate::sys::{self, Args, index};
 
+/// One value of a client create option, borrowed for the call (`PJRT_NamedValue`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum OptionValue<'a> {
+    Str(&'a str),
+    Int64(i64),
+    Int64List(&'a [i64]),
+    Float(f32),
+    Bool(bool),
+}
+
 /// A loaded plugin's function table. The library stays loaded for as long as this lives.
 pub(crate) struct Api {
     // Never read: holding it keeps the plugin mapped while `table` points into it.
@@ -321,23 +331,48 @@ impl Api {
     // ---- client ------------------------------------------------------------------------------
 
     /// Creates a client with the given `(name, int64)` options.
-    pub(crate) unsafe fn client_create(&self, options: &[(&str, i64)]) -> Result<*mut sys::Client> {
+    pub(crate) unsafe fn client_create(
+        &self,
+        options: &[(&str, OptionValue<'_>)],
+    ) -> Result<*mut sys::Client> {
         let values: Vec<sys::NamedValue> = options
             .iter()
             .map(|(name, value)| {
                 let mut v = sys::NamedValue::new();
                 v.name = name.as_ptr().cast::<c_char>();
                 v.name_size = name.len();
-                v.kind = sys::NAMED_VALUE_INT64;
-                v.value = *value;
                 v.value_size = 1;
+                match *value {
+                    OptionValue::Str(text) => {
+                        v.kind = sys::NAMED_VALUE_STRING;
+                        v.value.string = text.as_ptr().cast::<c_char>();
+                        v.value_size = text.len();
+                    }
+                    OptionValue::Int64(n) => {
+                        v.kind = sys::NAMED_VALUE_INT64;
+                        v.value.int64 = n;
+                    }
+                    OptionValue::Int64List(list) => {
+                        v.kind = sys::NAMED_VALUE_INT64_LIST;
+                        v.value.int64_array = list.as_ptr();
+                        v.value_size = list.len();
+                    }
+                    OptionValue::Float(x) => {
+                        v.kind = sys::NAMED_VALUE_FLOAT;
+                        v.value.float = x;
+                    }
+                    OptionValue::Bool(b) => {
+                        v.kind = sys::NAMED_VALUE_BOOL;
+                        v.value.boolean = b;
+                    }
+                }
                 v
             })
             .collect();
         let mut args = sys::ClientCreateArgs::new();
         args.create_options = values.as_ptr();
         args.num_options = values.len();
-        // SAFETY: `values` and the names it points to outlive the call.
+        // SAFETY: `values` and the names, strings and lists it points to outlive the call.
         unsafe { self.call(index::CLIENT_CREATE, "PJRT_Client_Create", &mut args) }?;
         Ok(args.client)
     }

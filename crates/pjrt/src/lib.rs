@@ -57,6 +57,6 @@ pub use options::CompileOptions;
 pub use plugin::{PINNED_PLUGIN_RELATIVE_PATH, PLUGIN_ENV, Plugin, pinned_plugin_path};
 pub use runtime::{
     Buffer, CPU_PLATFORM, Client, ClientOptions, DEFAULT_AWAIT_SPIN, DEFAULT_MAX_IN_FLIGHT, Device,
-    Execution, LoadedExecutable, MAX_IN_FLIGHT,
+    Execution, LoadedExecutable, MAX_IN_FLIGHT, PluginOption,
 };
 pub use types::{ElementType, NativeType};

@@ -8,6 +8,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::api::OptionValue;
 use crate::error::{PjrtError, Result};
 use crate::offer::Shortfall;
 use crate::options::CompileOptions;
@@ -15,12 +16,45 @@ use crate::plugin::Plugin;
 use crate::sys;
 use crate::types::{ElementType, NativeType};
 
+/// The value of one of a plugin's own client create options ([`ClientOptions::plugin_options`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum PluginOption {
+    /// A string (`PJRT_NamedValue_kString`).
+    String(String),
+    /// An integer (`kInt64`).
+    Int64(i64),
+    /// A list of integers (`kInt64List`).
+    Int64List(Vec<i64>),
+    /// A float (`kFloat`).
+    Float(f32),
+    /// A boolean (`kBool`).
+    Bool(bool),
+}
+
+impl PluginOption {
+    fn borrowed(&self) -> OptionValue<'_> {
+        match self {
+            PluginOption::String(text) => OptionValue::Str(text),
+            PluginOption::Int64(n) => OptionValue::Int64(*n),
+            PluginOption::Int64List(list) => OptionValue::Int64List(list),
+            PluginOption::Float(x) => OptionValue::Float(*x),
+            PluginOption::Bool(b) => OptionValue::Bool(*b),
+        }
+    }
+}
+
 /// Options for [`Client::new`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ClientOptions {
     /// For the CPU plugin: how many CPU devices to expose (`cpu_device_count`). Leave `None` for
     /// other plugins, which reject options they do not know.
     pub cpu_device_count: Option<usize>,
+    /// Create options of the plugin at hand, passed to it as given: for JAX's CUDA plugin, for
+    /// instance, `("preallocate", PluginOption::Bool(false))` (allocate GPU memory as needed
+    /// instead of 75 % of it at once) or `("memory_fraction", PluginOption::Float(0.5))`.
+    /// Plugins refuse options they do not know, with their own message; a name given twice,
+    /// or `cpu_device_count` (set it above), is refused before the plugin is asked.
+    pub plugin_options: Vec<(String, PluginOption)>,
     /// How many executions may run or wait to run at once; launching one more first waits for
     /// the oldest. XLA's CPU runtime deadlocks (a collective's rendezvous times out and the
     /// process aborts) somewhere past 32 queued executions that contain collectives, as JAX's
@@ -43,6 +77,9 @@ pub const DEFAULT_AWAIT_SPIN: Duration = Duration::from_micros(50);
 /// The platform name of the CPU plugin, the one plugin whose device count is a client option.
 pub const CPU_PLATFORM: &str = "cpu";
 
+/// The CPU plugin's create option for its device count ([`ClientOptions::cpu_device_count`]).
+const CPU_DEVICE_COUNT: &str = "cpu_device_count";
+
 /// The default [`ClientOptions::max_in_flight`]: deep enough to overlap dispatch with work,
 /// well below the depth where XLA's CPU collectives deadlock.
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 16;
@@ -56,6 +93,7 @@ impl Default for ClientOptions {
     fn default() -> ClientOptions {
         ClientOptions {
             cpu_device_count: None,
+            plugin_options: Vec::new(),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             await_spin: DEFAULT_AWAIT_SPIN,
         }
@@ -80,6 +118,20 @@ impl ClientOptions {
                  process",
                 self.max_in_flight
             )));
+        }
+        let mut names: Vec<&str> = vec![CPU_DEVICE_COUNT];
+        for (name, _) in &self.plugin_options {
+            if names.contains(&name.as_str()) {
+                return Err(PjrtError::InvalidArgument(if name == CPU_DEVICE_COUNT {
+                    format!(
+                        "plugin option {CPU_DEVICE_COUNT}: set ClientOptions::cpu_device_count \
+                         instead"
+                    )
+                } else {
+                    format!("plugin option {name} is given twice")
+                }));
+            }
+            names.push(name);
         }
         Ok(())
     }
@@ -132,7 +184,10 @@ impl Client {
             let count = i64::try_from(count).map_err(|_| {
                 PjrtError::InvalidArgument(format!("cpu_device_count {count} is too large"))
             })?;
-            named.push(("cpu_device_count", count));
+            named.push((CPU_DEVICE_COUNT, OptionValue::Int64(count)));
+        }
+        for (name, value) in &options.plugin_options {
+            named.push((name.as_str(), value.borrowed()));
         }
         // SAFETY: the plugin is loaded and initialized; the options are valid for the call.
         let raw = unsafe { plugin.api.client_create(&named) }?;

@@ -156,8 +156,23 @@ pub(crate) struct EventArgs {
     pub event: *mut Event,
 }
 
-/// `PJRT_NamedValue_Type`.
+/// `PJRT_NamedValue_Type`: `kString`, `kInt64`, `kInt64List`, `kFloat`, `kBool`.
+pub(crate) const NAMED_VALUE_STRING: c_int = 0;
 pub(crate) const NAMED_VALUE_INT64: c_int = 1;
+pub(crate) const NAMED_VALUE_INT64_LIST: c_int = 2;
+pub(crate) const NAMED_VALUE_FLOAT: c_int = 3;
+pub(crate) const NAMED_VALUE_BOOL: c_int = 4;
+
+/// The header's anonymous union in `PJRT_NamedValue`, as `kind` says.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) union NamedValueUnion {
+    pub string: *const c_char,
+    pub int64: i64,
+    pub int64_array: *const i64,
+    pub float: f32,
+    pub boolean: bool,
+}
 
 #[repr(C)]
 pub(crate) struct NamedValue {
@@ -166,8 +181,8 @@ pub(crate) struct NamedValue {
     pub name: *const c_char,
     pub name_size: usize,
     pub kind: c_int,
-    /// The header's union of string pointer / int64 / int64 pointer / float / bool.
-    pub value: i64,
+    pub value: NamedValueUnion,
+    /// The string's bytes or the list's elements; 1 for the other kinds.
     pub value_size: usize,
 }
 
@@ -487,6 +502,7 @@ const _: () = {
     assert!(size_of::<ErrorGetCodeArgs>() == 32); // 28 + tail padding
     assert!(size_of::<PluginInitializeArgs>() == 16);
     assert!(size_of::<EventArgs>() == 24);
+    assert!(size_of::<NamedValueUnion>() == 8);
     assert!(size_of::<NamedValue>() == 56);
     assert!(size_of::<ClientCreateArgs>() == 88);
     assert!(size_of::<ClientDestroyArgs>() == 24);
@@ -524,7 +540,8 @@ const _: () = {
 ///
 /// # Safety
 /// Implementors must be `#[repr(C)]`, start with a `usize` `struct_size`, and consist only of
-/// integers and raw pointers, so that the all-zero bit pattern is a valid value.
+/// integers, raw pointers and unions of those, floats and bools, so that the all-zero bit
+/// pattern is a valid value.
 pub(crate) unsafe trait Args: Sized {
     /// A zeroed struct with `struct_size` set: every optional input null, every count 0.
     fn new() -> Self {
@@ -539,7 +556,7 @@ pub(crate) unsafe trait Args: Sized {
 macro_rules! args_structs {
     ($($name:ident),* $(,)?) => {
         // SAFETY: each listed struct is repr(C), starts with `struct_size: usize`, and holds only
-        // integers and raw pointers (checked by reading the definitions above).
+        // integers, raw pointers and `NamedValueUnion` (checked by reading the definitions above).
         $(unsafe impl Args for $name {})*
     };
 }

@@ -22,6 +22,15 @@ const BUNDLE_LIMIT: u64 = 64 << 20;
 /// How the dry run makes the PJRT CPU plugin a one-device plugin, as the CUDA plugin is on one
 /// GPU (`distribute_pjrt::DEVICES_ENV`; xtask does not link the library crates).
 const ONE_DEVICE: (&str, &str) = ("DISTRIBUTE_PJRT_DEVICES", "1");
+/// The suites with tests or cases that need more than one device, which skip on one GPU and in
+/// the dry run.
+const SKIP_ON_ONE_DEVICE: &[&str] = &[
+    "pjrt-plugin",
+    "tpu-strategy",
+    "tpu-variables",
+    "tpu-input",
+    "bench-tpu",
+];
 /// What a test that needs two devices prints on the capped CPU plugin.
 const ONE_DEVICE_SKIP: &str =
     "skipped: needs 2 devices, the cpu plugin has 1 (DISTRIBUTE_PJRT_DEVICES=1)";
@@ -48,6 +57,8 @@ pub(crate) fn dry_run(root: &Path) -> Result<()> {
     build_only(root, &dir, &[])?;
     let nvrtc_dir = crate::nvrtc::fetch(root)?;
     let cpu_plugin = crate::pjrt::install(root, crate::pjrt::Plugin::Cpu)?;
+    // The pjrt-cuda-options suite loads JAX's CUDA plugin from its install path here.
+    crate::pjrt::install(root, crate::pjrt::Plugin::Cuda)?;
     let out = dir.join("out");
     if out.exists() {
         fs::remove_dir_all(&out).with_context(|| format!("could not clear {}", out.display()))?;
@@ -124,8 +135,7 @@ fn dry_run_problems(results: &str, log: &str) -> Vec<String> {
             )),
         }
         // On one device, every TpuStrategy test and bench suite has something that needs more.
-        let one_device_skips =
-            suite.needs == super::suites::Needs::CudaPjrt && suite.kind != super::suites::Kind::Bin;
+        let one_device_skips = SKIP_ON_ONE_DEVICE.contains(&suite.name);
         let line = results
             .lines()
             .find(|line| line.split_whitespace().nth(1) == Some(suite.name));
@@ -380,7 +390,7 @@ fn suite_list(suites: &[&Suite]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::suites::{Kind, Needs, suite};
+    use super::super::suites::{Needs, suite};
     use super::*;
 
     /// Messages as cargo 1.95 prints them for `cargo test --no-run --message-format=json`,
@@ -474,13 +484,13 @@ mod tests {
         let line = |outcome: &str, name: &str| format!("{outcome:<9}{name} (…)\n");
         let good: String = SUITES
             .iter()
-            .map(|s| match (s.needs, s.kind) {
-                (Needs::CudaPjrt, Kind::Test | Kind::Bench) => {
+            .map(|s| match s.needs {
+                _ if SKIP_ON_ONE_DEVICE.contains(&s.name) => {
                     format!("PASS     {} (3 s; 9 skipped: …)\n", s.name)
                 }
-                (Needs::Nvrtc | Needs::CudaPjrt, _) => line("PASS", s.name),
-                (Needs::Gpu, _) => line("FAIL", s.name),
-                (Needs::Nccl, _) => line("SKIP", s.name),
+                Needs::Nvrtc | Needs::CudaPjrt => line("PASS", s.name),
+                Needs::Gpu => line("FAIL", s.name),
+                Needs::Nccl => line("SKIP", s.name),
             })
             .collect();
         assert_eq!(dry_run_problems(&good, typed), Vec::<String>::new());
@@ -511,6 +521,13 @@ mod tests {
         let panicked = "thread 'x' panicked at /root/.cargo/registry/src/cudarc-0.19.10/src/lib.rs";
         let problems = dry_run_problems(&good, panicked);
         assert_eq!(problems.len(), 3, "{problems:?}");
+    }
+
+    #[test]
+    fn the_suites_that_skip_on_one_device_are_suites() {
+        for name in SKIP_ON_ONE_DEVICE {
+            assert_eq!(suite(name).needs, Needs::CudaPjrt, "{name}");
+        }
     }
 
     #[test]

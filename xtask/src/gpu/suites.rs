@@ -142,6 +142,17 @@ pub(crate) const SUITES: &[Suite] = &[
         needs: Needs::CudaPjrt,
         args: &[],
     },
+    // JAX's CUDA plugin's own create options (of every value kind) pass its checks; without a
+    // GPU its client fails with "No visible GPU devices", with one it is created.
+    Suite {
+        name: "pjrt-cuda-options",
+        package: "distribute-pjrt",
+        kind: Kind::Test,
+        target: "cuda_plugin",
+        feature: None,
+        needs: Needs::CudaPjrt,
+        args: &[],
+    },
     Suite {
         name: "tpu-strategy",
         package: "distribute-tpu",
