@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 mod devices;
 mod workload;
-use devices::{counts, has, strategy, up_to};
+use devices::{counts, has, sharing_the_devices, strategy, up_to};
 use workload::{FEATURES, data, sgd_step, shards, stack, train_mirrored, weights};
 
 use distribute_collectives::Tensor;
@@ -76,10 +76,10 @@ fn tpu_13_an_assignment_picks_the_cores() {
     assert_eq!(out[0].replica(0).unwrap().to_vec::<f32>().unwrap(), [6.0]);
 
     let first = DeviceAssignment::build(topology, None, None, 1).unwrap();
-    let s = TpuStrategy::new(TpuConfig {
+    let s = TpuStrategy::new(sharing_the_devices(TpuConfig {
         device_assignment: Some(first),
         ..TpuConfig::cpu(2)
-    })
+    }))
     .unwrap();
     assert!(s.worker_devices()[0].ends_with("device:TPU:0"));
 }
@@ -533,10 +533,10 @@ fn tpu_26_steps_on_single_core_sub_strategies() {
     let on_core = |core: i32| {
         let assignment =
             DeviceAssignment::new(topology.clone(), &[vec![vec![0, 0, 0, core]]]).unwrap();
-        TpuStrategy::new(TpuConfig {
+        TpuStrategy::new(sharing_the_devices(TpuConfig {
             device_assignment: Some(assignment),
             ..TpuConfig::cpu(2)
-        })
+        }))
         .unwrap()
     };
     // A MEAN variable 0.0 on the all-core strategy; the sub-strategies (each its own client)

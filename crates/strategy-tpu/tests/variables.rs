@@ -15,7 +15,7 @@ use distribute_values::{
 };
 
 mod devices;
-use devices::{counts, has, strategy, up_to};
+use devices::{another_strategy, counts, has, strategy, up_to};
 
 fn vector(device: &str, values: &[f32]) -> Tensor {
     Tensor::from_vec(device, &[values.len()], values.to_vec()).unwrap()
@@ -371,7 +371,7 @@ fn steps_read_variables_as_device_inputs_and_refuse_another_strategys() {
     );
     assert_eq!(copies(&w), vec![vec![2.0]; n]);
     // A variable of another strategy (another client) is refused before anything runs.
-    let other = strategy(n);
+    let other = another_strategy(n);
     let f = other.function(|_, args| Ok(args.to_vec()));
     let err = f.run_updating(&[&w], &[]).unwrap_err();
     assert!(err.to_string().contains("another client"), "{err}");

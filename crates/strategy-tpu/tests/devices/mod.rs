@@ -7,7 +7,7 @@
 // Each test binary uses some of these.
 #![allow(dead_code)]
 
-use distribute_pjrt::{Offer, Plugin};
+use distribute_pjrt::{Offer, Plugin, PluginOption};
 use distribute_tpu::{TpuConfig, TpuStrategy};
 
 /// What the plugin of these tests offers (`PJRT_PLUGIN`, else the pinned CPU plugin).
@@ -20,6 +20,26 @@ pub(crate) fn offer() -> &'static Offer {
 /// A strategy over the plugin's first `devices` devices (which it must have).
 pub(crate) fn strategy(devices: usize) -> TpuStrategy {
     TpuStrategy::new(TpuConfig::cpu(devices)).unwrap_or_else(|err| panic!("{err}"))
+}
+
+/// `config` for a strategy created while another holds its own client. On a GPU plugin
+/// (`cuda`, `rocm`) its client allocates GPU memory as it needs it (`preallocate = false`): the
+/// other client took 75 % of the GPU's memory as it started.
+pub(crate) fn sharing_the_devices(mut config: TpuConfig) -> TpuConfig {
+    if matches!(offer().platform(), "cuda" | "rocm") {
+        config
+            .client
+            .plugin_options
+            .push(("preallocate".to_owned(), PluginOption::Bool(false)));
+    }
+    config
+}
+
+/// A strategy over the first `devices` devices while another strategy holds its own client
+/// ([`sharing_the_devices`]).
+pub(crate) fn another_strategy(devices: usize) -> TpuStrategy {
+    TpuStrategy::new(sharing_the_devices(TpuConfig::cpu(devices)))
+        .unwrap_or_else(|err| panic!("{err}"))
 }
 
 /// Prints why the running test (or bench) skips some of its work.
