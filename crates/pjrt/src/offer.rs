@@ -9,9 +9,9 @@
 
 use std::ffi::OsStr;
 
-use crate::error::{PjrtError, Result};
+use crate::error::{ErrorCode, PjrtError, Result};
 use crate::plugin::Plugin;
-use crate::runtime::{CPU_PLATFORM, Client, ClientOptions};
+use crate::runtime::{CPU_PLATFORM, Client, ClientOptions, PluginOption};
 
 /// The environment variable that caps how many of a plugin's devices this process may use (a
 /// count of at least 1). Unset or empty: every device the plugin has (on the CPU plugin, as
@@ -127,9 +127,13 @@ pub fn parse_cap(value: Option<&OsStr>) -> Result<Option<usize>> {
 
 impl Plugin {
     /// What this plugin offers this process: its platform and device count, under
-    /// [`DEVICES_ENV`]. The first call creates one client (with default options) to ask, and
-    /// drops it; later calls answer from memory. A failure is not remembered: the next call asks
-    /// again.
+    /// [`DEVICES_ENV`]. The first call creates one client to ask, and drops it; later calls
+    /// answer from memory. A failure is not remembered: the next call asks again.
+    ///
+    /// That client first asks not to preallocate memory (`preallocate = false`, an option of
+    /// JAX's GPU plugins), so that asking neither takes 75 % of a GPU's memory for a moment nor
+    /// fails beside a client that holds it; a plugin that refuses the option (`INVALID_ARGUMENT`:
+    /// the CPU plugin, a TPU plugin) is asked again with no options.
     pub fn offer(&'static self) -> Result<&'static Offer> {
         if let Some(offer) = self.offer.get() {
             return Ok(offer);
@@ -143,7 +147,16 @@ impl Plugin {
             return Ok(offer);
         }
         let cap = parse_cap(std::env::var_os(DEVICES_ENV).as_deref())?;
-        let client = Client::new(self, &ClientOptions::default())?;
+        let lean = ClientOptions {
+            plugin_options: vec![("preallocate".to_owned(), PluginOption::Bool(false))],
+            ..ClientOptions::default()
+        };
+        let client = match Client::new(self, &lean) {
+            Err(err) if err.code() == Some(ErrorCode::INVALID_ARGUMENT) => {
+                Client::new(self, &ClientOptions::default())?
+            }
+            other => other?,
+        };
         let platform = client.platform_name()?;
         let devices = if platform == CPU_PLATFORM {
             None

@@ -67,6 +67,25 @@ fn options_of_every_kind_pass_the_plugins_checks() {
     }
 }
 
+/// The offer's probe asks the CUDA plugin not to preallocate, which it accepts: without a GPU
+/// the probe fails with the plugin's "no GPU" error (and is not remembered), with one it counts
+/// the GPUs.
+#[test]
+fn the_offer_asks_the_cuda_plugin_without_preallocating() {
+    match cuda_plugin().offer() {
+        Ok(offer) => {
+            assert_eq!(offer.platform(), "cuda");
+            assert!(offer.most_devices().is_some_and(|n| n >= 1), "{offer:?}");
+        }
+        Err(err) => {
+            let text = err.to_string();
+            assert!(text.contains("No visible GPU devices"), "{text}");
+            let again = cuda_plugin().offer().unwrap_err().to_string();
+            assert_eq!(again, text);
+        }
+    }
+}
+
 #[test]
 fn unknown_and_mistyped_options_get_the_plugins_own_refusal() {
     let err = create(&with(vec![("bogus", PluginOption::Bool(true))])).unwrap_err();
