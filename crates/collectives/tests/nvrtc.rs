@@ -1,10 +1,12 @@
-//! The reduction kernels compile with NVRTC to PTX for Hopper (sm_90) — no GPU needed, so CI runs
+//! The reduction kernels compile with NVRTC to PTX and to a CUBIN (what a GPU loads) for Hopper
+//! (sm_90) — no GPU needed, so CI runs
 //! this with NVRTC from the `nvidia-cuda-nvrtc` wheel (`cargo xtask test` sets it up and sets
 //! `DISTRIBUTE_REQUIRE_NVRTC=1`, which turns a missing NVRTC from a skip into a failure).
 
 use distribute_collectives::GpuError;
 use distribute_collectives::cuda::{
-    compile_reduction_kernels, kernel_source, nvrtc_available, require_nvrtc,
+    compile_reduction_cubin, compile_reduction_kernels, kernel_source, nvrtc_available,
+    require_nvrtc,
 };
 
 /// False (after saying why) when NVRTC is missing and not required.
@@ -88,4 +90,34 @@ fn a_bad_architecture_is_a_typed_compile_error() {
 #[test]
 fn the_source_needs_no_header() {
     assert!(!kernel_source().contains("#include"));
+}
+
+/// What a GPU loads: machine code for its real architecture, an ELF image with every kernel.
+#[test]
+fn every_kernel_compiles_to_a_cubin_for_sm_90() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let cubin = compile_reduction_cubin("sm_90").expect("the kernels compile");
+    assert!(cubin.starts_with(b"\x7fELF"), "a CUBIN is an ELF image");
+    let has = |name: &str| cubin.windows(name.len()).any(|w| w == name.as_bytes());
+    for dtype in FLOATS {
+        for op in ["sum", "mean", "min", "max"] {
+            assert!(has(&format!("reduce_{op}_{dtype}")), "{op} {dtype}");
+        }
+    }
+    for dtype in INTS {
+        assert!(has(&format!("reduce_sum_{dtype}")), "sum {dtype}");
+    }
+}
+
+#[test]
+fn a_cubin_needs_a_real_architecture() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    match compile_reduction_cubin("compute_90") {
+        Err(GpuError::Compile(why)) => assert!(why.contains("real architecture"), "{why}"),
+        other => panic!("expected a typed refusal, got {other:?}"),
+    }
 }

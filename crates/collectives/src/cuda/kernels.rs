@@ -10,12 +10,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{CudaModule, DevicePtr, LaunchConfig, PushKernelArg};
-use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
+use cudarc::nvrtc::Ptx;
 use distribute_values::ReduceOp;
 
 use super::device::{Gpu, driver_error};
 use super::memory::GpuArray;
-use super::probe::require_nvrtc;
+use super::nvrtc::Program;
 use crate::rendezvous::lock_ignoring_poison;
 use crate::{CollectiveError, DType, GpuError, Tensor};
 
@@ -155,26 +155,35 @@ fn kernel_name(op: ReduceOp, dtype: DType) -> String {
 /// `compute_90`, or a real one such as `sm_90`, which is compiled for its virtual one). Needs
 /// NVRTC only, no GPU: CI checks the kernels this way.
 pub fn compile_reduction_kernels(arch: &str) -> Result<String, GpuError> {
-    Ok(compile(arch)?.to_src())
-}
-
-fn compile(arch: &str) -> Result<Ptx, GpuError> {
-    require_nvrtc()?;
     let virtual_arch = match arch.strip_prefix("sm_") {
         Some(number) => format!("compute_{number}"),
         None => arch.to_owned(),
     };
-    let options = CompileOptions {
-        // IEEE results, as on the host: no flush to zero, exact division, no fused multiply-add.
-        ftz: Some(false),
-        prec_div: Some(true),
-        fmad: Some(false),
-        use_fast_math: Some(false),
-        options: vec![format!("--gpu-architecture={virtual_arch}")],
-        name: Some("distribute_reduce.cu".into()),
-        ..CompileOptions::default()
-    };
-    compile_ptx_with_opts(SOURCE, options).map_err(|e| GpuError::Compile(format!("{e:?}")))
+    compile(&virtual_arch)?.ptx()
+}
+
+/// Compiles every reduction kernel to a CUBIN (machine code) for the real architecture `arch`
+/// (`sm_90`): what a GPU loads. Needs NVRTC only, no GPU. A driver older than NVRTC (within one
+/// CUDA major version) loads it, where it would refuse PTX of NVRTC's newer ISA.
+pub fn compile_reduction_cubin(arch: &str) -> Result<Vec<u8>, GpuError> {
+    if !arch.starts_with("sm_") {
+        return Err(GpuError::Compile(format!(
+            "a CUBIN is for a real architecture such as sm_90, not {arch}"
+        )));
+    }
+    compile(arch)?.cubin()
+}
+
+/// The kernels compiled for `arch` with IEEE results, as on the host: no flush to zero, exact
+/// division, no fused multiply-add, no fast math.
+fn compile(arch: &str) -> Result<Program, GpuError> {
+    let options = [
+        format!("--gpu-architecture={arch}"),
+        "--ftz=false".to_owned(),
+        "--prec-div=true".to_owned(),
+        "--fmad=false".to_owned(),
+    ];
+    Program::compile(SOURCE, "distribute_reduce.cu", &options)
 }
 
 /// The kernels loaded on one GPU.
@@ -184,10 +193,10 @@ struct Loaded {
     max_blocks: u32,
 }
 
-/// The loaded kernels of `gpu`, compiling (once per architecture) and loading (once per device)
-/// on first use.
+/// The loaded kernels of `gpu`, compiled to a CUBIN for its architecture (once per architecture;
+/// see [`compile_reduction_cubin`]) and loaded (once per device) on first use.
 fn loaded(gpu: &Gpu) -> Result<Arc<Loaded>, GpuError> {
-    static PTX: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    static CUBINS: OnceLock<Mutex<HashMap<String, Vec<u8>>>> = OnceLock::new();
     static MODULES: OnceLock<Mutex<HashMap<usize, Arc<Loaded>>>> = OnceLock::new();
     let modules = MODULES.get_or_init(Default::default);
     let mut modules = lock_ignoring_poison(modules);
@@ -195,21 +204,21 @@ fn loaded(gpu: &Gpu) -> Result<Arc<Loaded>, GpuError> {
         return Ok(loaded.clone());
     }
     let (major, minor) = gpu.compute_capability()?;
-    let arch = format!("compute_{major}{minor}");
-    let ptx_source = {
-        let mut cache = lock_ignoring_poison(PTX.get_or_init(Default::default));
+    let arch = format!("sm_{major}{minor}");
+    let cubin = {
+        let mut cache = lock_ignoring_poison(CUBINS.get_or_init(Default::default));
         match cache.get(&arch) {
-            Some(src) => src.clone(),
+            Some(cubin) => cubin.clone(),
             None => {
-                let src = compile(&arch)?.to_src();
-                cache.insert(arch, src.clone());
-                src
+                let cubin = compile_reduction_cubin(&arch)?;
+                cache.insert(arch, cubin.clone());
+                cubin
             }
         }
     };
     let module = gpu
         .context()
-        .load_module(Ptx::from_src(ptx_source))
+        .load_module(Ptx::from_binary(cubin))
         .map_err(driver_error)?;
     let sms = gpu
         .context()

@@ -15,17 +15,19 @@
 //!   [`set_current_gpu`] on each replica thread; a step reads it with [`current_gpu`] and moves its
 //!   input there with [`to_current_gpu`].
 //! - [`kernel_source`] is the CUDA C of the reduction kernels, compiled once per architecture with
-//!   NVRTC ([`compile_reduction_kernels`]); they fold inputs in replica order exactly as the host
+//!   NVRTC, to PTX for checks ([`compile_reduction_kernels`]) and to a CUBIN for the GPU at hand
+//!   ([`compile_reduction_cubin`]); they fold inputs in replica order exactly as the host
 //!   kernel does, so GPU and CPU reductions give the same bits.
 
 pub(crate) mod bridge;
 mod device;
 mod kernels;
 mod memory;
+mod nvrtc;
 mod probe;
 mod tensor;
 
 pub use device::{Gpu, current_gpu, driver_error, set_current_gpu, to_current_gpu};
-pub use kernels::{compile_reduction_kernels, kernel_source};
+pub use kernels::{compile_reduction_cubin, compile_reduction_kernels, kernel_source};
 pub use memory::{GpuArray, PinnedUploader};
 pub use probe::{gpu_count, nccl_available, nvrtc_available, require_nccl, require_nvrtc};
