@@ -174,9 +174,11 @@ fn frozen_rank_of_two_processes() {
     let gpu = Gpu::open(0).unwrap();
     let freeze = || {
         println!("FREEZING");
-        let _ = Command::new("kill")
-            .args(["-STOP", &std::process::id().to_string()])
-            .status();
+        // Stops this process before returning (a `kill -STOP` child may let it run on, and
+        // needs a `kill` binary the machine may lack).
+        // SAFETY: raise only sends a signal to this process.
+        let stopped = unsafe { libc::raise(libc::SIGSTOP) };
+        assert_eq!(stopped, 0, "raise(SIGSTOP) failed");
     };
     let ops = nccl_all_reduce_for_cluster(&cluster, me, &[0], FROZEN_DEADLINE).unwrap();
     if rank == 1 && moment == "setup" {

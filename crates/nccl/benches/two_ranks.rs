@@ -1,5 +1,7 @@
 //! `cargo bench -p distribute-nccl --bench two_ranks`: NCCL all-reduce between two ranks in two
-//! processes sharing GPU 0 (each process a distinct `NCCL_HOSTID`, as two hosts would be), at
+//! processes sharing GPU 0 (each process a distinct `NCCL_HOSTID`, as two hosts would be, so
+//! NCCL connects them through its socket transport on loopback: `NCCL_SOCKET_IFNAME=lo`,
+//! `NCCL_IB_DISABLE=1`, so that it neither probes InfiniBand cards nor waits on them), at
 //! 4 KiB, 1 MiB and 64 MiB of f32, one JSON line per size with nccl-tests' bandwidths (algbw =
 //! bytes / time, busbw = algbw × 2(n−1)/n). The GPU's device-to-device copy bandwidth of the
 //! same run is `bench-gpu`'s (the kernel-vs-copy bench beside it in the GPU bundle).
@@ -74,6 +76,8 @@ fn launch(full: bool) -> Result<(), BoxError> {
                 .env(RANK, rank.to_string())
                 .env(ID, &id)
                 .env("NCCL_HOSTID", format!("distribute-bench-rank-{rank}"))
+                .env("NCCL_SOCKET_IFNAME", "lo")
+                .env("NCCL_IB_DISABLE", "1")
                 .stdout(if rank == 0 {
                     Stdio::inherit()
                 } else {

@@ -21,11 +21,14 @@
 //! reported as an error rather than hanging the others: every call first gathers each rank's
 //! dtype and shape (an all-gather of one agreement record per rank, `Record::WORDS` words) and fails on every rank when they disagree.
 //!
-//! Not covered by the deadline: NCCL's own blocking steps — joining a communicator
-//! (`ncclCommInitRank` waits for every rank) and, with NCCL's default lazy connection setup
-//! (`NCCL_RUNTIME_CONNECT=1`), connecting peers inside the first collective. A rank that never
-//! starts can hang the others there; set `NCCL_RUNTIME_CONNECT=0` to connect at init. A replica
-//! that skips a call is caught by the deadline (`GroupConfig::deadline`), not at once.
+//! Ranks of several processes ([`NcclAllReduce::from_unique_id`]) use NCCL's non-blocking
+//! communicators: joining one (`ncclCommInitRankConfig` waits for every rank), the first
+//! collective's lazy connections and the teardown are polled against the deadline too, so a
+//! rank that never starts or freezes is an error on the others. Not covered: the one-process
+//! setup (`ncclCommInitAll`, blocking, with no other process to wait for) and, on its
+//! communicators, the lazy connections inside the first collective, which wait for the other
+//! replica threads (`NCCL_RUNTIME_CONNECT=0` moves them to init). A replica that skips a call
+//! is caught by the deadline (`GroupConfig::deadline`), not at once.
 //!
 //! NCCL reduces in its own order (rings, trees), so results are not bitwise equal to the
 //! replica-order host kernel beyond two ranks; use `ReductionToOneDevice`

@@ -50,11 +50,16 @@ impl NcclMember {
             });
         }
         if self.shared.aborted.load(Ordering::SeqCst) {
-            return Err(CollectiveError::Aborted {
-                reason: lock_ignoring_poison(&self.shared.reason).clone(),
-            });
+            return Err(self.backend_aborted());
         }
         Ok(())
+    }
+
+    /// The error of a backend another replica aborted, with its reason.
+    fn backend_aborted(&self) -> CollectiveError {
+        CollectiveError::Aborted {
+            reason: lock_ignoring_poison(&self.shared.reason).clone(),
+        }
     }
 
     /// Queues NCCL work with `enqueue` (a [`Communicator`] call) and waits for the stream,
@@ -80,7 +85,7 @@ impl NcclMember {
             self.shared
                 .aborted
                 .load(Ordering::SeqCst)
-                .then(|| self.check_usable().unwrap_err())
+                .then(|| self.backend_aborted())
         };
         self.comm
             .settle(what, start, self.shared.deadline, &stopped)?;
@@ -93,7 +98,7 @@ impl NcclMember {
             let failure = if let Err(e) = self.comm.in_progress() {
                 Some(CollectiveError::from(nccl_error(what, e)))
             } else if self.shared.aborted.load(Ordering::SeqCst) {
-                Some(self.check_usable().unwrap_err())
+                Some(self.backend_aborted())
             } else if start.elapsed() >= self.shared.deadline {
                 Some(CollectiveError::DeadlineExceeded {
                     op: format!(
