@@ -6,7 +6,9 @@
 
 use std::process::Command;
 
-use distribute_pjrt::{Client, ClientOptions, DEVICES_ENV, PjrtError, Plugin};
+use distribute_pjrt::{Client, ClientOptions, DEVICES_ENV, Plugin};
+
+mod common;
 
 /// Set in a child: which case it runs.
 const CASE_ENV: &str = "DISTRIBUTE_PJRT_DEVICE_CAP_CASE";
@@ -55,17 +57,7 @@ fn capped() {
     let (client, devices) = Client::with_devices(plugin, &ClientOptions::default(), None).unwrap();
     assert_eq!(devices.len(), most);
     assert_eq!(client.devices().unwrap().len(), most);
-    let err = Client::with_devices(plugin, &ClientOptions::default(), Some(most + 1)).unwrap_err();
-    assert!(
-        matches!(err, PjrtError::NotEnoughDevices { ref shortfall, .. }
-            if shortfall.needed == most + 1 && shortfall.has == most),
-        "{err}"
-    );
-    let text = err.to_string();
-    assert!(
-        text.contains(&format!("asked for {} devices", most + 1)),
-        "{text}"
-    );
+    let text = common::one_more_device_is_refused(plugin, most);
     if offer.is_cpu() {
         assert!(
             text.contains(&format!("has {cap} ({DEVICES_ENV}={cap})")),

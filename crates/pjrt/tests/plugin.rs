@@ -12,9 +12,11 @@ use distribute_pjrt::stablehlo::{
     AllReduceOp, Builder, Comparison, DotDims, Reduction, ReplicaGroups, TensorType, UnaryOp, Value,
 };
 use distribute_pjrt::{
-    CPU_PLATFORM, Client, ClientOptions, CompileOptions, ElementType, ErrorCode, Offer, PjrtError,
-    Plugin, Shortfall, pinned_plugin_path,
+    CPU_PLATFORM, Client, ClientOptions, CompileOptions, ElementType, ErrorCode, Offer, Plugin,
+    Shortfall, pinned_plugin_path,
 };
+
+mod common;
 
 fn plugin() -> &'static Plugin {
     Plugin::discover().unwrap_or_else(|err| panic!("{err}"))
@@ -571,19 +573,7 @@ fn with_devices_gives_all_or_the_first_n_and_names_both_counts_when_short() {
     if let Some(most) = offer().most_devices() {
         // A plugin of fixed devices (or a capped CPU plugin): all of them, and no more.
         assert_eq!(devices.len(), most);
-        let err =
-            Client::with_devices(plugin, &ClientOptions::default(), Some(most + 1)).unwrap_err();
-        assert!(
-            matches!(err, PjrtError::NotEnoughDevices { ref shortfall, .. }
-                if shortfall.needed == most + 1 && shortfall.has == most),
-            "{err}"
-        );
-        let text = err.to_string();
-        assert!(
-            text.contains(&format!("asked for {} devices", most + 1)),
-            "{text}"
-        );
-        assert!(text.contains(&format!("has {most}")), "{text}");
+        common::one_more_device_is_refused(plugin, most);
         return;
     }
     assert_eq!(offer().platform(), CPU_PLATFORM);
