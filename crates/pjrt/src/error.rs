@@ -142,7 +142,7 @@ pub enum PjrtError {
         shortfall.platform,
         path.display(),
         shortfall.has,
-        if shortfall.capped { format!(" ({}={})", crate::DEVICES_ENV, shortfall.has) } else { String::new() }
+        crate::offer::cap_note(shortfall.capped, shortfall.has)
     )]
     NotEnoughDevices {
         /// The plugin's file.

@@ -102,7 +102,8 @@ pub struct Shortfall {
     pub capped: bool,
 }
 
-fn cap_note(capped: bool, has: usize) -> String {
+/// ` (DISTRIBUTE_PJRT_DEVICES=M)` when the cap is why a plugin has no more devices.
+pub(crate) fn cap_note(capped: bool, has: usize) -> String {
     if capped {
         format!(" ({DEVICES_ENV}={has})")
     } else {
