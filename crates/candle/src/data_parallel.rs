@@ -461,6 +461,8 @@ where
 struct ReplicaDevice {
     name: String,
     kind: Option<DeviceKind>,
+    /// The device's index (`N` of `/gpu:N`), if it names one.
+    index: Option<u32>,
 }
 
 impl ReplicaDevice {
@@ -468,25 +470,27 @@ impl ReplicaDevice {
         matches!(self.kind, Some(DeviceKind::Cpu) | None)
     }
 
-    /// The candle device of this replica.
+    /// The candle device of this replica: the CPU, or with feature `cuda` candle's CUDA device
+    /// of a `/gpu:N` replica.
     fn candle(&self) -> Result<Device, Error> {
         let reason = match self.kind {
             Some(DeviceKind::Cpu) | None => return Ok(Device::Cpu),
             Some(DeviceKind::Gpu) => {
-                "distribute-candle trains on CPU replicas: candle's CUDA backend (its `cuda` \
-                 feature, kernels compiled with nvcc at build time) links CUDA, which cudarc \
-                 cannot combine with the run-time loading of this project's GPU collectives \
-                 (docs/candle.md, GPUs)"
+                match crate::gpu::cuda_device(self.index.unwrap_or(0) as usize) {
+                    Ok(device) => return Ok(device),
+                    Err(reason) => reason,
+                }
             }
             Some(DeviceKind::Tpu) => {
                 "a candle step is Rust code that runs eagerly, which TpuStrategy's compiled XLA \
                  programs cannot trace; train candle models with MirroredStrategy"
+                    .into()
             }
-            Some(_) => "candle has no backend for this device type; use CPU replicas",
+            Some(_) => "candle has no backend for this device type; use CPU or GPU replicas".into(),
         };
         Err(Error::Device {
             device: self.name.clone(),
-            reason: reason.into(),
+            reason,
         })
     }
 }
@@ -501,11 +505,11 @@ fn replica_devices(extended: &dyn StrategyExtended) -> Result<Vec<ReplicaDevice>
                 .ok()
                 .and_then(|d| d.first().cloned())
                 .ok_or_else(|| Error::InvalidArgument(format!("replica {r} has no device")))?;
-            let kind = name
+            let spec = name
                 .parse::<DeviceSpec>()
-                .map_err(distribute_strategy::StrategyError::from)?
-                .device_kind();
-            Ok(ReplicaDevice { name, kind })
+                .map_err(distribute_strategy::StrategyError::from)?;
+            let (kind, index) = (spec.device_kind(), spec.device_index());
+            Ok(ReplicaDevice { name, kind, index })
         })
         .collect()
 }
@@ -649,20 +653,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_cpu_replicas_get_a_candle_device_and_the_others_say_why() {
-        let device = |name: &str, kind| ReplicaDevice {
+    fn cpu_replicas_get_the_cpu_and_the_others_a_device_or_the_reason_why_not() {
+        let device = |name: &str, kind, index| ReplicaDevice {
             name: name.into(),
             kind,
+            index,
         };
         assert!(matches!(
-            device("/cpu:0", Some(DeviceKind::Cpu)).candle(),
+            device("/cpu:0", Some(DeviceKind::Cpu), Some(0)).candle(),
             Ok(Device::Cpu)
         ));
-        for (name, kind, reason) in [
-            ("/gpu:0", DeviceKind::Gpu, "nvcc"),
-            ("/tpu:0", DeviceKind::Tpu, "MirroredStrategy"),
-        ] {
-            let err = device(name, Some(kind)).candle().unwrap_err().to_string();
+        // A GPU replica is refused by a build without `cuda` (saying which feature), and by one
+        // with it on a machine without that GPU (candle's reason); with the GPU, it is a CUDA
+        // device.
+        let gpu = device("/gpu:0", Some(DeviceKind::Gpu), Some(0)).candle();
+        let gpu_reason = if crate::gpu::HAS_CUDA {
+            "candle could not open CUDA device 0"
+        } else {
+            "feature `cuda`"
+        };
+        let mut refused = vec![("/tpu:0", DeviceKind::Tpu, "MirroredStrategy")];
+        match gpu {
+            Ok(gpu) => assert!(crate::gpu::HAS_CUDA && gpu.is_cuda()),
+            Err(_) => refused.push(("/gpu:0", DeviceKind::Gpu, gpu_reason)),
+        }
+        for (name, kind, reason) in refused {
+            let err = device(name, Some(kind), Some(0))
+                .candle()
+                .unwrap_err()
+                .to_string();
             assert!(
                 err.starts_with(&format!("replica device '{name}': ")),
                 "{err}"

@@ -11,7 +11,8 @@
 //! whose variables change outside the optimizer (batch normalisation's running statistics)
 //! keeps per-replica values there, which `check_in_sync` reports. Errors of candle and of the user's code
 //! propagate with `?` and come back naming the replica. Each CPU replica's candle kernels get
-//! their share of the cores ([`CpuThreads`]).
+//! their share of the cores ([`CpuThreads`]). With feature `cuda`, a `/gpu:N` replica trains on
+//! candle's CUDA device `N` (gradients reduced through host memory).
 //!
 //! The same program runs on `MirroredStrategy` and, under `mpirun`, on
 //! `MultiWorkerMirroredStrategy`: the crate knows strategies only through the `Strategy` trait.
@@ -20,6 +21,12 @@
 mod convert;
 mod data_parallel;
 mod error;
+#[cfg(feature = "cuda")]
+#[path = "cuda.rs"]
+mod gpu;
+#[cfg(not(feature = "cuda"))]
+#[path = "no_cuda.rs"]
+mod gpu;
 mod gradients;
 mod threads;
 mod variables;

@@ -1,0 +1,17 @@
+//! Without feature `cuda`: a `/gpu:N` replica is refused with the way to get one.
+
+use candle_core::Device;
+
+/// Whether this build has candle's CUDA backend.
+#[cfg(test)]
+pub(crate) const HAS_CUDA: bool = false;
+
+/// Why this build has no CUDA device to give.
+pub(crate) fn cuda_device(_ordinal: usize) -> Result<Device, String> {
+    Err(
+        "this build of distribute-candle has no CUDA backend: turn on its feature `cuda` \
+         (candle's CUDA backend, which needs the CUDA toolkit's nvcc at build time and links \
+         libcuda, cuBLAS and cuRAND; docs/candle.md, GPUs)"
+            .into(),
+    )
+}

@@ -1,0 +1,226 @@
+//! distribute-candle on CUDA replicas (feature `cuda`, a suite of `cargo xtask test-gpu`): a
+//! `/gpu:N` replica holds its copy of the model on candle's CUDA device `N`, trains as a CPU
+//! replica does (to float rounding: cuBLAS and candle's kernels round differently), and stays
+//! bit-identical to the other copies, GPU or CPU.
+//!
+//! The executable links CUDA (candle's backend does), so it starts only where libcuda,
+//! cuBLAS and cuRAND are found. With them but without a GPU the tests say why and pass, unless
+//! `DISTRIBUTE_REQUIRE_GPU=1` (set by `cargo xtask test-gpu`).
+
+use std::collections::HashMap;
+
+use candle_core::{Device, Module, Tensor};
+use candle_nn::{Linear, Optimizer, SGD, VarBuilder};
+use distribute_candle::{Config, DataParallel, Error};
+use distribute_mirrored::MirroredStrategy;
+use distribute_values::ReduceOp;
+
+/// How many CUDA devices candle can open (0 to 8), or why none.
+fn gpus() -> Result<usize, String> {
+    match Device::new_cuda(0) {
+        Err(e) => Err(format!("candle could not open CUDA device 0: {e}")),
+        Ok(_) => Ok(1 + (1..8).take_while(|&i| Device::new_cuda(i).is_ok()).count()),
+    }
+}
+
+/// The GPU count when there are at least `needed`; otherwise says why the test is skipped
+/// (panics instead under `DISTRIBUTE_REQUIRE_GPU=1` when there is no GPU at all).
+fn gpus_or_skip(needed: usize) -> Option<usize> {
+    let why = match gpus() {
+        Ok(n) if n >= needed => return Some(n),
+        Ok(n) => {
+            eprintln!("skipped: needs {needed} GPUs, candle opens {n}");
+            return None;
+        }
+        Err(why) => why,
+    };
+    assert!(
+        std::env::var("DISTRIBUTE_REQUIRE_GPU").map_or(true, |v| v != "1"),
+        "DISTRIBUTE_REQUIRE_GPU=1 but no GPU: {why}"
+    );
+    eprintln!("skipped: {why}");
+    None
+}
+
+struct Mlp {
+    hidden: Linear,
+    out: Linear,
+}
+
+impl Module for Mlp {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        self.out.forward(&self.hidden.forward(x)?.relu()?)
+    }
+}
+
+fn mlp(vb: VarBuilder) -> candle_core::Result<Mlp> {
+    Ok(Mlp {
+        hidden: candle_nn::linear(8, 32, vb.pp("hidden"))?,
+        out: candle_nn::linear(32, 1, vb.pp("out"))?,
+    })
+}
+
+fn sgd(vars: Vec<candle_core::Var>) -> candle_core::Result<SGD> {
+    SGD::new(vars, 0.05)
+}
+
+/// Replica `replica`'s batch of step `step`: 16 rows, a target that a small MLP can fit.
+fn batch(replica: usize, step: usize, device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
+    let seed = (replica * 7919 + step * 104_729) as f32;
+    let x: Vec<f32> = (0..16 * 8)
+        .map(|i| ((i as f32 * 0.37 + seed) % 2.0) - 1.0)
+        .collect();
+    let y: Vec<f32> = x.chunks(8).map(|r| r[0] * r[1] - r[2] + 0.5).collect();
+    Ok((
+        Tensor::from_vec(x, (16, 8), device)?,
+        Tensor::from_vec(y, (16, 1), device)?,
+    ))
+}
+
+/// Initial values every model in these tests starts from (the same on CPU and GPU).
+fn initial_values() -> HashMap<String, Tensor> {
+    let values = |shape: &[usize], scale: f32| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 101) as f32 / 101.0 - 0.5) * scale)
+            .collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    };
+    HashMap::from([
+        ("hidden.weight".to_owned(), values(&[32, 8], 0.7)),
+        ("hidden.bias".to_owned(), values(&[32], 0.1)),
+        ("out.weight".to_owned(), values(&[1, 32], 0.35)),
+        ("out.bias".to_owned(), values(&[1], 0.1)),
+    ])
+}
+
+/// The model of these tests, data-parallel on a MirroredStrategy.
+type Model<'s> = DataParallel<'s, MirroredStrategy, Mlp, SGD>;
+
+/// Trains a model on `strategy`'s replicas for `steps` steps from [`initial_values`]; each replica's batch
+/// is that of its replica id. The losses of replica 0, and the trained model.
+fn train<'s>(strategy: &'s MirroredStrategy, steps: usize) -> Result<(Vec<f32>, Model<'s>), Error> {
+    let model = DataParallel::new(strategy, Config::default(), mlp, sgd)?;
+    model.assign(initial_values())?;
+    let mut losses = Vec::new();
+    for step in 0..steps {
+        let out = model.run(&(), |replica, ()| {
+            let (x, y) = batch(replica.replica_id(), step, replica.device())?;
+            let loss = candle_nn::loss::mse(&replica.model().forward(&x)?, &y)?;
+            replica.backward_step(&loss, ReduceOp::Mean)?;
+            Ok(loss.to_scalar::<f32>()?)
+        })?;
+        losses.push(out[0]);
+    }
+    Ok((losses, model))
+}
+
+fn weights(model: &Model<'_>, replica: usize) -> Vec<f32> {
+    ["hidden.bias", "hidden.weight", "out.bias", "out.weight"]
+        .iter()
+        .flat_map(|name| {
+            let t = model.variable(replica, name).unwrap();
+            t.to_device(&Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        })
+        .collect()
+}
+
+fn assert_close(what: &str, gpu: &[f32], cpu: &[f32]) {
+    assert_eq!(gpu.len(), cpu.len(), "{what}");
+    for (i, (g, c)) in gpu.iter().zip(cpu).enumerate() {
+        assert!(
+            (g - c).abs() <= 1e-4 * c.abs().max(1.0),
+            "{what}[{i}]: GPU {g}, CPU {c}"
+        );
+    }
+}
+
+#[test]
+fn a_gpu_replica_holds_its_model_on_the_gpu_and_trains_as_a_cpu_replica_does() {
+    if gpus_or_skip(1).is_none() {
+        return;
+    }
+    let on_gpu = MirroredStrategy::new(&["/gpu:0"]).unwrap();
+    let on_cpu = MirroredStrategy::new(&["/cpu:0"]).unwrap();
+    let (gpu_losses, gpu_model) = train(&on_gpu, 30).unwrap();
+    let (cpu_losses, cpu_model) = train(&on_cpu, 30).unwrap();
+    let w = gpu_model.variable(0, "hidden.weight").unwrap();
+    assert!(
+        w.device().is_cuda(),
+        "the variable lives on {:?}",
+        w.device()
+    );
+    assert!(
+        gpu_losses[29] < gpu_losses[0] * 0.8,
+        "the model learned: {gpu_losses:?}"
+    );
+    assert_close("loss", &gpu_losses, &cpu_losses);
+    assert_close("weights", &weights(&gpu_model, 0), &weights(&cpu_model, 0));
+    println!(
+        "{{\"test\": \"candle_gpu_vs_cpu\", \"first_loss\": {}, \"last_loss\": {}, \
+         \"last_loss_cpu\": {}}}",
+        gpu_losses[0], gpu_losses[29], cpu_losses[29]
+    );
+}
+
+#[test]
+fn a_gpu_and_a_cpu_replica_stay_bit_identical() {
+    // Both copies apply the same reduced gradients with SGD (a multiply and a subtract, each
+    // rounded once in IEEE arithmetic on either device), so they agree to the bit.
+    if gpus_or_skip(1).is_none() {
+        return;
+    }
+    let mixed = MirroredStrategy::new(&["/gpu:0", "/cpu:0"]).unwrap();
+    let (losses, model) = train(&mixed, 20).unwrap();
+    assert!(losses[19] < losses[0], "{losses:?}");
+    model.check_in_sync().unwrap();
+    assert_eq!(weights(&model, 0), weights(&model, 1));
+    assert!(model.variable(1, "out.weight").unwrap().device().is_cpu());
+}
+
+#[test]
+fn two_gpus_train_one_model_in_step() {
+    let Some(_) = gpus_or_skip(2) else {
+        return;
+    };
+    let two = MirroredStrategy::new(&["/gpu:0", "/gpu:1"]).unwrap();
+    let (losses, model) = train(&two, 20).unwrap();
+    assert!(losses[19] < losses[0], "{losses:?}");
+    model.check_in_sync().unwrap();
+    assert!(model.variable(1, "out.weight").unwrap().device().is_cuda());
+}
+
+#[test]
+fn a_gpu_the_machine_lacks_is_refused_naming_the_replica_device() {
+    let Ok(n) = gpus() else {
+        // Without a GPU every `/gpu:N` is refused: the same check on `/gpu:0`.
+        let s = MirroredStrategy::new(&["/gpu:0"]).unwrap();
+        let err = DataParallel::new(&s, Config::default(), mlp, sgd)
+            .err()
+            .expect("no GPU, no model");
+        let text = err.to_string();
+        // The strategy names the device canonically: `/job:localhost/…/device:GPU:0`.
+        assert!(
+            matches!(err, Error::Device { .. }) && text.contains("GPU:0'"),
+            "{text}"
+        );
+        assert!(text.contains("could not open CUDA device 0"), "{text}");
+        return;
+    };
+    let name = format!("/gpu:{n}");
+    let s = MirroredStrategy::new(&[name.as_str()]).unwrap();
+    let err = DataParallel::new(&s, Config::default(), mlp, sgd)
+        .err()
+        .expect("a GPU past the last one");
+    let text = err.to_string();
+    assert!(text.contains(&format!("GPU:{n}'")), "{text}");
+    assert!(
+        text.contains(&format!("could not open CUDA device {n}")),
+        "{text}"
+    );
+}
