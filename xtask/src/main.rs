@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
+mod cuda_toolkit;
 mod gpu;
 mod mpi;
 mod nvrtc;
@@ -36,7 +37,8 @@ commands:
                               (their multi-process tests start mpirun with 2, 3 and 4
                               processes), against the MPI of DISTRIBUTE_MPI (below)
   ci                          cargo fmt --check, clippy --all-targets -D warnings, clippy again
-                              with the cuda and nccl features and with the mpi feature, then
+                              with the cuda and nccl features, with distribute-candle's cuda
+                              (the pinned CUDA toolkit, below) and with the mpi feature, then
                               test
   test-gpu                    on a machine with an NVIDIA GPU: run every GPU suite (tests, the
                               gpu and tpu benches, the demo on TpuStrategy) with NVRTC, NCCL
@@ -48,7 +50,10 @@ commands:
                               build the GPU suites (every one, or those named) into DIR
                               (stripped; e.g. target/gpu-bundle) with DIR/run.sh, which runs them
                               on a GPU machine without Rust: `DIR/run.sh [SUITE...]`;
-                              NCCL_LIB_DIR, NVRTC_LIB_DIR, PJRT_PLUGIN override
+                              NCCL_LIB_DIR, NVRTC_LIB_DIR, PJRT_PLUGIN override. The candle
+                              suite builds with a CUDA 13.0 toolkit (nvcc) of 5 pinned wheels,
+                              installed under target/cuda-toolkit/ with link-time stubs of the
+                              driver, cuBLAS and cuRAND; executables over 16 MiB go in xz'd
   test-gpu --dry-run          build the bundle into target/gpu-bundle-dry and run its run.sh on
                               this machine without a GPU, checking each suite's expected
                               outcome (what `test` ends with)
@@ -196,6 +201,28 @@ fn ci(rest: &[String]) -> Result<()> {
             &gpu_clippy,
         )?;
     }
+    // candle's CUDA backend, built with the pinned toolkit (nvcc), in a lint of its own: it links
+    // CUDA, which cannot share a build with the run-time loading of the GPU lints above.
+    let toolkit = cuda_toolkit::fetch(&workspace_root())?.build_env()?;
+    let toolkit: Vec<(&str, &std::ffi::OsStr)> = toolkit
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_os_str()))
+        .collect();
+    cargo_env(
+        "clippy (distribute-candle/cuda)",
+        &[
+            "clippy",
+            "--package",
+            "distribute-candle",
+            "--all-targets",
+            "--features",
+            "distribute-candle/cuda",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &toolkit,
+    )?;
     mpi::clippy()?;
     test(&[])
 }

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
 
-use super::suites::{SUITES, Suite};
+use super::suites::{Needs, SUITES, Suite};
 use crate::cargo_program;
 
 /// `run.sh`, which reads the suites to run from [`SUITE_LIST`] beside it.
@@ -19,6 +19,9 @@ const RUN_SCRIPT: &str = include_str!("run.sh");
 const SUITE_LIST: &str = "suites.txt";
 /// The most a device run carries back and forth.
 const BUNDLE_LIMIT: u64 = 64 << 20;
+/// Executables larger than this go into the bundle xz-compressed (`NAME.xz`, which `run.sh`
+/// unpacks): candle's CUDA suite is 52 MiB stripped, 33 MiB of it the GPU code of its kernels.
+const COMPRESS_OVER: u64 = 16 << 20;
 /// How the dry run makes the PJRT CPU plugin a one-device plugin, as the CUDA plugin is on one
 /// GPU (`distribute_pjrt::DEVICES_ENV`; xtask does not link the library crates).
 const ONE_DEVICE: (&str, &str) = ("DISTRIBUTE_PJRT_DEVICES", "1");
@@ -31,6 +34,12 @@ const SKIP_ON_ONE_DEVICE: &[&str] = &[
     "tpu-input",
     "bench-tpu",
 ];
+/// The variable that gives `run.sh` the folders of the libraries a `cuda-linked` suite links (on
+/// the GPU machine it finds them in NVIDIA's wheels itself).
+const LINKED_LIBS_ENV: &str = "DISTRIBUTE_CUDA_LINKED_LIBS";
+/// What the candle GPU suite says on the stubs: it started, and candle reported no GPU.
+const CANDLE_NO_GPU: &str =
+    "DISTRIBUTE_REQUIRE_GPU=1 but no GPU: candle could not open CUDA device 0";
 /// What a test that needs two devices prints on the capped CPU plugin.
 const ONE_DEVICE_SKIP: &str =
     "skipped: needs 2 devices, the cpu plugin has 1 (DISTRIBUTE_PJRT_DEVICES=1)";
@@ -55,6 +64,11 @@ pub(crate) fn dry_run(root: &Path) -> Result<()> {
     }
     let dir = root.join("target/gpu-bundle-dry");
     build_only(root, &dir, &[])?;
+    // The candle GPU suite links CUDA: here it starts against the link-time stubs, whose every
+    // call fails as a machine without a driver does.
+    let toolkit = crate::cuda_toolkit::fetch(root)?;
+    let linked = [toolkit.stubs(), toolkit.lib()];
+    let linked_path = super::libs::ld_library_path(&linked, None)?;
     let nvrtc_dir = crate::nvrtc::fetch(root)?;
     let cpu_plugin = crate::pjrt::install(root, crate::pjrt::Plugin::Cpu)?;
     // The pjrt-cuda-options suite loads JAX's CUDA plugin from its install path here.
@@ -73,6 +87,7 @@ pub(crate) fn dry_run(root: &Path) -> Result<()> {
         .env("NVRTC_LIB_DIR", &nvrtc_dir)
         .env("PJRT_PLUGIN", &cpu_plugin)
         .env(ONE_DEVICE.0, ONE_DEVICE.1)
+        .env(LINKED_LIBS_ENV, &linked_path)
         .env("DISTRIBUTE_GPU_DEADLINE", "420")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -85,7 +100,12 @@ pub(crate) fn dry_run(root: &Path) -> Result<()> {
     let (results, log) = (read("results.txt")?, read("run.log")?);
     let mut problems = dry_run_problems(&results, &log);
     for suite in SUITES {
-        problems.extend(missing_libraries(&dir.join(suite.name))?);
+        let search = match suite.needs {
+            Needs::CudaLinked => vec![linked[0].clone(), linked[1].clone(), nvrtc_dir.clone()],
+            _ => Vec::new(),
+        };
+        let executable = unpacked_executable(&dir, suite.name, &out.join("unpacked"))?;
+        problems.extend(missing_libraries(&executable, &search)?);
     }
     let carried = bundle_and_tree_size(root, &dir)?;
     if carried >= BUNDLE_LIMIT {
@@ -122,8 +142,8 @@ fn dry_run_problems(results: &str, log: &str) -> Vec<String> {
     };
     for suite in SUITES {
         let want: &[&str] = match suite.needs {
-            super::suites::Needs::Nvrtc | super::suites::Needs::CudaPjrt => &["PASS"],
-            super::suites::Needs::Gpu | super::suites::Needs::Nccl => &["FAIL", "SKIP"],
+            Needs::Nvrtc | Needs::CudaPjrt => &["PASS"],
+            Needs::Gpu | Needs::Nccl | Needs::CudaLinked => &["FAIL", "SKIP"],
         };
         match outcome(suite.name) {
             Some(got) if want.contains(&got) => {}
@@ -159,16 +179,27 @@ fn dry_run_problems(results: &str, log: &str) -> Vec<String> {
     if !log.contains("DISTRIBUTE_REQUIRE_GPU=1 but no GPU") {
         problems.push("no GPU suite said \"DISTRIBUTE_REQUIRE_GPU=1 but no GPU\"".into());
     }
+    if !log.contains(CANDLE_NO_GPU) {
+        problems.push(format!(
+            "the candle GPU suite did not start and say \"{CANDLE_NO_GPU}\""
+        ));
+    }
     problems
 }
 
-/// The shared libraries `executable` needs that this machine cannot find (`ldd`), as problems.
-/// CUDA, NVRTC and NCCL are loaded at run time, so they are not among them.
-fn missing_libraries(executable: &Path) -> Result<Vec<String>> {
-    let output = Command::new("ldd")
-        .arg(executable)
-        .output()
-        .context("could not run ldd")?;
+/// The shared libraries `executable` needs that this machine cannot find (`ldd`, with the
+/// folders `search` first on `LD_LIBRARY_PATH`), as problems. The suites that load CUDA, NVRTC
+/// and NCCL at run time do not need them; those that link CUDA are looked at with the stubs.
+fn missing_libraries(executable: &Path, search: &[PathBuf]) -> Result<Vec<String>> {
+    let mut ldd = Command::new("ldd");
+    ldd.arg(executable);
+    if !search.is_empty() {
+        ldd.env(
+            "LD_LIBRARY_PATH",
+            super::libs::ld_library_path(search, std::env::var_os("LD_LIBRARY_PATH"))?,
+        );
+    }
+    let output = ldd.output().context("could not run ldd")?;
     let text = String::from_utf8_lossy(&output.stdout);
     Ok(text
         .lines()
@@ -219,9 +250,12 @@ pub(super) fn build_only(root: &Path, dir: &Path, names: &[String]) -> Result<()
     for suite in &suites {
         let built = build_executable(root, suite)?;
         let copy = dir.join(suite.name);
-        if copy.symlink_metadata().is_ok() {
-            fs::remove_file(&copy)
-                .with_context(|| format!("could not remove {}", copy.display()))?;
+        let compressed = dir.join(format!("{}.xz", suite.name));
+        for stale in [&copy, &compressed] {
+            if stale.symlink_metadata().is_ok() {
+                fs::remove_file(stale)
+                    .with_context(|| format!("could not remove {}", stale.display()))?;
+            }
         }
         fs::copy(&built, &copy)
             .with_context(|| format!("could not copy {} to {}", built.display(), copy.display()))?;
@@ -234,11 +268,22 @@ pub(super) fn build_only(root: &Path, dir: &Path, names: &[String]) -> Result<()
                 bail!("`strip {}` failed ({status})", copy.display());
             }
         }
-        let size = fs::metadata(&copy)?.len();
+        let mut size = fs::metadata(&copy)?.len();
+        let mut shipped = copy.clone();
+        if size > COMPRESS_OVER {
+            compress(&copy)?;
+            eprintln!(
+                "xtask: test-gpu: {} ({:.1} MiB) compressed with xz; run.sh unpacks it",
+                copy.display(),
+                mib(size)
+            );
+            shipped = compressed;
+            size = fs::metadata(&shipped)?.len();
+        }
         total += size;
         eprintln!(
             "xtask: test-gpu: {} ({:.1} MiB) <- {}",
-            copy.display(),
+            shipped.display(),
             mib(size),
             built.display()
         );
@@ -266,6 +311,44 @@ pub(super) fn build_only(root: &Path, dir: &Path, names: &[String]) -> Result<()
         );
     }
     Ok(())
+}
+
+/// Replaces `path` by `path.xz` (`xz -6`, all cores).
+fn compress(path: &Path) -> Result<()> {
+    let status = Command::new("xz")
+        .args(["--threads=0", "-6", "--force"])
+        .arg(path)
+        .status()
+        .context(
+            "could not run xz, which packs the GPU bundle's largest executables into what a \
+             device run carries: install xz-utils",
+        )?;
+    if !status.success() {
+        bail!("`xz {}` failed ({status})", path.display());
+    }
+    Ok(())
+}
+
+/// The executable of suite `name` in the bundle `dir`: itself, or unpacked from its `.xz` into
+/// `scratch`.
+fn unpacked_executable(dir: &Path, name: &str, scratch: &Path) -> Result<PathBuf> {
+    let plain = dir.join(name);
+    if plain.is_file() {
+        return Ok(plain);
+    }
+    fs::create_dir_all(scratch)?;
+    let unpacked = scratch.join(name);
+    let output = Command::new("xz")
+        .arg("-dc")
+        .arg(dir.join(format!("{name}.xz")))
+        .output()
+        .context("could not run xz")?;
+    if !output.status.success() {
+        bail!("the bundle has neither {name} nor a good {name}.xz");
+    }
+    fs::write(&unpacked, output.stdout)?;
+    set_executable(&unpacked)?;
+    Ok(unpacked)
 }
 
 /// The suites `names` names, in table order; every suite when `names` is empty.
@@ -302,7 +385,11 @@ fn build_executable(root: &Path, suite: &Suite) -> Result<PathBuf> {
         suite.name,
         args.join(" ")
     );
-    let output = Command::new(&cargo)
+    let mut command = Command::new(&cargo);
+    if suite.needs == Needs::CudaLinked {
+        command.envs(crate::cuda_toolkit::fetch(root)?.build_env()?);
+    }
+    let output = command
         .args(&args)
         .current_dir(root)
         .stderr(Stdio::inherit())
@@ -478,7 +565,8 @@ mod tests {
     #[test]
     fn a_dry_run_wants_passes_where_no_gpu_is_needed_and_typed_failures_where_one_is() {
         let typed = format!(
-            "DISTRIBUTE_REQUIRE_GPU=1 but no GPU: no NVIDIA driver\n{ONE_DEVICE_SKIP} (x)\n"
+            "DISTRIBUTE_REQUIRE_GPU=1 but no GPU: no NVIDIA driver\n{ONE_DEVICE_SKIP} (x)\n\
+             {CANDLE_NO_GPU}: CUDA_ERROR_STUB_LIBRARY\n"
         );
         let typed = typed.as_str();
         let line = |outcome: &str, name: &str| format!("{outcome:<9}{name} (…)\n");
@@ -489,7 +577,7 @@ mod tests {
                     format!("PASS     {} (3 s; 9 skipped: …)\n", s.name)
                 }
                 Needs::Nvrtc | Needs::CudaPjrt => line("PASS", s.name),
-                Needs::Gpu => line("FAIL", s.name),
+                Needs::Gpu | Needs::CudaLinked => line("FAIL", s.name),
                 Needs::Nccl => line("SKIP", s.name),
             })
             .collect();
@@ -509,6 +597,14 @@ mod tests {
         );
         let no_skip_line = typed.replace(ONE_DEVICE_SKIP, "");
         assert_eq!(dry_run_problems(&good, &no_skip_line).len(), 1);
+        // The candle GPU suite that could not start (a library missing) never says it.
+        let not_started = typed.replace(CANDLE_NO_GPU, "error while loading shared libraries");
+        assert_eq!(
+            dry_run_problems(&good, &not_started),
+            [format!(
+                "the candle GPU suite did not start and say \"{CANDLE_NO_GPU}\""
+            )]
+        );
         let timed_out = good.replacen(
             "PASS     collectives-nvrtc",
             "TIMEOUT  collectives-nvrtc",
@@ -520,7 +616,7 @@ mod tests {
         );
         let panicked = "thread 'x' panicked at /root/.cargo/registry/src/cudarc-0.19.10/src/lib.rs";
         let problems = dry_run_problems(&good, panicked);
-        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert_eq!(problems.len(), 4, "{problems:?}");
     }
 
     #[test]
@@ -548,9 +644,13 @@ mod tests {
             "some",
             "#!/bin/sh\necho 'test a ... skipped: needs 2 devices'\necho 'skipped: b' >&2\n",
         );
+        // A large executable comes xz-compressed: run.sh unpacks and runs it.
+        write("packed", "#!/bin/sh\necho unpacked and ran\n");
+        compress(&dir.path().join("packed")).unwrap();
+        assert!(!dir.path().join("packed").exists());
         write(
             SUITE_LIST,
-            "ok gpu\nbad gpu\nslow gpu\nok floppy\nok gpu --again\nsome gpu\n",
+            "ok gpu\nbad gpu\nslow gpu\nok floppy\nok gpu --again\nsome gpu\npacked gpu\n",
         );
         let run = |out: &str, env: &[(&str, &str)]| {
             let out = dir.path().join(out);
@@ -578,10 +678,13 @@ mod tests {
                 "TIMEOUT slow",
                 "FAIL ok",
                 "PASS ok",
-                "PASS some"
+                "PASS some",
+                "PASS packed"
             ]
         );
         assert!(logged);
+        let packed = std::fs::read_to_string(dir.path().join("o1/suites/packed.log")).unwrap();
+        assert_eq!(packed, "unpacked and ran\n");
         let results = std::fs::read_to_string(dir.path().join("o1/results.txt")).unwrap();
         assert!(
             results.contains("PASS     some (0 s; 2 skipped: suites/some.log says why)"),
@@ -613,7 +716,8 @@ mod tests {
                 "TIMEOUT slow",
                 "FAIL ok",
                 "TIMEOUT ok",
-                "TIMEOUT some"
+                "TIMEOUT some",
+                "TIMEOUT packed"
             ]
         );
     }
@@ -636,7 +740,13 @@ mod tests {
             let line = format!("{variable}=({})\n", dirs.join(" "));
             assert!(script.contains(&line), "run.sh lacks `{line}`");
         }
-        for needs in [Needs::Nvrtc, Needs::Gpu, Needs::Nccl, Needs::CudaPjrt] {
+        for needs in [
+            Needs::Nvrtc,
+            Needs::Gpu,
+            Needs::Nccl,
+            Needs::CudaPjrt,
+            Needs::CudaLinked,
+        ] {
             assert!(script.contains(&format!("{})", needs.word())), "{needs:?}");
         }
         assert!(script.contains(crate::nvrtc::REQUIREMENT));
@@ -644,5 +754,6 @@ mod tests {
         assert!(script.contains(&format!("\"$here/{SUITE_LIST}\"")));
         assert!(script.contains("ln -s \"$nccl_dir/libnccl.so.2\" \"$libs/libnccl.so\""));
         assert!(script.contains("export DISTRIBUTE_REQUIRE_GPU=1 DISTRIBUTE_REQUIRE_NVRTC=1"));
+        assert!(script.contains(&format!("${{{LINKED_LIBS_ENV}:-}}")));
     }
 }

@@ -10,6 +10,9 @@
 #                         of python3, then the system folders below)
 #   NVRTC_LIB_DIR=DIR     the folder with libnvrtc.so.<major> (else: a CUDA toolkit, then the
 #                         wheels of python3, then the system folders below)
+#   DISTRIBUTE_CUDA_LINKED_LIBS=DIRS  the folders (a:b) of the libraries the cuda-linked suites
+#                         link besides the driver and NVRTC: cuBLAS, cuRAND and the runtime of CUDA 13 (else:
+#                         the wheels of python3, then the folders below)
 #   PJRT_PLUGIN=FILE      the CUDA PJRT plugin for the TpuStrategy suites (else:
 #                         xla_cuda_plugin.so in this folder, then in the jax_plugins/ folder of
 #                         python3's jax-cuda13-pjrt or jax-cuda12-pjrt wheel)
@@ -151,6 +154,24 @@ else
     "FAIL; \`python3 -m pip install nvidia-cuda-nvrtc==13.0.88\` or set NVRTC_LIB_DIR" >&2
 fi
 
+# The cuda-linked suites (candle's CUDA backend) link these, besides libcuda.so.1 and NVRTC.
+linked_libs=(libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libcudart.so.13)
+if [ -n "${DISTRIBUTE_CUDA_LINKED_LIBS:-}" ]; then
+  linked_path="$DISTRIBUTE_CUDA_LINKED_LIBS"
+else
+  linked_path=""
+  for lib in "${linked_libs[@]}"; do
+    dir="$(first_dir_with "$lib" ${wheel_dirs[@]+"${wheel_dirs[@]}"} "${cuda_toolkit_dirs[@]}" \
+      "${system_nvrtc_dirs[@]}")" || continue
+    case ":$linked_path:" in
+      *":$dir:"*) ;;
+      *) linked_path="${linked_path:+$linked_path:}$dir" ;;
+    esac
+  done
+fi
+echo "run.sh: cuBLAS/cuRAND/cudart for the cuda-linked suites: ${linked_path:-none found}" \
+  "(nvidia-cublas $(wheel_version nvidia-cublas), nvidia-curand $(wheel_version nvidia-curand))"
+
 if [ -n "${PJRT_PLUGIN:-}" ]; then
   if [ ! -f "$PJRT_PLUGIN" ]; then
     echo "run.sh: PJRT_PLUGIN=$PJRT_PLUGIN is not a file" >&2
@@ -202,6 +223,18 @@ run_suite() {
   if [ ${#selected[@]} -gt 0 ] && [[ " ${selected[*]} " != *" $name "* ]]; then
     return 0
   fi
+  # The largest executables come as NAME.xz: unpacked into the scratch folder (xz, else python3).
+  local exe="./$name"
+  if [ ! -f "$exe" ] && [ -f "$here/$name.xz" ]; then
+    exe="$libs/$name"
+    if command -v xz >/dev/null 2>&1; then
+      xz -dc "$here/$name.xz" > "$exe"
+    else
+      python3 -c 'import lzma, shutil, sys
+shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$here/$name.xz" "$exe"
+    fi || { record "FAIL     $name (could not unpack $name.xz)"; return 0; }
+    chmod +x "$exe"
+  fi
   case "$needs" in
     nvrtc) ;;
     gpu) ;;
@@ -210,6 +243,22 @@ run_suite() {
         echo "run.sh: WARNING: SKIPPING $name: no libnccl.so.2" >&2
         record "SKIP     $name (no NCCL)"
         return 0
+      fi
+      ;;
+    cuda-linked)
+      if command -v ldd >/dev/null 2>&1; then
+        local missing
+        missing="$(LD_LIBRARY_PATH="${linked_path:+$linked_path:}$LD_LIBRARY_PATH" ldd "$exe" \
+          | awk '/not found/ {print $1}' | tr '\n' ' ')"
+        if [ -n "$missing" ]; then
+          echo "run.sh: WARNING: SKIPPING $name: it links $missing which are not found;" \
+            "\`python3 -m pip install nvidia-cublas nvidia-curand nvidia-cuda-runtime\` (CUDA 13) or set" \
+            "DISTRIBUTE_CUDA_LINKED_LIBS" >&2
+          record "SKIP     $name (not found: $missing)"
+          return 0
+        fi
+        LD_LIBRARY_PATH="${linked_path:+$linked_path:}$LD_LIBRARY_PATH" ldd "$exe" \
+          | grep -E 'libcuda|libcublas|libcurand|libnvrtc' | sed "s/^[[:space:]]*/run.sh: $name links /"
       fi
       ;;
     cuda-pjrt)
@@ -231,14 +280,18 @@ run_suite() {
     return 0
   fi
   limit=$((left < suite_limit_s ? left : suite_limit_s))
-  echo "=== $name: ./$name $* (limit ${limit} s)"
+  echo "=== $name: $exe $* (limit ${limit} s)"
   local begun=$SECONDS log="$out/suites/$name.log"
   # timeout runs the suite in a process group of its own and kills all of it.
   if [ "$needs" = cuda-pjrt ]; then
-    PJRT_PLUGIN="$cuda_pjrt" timeout --kill-after=5 "$limit" "./$name" "$@" 2>&1 | tee "$log"
+    PJRT_PLUGIN="$cuda_pjrt" timeout --kill-after=5 "$limit" "$exe" "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+  elif [ "$needs" = cuda-linked ]; then
+    LD_LIBRARY_PATH="${linked_path:+$linked_path:}$LD_LIBRARY_PATH" \
+      timeout --kill-after=5 "$limit" "$exe" "$@" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
   else
-    timeout --kill-after=5 "$limit" "./$name" "$@" 2>&1 | tee "$log"
+    timeout --kill-after=5 "$limit" "$exe" "$@" 2>&1 | tee "$log"
     rc=${PIPESTATUS[0]}
   fi
   local took=$((SECONDS - begun)) skipped

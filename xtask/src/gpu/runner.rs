@@ -125,7 +125,28 @@ pub(super) fn run_here(root: &Path) -> Result<()> {
             outcomes.push((suite.name, Outcome::Skipped("no NCCL")));
             continue;
         }
-        let mut suite_env = env.clone();
+        let mut suite_env: Vec<(String, std::ffi::OsString)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.to_os_string()))
+            .collect();
+        if suite.needs == Needs::CudaLinked {
+            // Built with the pinned toolkit; run with cuBLAS and cuRAND of NVIDIA's wheels.
+            suite_env.extend(crate::cuda_toolkit::fetch(root)?.build_env()?);
+            let linked: Vec<PathBuf> = wheel_dirs
+                .iter()
+                .filter(|dir| {
+                    crate::cuda_toolkit::STUBS
+                        .iter()
+                        .any(|stub| dir.join(stub.soname).exists())
+                })
+                .cloned()
+                .collect();
+            suite_env.retain(|(k, _)| k != "LD_LIBRARY_PATH");
+            suite_env.push((
+                "LD_LIBRARY_PATH".to_owned(),
+                super::libs::ld_library_path(&linked, Some(ld_library_path.clone()))?,
+            ));
+        }
         if suite.needs == Needs::CudaPjrt {
             let Some(plugin) = &cuda_pjrt else {
                 eprintln!(
@@ -135,7 +156,7 @@ pub(super) fn run_here(root: &Path) -> Result<()> {
                 outcomes.push((suite.name, Outcome::Skipped("no CUDA PJRT plugin")));
                 continue;
             };
-            suite_env.push(("PJRT_PLUGIN", plugin.as_os_str()));
+            suite_env.push(("PJRT_PLUGIN".to_owned(), plugin.as_os_str().to_os_string()));
         }
         let mut args = suite.cargo_args(false);
         if suite.kind != Kind::Bench {
@@ -144,6 +165,10 @@ pub(super) fn run_here(root: &Path) -> Result<()> {
             args.extend(suite.run_args().iter().map(|arg| (*arg).to_owned()));
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let suite_env: Vec<(&str, &OsStr)> = suite_env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_os_str()))
+            .collect();
         let outcome = match cargo_env(&format!("GPU suite {}", suite.name), &args, &suite_env) {
             Ok(()) => Outcome::Passed,
             Err(err) => Outcome::Failed(format!("{err:#}")),

@@ -13,6 +13,10 @@ pub(crate) enum Needs {
     Nccl,
     /// A GPU and the CUDA PJRT plugin (`PJRT_PLUGIN`; see [`super::libs::find_cuda_pjrt`]).
     CudaPjrt,
+    /// A GPU, and the CUDA libraries the executable links rather than loads (candle's CUDA
+    /// backend links libcuda, cuBLAS, cuRAND and NVRTC): built with the pinned CUDA toolkit of
+    /// [`crate::cuda_toolkit`], run where those libraries are found.
+    CudaLinked,
 }
 
 impl Needs {
@@ -23,6 +27,7 @@ impl Needs {
             Needs::Gpu => "gpu",
             Needs::Nccl => "nccl",
             Needs::CudaPjrt => "cuda-pjrt",
+            Needs::CudaLinked => "cuda-linked",
         }
     }
 }
@@ -113,6 +118,16 @@ pub(crate) const SUITES: &[Suite] = &[
         feature: Some("nccl"),
         args: &[],
         needs: Needs::Gpu,
+    },
+    // candle models on `/gpu:N` replicas (candle's CUDA backend, compiled with nvcc).
+    Suite {
+        name: "candle-gpu",
+        package: "distribute-candle",
+        kind: Kind::Test,
+        target: "gpu",
+        feature: Some("cuda"),
+        args: &[],
+        needs: Needs::CudaLinked,
     },
     Suite {
         name: "bench-gpu",
