@@ -196,7 +196,11 @@ where
                             replica: &mut replica,
                             manifest,
                         };
-                        step(&mut view, input)
+                        let output = step(&mut view, input)?;
+                        // candle queues a GPU replica's work on its thread's own stream: wait
+                        // for it, so that the caller's thread (checks, saves, reads) sees it.
+                        replica.device.synchronize()?;
+                        Ok(output)
                     })()
                     .map_err(|e| into_strategy_error(global, e))?;
                     *outputs[r].lock().unwrap_or_else(|e| e.into_inner()) = Some(output);
@@ -384,6 +388,8 @@ where
         for r in skip..self.replicas.len() {
             let replica = self.lock(r)?;
             variables::set_from_bytes(&replica.vars, &self.manifest, &bytes, &replica.device)?;
+            // Written on this thread's stream; the replica's thread reads on its own.
+            replica.device.synchronize()?;
         }
         Ok(())
     }
