@@ -134,25 +134,43 @@ impl Toolkit {
     }
 
     /// The environment of a cargo build that compiles candle's CUDA backend: nvcc on `PATH`,
-    /// `CUDA_HOME`, the GPU architecture.
-    pub(crate) fn build_env(&self) -> Result<Vec<(String, std::ffi::OsString)>> {
+    /// `CUDA_HOME`, and the GPU architecture: `DISTRIBUTE_CUDA_COMPUTE_CAP`, else for another
+    /// machine (`for_this_gpu` false) the H100/H200's, else none, so that candle's build asks
+    /// this machine's GPU.
+    pub(crate) fn build_env(
+        &self,
+        for_this_gpu: bool,
+    ) -> Result<Vec<(String, std::ffi::OsString)>> {
         let mut path = std::ffi::OsString::from(self.home.join("bin"));
         if let Some(old) = std::env::var_os("PATH") {
             path.push(":");
             path.push(old);
         }
-        let cap = std::env::var("DISTRIBUTE_CUDA_COMPUTE_CAP").unwrap_or(COMPUTE_CAP.into());
-        Ok(vec![
+        let mut env = vec![
             ("PATH".into(), path),
             ("CUDA_HOME".into(), self.home.clone().into()),
-            ("CUDA_COMPUTE_CAP".into(), cap.into()),
-        ])
+        ];
+        let cap = std::env::var("DISTRIBUTE_CUDA_COMPUTE_CAP")
+            .ok()
+            .or_else(|| (!for_this_gpu).then(|| COMPUTE_CAP.to_owned()));
+        if let Some(cap) = cap {
+            env.push(("CUDA_COMPUTE_CAP".into(), cap.into()));
+        }
+        Ok(env)
     }
 }
 
 /// Installs the toolkit under `root` unless it is there, links NVRTC (of `fetch-nvrtc`) and
 /// compiles the stubs; returns it.
 pub(crate) fn fetch(root: &Path) -> Result<Toolkit> {
+    // nvcc compiles the host side of candle's kernels with the system's C++ compiler.
+    let cxx = Command::new("g++").arg("--version").output();
+    if !cxx.is_ok_and(|out| out.status.success()) {
+        bail!(
+            "candle's CUDA kernels need a C++ compiler for nvcc: `g++` does not run; install g++ \
+             (Debian: apt install g++) and run again"
+        );
+    }
     let home = root.join(INSTALL_DIR);
     let pins = pins_text();
     if fs::read_to_string(home.join(MARKER)).ok().as_deref() != Some(pins.as_str()) {
@@ -239,7 +257,11 @@ fn stub_libraries(root: &Path, dir: &Path) -> Result<()> {
         }
         let c_file = dir.join(format!("{}.c", stub.link_name));
         let library = dir.join(stub.link_name);
-        if fs::read_to_string(&c_file).ok().as_deref() == Some(c.as_str()) && library.is_file() {
+        let soname = dir.join(stub.soname);
+        if fs::read_to_string(&c_file).ok().as_deref() == Some(c.as_str())
+            && library.is_file()
+            && soname.is_file()
+        {
             continue;
         }
         fs::write(&c_file, &c)?;
@@ -254,7 +276,7 @@ fn stub_libraries(root: &Path, dir: &Path) -> Result<()> {
         if !status.success() {
             bail!("`{cc}` could not compile the stub {}", library.display());
         }
-        link(Path::new(stub.link_name), &dir.join(stub.soname))?;
+        link(Path::new(stub.link_name), &soname)?;
     }
     Ok(())
 }

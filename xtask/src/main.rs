@@ -203,7 +203,7 @@ fn ci(rest: &[String]) -> Result<()> {
     }
     // candle's CUDA backend, built with the pinned toolkit (nvcc), in a lint of its own: it links
     // CUDA, which cannot share a build with the run-time loading of the GPU lints above.
-    let toolkit = cuda_toolkit::fetch(&workspace_root())?.build_env()?;
+    let toolkit = cuda_toolkit::fetch(&workspace_root())?.build_env(false)?;
     let toolkit: Vec<(&str, &std::ffi::OsStr)> = toolkit
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_os_str()))

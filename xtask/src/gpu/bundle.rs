@@ -73,6 +73,8 @@ pub(crate) fn dry_run(root: &Path) -> Result<()> {
     let cpu_plugin = crate::pjrt::install(root, crate::pjrt::Plugin::Cpu)?;
     // The pjrt-cuda-options suite loads JAX's CUDA plugin from its install path here.
     crate::pjrt::install(root, crate::pjrt::Plugin::Cuda)?;
+    // Measured before run.sh, which unpacks compressed executables beside them.
+    let carried = bundle_and_tree_size(root, &dir)?;
     let out = dir.join("out");
     if out.exists() {
         fs::remove_dir_all(&out).with_context(|| format!("could not clear {}", out.display()))?;
@@ -107,7 +109,6 @@ pub(crate) fn dry_run(root: &Path) -> Result<()> {
         let executable = unpacked_executable(&dir, suite.name, &out.join("unpacked"))?;
         problems.extend(missing_libraries(&executable, &search)?);
     }
-    let carried = bundle_and_tree_size(root, &dir)?;
     if carried >= BUNDLE_LIMIT {
         problems.push(format!(
             "the bundle and the working tree take {:.1} MiB, over the {} MiB a device run carries",
@@ -387,7 +388,7 @@ fn build_executable(root: &Path, suite: &Suite) -> Result<PathBuf> {
     );
     let mut command = Command::new(&cargo);
     if suite.needs == Needs::CudaLinked {
-        command.envs(crate::cuda_toolkit::fetch(root)?.build_env()?);
+        command.envs(crate::cuda_toolkit::fetch(root)?.build_env(false)?);
     }
     let output = command
         .args(&args)

@@ -223,10 +223,11 @@ run_suite() {
   if [ ${#selected[@]} -gt 0 ] && [[ " ${selected[*]} " != *" $name "* ]]; then
     return 0
   fi
-  # The largest executables come as NAME.xz: unpacked into the scratch folder (xz, else python3).
+  # The largest executables come as NAME.xz: unpacked beside it (xz, else python3), or into the
+  # scratch folder where this folder is not writable.
   local exe="./$name"
   if [ ! -f "$exe" ] && [ -f "$here/$name.xz" ]; then
-    exe="$libs/$name"
+    if [ ! -w "$here" ]; then exe="$libs/$name"; fi
     if command -v xz >/dev/null 2>&1; then
       xz -dc "$here/$name.xz" > "$exe"
     else

@@ -130,14 +130,24 @@ pub(super) fn run_here(root: &Path) -> Result<()> {
             .map(|(k, v)| ((*k).to_owned(), v.to_os_string()))
             .collect();
         if suite.needs == Needs::CudaLinked {
-            // Built with the pinned toolkit; run with cuBLAS and cuRAND of NVIDIA's wheels.
-            suite_env.extend(crate::cuda_toolkit::fetch(root)?.build_env()?);
+            // Built with the pinned toolkit for this machine's GPU; run with cuBLAS, cuRAND and
+            // the CUDA runtime of NVIDIA's wheels.
+            let toolkit = crate::cuda_toolkit::fetch(root).and_then(|t| t.build_env(true));
+            let toolkit = match toolkit {
+                Ok(env) => env,
+                Err(err) => {
+                    outcomes.push((suite.name, Outcome::Failed(format!("{err:#}"))));
+                    continue;
+                }
+            };
+            suite_env.extend(toolkit);
             let linked: Vec<PathBuf> = wheel_dirs
                 .iter()
                 .filter(|dir| {
-                    crate::cuda_toolkit::STUBS
-                        .iter()
-                        .any(|stub| dir.join(stub.soname).exists())
+                    dir.join(crate::cuda_toolkit::CUDART).exists()
+                        || crate::cuda_toolkit::STUBS
+                            .iter()
+                            .any(|stub| dir.join(stub.soname).exists())
                 })
                 .cloned()
                 .collect();
