@@ -888,6 +888,26 @@ fn large_gpu_reductions_match_the_host_kernel_bitwise() {
     }
 }
 
+/// The kernels take their first 16 input pointers in the launch's parameters and the rest from a
+/// table in device memory: replica counts on both sides of that line, at a length that leaves a
+/// tail after the 16-byte packs of every dtype.
+#[test]
+fn more_inputs_than_the_launch_carries_inline_match_the_host_bitwise() {
+    let Some(gpu) = gpu_or_skip() else { return };
+    for dtype in DTYPES {
+        let ops = if dtype.is_floating() {
+            [ReduceOp::Sum, ReduceOp::Mean]
+        } else {
+            [ReduceOp::Sum, ReduceOp::Max]
+        };
+        for op in ops {
+            for n in [16, 17, 33] {
+                check_case(&gpu, op, dtype, n, 1027);
+            }
+        }
+    }
+}
+
 /// The reduction of scalars on the GPU (to `/gpu:0`, then downloaded), checked against the host.
 fn gpu_fold<T: Sample>(gpu: &Gpu, op: ReduceOp, inputs: &[T]) -> T {
     let host: Vec<Tensor> = inputs

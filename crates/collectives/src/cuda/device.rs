@@ -4,7 +4,7 @@ use std::cell::RefCell;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaStream, DriverError};
+use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
 use distribute_device_spec::{DeviceKind, DeviceSpec};
 
 use super::probe::gpu_count;
@@ -29,6 +29,9 @@ pub struct Gpu {
 impl Gpu {
     /// The shared handle of GPU `ordinal`; fails with what to install when there is no driver,
     /// and with [`GpuError::NoSuchGpu`] past the last GPU.
+    ///
+    /// The first open of a device makes its memory pool keep what is freed rather than return it
+    /// to the driver at each synchronize, as TensorFlow's and PyTorch's allocators keep theirs.
     pub fn open(ordinal: usize) -> Result<Gpu, GpuError> {
         static OPENED: OnceLock<Mutex<Vec<Option<Gpu>>>> = OnceLock::new();
         let count = gpu_count()?;
@@ -46,6 +49,7 @@ impl Gpu {
             return Ok(gpu.clone());
         }
         let context = CudaContext::new(ordinal).map_err(driver_error)?;
+        keep_freed_memory(&context)?;
         let gpu = Gpu {
             stream: context.new_stream().map_err(driver_error)?,
         };
@@ -116,6 +120,35 @@ impl Gpu {
     pub fn synchronize(&self) -> Result<(), GpuError> {
         self.stream.synchronize().map_err(driver_error)
     }
+}
+
+/// Makes the device's current memory pool (where cudarc's stream-ordered allocations come from)
+/// keep the memory freed into it instead of returning it to the driver at every synchronize (its
+/// release threshold, 0 by default, becomes unlimited). Every reduction allocates its output and
+/// frees its inputs' staging: without this, each step maps that memory anew, which costs more
+/// than the reduction itself for large tensors. Memory once used stays with the process, for any
+/// user of the pool in it (candle's allocations come from the same one).
+fn keep_freed_memory(context: &CudaContext) -> Result<(), GpuError> {
+    if !context.has_async_alloc() {
+        return Ok(());
+    }
+    context.bind_to_thread().map_err(driver_error)?;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer and the context's device.
+    unsafe { sys::cuDeviceGetMemPool(&mut pool, context.cu_device()) }
+        .result()
+        .map_err(driver_error)?;
+    let mut threshold = u64::MAX;
+    // SAFETY: the pool just returned; the release threshold attribute takes a u64.
+    unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&raw mut threshold).cast(),
+        )
+    }
+    .result()
+    .map_err(driver_error)
 }
 
 impl fmt::Debug for Gpu {

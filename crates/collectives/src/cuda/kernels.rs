@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaModule, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaModule, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use distribute_values::ReduceOp;
 
@@ -22,12 +22,29 @@ use crate::{CollectiveError, DType, GpuError, Tensor};
 /// Threads per block of the reduction kernels.
 const THREADS: u32 = 256;
 
+/// Input pointers passed in the launch's parameters (`INLINE` in the source); more go in a table
+/// in device memory.
+const INLINE_INPUTS: usize = 16;
+
+/// The bytes of one vector load or store (`Pack` in the source).
+const PACK_BYTES: u64 = 16;
+
+/// The kernels' first parameter: the first [`INLINE_INPUTS`] input pointers (`Inputs` in the
+/// source), unused ones zero.
+#[repr(C)]
+struct InlineInputs([u64; INLINE_INPUTS]);
+
+// SAFETY: plain data with the layout of the kernels' `struct Inputs { const void* p[16]; }`.
+unsafe impl DeviceRepr for InlineInputs {}
+
 /// The CUDA C source of every reduction kernel: `reduce_<op>_<dtype>` for op in sum, mean, min,
 /// max and dtype in f16, bf16, f32, f64, i32, i64 (mean only for the floating types).
 ///
-/// Kernel signature: `(const T* const* inputs, unsigned n, T* out, unsigned long long len,
-/// unsigned long long divisor)`. The source includes no header, so NVRTC needs nothing but
-/// itself.
+/// Kernel signature: `(Inputs inline, const T* const* more, unsigned n, T* out,
+/// unsigned long long len, unsigned long long divisor, unsigned packed)`: the first 16 input
+/// pointers by value, the rest in a device table; `packed` (every pointer 16-byte aligned) lets
+/// the kernel read and write 16 bytes at a time. The source includes no header, so NVRTC needs
+/// nothing but itself.
 pub fn kernel_source() -> &'static str {
     SOURCE
 }
@@ -95,22 +112,79 @@ __device__ __forceinline__ A combine(A a, A b) {
     return add(a, b);
 }
 
+// The first INLINE input pointers travel in the launch's parameters; more (rare: one input per
+// replica of one process) in a table in device memory.
+// `__grid_constant__` lets the kernel index them where they are, instead of copying all of them
+// to each thread's local memory first.
+enum { INLINE = 16 };
+struct Inputs { const void* p[INLINE]; };
+#if __CUDA_ARCH__ >= 700
+#define GRID_CONSTANT __grid_constant__
+#else
+#define GRID_CONSTANT
+#endif
+
+template <typename T>
+__device__ __forceinline__ const T* input(const Inputs& in, const T* const* more, u32 k) {
+    return k < INLINE ? (const T*)in.p[k] : more[k - INLINE];
+}
+
+// 16 bytes: one vector load or store (`ld.global.v4`), 16 / sizeof(T) elements.
+struct alignas(16) Pack { u32 w[4]; };
+template <typename T> union Lanes { Pack pack; T e[16 / sizeof(T)]; };
+
+template <int OP, typename A>
+__device__ __forceinline__ A finish(A acc, u64 divisor) {
+    if (OP == MEAN) acc = acc / (A)divisor;
+    return acc;
+}
+
+// Element i of the output is the same expression in both loops; the packed loop only reads and
+// writes 16 bytes at a time (when every pointer is 16-byte aligned, which the host checks), and
+// the element loop does the rest.
 template <int OP, typename T, typename A>
-__device__ __forceinline__ void reduce(const T* const* in, u32 n, T* out, u64 len, u64 divisor) {
+__device__ __forceinline__ void reduce(const Inputs& in, const T* const* more, u32 n, T* out, u64 len,
+                                       u64 divisor, u32 packed) {
+    enum { W = 16 / sizeof(T) };
     u64 stride = (u64)gridDim.x * blockDim.x;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < len; i += stride) {
-        A acc = load(in[0][i]);
-        for (u32 k = 1; k < n; ++k) {
-            acc = combine<OP, A>(acc, load(in[k][i]));
+    u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u64 done = 0;
+    if (packed) {
+        u64 packs = len / W;
+        for (u64 p = first; p < packs; p += stride) {
+            Lanes<T> x;
+            x.pack = ((const Pack*)input<T>(in, more, 0))[p];
+            A acc[W];
+#pragma unroll
+            for (int j = 0; j < W; ++j) acc[j] = load(x.e[j]);
+#pragma unroll 4
+            for (u32 k = 1; k < n; ++k) {
+                x.pack = ((const Pack*)input<T>(in, more, k))[p];
+#pragma unroll
+                for (int j = 0; j < W; ++j) acc[j] = combine<OP, A>(acc[j], load(x.e[j]));
+            }
+#pragma unroll
+            for (int j = 0; j < W; ++j) x.e[j] = Store<T, A>::to(finish<OP, A>(acc[j], divisor));
+            ((Pack*)out)[p] = x.pack;
         }
-        if (OP == MEAN) acc = acc / (A)divisor;
-        out[i] = Store<T, A>::to(acc);
+        done = packs * W;
+    }
+    for (u64 i = done + first; i < len; i += stride) {
+        A acc = load(input<T>(in, more, 0)[i]);
+        for (u32 k = 1; k < n; ++k) {
+            acc = combine<OP, A>(acc, load(input<T>(in, more, k)[i]));
+        }
+        out[i] = Store<T, A>::to(finish<OP, A>(acc, divisor));
     }
 }
 
+// 256 threads (THREADS on the host), 8 blocks resident per multiprocessor (the host launches
+// that many per multiprocessor, so every block of the grid-stride loop runs at once).
 #define KERNEL(name, OP, T, A) \
-    extern "C" __global__ void name(const T* const* in, u32 n, T* out, u64 len, u64 divisor) { \
-        reduce<OP, T, A>(in, n, out, len, divisor); \
+    extern "C" __global__ void __launch_bounds__(256, 8) name(GRID_CONSTANT const Inputs in, const T* const* more, u32 n, \
+                                    T* out, u64 len, \
+                                    u64 divisor, u32 packed) { \
+        reduce<OP, T, A>(in, more, n, out, len, divisor, packed); \
     }
 
 #define FLOAT_KERNELS(suffix, T, A) \
@@ -274,11 +348,41 @@ fn launch(
     // The guards make later users of each input wait for this kernel (cudarc's event tracking).
     let (pointers, _guards): (Vec<u64>, Vec<_>) =
         inputs.iter().map(|a| a.bytes.device_ptr(stream)).unzip();
-    let table = stream.clone_htod(&pointers).map_err(driver_error)?;
+    let (out_pointer, _out_guard) = out.device_ptr_mut(stream);
+    let mut inline = InlineInputs([0; INLINE_INPUTS]);
+    let head = pointers.len().min(INLINE_INPUTS);
+    inline.0[..head].copy_from_slice(&pointers[..head]);
+    // Inputs past the inline ones go in a table in device memory (freed in stream order).
+    let more = if pointers.len() > INLINE_INPUTS {
+        Some(
+            stream
+                .clone_htod(&pointers[INLINE_INPUTS..])
+                .map_err(driver_error)?,
+        )
+    } else {
+        None
+    };
+    let (more_pointer, _more_guard) = match &more {
+        Some(table) => {
+            let (pointer, guard) = table.device_ptr(stream);
+            (pointer, Some(guard))
+        }
+        None => (0, None),
+    };
     let n = u32::try_from(inputs.len())
         .map_err(|_| GpuError::Driver("more than u32::MAX inputs".into()))?;
-    let (len, divisor) = (len as u64, divisor as u64);
-    let blocks = len
+    let packed = pointers
+        .iter()
+        .chain([&out_pointer])
+        .all(|&p| p % PACK_BYTES == 0);
+    let work = if packed {
+        // One thread per 16-byte pack; the tail is a few elements.
+        len.div_ceil(PACK_BYTES as usize / dtype.size_in_bytes())
+    } else {
+        len
+    };
+    let (len, divisor, packed) = (len as u64, divisor as u64, u32::from(packed));
+    let blocks = (work as u64)
         .div_ceil(u64::from(THREADS))
         .min(u64::from(loaded.max_blocks)) as u32;
     let config = LaunchConfig {
@@ -287,9 +391,18 @@ fn launch(
         shared_mem_bytes: 0,
     };
     let mut builder = stream.launch_builder(&function);
-    builder.arg(&table).arg(&n).arg(out).arg(&len).arg(&divisor);
-    // SAFETY: the argument list matches the kernel's signature (pointer table, count, output,
-    // element count, divisor); every input pointer and `out` hold `len` elements of `dtype`.
+    builder
+        .arg(&inline)
+        .arg(&more_pointer)
+        .arg(&n)
+        .arg(&out_pointer)
+        .arg(&len)
+        .arg(&divisor)
+        .arg(&packed);
+    // SAFETY: the argument list matches the kernel's signature (inline pointers, the table of
+    // the rest, count, output, element count, divisor, packed); every input pointer and the
+    // output hold `len` elements of `dtype`; `packed` is set only when every pointer is 16-byte
+    // aligned; the guards keep the buffers' stream order until the launch is queued.
     unsafe { builder.launch(config) }.map_err(driver_error)?;
     Ok(())
 }
