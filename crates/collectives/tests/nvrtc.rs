@@ -50,6 +50,44 @@ fn every_kernel_compiles_to_ptx_for_sm_90() {
     }
 }
 
+/// The body of one kernel's `.entry` in `ptx`.
+fn entry<'a>(ptx: &'a str, name: &str) -> &'a str {
+    let start = ptx
+        .find(&format!(".entry {name}("))
+        .unwrap_or_else(|| panic!("no {name}"));
+    let rest = &ptx[start + 1..];
+    &ptx[start..start + 1 + rest.find(".entry").unwrap_or(rest.len())]
+}
+
+/// What made the kernels stream at the copy's speed on an H200 (docs/performance.md#gpus): 16-byte
+/// loads and stores for every dtype, the input pointers read where the launch put them (no copy
+/// to local memory), and a register budget that keeps 8 blocks of 256 threads resident.
+#[test]
+fn the_kernels_move_16_bytes_at_a_time_without_local_memory() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let ptx = compile_reduction_kernels("sm_90").expect("the kernels compile");
+    for dtype in FLOATS.iter().chain(&INTS) {
+        let body = entry(&ptx, &format!("reduce_sum_{dtype}"));
+        let vector_loads = body.matches("ld.global.v4").count()
+            + body.matches("ld.v4").count()
+            + body.matches("ld.global.v2.u64").count()
+            + body.matches("ld.global.v2.f64").count();
+        assert!(vector_loads > 0, "{dtype}: no 16-byte loads");
+        assert!(
+            body.contains("st.global.v4") || body.contains("st.global.v2"),
+            "{dtype}: no 16-byte stores"
+        );
+        assert!(!body.contains(".local"), "{dtype}: local memory");
+        assert!(body.contains(".maxntid 256"), "{dtype}: no launch bounds");
+        assert!(
+            body.contains(".minnctapersm 8"),
+            "{dtype}: no launch bounds"
+        );
+    }
+}
+
 #[test]
 fn f16_and_bf16_round_once_with_ieee_arithmetic() {
     if !nvrtc_or_skip() {
