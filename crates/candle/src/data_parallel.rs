@@ -13,6 +13,7 @@ use distribute_strategy::{ReplicaContext, Strategy, StrategyExtended};
 use distribute_values::{Distributed, ReduceOp};
 
 use crate::error::{from_strategy_error, into_strategy_error};
+use crate::gpu::StepDone;
 use crate::threads::{self, CpuThreads};
 use crate::variables::{self, VarInfo};
 use crate::{Error, StepError, ToCandle, gradients};
@@ -179,7 +180,7 @@ where
             + Sync,
     {
         let first = self.strategy.extended().first_replica_id();
-        let outputs: Vec<Mutex<Option<T>>> =
+        let outputs: Vec<Mutex<Option<(T, StepDone, Device)>>> =
             self.replicas.iter().map(|_| Mutex::new(None)).collect();
         let manifest = &self.manifest;
         self.strategy
@@ -197,10 +198,13 @@ where
                             manifest,
                         };
                         let output = step(&mut view, input)?;
-                        // candle queues a GPU replica's work on its thread's own stream: wait
-                        // for it, so that the caller's thread (checks, saves, reads) sees it.
-                        replica.device.synchronize()?;
-                        Ok(output)
+                        // A GPU replica's work stays queued on its thread's stream when the
+                        // step returns, as in a plain candle loop: the next step on this thread
+                        // follows it in stream order, the caller's stream waits for the mark
+                        // (below), and the caller's reads of the model settle first
+                        // (`lock_settled`).
+                        let done = StepDone::mark(&replica.device)?;
+                        Ok((output, done, replica.device.clone()))
                     })()
                     .map_err(|e| into_strategy_error(global, e))?;
                     *outputs[r].lock().unwrap_or_else(|e| e.into_inner()) = Some(output);
@@ -212,9 +216,14 @@ where
         outputs
             .into_iter()
             .map(|slot| {
-                slot.into_inner()
+                let (output, done, device) = slot
+                    .into_inner()
                     .unwrap_or_else(|e| e.into_inner())
-                    .ok_or_else(|| Error::InvalidArgument("a replica returned no result".into()))
+                    .ok_or_else(|| {
+                    Error::InvalidArgument("a replica returned no result".into())
+                })?;
+                done.order_after(&device)?;
+                Ok(output)
             })
             .collect()
     }
@@ -228,7 +237,7 @@ where
             let first = self.strategy.extended().first_replica_id();
             let mut local = Vec::with_capacity(self.replicas.len());
             for r in 0..self.replicas.len() {
-                local.push(variables::fingerprints(&self.lock(r)?.vars)?);
+                local.push(variables::fingerprints(&self.lock_settled(r)?.vars)?);
             }
             for (r, prints) in local.iter().enumerate().skip(1) {
                 if let Some(i) = (0..self.manifest.len()).find(|&i| prints[i] != local[0][i]) {
@@ -251,7 +260,7 @@ where
     /// any replica or worker count. Every worker writes: in a multi-worker job give each worker its
     /// own path, or call it on the chief only (`extended().should_checkpoint()`).
     pub fn save(&self, path: impl AsRef<Path>) -> Result<(), Error> {
-        let replica = self.lock(0)?;
+        let replica = self.lock_settled(0)?;
         let tensors: HashMap<String, Tensor> = self
             .manifest
             .iter()
@@ -328,7 +337,11 @@ where
     /// `f` of local replica `replica`'s copy of the model, outside a step: evaluation, inference
     /// or inspection (every copy holds the same values after a step).
     pub fn with_model<R>(&self, replica: usize, f: impl FnOnce(&M) -> R) -> Result<R, Error> {
-        Ok(f(&self.lock(self.local(replica)?)?.model))
+        let replica = self.lock_settled(self.local(replica)?)?;
+        let result = f(&replica.model);
+        // What `f` queued on this thread's stream is done before the replica's thread goes on.
+        crate::gpu::settle(&replica.device)?;
+        Ok(result)
     }
 
     /// A copy of variable `name`'s value on local replica `replica` (for inspection and tests).
@@ -338,7 +351,7 @@ where
             .iter()
             .position(|v| v.name == name)
             .ok_or_else(|| Error::InvalidArgument(format!("the model has no variable '{name}'")))?;
-        Ok(self.lock(self.local(replica)?)?.vars[i]
+        Ok(self.lock_settled(self.local(replica)?)?.vars[i]
             .as_tensor()
             .copy()?)
     }
@@ -356,6 +369,16 @@ where
     }
 
     /// Replica `r`'s state; a replica whose lock a panic poisoned is an error, not a panic.
+    /// [`lock`](Self::lock) for the caller's thread: first waits for the GPU work of every
+    /// thread on the replica's device (candle queues each thread's work on that thread's own
+    /// stream, which no other thread can wait for alone), so what the caller reads is the last
+    /// step's.
+    fn lock_settled(&self, r: usize) -> Result<MutexGuard<'_, Replica<M, O>>, Error> {
+        let replica = self.lock(r)?;
+        crate::gpu::settle(&replica.device)?;
+        Ok(replica)
+    }
+
     fn lock(&self, r: usize) -> Result<MutexGuard<'_, Replica<M, O>>, Error> {
         self.replicas[r].lock().map_err(|_| Error::Poisoned {
             replica: self.strategy.extended().first_replica_id() + r,
@@ -368,7 +391,7 @@ where
         let extended = self.strategy.extended();
         let packed = (|| {
             let mut bytes = Vec::new();
-            for var in &self.lock(0)?.vars {
+            for var in &self.lock_settled(0)?.vars {
                 bytes.extend(variables::tensor_bytes(var.as_tensor())?);
             }
             Ok(bytes)
@@ -388,8 +411,8 @@ where
         for r in skip..self.replicas.len() {
             let replica = self.lock(r)?;
             variables::set_from_bytes(&replica.vars, &self.manifest, &bytes, &replica.device)?;
-            // Written on this thread's stream; the replica's thread reads on its own.
-            replica.device.synchronize()?;
+            // Queued on this thread's stream: done before the replica's thread reads them.
+            crate::gpu::settle(&replica.device)?;
         }
         Ok(())
     }
@@ -585,9 +608,10 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
     /// `compute_average_loss`), use `Sum`. A variable that had a gradient on no replica gets
     /// none, so the optimizer leaves it alone, as candle's own step does.
     ///
-    /// The returned gradients are views of one buffer per dtype: candle's optimizers only read
-    /// them, but an in-place candle call (`slice_set`, `inplace_op*`) on one would write into
-    /// its neighbours.
+    /// With one replica in sync the gradients are returned as they are (the sum or mean of one
+    /// replica's, bit for bit), on its device. With more, the returned gradients are views of one
+    /// buffer per dtype: candle's optimizers only read them, but an in-place candle call
+    /// (`slice_set`, `inplace_op*`) on one would write into its neighbours.
     pub fn all_reduce_gradients(
         &mut self,
         grads: &GradStore,

@@ -35,9 +35,23 @@ pub(crate) fn all_reduce(
         }
     }
     let label = ctx.device();
+    if ctx.num_replicas_in_sync() == 1 {
+        // The sum or mean of one replica's gradients is those gradients, bit for bit (a mean
+        // divides by 1; f16 and bf16 round-trip through f32): checked as a bucket would be, and
+        // kept where they are instead of travelling to the host and back.
+        for dtype in &dtypes {
+            supported(*dtype, manifest)?;
+        }
+        for (var, grad) in manifest.iter().zip(grads) {
+            if let Some(grad) = grad {
+                check_gradient(var, grad)?;
+            }
+        }
+        return Ok(grads.to_vec());
+    }
     let buckets = dtypes
         .iter()
-        .map(|&dtype| pack(dtype, manifest, grads, label))
+        .map(|&dtype| pack(dtype, manifest, grads, label, device))
         .collect::<Result<Vec<_>, Error>>()?;
     let present: Vec<f32> = grads
         .iter()
@@ -58,39 +72,85 @@ pub(crate) fn all_reduce(
         .collect())
 }
 
-/// The gradients of variables of `dtype` flattened into one host tensor, manifest order.
+/// Fails unless candle gradients of `dtype` can be reduced (floating point), naming a variable.
+fn supported(dtype: DType, manifest: &[VarInfo]) -> Result<(), Error> {
+    match dtype {
+        DType::F32 | DType::F64 | DType::BF16 | DType::F16 => Ok(()),
+        other => {
+            let var = manifest
+                .iter()
+                .find(|v| v.dtype == other)
+                .map_or_else(String::new, |v| v.to_string());
+            Err(Error::UnsupportedDType {
+                what: format!("the gradient of variable {var}"),
+                dtype: other,
+                integers: false,
+            })
+        }
+    }
+}
+
+/// Fails unless `grad` has `var`'s shape and dtype.
+fn check_gradient(var: &VarInfo, grad: &Tensor) -> Result<(), Error> {
+    if grad.dims() != var.shape.as_slice() || grad.dtype() != var.dtype {
+        return Err(Error::InvalidArgument(format!(
+            "the gradient of variable {var} is {} {:?}",
+            grad.dtype().as_str(),
+            grad.dims()
+        )));
+    }
+    Ok(())
+}
+
+/// The gradients of variables of `dtype` flattened into one host tensor, manifest order. On a
+/// GPU replica they are first joined on the GPU, so the bucket comes to the host in one copy
+/// rather than one per variable.
 fn pack(
     dtype: DType,
     manifest: &[VarInfo],
     grads: &[Option<Tensor>],
     label: &str,
+    device: &Device,
 ) -> Result<distribute_collectives::Tensor, Error> {
+    supported(dtype, manifest)?;
+    let of_dtype = || {
+        manifest
+            .iter()
+            .zip(grads)
+            .filter(move |(var, _)| var.dtype == dtype)
+    };
+    for (var, grad) in of_dtype() {
+        if let Some(grad) = grad {
+            check_gradient(var, grad)?;
+        }
+    }
+    let len: usize = of_dtype().map(|(var, _)| var.elem_count()).sum();
+    let joined = if device.is_cpu() {
+        None
+    } else {
+        let parts = of_dtype()
+            .map(|(var, grad)| match grad {
+                Some(grad) => grad.flatten_all(),
+                None => Tensor::zeros(var.elem_count(), dtype, device),
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        Some(Tensor::cat(&parts, 0)?)
+    };
     macro_rules! pack_as {
         ($ty:ty) => {{
-            let len: usize = manifest
-                .iter()
-                .filter(|v| v.dtype == dtype)
-                .map(VarInfo::elem_count)
-                .sum();
-            let mut flat: Vec<$ty> = Vec::with_capacity(len);
-            for (var, grad) in manifest.iter().zip(grads) {
-                if var.dtype != dtype {
-                    continue;
-                }
-                match grad {
-                    Some(grad) => {
-                        if grad.dims() != var.shape.as_slice() || grad.dtype() != dtype {
-                            return Err(Error::InvalidArgument(format!(
-                                "the gradient of variable {var} is {} {:?}",
-                                grad.dtype().as_str(),
-                                grad.dims()
-                            )));
+            let flat: Vec<$ty> = match &joined {
+                Some(joined) => joined.to_vec1::<$ty>()?,
+                None => {
+                    let mut flat: Vec<$ty> = Vec::with_capacity(len);
+                    for (var, grad) in of_dtype() {
+                        match grad {
+                            Some(grad) => extend_from(&mut flat, grad)?,
+                            None => flat.resize(flat.len() + var.elem_count(), <$ty>::default()),
                         }
-                        extend_from(&mut flat, grad)?;
                     }
-                    None => flat.resize(flat.len() + var.elem_count(), <$ty>::default()),
+                    flat
                 }
-            }
+            };
             distribute_collectives::Tensor::from_vec(label, &[len], flat)?
         }};
     }
@@ -99,17 +159,7 @@ fn pack(
         DType::F64 => pack_as!(f64),
         DType::BF16 => pack_as!(bf16),
         DType::F16 => pack_as!(f16),
-        other => {
-            let var = manifest
-                .iter()
-                .find(|v| v.dtype == other)
-                .map_or_else(String::new, |v| v.to_string());
-            return Err(Error::UnsupportedDType {
-                what: format!("the gradient of variable {var}"),
-                dtype: other,
-                integers: false,
-            });
-        }
+        _ => unreachable!("supported() refused the dtype"),
     })
 }
 

@@ -15,3 +15,23 @@ pub(crate) fn cuda_device(_ordinal: usize) -> Result<Device, String> {
             .into(),
     )
 }
+
+/// Nothing to wait for: this build has no GPU devices.
+pub(crate) fn settle(_device: &Device) -> Result<(), crate::Error> {
+    Ok(())
+}
+
+/// Nothing to mark: this build has no GPU devices.
+pub(crate) struct StepDone;
+
+impl StepDone {
+    /// Nothing to mark.
+    pub(crate) fn mark(_device: &Device) -> Result<StepDone, crate::Error> {
+        Ok(StepDone)
+    }
+
+    /// Nothing to wait for.
+    pub(crate) fn order_after(&self, _device: &Device) -> Result<(), crate::Error> {
+        Ok(())
+    }
+}

@@ -224,3 +224,40 @@ fn a_gpu_the_machine_lacks_is_refused_naming_the_replica_device() {
         "{text}"
     );
 }
+
+/// `run` returns while a GPU replica's work may still be queued (as a plain candle loop goes on
+/// while its GPU works); a tensor the step returns is still read after that work, on the
+/// caller's thread and its stream, and so is the model. The step queues milliseconds of GPU
+/// work (twenty passes over 256 MiB) after its last wait, so a read that did not follow it
+/// would see a partial result.
+#[test]
+fn what_a_step_returns_is_read_after_the_step_s_gpu_work() {
+    if gpus_or_skip(1).is_none() {
+        return;
+    }
+    let s = MirroredStrategy::new(&["/gpu:0"]).unwrap();
+    let model = DataParallel::new(&s, Config::default(), mlp, sgd).unwrap();
+    model.assign(initial_values()).unwrap();
+    for round in 0..3 {
+        let out = model
+            .run(&(), |replica, ()| {
+                let (x, y) = batch(0, round, replica.device())?;
+                let loss = candle_nn::loss::mse(&replica.model().forward(&x)?, &y)?;
+                replica.backward_step(&loss, ReduceOp::Mean)?;
+                let mut t = Tensor::zeros(64 << 20, candle_core::DType::F32, replica.device())?;
+                for _ in 0..20 {
+                    t = (t + 1.0)?;
+                }
+                Ok(t)
+            })
+            .unwrap();
+        let t = out.into_iter().next().unwrap();
+        let (min, max) = (
+            t.min_all().unwrap().to_scalar::<f32>().unwrap(),
+            t.max_all().unwrap().to_scalar::<f32>().unwrap(),
+        );
+        assert_eq!((min, max), (20.0, 20.0), "round {round}");
+        drop(t);
+        model.check_in_sync().unwrap();
+    }
+}

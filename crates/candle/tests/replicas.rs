@@ -505,3 +505,94 @@ fn gradients_reduce_with_sum_or_mean_only() {
         .unwrap_err();
     assert!(err.to_string().contains("Sum or Mean, not MAX"), "{err}");
 }
+
+/// One replica applies its own gradients (they never leave the device): its model follows a
+/// plain candle loop from the same values bit for bit, and its gradients are checked and its
+/// operation refused as with several replicas.
+#[test]
+fn one_replica_trains_bit_for_bit_as_plain_candle_and_checks_as_several_do() {
+    let s = strategy(1);
+    let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
+    let varmap = candle_nn::VarMap::new();
+    let plain = linear(VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu)).unwrap();
+    for name in ["l1.weight", "l1.bias"] {
+        let value = model.variable(0, name).unwrap();
+        varmap.data().lock().unwrap()[name].set(&value).unwrap();
+    }
+    let mut plain_sgd = sgd(varmap.all_vars()).unwrap();
+    for step in 0..50 {
+        model
+            .run(&(), |replica, ()| {
+                let x = rows(step % 3, replica.device())?;
+                let loss = replica.model().forward(&x)?.sqr()?.mean_all()?;
+                replica.backward_step(&loss, ReduceOp::Mean)?;
+                Ok(())
+            })
+            .unwrap();
+        let loss = plain
+            .forward(&rows(step % 3, &Device::Cpu).unwrap())
+            .unwrap()
+            .sqr()
+            .unwrap()
+            .mean_all()
+            .unwrap();
+        plain_sgd.backward_step(&loss).unwrap();
+    }
+    for name in ["l1.weight", "l1.bias"] {
+        let ours = model.variable(0, name).unwrap().flatten_all().unwrap();
+        let theirs = varmap.data().lock().unwrap()[name]
+            .as_tensor()
+            .flatten_all()
+            .unwrap();
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.to_vec1::<f32>()
+                .unwrap()
+                .into_iter()
+                .map(f32::to_bits)
+                .collect()
+        };
+        let ours_values = ours.to_vec1::<f32>().unwrap();
+        assert!(
+            ours_values.iter().all(|v| v.is_finite()),
+            "{name}: {ours_values:?}"
+        );
+        assert_eq!(bits(&ours), bits(&theirs), "{name}");
+    }
+
+    let err = model
+        .run(&(), |replica, ()| {
+            let loss = replica
+                .model()
+                .forward(&rows(0, replica.device())?)?
+                .sum_all()?;
+            replica.backward_step(&loss, ReduceOp::Max)?;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("Sum or Mean, not MAX"), "{err}");
+    let err = model
+        .run(&(), |replica, ()| {
+            let loss = replica
+                .model()
+                .forward(&rows(0, replica.device())?)?
+                .sum_all()?;
+            let mut grads = loss.backward()?;
+            let weight = replica
+                .vars()
+                .iter()
+                .find(|v| v.dims() == [2, 4])
+                .expect("the weight")
+                .clone();
+            grads.insert(
+                weight.as_tensor(),
+                Tensor::zeros(3, DType::F32, replica.device())?,
+            );
+            replica.all_reduce_gradients(&grads, ReduceOp::Sum)?;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("the gradient of variable") && err.to_string().contains("[3]"),
+        "{err}"
+    );
+}
