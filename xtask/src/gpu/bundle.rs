@@ -101,6 +101,17 @@ pub(crate) fn dry_run(root: &Path) -> Result<()> {
     };
     let (results, log) = (read("results.txt")?, read("run.log")?);
     let mut problems = dry_run_problems(&results, &log);
+    for suite in SUITES.iter().filter(|s| s.needs == Needs::CudaLinked) {
+        // Each candle suite started against the stubs and said that candle found no GPU.
+        let said = fs::read_to_string(out.join("suites").join(format!("{}.log", suite.name)))
+            .is_ok_and(|log| log.contains(CANDLE_NO_GPU));
+        if !said {
+            problems.push(format!(
+                "suite {} did not start and say \"{CANDLE_NO_GPU}\"",
+                suite.name
+            ));
+        }
+    }
     for suite in SUITES {
         let search = match suite.needs {
             Needs::CudaLinked => vec![linked[0].clone(), linked[1].clone(), nvrtc_dir.clone()],

@@ -147,6 +147,16 @@ pub(crate) const SUITES: &[Suite] = &[
         args: &[],
         needs: Needs::Nccl,
     },
+    // distribute-candle on one GPU against plain candle loops on it.
+    Suite {
+        name: "bench-candle-gpu",
+        package: "distribute-candle",
+        kind: Kind::Bench,
+        target: "gpu",
+        feature: Some("cuda"),
+        args: &[],
+        needs: Needs::CudaLinked,
+    },
     // TpuStrategy on the CUDA PJRT plugin: the suites take the plugin `PJRT_PLUGIN` names.
     Suite {
         name: "pjrt-plugin",
