@@ -491,24 +491,30 @@ fn a_parameter_no_replica_used_is_left_alone_by_the_optimizer() {
 
 #[test]
 fn gradients_reduce_with_sum_or_mean_only() {
-    let s = strategy(2);
-    let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
-    let err = model
-        .run(&(), |replica, ()| {
-            let loss = replica
-                .model()
-                .forward(&rows(0, replica.device())?)?
-                .sum_all()?;
-            replica.backward_step(&loss, ReduceOp::Max)?;
-            Ok(())
-        })
-        .unwrap_err();
-    assert!(err.to_string().contains("Sum or Mean, not MAX"), "{err}");
+    // One replica too, whose gradients never leave it.
+    for replicas in [1, 2] {
+        let s = strategy(replicas);
+        let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
+        let err = model
+            .run(&(), |replica, ()| {
+                let loss = replica
+                    .model()
+                    .forward(&rows(0, replica.device())?)?
+                    .sum_all()?;
+                replica.backward_step(&loss, ReduceOp::Max)?;
+                Ok(())
+            })
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("Sum or Mean, not MAX"),
+            "{replicas}: {err}"
+        );
+    }
 }
 
 /// One replica applies its own gradients (they never leave the device): its model follows a
-/// plain candle loop from the same values bit for bit, and its gradients are checked and its
-/// operation refused as with several replicas.
+/// plain candle loop from the same values bit for bit, and its gradients are checked as with
+/// several replicas (and its operation: `gradients_reduce_with_sum_or_mean_only`).
 #[test]
 fn one_replica_trains_bit_for_bit_as_plain_candle_and_checks_as_several_do() {
     let s = strategy(1);
@@ -559,17 +565,6 @@ fn one_replica_trains_bit_for_bit_as_plain_candle_and_checks_as_several_do() {
         assert_eq!(bits(&ours), bits(&theirs), "{name}");
     }
 
-    let err = model
-        .run(&(), |replica, ()| {
-            let loss = replica
-                .model()
-                .forward(&rows(0, replica.device())?)?
-                .sum_all()?;
-            replica.backward_step(&loss, ReduceOp::Max)?;
-            Ok(())
-        })
-        .unwrap_err();
-    assert!(err.to_string().contains("Sum or Mean, not MAX"), "{err}");
     let err = model
         .run(&(), |replica, ()| {
             let loss = replica
