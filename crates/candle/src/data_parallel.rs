@@ -168,6 +168,10 @@ where
     ///
     /// The step holds its replica's copy for the whole step: calling this model's other methods
     /// (`with_model`, `variable`, `check_in_sync`, `save`, …) from inside a step deadlocks.
+    ///
+    /// On a GPU replica `run` returns once the step's GPU work is queued, not done, as a plain
+    /// candle loop goes on while its GPU works: a tensor the step returns is read after that
+    /// work (the calling thread's stream waits for it), and so are the model's values.
     pub fn run<D, T, F>(&self, inputs: &D, step: F) -> Result<Vec<T>, Error>
     where
         D: Distributed + Sync,
