@@ -372,7 +372,6 @@ where
         }
     }
 
-    /// Replica `r`'s state; a replica whose lock a panic poisoned is an error, not a panic.
     /// [`lock`](Self::lock) for the caller's thread: first waits for the GPU work of every
     /// thread on the replica's device (candle queues each thread's work on that thread's own
     /// stream, which no other thread can wait for alone), so what the caller reads is the last
@@ -383,6 +382,7 @@ where
         Ok(replica)
     }
 
+    /// Replica `r`'s state; a replica whose lock a panic poisoned is an error, not a panic.
     fn lock(&self, r: usize) -> Result<MutexGuard<'_, Replica<M, O>>, Error> {
         self.replicas[r].lock().map_err(|_| Error::Poisoned {
             replica: self.strategy.extended().first_replica_id() + r,
