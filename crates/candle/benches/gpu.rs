@@ -28,10 +28,10 @@ use std::time::{Duration, Instant};
 use candle_core::{D, DType, Device, Module, Tensor};
 use candle_nn::{Linear, Optimizer, SGD, VarBuilder, VarMap};
 use distribute_candle::{Config, DataParallel};
-use distribute_collectives::Tensor as HostTensor;
 use distribute_input::{Dataset, InputOptions};
 use distribute_mirrored::MirroredStrategy;
 use distribute_strategy::Strategy;
+use distribute_tensor::Tensor as HostTensor;
 use distribute_values::ReduceOp;
 use indicatif::{ProgressBar, ProgressDrawTarget};
 

@@ -25,11 +25,11 @@ use std::time::Instant;
 use candle_core::{D, Tensor};
 use candle_nn::{Linear, Module, Optimizer, SGD, VarBuilder};
 use distribute_candle::{Config, CpuThreads, DataParallel};
-use distribute_collectives::Tensor as HostTensor;
 use distribute_device_spec::LocalDevices;
 use distribute_input::{Dataset, InputOptions};
 use distribute_mirrored::MirroredStrategy;
 use distribute_strategy::Strategy;
+use distribute_tensor::Tensor as HostTensor;
 use distribute_test_support::candle_mlp::{
     CLASSES, FEATURES, GLOBAL_BATCH, HIDDEN, LEARNING_RATE, ROWS, STEPS, rows,
 };

@@ -2,8 +2,8 @@
 //! on a replica's device ([`ToCandle`]), and gradients travel as distribute tensors.
 
 use candle_core::{DType as CDType, Device};
-use distribute_collectives::{DType, Element, Tensor};
 use distribute_input::Masked;
+use distribute_tensor::{DType, Element, Tensor};
 use half::{bf16, f16};
 
 use crate::Error;

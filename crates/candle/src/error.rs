@@ -76,7 +76,14 @@ pub enum Error {
     Candle(#[from] candle_core::Error),
     /// A tensor conversion failed.
     #[error(transparent)]
-    Collective(#[from] distribute_collectives::CollectiveError),
+    Tensor(#[from] distribute_tensor::TensorError),
+}
+
+/// A cross-worker call's error, as the strategy reports it.
+impl From<distribute_collectives::CollectiveError> for Error {
+    fn from(error: distribute_collectives::CollectiveError) -> Self {
+        Error::Strategy(error.into())
+    }
 }
 
 impl Error {

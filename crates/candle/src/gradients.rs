@@ -57,7 +57,7 @@ pub(crate) fn all_reduce(
         .iter()
         .map(|g| f32::from(u8::from(g.is_some())))
         .collect();
-    let present = distribute_collectives::Tensor::from_vec(label, &[present.len()], present)?;
+    let present = distribute_tensor::Tensor::from_vec(label, &[present.len()], present)?;
     let (reduced, present) = ctx.all_reduce(op, &(buckets, present))?;
     // Sum or mean of 0s and 1s: above 0 where some replica had the gradient.
     let present = present.to_vec::<f32>()?;
@@ -111,7 +111,7 @@ fn pack(
     grads: &[Option<Tensor>],
     label: &str,
     device: &Device,
-) -> Result<distribute_collectives::Tensor, Error> {
+) -> Result<distribute_tensor::Tensor, Error> {
     supported(dtype, manifest)?;
     let of_dtype = || {
         manifest
@@ -151,7 +151,7 @@ fn pack(
                     flat
                 }
             };
-            distribute_collectives::Tensor::from_vec(label, &[len], flat)?
+            distribute_tensor::Tensor::from_vec(label, &[len], flat)?
         }};
     }
     Ok(match dtype {
@@ -169,7 +169,7 @@ fn pack(
 fn unpack(
     dtype: DType,
     manifest: &[VarInfo],
-    bucket: distribute_collectives::Tensor,
+    bucket: distribute_tensor::Tensor,
     device: &Device,
     out: &mut [Option<Tensor>],
 ) -> Result<(), Error> {

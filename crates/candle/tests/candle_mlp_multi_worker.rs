@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use distribute_candle::{Config, CpuThreads, DataParallel};
 use distribute_multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
+use distribute_strategy::Strategy;
 use distribute_test_support::mpirun::{run_self, write_result};
 use example::{Options, train, train_multi_worker, write_initial_values};
 

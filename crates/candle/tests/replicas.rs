@@ -399,9 +399,9 @@ fn assigned_values_reach_every_copy_and_misfits_are_named() {
 
 #[test]
 fn padded_batches_reach_the_step_as_candle_tensors_with_their_masks() {
-    use distribute_collectives::Tensor as HostTensor;
     use distribute_input::{Dataset, InputOptions, PartialBatch};
     use distribute_strategy::Strategy;
+    use distribute_tensor::Tensor as HostTensor;
 
     let s = strategy(2);
     let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();

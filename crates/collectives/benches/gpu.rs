@@ -18,11 +18,9 @@
 use std::error::Error;
 use std::time::{Duration, Instant};
 
-use distribute_collectives::cuda::{Gpu, gpu_count, nvrtc_available, require_nvrtc};
-use distribute_collectives::{
-    AnyTensor, CrossDeviceOps, DType, Destinations, GroupConfig, Placement, ReductionToOneDevice,
-    Tensor,
-};
+use distribute_collectives::{CrossDeviceOps, Destinations, GroupConfig, ReductionToOneDevice};
+use distribute_tensor::cuda::{Gpu, gpu_count, nvrtc_available, require_nvrtc};
+use distribute_tensor::{AnyTensor, DType, Placement, Tensor};
 use distribute_values::{Leaf, ReduceOp};
 use half::{bf16, f16};
 use serde_json::json;

@@ -12,8 +12,8 @@ use std::fmt;
 
 use distribute_values::ReduceOp;
 
-use crate::fnv::Fnv;
-use crate::{DType, Tensor};
+use distribute_tensor::Fnv;
+use distribute_tensor::{DType, Tensor};
 
 /// Dimensions a record carries in clear (the broadcast receivers need the root's shape); a
 /// tensor of higher rank is refused with an error naming this limit.

@@ -5,9 +5,9 @@
 
 use distribute_values::{Leaf, Mirrored, ReduceOp};
 
-use crate::{
-    AnyTensor, CollectiveError, Destinations, FusionPlan, IndexedSlices, Tensor, gpu, kernel,
-};
+use crate::{CollectiveError, Destinations, FusionPlan};
+use distribute_device_spec::{DeviceKind, DeviceSpec};
+use distribute_tensor::{AnyTensor, IndexedSlices, Placement, Tensor, kernel};
 
 /// One copy per destination device: the plain copy for one device, else a `Mirrored` in
 /// destination order (TF's `simple_broadcast`). Host copies share the buffer.
@@ -15,7 +15,7 @@ pub(crate) fn simple_broadcast(
     tensor: &Tensor,
     destinations: &Destinations,
 ) -> Result<Leaf<Tensor>, CollectiveError> {
-    deliver(destinations, |device| tensor.copy_to(device))
+    deliver(destinations, |device| Ok(tensor.copy_to(device)?))
 }
 
 /// One copy per destination (see [`Tensor::copy_to`]: host values share their buffer, GPU values
@@ -107,9 +107,34 @@ pub fn reduce_and_deliver(
         return Ok(result);
     }
     let device = reduce_device.unwrap_or(&destinations.as_slice()[0]);
-    let device = gpu::reduce_device_for_placement(values, destinations, device);
+    let device = reduce_device_for_placement(values, destinations, device);
     let reduced = reduce_on(op, values, device)?;
-    deliver(destinations, |device| reduced.copy_to(device))
+    deliver(destinations, |device| Ok(reduced.copy_to(device)?))
+}
+
+/// Where a reduction of `values` runs: `device`, except that GPU values bound for a GPU
+/// destination reduce on that GPU even when `device` is a CPU, so every GPU destination gets a
+/// GPU copy (host results are never uploaded implicitly).
+fn reduce_device_for_placement<'a>(
+    values: &[AnyTensor],
+    destinations: &'a Destinations,
+    device: &'a str,
+) -> &'a str {
+    let on_gpu = values.iter().any(|v| match v {
+        AnyTensor::Dense(t) => t.placement() != Placement::Host,
+        AnyTensor::Sparse(_) => false,
+    });
+    let names_gpu = |d: &str| {
+        d.parse::<DeviceSpec>()
+            .is_ok_and(|spec| spec.device_kind() == Some(DeviceKind::Gpu))
+    };
+    if on_gpu
+        && !names_gpu(device)
+        && let Some(gpu_destination) = destinations.as_slice().iter().find(|d| names_gpu(d))
+    {
+        return gpu_destination;
+    }
+    device
 }
 
 /// [`CrossDeviceOps::batch_reduce`](crate::CrossDeviceOps::batch_reduce) with fusion: pairs whose values are all dense, on the same
@@ -130,7 +155,7 @@ pub(crate) fn fused_batch_reduce(
         // Packing works on host memory; GPU values are reduced one by one, on their GPU.
         let fusable = values.len() > 1
             && values.iter().all(|v| match v {
-                AnyTensor::Dense(t) => t.placement() == crate::Placement::Host,
+                AnyTensor::Dense(t) => t.placement() == Placement::Host,
                 AnyTensor::Sparse(_) => false,
             });
         if !fusable {
@@ -175,7 +200,10 @@ pub(crate) fn fused_batch_reduce(
             .collect::<Result<Vec<_>, CollectiveError>>()?;
         for (i, reduced) in members.into_iter().zip(plan.unpack_reduced(op, &buckets)?) {
             let reduced = AnyTensor::Dense(reduced);
-            results[i] = Some(deliver(destinations, |device| reduced.copy_to(device))?);
+            results[i] = Some(deliver(
+                destinations,
+                |device| Ok(reduced.copy_to(device)?),
+            )?);
         }
     }
     Ok(results
@@ -215,7 +243,8 @@ fn single_value_in_place(
 /// by the replica count, which is almost always a bug), except for zeros, which sum to zeros.
 ///
 /// ```
-/// use distribute_collectives::{reduce_non_distributed_value, Destinations, Tensor};
+/// use distribute_collectives::{Destinations, reduce_non_distributed_value};
+/// use distribute_tensor::Tensor;
 /// use distribute_values::ReduceOp;
 ///
 /// let five = Tensor::scalar("/cpu:0", 5.0f32);

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use distribute_device_spec::canonicalize;
 use distribute_values::ReplicaDeviceMap;
 
-use crate::{AnyTensor, CollectiveError};
+use crate::CollectiveError;
+use distribute_tensor::AnyTensor;
 
 /// The devices a reduction or broadcast delivers to: one or more distinct devices, by their
 /// canonical names.

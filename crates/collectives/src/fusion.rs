@@ -6,11 +6,12 @@
 
 use std::ops::Range;
 
-use crate::flat::{concat, flatten, reshape, split_lengths};
-use crate::{CollectiveError, DType, Tensor};
+use crate::CollectiveError;
+use distribute_tensor::flat::{concat, flatten, reshape, split_lengths};
+use distribute_tensor::{DType, Tensor};
 
 fn flatten_all(tensors: &[Tensor]) -> Result<Vec<Tensor>, CollectiveError> {
-    tensors.iter().map(flatten).collect()
+    tensors.iter().map(|t| Ok(flatten(t)?)).collect()
 }
 
 /// Cuts a 1-D tensor into consecutive pieces of the given shapes.
@@ -19,7 +20,7 @@ fn cut(joined: &Tensor, shapes: &[Vec<usize>]) -> Result<Vec<Tensor>, Collective
     split_lengths(joined, &lengths)?
         .iter()
         .zip(shapes)
-        .map(|(piece, shape)| reshape(piece, shape))
+        .map(|(piece, shape)| Ok(reshape(piece, shape)?))
         .collect()
 }
 
@@ -67,7 +68,8 @@ struct Bucket {
 /// bitwise equal to reducing the tensors one by one, because the reduction is element-wise.
 ///
 /// ```
-/// use distribute_collectives::{FusionPlan, Tensor};
+/// use distribute_collectives::FusionPlan;
+/// use distribute_tensor::Tensor;
 ///
 /// let a = Tensor::from_vec("/cpu:0", &[2, 2], vec![1.0f32, 2.0, 3.0, 4.0])?;
 /// let b = Tensor::from_vec("/cpu:0", &[3], vec![5.0f32, 6.0, 7.0])?;
@@ -164,7 +166,7 @@ impl FusionPlan {
                         )));
                     }
                 }
-                concat(members[0].device(), &flatten_all(members)?)
+                Ok(concat(members[0].device(), &flatten_all(members)?)?)
             })
             .collect()
     }
@@ -182,7 +184,9 @@ impl FusionPlan {
         op: distribute_values::ReduceOp,
         buckets: &[Tensor],
     ) -> Result<Vec<Tensor>, CollectiveError> {
-        self.unpack_as(buckets, |dtype| crate::kernel::reduced_dtype(op, dtype))
+        self.unpack_as(buckets, |dtype| {
+            distribute_tensor::kernel::reduced_dtype(op, dtype)
+        })
     }
 
     fn unpack_as(
@@ -219,7 +223,13 @@ mod tests {
 
     /// The sum of `parts` on the first part's device, in replica order.
     fn sum(parts: &[&Tensor]) -> Tensor {
-        crate::kernel::reduce_tensors(ReduceOp::Sum, parts, parts[0].device(), parts.len()).unwrap()
+        distribute_tensor::kernel::reduce_tensors(
+            ReduceOp::Sum,
+            parts,
+            parts[0].device(),
+            parts.len(),
+        )
+        .unwrap()
     }
 
     fn ramp(device: &str, shape: &[usize], start: f32) -> Tensor {

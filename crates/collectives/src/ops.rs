@@ -11,7 +11,8 @@ use std::fmt;
 use distribute_values::{Leaf, ReduceOp};
 
 use crate::cross_replica::simple_broadcast;
-use crate::{AnyTensor, CollectiveError, Destinations, Tensor};
+use crate::{CollectiveError, Destinations};
+use distribute_tensor::{AnyTensor, Tensor};
 
 /// Collective calls made from inside a replica's thread: every replica calls the same methods in
 /// the same order, and each call returns when all replicas have made it.

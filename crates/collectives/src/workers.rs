@@ -4,7 +4,8 @@
 
 use std::fmt;
 
-use crate::{CollectiveError, Tensor};
+use crate::CollectiveError;
+use distribute_tensor::Tensor;
 
 /// The worker processes of one job, as seen from one of them: who it is, and the few
 /// cross-worker calls every layer above the collectives needs besides the tensors' own
@@ -18,6 +19,10 @@ pub trait Workers: Send + Sync + fmt::Debug {
 
     /// The number of workers.
     fn size(&self) -> usize;
+
+    /// How many workers (this one included) run on this worker's machine: what a worker shares
+    /// the machine's cores with. Known when the workers start, so asking costs nothing.
+    fn on_this_host(&self) -> usize;
 
     /// Every worker's `bytes` (the same length on every worker), in worker order, on every
     /// worker.
@@ -36,6 +41,31 @@ pub trait Workers: Send + Sync + fmt::Debug {
     /// [`CollectiveError::WorkerFailed`] naming the first worker that failed on its own: the
     /// same error on every worker.
     fn finish_step(&self, failure: Option<&str>) -> Result<(), CollectiveError>;
+
+    /// Every worker's `bytes`, of any length, in worker order, on every worker: the lengths are
+    /// exchanged first, then the bytes padded to the longest (two [`exchange`](Self::exchange)s).
+    fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, CollectiveError> {
+        let lengths = self.exchange(&(bytes.len() as u64).to_le_bytes())?;
+        let lengths: Vec<usize> = lengths
+            .iter()
+            .map(|word| {
+                let word: [u8; 8] = word.as_slice().try_into().map_err(|_| {
+                    CollectiveError::Invariant(
+                        "a worker sent a length of other than 8 bytes".into(),
+                    )
+                })?;
+                Ok(u64::from_le_bytes(word) as usize)
+            })
+            .collect::<Result<_, CollectiveError>>()?;
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let mut padded = bytes.to_vec();
+        padded.resize(longest, 0);
+        let mut every = self.exchange(&padded)?;
+        for (worker, length) in every.iter_mut().zip(lengths) {
+            worker.truncate(length);
+        }
+        Ok(every)
+    }
 
     /// The element-wise sum of every worker's `values` (the same length everywhere), left in
     /// `values` on every worker: how input pipelines agree on the end of their data.
@@ -79,6 +109,10 @@ mod tests {
 
         fn size(&self) -> usize {
             self.slots.0.lock().unwrap().len()
+        }
+
+        fn on_this_host(&self) -> usize {
+            self.size()
         }
 
         fn exchange(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, CollectiveError> {
@@ -126,6 +160,32 @@ mod tests {
         });
         for values in sums {
             assert_eq!(values, [3, 3, 1 << 40]);
+        }
+    }
+
+    #[test]
+    fn bytes_of_every_length_reach_every_worker_in_worker_order() {
+        let n = 3;
+        let slots = Arc::new((Mutex::new(vec![Vec::new(); n]), Barrier::new(n)));
+        let gathered: Vec<Vec<Vec<u8>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n)
+                .map(|rank| {
+                    let workers = Threads {
+                        rank,
+                        slots: Arc::clone(&slots),
+                    };
+                    // Worker r sends r bytes of value r + 1: the chief sends none.
+                    s.spawn(move || {
+                        workers
+                            .all_gather_bytes(&vec![rank as u8 + 1; rank])
+                            .unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for every in gathered {
+            assert_eq!(every, [vec![], vec![2], vec![3, 3]]);
         }
     }
 }

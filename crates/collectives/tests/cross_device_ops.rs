@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use distribute_collectives::{
-    AnyTensor, CollectiveError, CrossDeviceOps, Destinations, GroupConfig, IndexedSlices,
-    ReductionToOneDevice, SharedMemoryAllReduce, Tensor, reduce_non_distributed_value,
+    CollectiveError, CrossDeviceOps, Destinations, GroupConfig, ReductionToOneDevice,
+    SharedMemoryAllReduce, reduce_non_distributed_value,
 };
+use distribute_tensor::{AnyTensor, IndexedSlices, Tensor};
 use distribute_values::{DistributedValues, Leaf, ReduceOp};
 
 const CPU: &str = "/job:localhost/replica:0/task:0/device:CPU:0";

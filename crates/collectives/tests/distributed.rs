@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use distribute_collectives::Tensor;
+use distribute_tensor::Tensor;
 use distribute_values::{Leaf, ReplicaDeviceMap, VariableValue, regroup, select_replica};
 
 fn map() -> Arc<ReplicaDeviceMap> {
@@ -46,7 +46,7 @@ fn tensors_do_variable_arithmetic() {
     );
     assert!(a.is_floating());
     assert!(
-        Tensor::zeros("/cpu:0", distribute_collectives::DType::F32, &[3])
+        Tensor::zeros("/cpu:0", distribute_tensor::DType::F32, &[3])
             .unwrap()
             .is_zero()
     );
@@ -94,7 +94,7 @@ fn a_transposed_view_is_not_the_same_tensor() {
 
 #[test]
 fn sparse_duplicates_add_like_the_reduction_kernel() {
-    use distribute_collectives::IndexedSlices;
+    use distribute_tensor::IndexedSlices;
     // Integers wrap instead of panicking on overflow.
     let values = Tensor::from_vec("/cpu:0", &[2, 1], vec![i32::MAX, 1]).unwrap();
     let slices = IndexedSlices::new(values, vec![0, 0], vec![1, 1]).unwrap();

@@ -12,13 +12,14 @@
 use std::time::Duration;
 
 use distribute_collectives::backend::{CollectiveGroup, Member};
-use distribute_collectives::cuda::{
+use distribute_collectives::{
+    CollectiveError, CrossDeviceOps, Destinations, GroupConfig, ReductionToOneDevice,
+    SharedMemoryAllReduce,
+};
+use distribute_tensor::cuda::{
     Gpu, PinnedUploader, compile_reduction_kernels, gpu_count, nvrtc_available, require_nvrtc,
 };
-use distribute_collectives::{
-    AnyTensor, CollectiveError, CrossDeviceOps, DType, Destinations, Element, GpuError,
-    GroupConfig, Placement, ReductionToOneDevice, SharedMemoryAllReduce, Tensor,
-};
+use distribute_tensor::{AnyTensor, DType, Element, GpuError, Placement, Tensor, TensorError};
 use distribute_values::{Leaf, ReduceOp};
 use half::{bf16, f16};
 use ndarray::{ArrayD, IxDyn, ShapeBuilder, s};
@@ -1448,18 +1449,15 @@ fn gpu_tensors_move_compare_and_print() {
     // Host accessors refuse, naming the device.
     assert_eq!(
         g.array::<f32>().unwrap_err(),
-        CollectiveError::OnGpu {
+        TensorError::OnGpu {
             device: GPU0.to_owned()
         }
     );
-    assert!(matches!(
-        g.to_vec::<f32>(),
-        Err(CollectiveError::OnGpu { .. })
-    ));
+    assert!(matches!(g.to_vec::<f32>(), Err(TensorError::OnGpu { .. })));
     let mut writable = g.clone();
     assert!(matches!(
         writable.array_mut::<f32>(),
-        Err(CollectiveError::OnGpu { .. })
+        Err(TensorError::OnGpu { .. })
     ));
     let error = g.array::<f32>().unwrap_err().to_string();
     assert!(
@@ -1544,12 +1542,9 @@ fn gpu_tensors_move_compare_and_print() {
     // A GPU past the last one, and a bad name.
     assert_eq!(
         g.copy_to("/gpu:99").unwrap_err(),
-        CollectiveError::Gpu(GpuError::NoSuchGpu { ordinal: 99, count })
+        TensorError::Gpu(GpuError::NoSuchGpu { ordinal: 99, count })
     );
-    assert!(matches!(
-        g.copy_to("/bogus:1"),
-        Err(CollectiveError::Device(_))
-    ));
+    assert!(matches!(g.copy_to("/bogus:1"), Err(TensorError::Device(_))));
 
     // A broadcast to a GPU and a CPU: the GPU copy shares, the CPU copy is downloaded.
     let ops = ReductionToOneDevice::new(2, GroupConfig::default()).unwrap();

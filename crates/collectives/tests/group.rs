@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use distribute_collectives::backend::{CollectiveGroup, Member, ReducePlan};
-use distribute_collectives::{CollectiveError, DType, GroupConfig, Tensor};
+use distribute_collectives::{CollectiveError, GroupConfig};
+use distribute_tensor::{DType, Tensor};
 use distribute_values::ReduceOp;
 
 const PLANS: [ReducePlan; 3] = [

@@ -3,8 +3,8 @@
 //! this with NVRTC from the `nvidia-cuda-nvrtc` wheel (`cargo xtask test` sets it up and sets
 //! `DISTRIBUTE_REQUIRE_NVRTC=1`, which turns a missing NVRTC from a skip into a failure).
 
-use distribute_collectives::GpuError;
-use distribute_collectives::cuda::{
+use distribute_tensor::GpuError;
+use distribute_tensor::cuda::{
     compile_reduction_cubin, compile_reduction_kernels, kernel_source, nvrtc_available,
     require_nvrtc,
 };

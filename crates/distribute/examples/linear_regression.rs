@@ -41,6 +41,7 @@
 use std::time::{Duration, Instant};
 
 use distribute::prelude::*;
+use distribute::tensor::Tensor;
 use distribute_test_support::linear_regression::{
     self as workload, FEATURES, GLOBAL_BATCH, LEARNING_RATE, STEPS,
 };

@@ -7,6 +7,7 @@
 //! ```
 
 use distribute::prelude::*;
+use distribute::tensor::Tensor;
 use distribute::values::select_replica;
 
 /// A batch of examples: features `[rows, 2]` and targets `[rows]`.

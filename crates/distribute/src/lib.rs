@@ -5,6 +5,7 @@
 //!
 //! ```
 //! use distribute::prelude::*;
+//! use distribute::tensor::Tensor;
 //!
 //! let strategy = MirroredStrategy::new(&["/cpu:0", "/cpu:1"])?;
 //! let sums = strategy.run(
@@ -43,12 +44,16 @@ pub use distribute_nccl as nccl;
 pub use distribute_nccl_exchange as nccl_exchange;
 pub use distribute_pjrt as pjrt;
 pub use distribute_strategy as strategy;
+pub use distribute_tensor as tensor;
 pub use distribute_tpu as tpu;
 pub use distribute_values as values;
 
-/// The names a step function usually needs.
+/// The names a step function usually needs. None of them collides with the names of the
+/// frameworks whose models run on the strategies (candle's `Tensor`, `DType`, `Device`,
+/// `Module`…), so a program may glob-import both; the library's own tensors are
+/// [`distribute::tensor::Tensor`](crate::tensor::Tensor).
 pub mod prelude {
-    pub use distribute_collectives::{DType, Destinations, Tensor};
+    pub use distribute_collectives::Destinations;
     pub use distribute_device_spec::LocalDevices;
     pub use distribute_input::{
         Dataset, DistributedDataset, InputOptions, InputPosition, PartialBatch,

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use distribute::input::{AutoShardPolicy, NpySource, npy};
 use distribute::prelude::*;
+use distribute::tensor::Tensor;
 use distribute_test_support::mpirun::{run_self, write_result};
 
 /// The folder of the npy files; its presence makes the ignored `worker` test run.

@@ -12,6 +12,7 @@ mod example;
 use std::path::{Path, PathBuf};
 
 use distribute::prelude::*;
+use distribute::tensor::{DType, Tensor};
 use distribute_test_support::linear_regression::{FEATURES, STEPS};
 use example::{DEFAULT_DEADLINE, Resumable, Trained};
 

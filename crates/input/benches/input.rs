@@ -14,10 +14,10 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use distribute_collectives::{DType, Tensor};
 use distribute_input::{
     CsvOptions, CsvSource, Dataset, DistributedDataset, InputOptions, InputWorkers, NpySource, npy,
 };
+use distribute_tensor::{DType, Tensor};
 
 const FEATURES: usize = 32;
 const BATCH: usize = 256;

@@ -11,44 +11,11 @@
 
 use std::ops::Range;
 
-use distribute_collectives::Tensor;
+use distribute_tensor::{Tensor, with_dtype};
 use distribute_values::{Nest, Path, Regroup, ValuesError};
 use ndarray::{Axis, Slice};
 
 use crate::{InputError, rows};
-
-/// Calls the rows operation with the Rust element type of `dtype` bound to `$t`.
-macro_rules! typed {
-    ($dtype:expr, $t:ident => $body:expr) => {
-        match $dtype {
-            distribute_collectives::DType::F16 => {
-                type $t = half::f16;
-                $body
-            }
-            distribute_collectives::DType::BF16 => {
-                type $t = half::bf16;
-                $body
-            }
-            distribute_collectives::DType::F32 => {
-                type $t = f32;
-                $body
-            }
-            distribute_collectives::DType::F64 => {
-                type $t = f64;
-                $body
-            }
-            distribute_collectives::DType::I32 => {
-                type $t = i32;
-                $body
-            }
-            distribute_collectives::DType::I64 => {
-                type $t = i64;
-                $body
-            }
-        }
-    };
-}
-pub(crate) use typed;
 
 /// A batch of examples: a [`Nest`] whose every leaf is a [`Tensor`] with the same size along
 /// axis 0, the rows.
@@ -61,7 +28,7 @@ pub(crate) use typed;
 /// through).
 ///
 /// ```
-/// use distribute_collectives::Tensor;
+/// use distribute_tensor::Tensor;
 /// use distribute_input::Batch;
 /// use distribute_values::Nest;
 ///
@@ -263,7 +230,7 @@ fn slice_onto(
         // Keeps the tensor's shared device name: no allocation per slice.
         return Ok(t.slice_rows(range)?);
     }
-    typed!(t.dtype(), T => {
+    with_dtype!(t.dtype(), T => {
         let array = t.array::<T>()?.clone().slice_axis_move(Axis(0), Slice::from(range));
         Ok(Tensor::from_shared(device, array))
     })
@@ -278,7 +245,7 @@ fn stride_tensor(
     let rows = leading(path, t, "striding rows")?;
     let start = start.min(rows);
     let slice = Slice::new(start as isize, None, step as isize);
-    typed!(t.dtype(), T => {
+    with_dtype!(t.dtype(), T => {
         let array = t.array::<T>()?.clone().slice_axis_move(Axis(0), slice);
         Ok(Tensor::from_shared(t.device(), array))
     })
@@ -295,7 +262,7 @@ fn select_tensor(path: &Path<'_>, t: &Tensor, indices: &[usize]) -> Result<Tenso
     if let Some(gathered) = rows::gather(t, indices) {
         return Ok(gathered);
     }
-    typed!(t.dtype(), T => {
+    with_dtype!(t.dtype(), T => {
         let array = t.array::<T>()?.select(Axis(0), indices);
         Ok(Tensor::from_array(t.device(), array))
     })
@@ -327,7 +294,7 @@ fn pad_tensor(path: &Path<'_>, t: &Tensor, rows: usize) -> Result<Tensor, InputE
 /// [`MaskedRegrouped`]) into a strategy's per-replica inputs.
 ///
 /// ```
-/// use distribute_collectives::Tensor;
+/// use distribute_tensor::Tensor;
 /// use distribute_input::{Batch, Masked};
 ///
 /// let x = Tensor::from_vec("/cpu:0", &[2], vec![7i64, 8])?;

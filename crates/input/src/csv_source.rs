@@ -10,8 +10,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use distribute_collectives::{DType, Element, Tensor};
 use distribute_device_spec::DEFAULT_HOST;
+use distribute_tensor::{DType, Element, Tensor};
 
 use crate::InputError;
 use crate::source::{BoxIter, Source};
@@ -19,7 +19,7 @@ use crate::source::{BoxIter, Source};
 /// How CSV files are read.
 ///
 /// ```
-/// use distribute_collectives::DType;
+/// use distribute_tensor::DType;
 /// use distribute_input::CsvOptions;
 ///
 /// let options = CsvOptions { dtype: DType::F64, ..CsvOptions::default() };

@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use distribute_collectives::Tensor;
+use distribute_tensor::Tensor;
 
 use crate::source::{BoxIter, MemorySource, RangeSource, Source};
 use crate::{Batch, InputError};

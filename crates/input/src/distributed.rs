@@ -519,7 +519,7 @@ fn placement(workers: &InputWorkers, w: usize, options: &InputOptions) -> Vec<St
 
 #[cfg(test)]
 mod tests {
-    use distribute_collectives::Tensor;
+    use distribute_tensor::Tensor;
 
     use super::*;
 

@@ -5,8 +5,8 @@
 
 use std::path::PathBuf;
 
-use distribute_collectives::CollectiveError;
 use distribute_device_spec::DeviceSpecError;
+use distribute_tensor::TensorError;
 use distribute_values::ValuesError;
 use thiserror::Error;
 
@@ -163,7 +163,11 @@ pub enum InputError {
     Panicked(String),
     /// A tensor operation failed.
     #[error(transparent)]
-    Tensor(#[from] CollectiveError),
+    Tensor(#[from] TensorError),
+    /// The sum across processes of a [`SumAcrossProcesses`](crate::SumAcrossProcesses) failed:
+    /// the cross-process transport's own error (a worker that failed or froze, say).
+    #[error(transparent)]
+    AcrossProcesses(Box<dyn std::error::Error + Send + Sync>),
     /// A distributed value could not be built.
     #[error(transparent)]
     Values(#[from] ValuesError),
@@ -194,7 +198,8 @@ impl InputError {
             InputError::Panicked(_)
             | InputError::NoBatchToImitate
             | InputError::OtherProcessFailed { .. }
-            | InputError::BadExchange { .. } => ErrorKind::Runtime,
+            | InputError::BadExchange { .. }
+            | InputError::AcrossProcesses(_) => ErrorKind::Runtime,
             InputError::InputFunction { source, .. } => source.kind(),
             _ => ErrorKind::InvalidArgument,
         }

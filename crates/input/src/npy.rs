@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use distribute_collectives::{DType, Tensor};
 use distribute_device_spec::DEFAULT_HOST;
+use distribute_tensor::{DType, Tensor};
 
 use crate::InputError;
 use crate::source::{BoxIter, Source};
@@ -19,7 +19,7 @@ const MAGIC: &[u8] = b"\x93NUMPY";
 /// Reads a `.npy` file into a host tensor.
 ///
 /// ```
-/// use distribute_collectives::Tensor;
+/// use distribute_tensor::Tensor;
 /// use distribute_input::npy;
 ///
 /// let path = std::env::temp_dir().join(format!("npy-doc-{}.npy", std::process::id()));
@@ -169,11 +169,11 @@ fn parse(bytes: &[u8]) -> Result<Tensor, String> {
     tensor.map_err(|e| e.to_string())
 }
 
-fn decode<T: distribute_collectives::Element, const N: usize>(
+fn decode<T: distribute_tensor::Element, const N: usize>(
     shape: &[usize],
     data: &[u8],
     from: fn([u8; N]) -> T,
-) -> Result<Tensor, distribute_collectives::CollectiveError> {
+) -> Result<Tensor, distribute_tensor::TensorError> {
     let values = data
         .chunks_exact(N)
         .map(|c| from(c.try_into().expect("chunks_exact gives N bytes")))

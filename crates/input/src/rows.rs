@@ -11,10 +11,10 @@
 //! Part of the input layer's row operations ([`Batch`](crate::Batch)); knows only `Tensor`'s
 //! public API.
 
-use distribute_collectives::{Element, Tensor};
+use distribute_tensor::{Element, Tensor};
 use ndarray::{ArcArray, IxDyn};
 
-use crate::batch::typed;
+use distribute_tensor::with_dtype;
 
 /// The elements of one row of `shape` (1 for a vector), `None` on overflow.
 fn row_len(shape: &[usize]) -> Option<usize> {
@@ -54,7 +54,7 @@ pub(crate) fn gather(t: &Tensor, indices: &[usize]) -> Option<Tensor> {
         }
         Some(shaped(t.device(), array.shape(), indices.len(), out))
     }
-    typed!(t.dtype(), T => typed_gather::<T>(t, indices))
+    with_dtype!(t.dtype(), T => typed_gather::<T>(t, indices))
 }
 
 /// `parts` joined along the rows on `device`; `None` when they differ in dtype, rank or any
@@ -81,7 +81,7 @@ pub(crate) fn join(device: &str, parts: &[&Tensor]) -> Option<Tensor> {
         Some(shaped(device, first.shape(), rows, out))
     }
     let dtype = parts.first()?.dtype();
-    typed!(dtype, T => typed_join::<T>(device, parts))
+    with_dtype!(dtype, T => typed_join::<T>(device, parts))
 }
 
 /// `t` (a rank ≥ 1 tensor of at most `rows` rows) extended with rows of zeros to `rows` rows;
@@ -96,7 +96,7 @@ pub(crate) fn pad(t: &Tensor, rows: usize) -> Option<Tensor> {
         out.resize(elements, T::zero());
         Some(shaped(t.device(), array.shape(), rows, out))
     }
-    typed!(t.dtype(), T => typed_pad::<T>(t, rows))
+    with_dtype!(t.dtype(), T => typed_pad::<T>(t, rows))
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use distribute_collectives::Tensor;
+use distribute_tensor::Tensor;
 
 use crate::{Batch, InputError};
 
@@ -23,7 +23,7 @@ pub type BoxIter<T> = Box<dyn Iterator<Item = Result<T, InputError>> + Send + 's
 /// policy can give each input pipeline its own files.
 ///
 /// ```
-/// use distribute_collectives::Tensor;
+/// use distribute_tensor::Tensor;
 /// use distribute_input::{Dataset, MemorySource, Source};
 ///
 /// let source = MemorySource::new(Tensor::from_vec("/cpu:0", &[3], vec![1i64, 2, 3])?)?;
@@ -96,7 +96,7 @@ impl<B: Batch> Source for MemorySource<B> {
 /// know.
 ///
 /// ```
-/// use distribute_collectives::Tensor;
+/// use distribute_tensor::Tensor;
 /// use distribute_input::{Dataset, GeneratorSource};
 ///
 /// // Each block is one row of two features.

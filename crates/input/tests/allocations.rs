@@ -5,8 +5,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use distribute_collectives::Tensor;
 use distribute_input::Batch;
+use distribute_tensor::Tensor;
 use distribute_values::Nest;
 
 struct Counting;

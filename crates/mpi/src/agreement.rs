@@ -3,9 +3,8 @@
 //! payload), judged alike on every worker, and the failed worker's message when one failed.
 use crate::all_reduce::{Inner, MESSAGE_BYTES, SLOT_WORDS};
 use distribute_collectives::CollectiveError;
-use distribute_collectives::backend::{
-    Record, Verdict, element_bytes_mut as as_bytes_mut, judge, lock_ignoring_poison as lock,
-};
+use distribute_collectives::backend::{Record, Verdict, judge, lock_ignoring_poison as lock};
+use distribute_tensor::bytes::element_bytes_mut as as_bytes_mut;
 
 /// What an agreement gathered.
 pub(crate) struct Gathered {

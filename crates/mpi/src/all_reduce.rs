@@ -28,12 +28,17 @@ use crate::communicator::MpiWorld;
 use crate::folds::local_op;
 use crate::member::MpiMember;
 use distribute_collectives::backend::{
-    Call, CollectiveGroup, Record, Status, check_op, deliver, element_bytes as as_bytes,
-    element_bytes_mut as as_bytes_mut, lock_ignoring_poison as lock, reduce_tensors, with_dtype,
+    Call, CollectiveGroup, Record, Status, deliver, lock_ignoring_poison as lock,
 };
 use distribute_collectives::{
-    AnyTensor, CollectiveError, CrossDeviceOps, Destinations, Element, FusionPlan, GroupConfig,
-    ReplicaCollectives, StepLifecycle, Tensor,
+    CollectiveError, CrossDeviceOps, Destinations, FusionPlan, GroupConfig, ReplicaCollectives,
+    StepLifecycle,
+};
+use distribute_tensor::{AnyTensor, Element, Tensor};
+use distribute_tensor::{
+    bytes::{element_bytes as as_bytes, element_bytes_mut as as_bytes_mut},
+    kernel::{check_op, reduce_tensors},
+    with_dtype,
 };
 use distribute_values::{Leaf, ReduceOp};
 use std::sync::{Arc, Mutex};
@@ -240,7 +245,7 @@ impl MpiAllReduce {
                 })
                 .collect::<Result<Vec<Tensor>, _>>()?
         });
-        Tensor::concat(local.device(), &parts, axis)
+        Ok(Tensor::concat(local.device(), &parts, axis)?)
     }
 
     /// The reduction of `tensor` across workers only (each worker passes one value, already
@@ -329,7 +334,7 @@ impl CrossDeviceOps for MpiAllReduce {
             .zip(pairs)
             .map(|(reduced, (_, destinations))| {
                 let reduced = AnyTensor::Dense(reduced);
-                deliver(destinations, |device| reduced.copy_to(device))
+                deliver(destinations, |device| Ok(reduced.copy_to(device)?))
             })
             .collect()
     }

@@ -47,6 +47,8 @@ use distribute_collectives::backend::lock_ignoring_poison as lock;
 pub struct MpiWorld {
     rank: usize,
     size: usize,
+    /// Processes of the world on this machine (sharing its memory), this one included.
+    on_this_host: usize,
     /// One MPI call at a time (`MPI_THREAD_SERIALIZED`).
     calls: Mutex<()>,
     /// Nanoseconds spent in cross-process calls, for [`Self::time_in_calls`].
@@ -117,9 +119,13 @@ impl MpiWorld {
                 }
                 let world = SimpleCommunicator::world();
                 let rank = world.rank() as usize;
+                // `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`, once, beside `MPI_Init` (a
+                // collective every process makes as it starts; `mpirun` starts them together).
+                let on_this_host = world.split_shared(world.rank()).size() as usize;
                 Ok(MpiWorld {
                     rank,
                     size: world.size() as usize,
+                    on_this_host,
                     calls: Mutex::new(()),
                     busy_nanos: AtomicU64::new(0),
                     stop_after_agreement: stop_after_agreement(
@@ -143,6 +149,11 @@ impl MpiWorld {
     /// The number of processes: the worker count.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// The processes on this machine (those sharing its memory), this one included.
+    pub fn on_this_host(&self) -> usize {
+        self.on_this_host
     }
 
     /// How long this process has waited in cross-process calls (all-reduces, agreements,
@@ -520,6 +531,7 @@ mod tests {
         MpiWorld {
             rank,
             size,
+            on_this_host: size,
             calls: Mutex::new(()),
             busy_nanos: AtomicU64::new(0),
             stop_after_agreement: None,

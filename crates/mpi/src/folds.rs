@@ -5,12 +5,14 @@ use crate::all_reduce::{
     ALL_GATHER_TAG, INLINE_BYTES, Inner, KEPT_OUTPUTS, REDUCE_SCATTER_TAG, REUSE_MIN_BYTES,
     SCATTER_MIN_BYTES, SLOT_WORDS,
 };
-use distribute_collectives::backend::{
-    Arith, Record, contiguous, divide, element_bytes as as_bytes,
-    element_bytes_mut as as_bytes_mut, lock_ignoring_poison as lock, reduce_slices, tensor_bytes,
+use distribute_collectives::CollectiveError;
+use distribute_collectives::backend::{Record, lock_ignoring_poison as lock};
+use distribute_tensor::{Element, Tensor};
+use distribute_tensor::{
+    bytes::{element_bytes as as_bytes, element_bytes_mut as as_bytes_mut, tensor_bytes},
+    kernel::{Arith, contiguous, divide, reduce_slices},
     with_dtype,
 };
-use distribute_collectives::{CollectiveError, Element, Tensor};
 use distribute_values::ReduceOp;
 use ndarray::ArcArray;
 use std::borrow::Cow;
@@ -83,7 +85,7 @@ impl Inner {
         if n > 0 {
             reduce_slices(op, &blocks, &mut out, count);
         }
-        Tensor::from_vec(like.device(), like.shape(), out)
+        Ok(Tensor::from_vec(like.device(), like.shape(), out)?)
     }
 
     /// The fold across workers of every worker's host `tensor` (same dtype and shape
@@ -97,7 +99,7 @@ impl Inner {
     ) -> Result<Tensor, CollectiveError> {
         if self.workers() == 1 {
             return match op {
-                ReduceOp::Mean => divide(tensor, count),
+                ReduceOp::Mean => Ok(divide(tensor, count)?),
                 _ => Ok(tensor.clone()),
             };
         }
@@ -224,14 +226,14 @@ impl Inner {
             });
             if let Some(i) = free {
                 // The kept share drops on return, leaving the result the buffer's only holder.
-                return kept.remove(i).copy_to_device_of(like);
+                return Ok(kept.remove(i).copy_to_device_of(like)?);
             }
         }
-        Tensor::from_vec(
+        Ok(Tensor::from_vec(
             like.device(),
             like.shape(),
             vec![T::zero(); like.num_elements()],
-        )
+        )?)
     }
 
     /// Keeps a share of a large `result` so that, once its holders drop it, the next fold of

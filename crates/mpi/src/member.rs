@@ -3,11 +3,14 @@
 use crate::all_reduce::Inner;
 use crate::all_reduce::gather_layout;
 use crate::folds::local_op;
-use distribute_collectives::backend::{
-    Call, Member, Record, Status, check_op, element_bytes as as_bytes,
-    element_bytes_mut as as_bytes_mut, with_dtype,
+use distribute_collectives::backend::{Call, Member, Record, Status};
+use distribute_collectives::{CollectiveError, FusionPlan, ReplicaCollectives};
+use distribute_tensor::{Element, Tensor};
+use distribute_tensor::{
+    bytes::{element_bytes as as_bytes, element_bytes_mut as as_bytes_mut},
+    kernel::check_op,
+    with_dtype,
 };
-use distribute_collectives::{CollectiveError, Element, FusionPlan, ReplicaCollectives, Tensor};
 use distribute_values::ReduceOp;
 use std::sync::Arc;
 
@@ -46,7 +49,7 @@ impl MpiMember {
             return Ok(results);
         }
         (0..count)
-            .map(|_| self.member.broadcast(0, None)?.copy_to(device))
+            .map(|_| Ok(self.member.broadcast(0, None)?.copy_to(device)?))
             .collect()
     }
 
@@ -57,12 +60,12 @@ impl MpiMember {
         tensors: &[Tensor],
     ) -> Result<Vec<Tensor>, CollectiveError> {
         if self.local_replicas() == 1 {
-            return tensors.iter().map(Tensor::to_host).collect();
+            return tensors.iter().map(|t| Ok(t.to_host()?)).collect();
         }
         self.member
             .batch_all_reduce(op, tensors)?
             .iter()
-            .map(Tensor::to_host)
+            .map(|t| Ok(t.to_host()?))
             .collect()
     }
 }
@@ -107,7 +110,7 @@ impl ReplicaCollectives for MpiMember {
         reduced
             .into_iter()
             .zip(tensors)
-            .map(|(r, t)| r.copy_to(t.device()))
+            .map(|(r, t)| Ok(r.copy_to(t.device())?))
             .collect()
     }
 
@@ -151,7 +154,7 @@ impl ReplicaCollectives for MpiMember {
                 Ok(vec![Tensor::from_vec(tensor.device(), &shape, all)?])
             })
         })?;
-        out.swap_remove(0).copy_to(tensor.device())
+        Ok(out.swap_remove(0).copy_to(tensor.device())?)
     }
 
     fn reduce_scatter(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
@@ -166,7 +169,7 @@ impl ReplicaCollectives for MpiMember {
         }
         let part = rows / n;
         let global = self.inner.world.rank() * self.local_replicas() + self.member.replica();
-        reduced.slice_rows(global * part..(global + 1) * part)
+        Ok(reduced.slice_rows(global * part..(global + 1) * part)?)
     }
 
     fn broadcast(&self, root: usize, tensor: Option<&Tensor>) -> Result<Tensor, CollectiveError> {
@@ -223,6 +226,6 @@ impl ReplicaCollectives for MpiMember {
                 Ok(vec![Tensor::from_vec(&device, &shape, values)?])
             })
         })?;
-        out.swap_remove(0).copy_to(&device)
+        Ok(out.swap_remove(0).copy_to(&device)?)
     }
 }

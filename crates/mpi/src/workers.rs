@@ -4,10 +4,11 @@
 use crate::agreement::Gathered;
 use crate::all_reduce::MpiAllReduce;
 use distribute_collectives::backend::{
-    Call, Record, Status, Verdict, element_bytes_mut as as_bytes_mut, lock_ignoring_poison as lock,
-    with_dtype,
+    Call, Record, Status, Verdict, lock_ignoring_poison as lock,
 };
-use distribute_collectives::{CollectiveError, Tensor, Workers};
+use distribute_collectives::{CollectiveError, Workers};
+use distribute_tensor::Tensor;
+use distribute_tensor::{bytes::element_bytes_mut as as_bytes_mut, with_dtype};
 
 impl Workers for MpiAllReduce {
     fn rank(&self) -> usize {
@@ -16,6 +17,10 @@ impl Workers for MpiAllReduce {
 
     fn size(&self) -> usize {
         self.inner.world.size()
+    }
+
+    fn on_this_host(&self) -> usize {
+        self.inner.world.on_this_host()
     }
 
     /// The end-of-step agreement: every worker calls it once after each step, with its step's
@@ -88,7 +93,7 @@ impl Workers for MpiAllReduce {
                     inner.world.broadcast(0, as_bytes_mut(&mut values), inner.deadline, &|| {
                         "the chief's values".to_owned()
                     });
-                    Tensor::from_vec(t.device(), t.shape(), values)
+                    Ok(Tensor::from_vec(t.device(), t.shape(), values)?)
                 })
             })
             .collect()

@@ -11,8 +11,9 @@
 use std::process::Command;
 use std::time::Duration;
 
-use distribute_collectives::{CrossDeviceOps, GroupConfig, Tensor};
+use distribute_collectives::{CrossDeviceOps, GroupConfig};
 use distribute_mpi::{INLINE_BYTES, MpiAllReduce, SCATTER_MIN_BYTES};
+use distribute_tensor::Tensor;
 use distribute_values::ReduceOp;
 use half::f16;
 

@@ -4,11 +4,10 @@
 use std::time::Duration;
 
 use distribute_collectives::CollectiveError;
-use distribute_collectives::cuda::require_nccl;
 use distribute_device_spec::{ClusterSpec, TaskId};
-use distribute_nccl::NcclAllReduce;
+use distribute_nccl::{NcclAllReduce, require_nccl};
 
-use crate::{UNIQUE_ID_BYTES, exchange_unique_id, nccl_rank};
+use crate::{ExchangeError, UNIQUE_ID_BYTES, exchange_unique_id, nccl_rank};
 
 // The exchange moves the id as bytes, without NCCL: its length must be the one NCCL takes.
 const _: () = assert!(UNIQUE_ID_BYTES == NcclAllReduce::UNIQUE_ID_BYTES);
@@ -22,16 +21,16 @@ const _: () = assert!(UNIQUE_ID_BYTES == NcclAllReduce::UNIQUE_ID_BYTES);
 /// The exchange authenticates every task with the cluster key in the environment variable
 /// `DISTRIBUTE_CLUSTER_KEY` (hex, at least 16 bytes, e.g. `openssl rand -hex 32`; or a file
 /// named by `DISTRIBUTE_CLUSTER_KEY_FILE`), the same on every chief and worker task; a cluster
-/// across hosts without one is a [`CollectiveError::BootstrapKey`]. See
+/// across hosts without one is an [`ExchangeError::Key`]. See
 /// [`exchange_unique_id`](crate::exchange_unique_id#security).
 pub fn nccl_all_reduce_for_cluster(
     cluster: &ClusterSpec,
     me: TaskId,
     gpus: &[usize],
     deadline: Duration,
-) -> Result<NcclAllReduce, CollectiveError> {
+) -> Result<NcclAllReduce, ExchangeError> {
     // Before the exchange: a task without NCCL fails at once, not after the others joined.
-    require_nccl()?;
+    require_nccl().map_err(CollectiveError::from)?;
     let task = nccl_rank(cluster, me)?;
     let id = match task.is_leader() {
         true => Some(NcclAllReduce::new_unique_id()?),
@@ -39,5 +38,11 @@ pub fn nccl_all_reduce_for_cluster(
     };
     let id = exchange_unique_id(cluster, me, id, deadline)?;
     let k = gpus.len();
-    NcclAllReduce::from_unique_id(id, task.world_size * k, task.rank * k, gpus, deadline)
+    Ok(NcclAllReduce::from_unique_id(
+        id,
+        task.world_size * k,
+        task.rank * k,
+        gpus,
+        deadline,
+    )?)
 }

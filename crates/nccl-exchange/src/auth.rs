@@ -24,7 +24,7 @@ use std::path::Path;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use distribute_collectives::CollectiveError;
+use crate::ExchangeError;
 
 use crate::UNIQUE_ID_BYTES;
 
@@ -81,16 +81,16 @@ pub struct ClusterKey(Vec<u8>);
 impl ClusterKey {
     /// A key from hex digits (either case; surrounding white space ignored): at least
     /// [`MIN_CLUSTER_KEY_BYTES`] bytes (32 digits), at most 1024. Anything else is a
-    /// [`CollectiveError::BootstrapKey`].
-    pub fn from_hex(hex: &str) -> Result<Self, CollectiveError> {
-        Self::parse(hex).map_err(CollectiveError::BootstrapKey)
+    /// [`ExchangeError::Key`].
+    pub fn from_hex(hex: &str) -> Result<Self, ExchangeError> {
+        Self::parse(hex).map_err(ExchangeError::Key)
     }
 
     /// The key the launcher gave this process: [`CLUSTER_KEY_VAR`] (hex), or the file named by
     /// [`CLUSTER_KEY_FILE_VAR`] (hex); `None` when neither is set. A key that does not parse, a
-    /// file that cannot be read, or both variables set is a [`CollectiveError::BootstrapKey`].
-    pub fn from_env() -> Result<Option<Self>, CollectiveError> {
-        Self::from_vars(&|name| std::env::var_os(name)).map_err(CollectiveError::BootstrapKey)
+    /// file that cannot be read, or both variables set is a [`ExchangeError::Key`].
+    pub fn from_env() -> Result<Option<Self>, ExchangeError> {
+        Self::from_vars(&|name| std::env::var_os(name)).map_err(ExchangeError::Key)
     }
 
     /// [`ClusterKey::from_env`] over any source of variables.
@@ -116,10 +116,10 @@ impl ClusterKey {
 
     /// A fresh random key of 32 bytes from the operating system: what a launcher makes once per
     /// job and hands to every task ([`ClusterKey::to_hex`] into [`CLUSTER_KEY_VAR`]).
-    pub fn generate() -> Result<Self, CollectiveError> {
+    pub fn generate() -> Result<Self, ExchangeError> {
         let mut bytes = vec![0; 32];
         getrandom::fill(&mut bytes).map_err(|e| {
-            CollectiveError::BootstrapKey(format!(
+            ExchangeError::Key(format!(
                 "the operating system gave no random bytes for a cluster key: {e}"
             ))
         })?;
@@ -203,9 +203,9 @@ impl ExchangeAuth {
     /// What the launcher gave this process: the key in [`CLUSTER_KEY_VAR`] or the file named by
     /// [`CLUSTER_KEY_FILE_VAR`], else the opt-out [`UNAUTHENTICATED_VAR`]`=1`. Neither, both, a
     /// key that does not parse, or the opt-out set to anything but `1` is a
-    /// [`CollectiveError::BootstrapKey`] that says how to make a key.
-    pub fn from_env() -> Result<Self, CollectiveError> {
-        Self::from_vars(|name| std::env::var_os(name)).map_err(CollectiveError::BootstrapKey)
+    /// [`ExchangeError::Key`] that says how to make a key.
+    pub fn from_env() -> Result<Self, ExchangeError> {
+        Self::from_vars(|name| std::env::var_os(name)).map_err(ExchangeError::Key)
     }
 
     /// [`ExchangeAuth::from_env`] over any source of variables.
@@ -361,7 +361,7 @@ mod tests {
         ] {
             let error = ClusterKey::from_hex(hex).unwrap_err();
             assert!(
-                matches!(&error, CollectiveError::BootstrapKey(m) if m.contains(expected)),
+                matches!(&error, ExchangeError::Key(m) if m.contains(expected)),
                 "{error}"
             );
         }

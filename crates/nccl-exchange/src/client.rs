@@ -7,7 +7,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use distribute_collectives::CollectiveError;
+use crate::ExchangeError;
 use distribute_device_spec::TaskId;
 
 use crate::UNIQUE_ID_BYTES;
@@ -29,29 +29,29 @@ pub(crate) fn join(
     (host, port): (&str, u16),
     key: Option<&ClusterKey>,
     deadline: Deadline,
-) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
+) -> Result<[u8; UNIQUE_ID_BYTES], ExchangeError> {
     let start = Instant::now();
     let leader = roster.leader();
     let address = roster.leader_address();
     let waited = || Duration::from_millis(start.elapsed().as_millis() as u64);
-    let timed_out = |missing: Vec<String>, waiting_for: String| CollectiveError::BootstrapTimeout {
+    let timed_out = |missing: Vec<String>, waiting_for: String| ExchangeError::Timeout {
         task: me.to_string(),
         waited: waited(),
         missing,
         waiting_for,
     };
     let the_leader = format!("the leader {leader} at {address}");
-    let broken = |reason: String| CollectiveError::BootstrapProtocol {
+    let broken = |reason: String| ExchangeError::Protocol {
         task: me.to_string(),
         peer: the_leader.clone(),
         reason,
     };
-    let untrusted = |reason: String| CollectiveError::BootstrapUnauthenticated {
+    let untrusted = |reason: String| ExchangeError::Unauthenticated {
         task: me.to_string(),
         peer: the_leader.clone(),
         reason,
     };
-    let refused = |reason: String| CollectiveError::BootstrapRefused {
+    let refused = |reason: String| ExchangeError::Refused {
         task: me.to_string(),
         leader: leader.to_string(),
         address: address.to_owned(),

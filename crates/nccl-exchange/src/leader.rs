@@ -9,7 +9,7 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAdd
 use std::thread;
 use std::time::{Duration, Instant};
 
-use distribute_collectives::CollectiveError;
+use crate::ExchangeError;
 use distribute_device_spec::TaskId;
 
 use crate::UNIQUE_ID_BYTES;
@@ -376,10 +376,10 @@ pub(crate) fn lead(
     key: Option<&ClusterKey>,
     timeout: Duration,
     deadline: Deadline,
-) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
+) -> Result<[u8; UNIQUE_ID_BYTES], ExchangeError> {
     let me = roster.leader();
     let address = roster.leader_address();
-    let listeners = bind(host, port).map_err(|reason| CollectiveError::BootstrapAddress {
+    let listeners = bind(host, port).map_err(|reason| ExchangeError::Address {
         task: me.to_string(),
         address: address.to_owned(),
         reason,
@@ -497,7 +497,7 @@ pub(crate) fn lead(
                 // Best effort: it fails on its own timeout if this does not reach it.
                 let _ = send(&mut joined.stream, &Reply::Abandoned(missing.clone()));
             }
-            return Err(CollectiveError::BootstrapTimeout {
+            return Err(ExchangeError::Timeout {
                 task: me.to_string(),
                 waited: timeout,
                 waiting_for: format!(
@@ -526,7 +526,7 @@ pub(crate) fn lead(
     if failed.is_empty() {
         Ok(id)
     } else {
-        Err(CollectiveError::BootstrapProtocol {
+        Err(ExchangeError::Protocol {
             task: me.to_string(),
             peer: failed.join("; "),
             reason: "sending the id failed, so that task will not join the communicator".into(),

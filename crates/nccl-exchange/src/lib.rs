@@ -4,7 +4,7 @@
 //! `nccl_all_reduce_for_cluster` builds `distribute-collectives`' `NcclAllReduce` across the
 //! processes on it.
 //!
-//! A layer above `distribute-collectives`, whose [`CollectiveError`] it returns: the transport of
+//! A layer above `distribute-collectives`, with its own [`ExchangeError`]: the transport of
 //! NCCL's unique id across processes and nothing else. It knows nothing about strategies, MPI (an
 //! MPI job broadcasts the id over MPI instead) or tensors, and without feature `nccl` nothing
 //! about CUDA or NCCL either (the id is just bytes), so it always builds and is tested on
@@ -63,7 +63,7 @@
 //!
 //! # Failures
 //!
-//! Every failure is a [`CollectiveError`], never a hang or a panic: every socket operation has a
+//! Every failure is an [`ExchangeError`], never a hang or a panic: every socket operation has a
 //! timeout (none when the timeout is too long to be added to the clock, such as
 //! [`Duration::MAX`]: then the exchange waits without limit); the leader reads hellos and proofs
 //! without blocking, so a connection that sends nothing or garbage is dropped (after two seconds at
@@ -81,6 +81,7 @@
 mod auth;
 mod client;
 mod deadline;
+mod error;
 mod leader;
 mod rank;
 mod roster;
@@ -91,7 +92,6 @@ mod all_reduce;
 
 use std::time::Duration;
 
-use distribute_collectives::CollectiveError;
 use distribute_device_spec::{ClusterSpec, TaskId};
 
 #[cfg(feature = "nccl")]
@@ -100,6 +100,7 @@ pub use auth::{
     CLUSTER_KEY_FILE_VAR, CLUSTER_KEY_VAR, ClusterKey, ExchangeAuth, MIN_CLUSTER_KEY_BYTES,
     UNAUTHENTICATED_VAR,
 };
+pub use error::ExchangeError;
 pub use rank::{NcclRank, nccl_rank};
 
 use crate::deadline::Deadline;
@@ -113,13 +114,13 @@ pub const UNIQUE_ID_BYTES: usize = 128;
 /// it: every task calls this with the same cluster spec and gets the leader's id back.
 ///
 /// `id` is `Some` exactly on the leader (see [`NcclRank::is_leader`]) and `None` on every other
-/// task; anything else is a [`CollectiveError::InvalidArgument`]. The leader returns once it has
+/// task; anything else is an [`ExchangeError::InvalidArgument`]. The leader returns once it has
 /// sent every task the id, the others once they have it; a cluster of one task returns the id at
 /// once, without networking. Within `timeout` (give the leader time to start; one too long to add
 /// to the clock, such as [`Duration::MAX`], waits without limit), every task either has the id or
-/// fails: [`CollectiveError::BootstrapTimeout`] names the tasks that never joined on the leader,
+/// fails: [`ExchangeError::Timeout`] names the tasks that never joined on the leader,
 /// and the leader's address on the others; a task the leader refuses (another cluster spec, a task
-/// already joined, no key or the wrong one) gets [`CollectiveError::BootstrapRefused`].
+/// already joined, no key or the wrong one) gets [`ExchangeError::Refused`].
 ///
 /// # Security
 ///
@@ -129,9 +130,9 @@ pub const UNIQUE_ID_BYTES: usize = 128;
 /// `DISTRIBUTE_CLUSTER_KEY_FILE` ([`CLUSTER_KEY_FILE_VAR`]) naming a file that holds it. The
 /// leader sends the id, encrypted, only to a task that proved it knows the key, and a task accepts
 /// an id only from a leader that proved it too: a process on the leader's port is a
-/// [`CollectiveError::BootstrapUnauthenticated`]. Where a task's address in the cluster spec is an
+/// [`ExchangeError::Unauthenticated`]. Where a task's address in the cluster spec is an
 /// IP, the leader also refuses a connection from any other IP. Without a key the exchange does not
-/// run ([`CollectiveError::BootstrapKey`], saying how to make one; it also reports a key that does
+/// run ([`ExchangeError::Key`], saying how to make one; it also reports a key that does
 /// not parse), even on one machine, where another user's process could take a task's place; the
 /// only way to run without one is the named opt-out `DISTRIBUTE_UNAUTHENTICATED_EXCHANGE=1`
 /// ([`ExchangeAuth::Unauthenticated`]: loopback-only clusters, a warning each time).
@@ -157,7 +158,7 @@ pub fn exchange_unique_id(
     me: TaskId,
     id: Option<[u8; UNIQUE_ID_BYTES]>,
     timeout: Duration,
-) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
+) -> Result<[u8; UNIQUE_ID_BYTES], ExchangeError> {
     match ExchangeAuth::from_env() {
         Ok(ExchangeAuth::Key(key)) => exchange_unique_id_with_key(cluster, me, id, &key, timeout),
         Ok(ExchangeAuth::Unauthenticated) => {
@@ -196,20 +197,20 @@ pub fn exchange_unique_id_with_key(
     id: Option<[u8; UNIQUE_ID_BYTES]>,
     key: &ClusterKey,
     timeout: Duration,
-) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
+) -> Result<[u8; UNIQUE_ID_BYTES], ExchangeError> {
     exchange(cluster, me, id, Some(key), timeout)
 }
 
 /// [`exchange_unique_id`] without authentication, the explicitly named opt-out
 /// ([`ExchangeAuth::Unauthenticated`]): any process that reaches the leader first gets the id
 /// and takes a task's place, so it logs a warning every time it runs, and a cluster whose
-/// addresses are not all loopback refuses it ([`CollectiveError::BootstrapKey`]).
+/// addresses are not all loopback refuses it ([`ExchangeError::Key`]).
 pub fn exchange_unique_id_unauthenticated(
     cluster: &ClusterSpec,
     me: TaskId,
     id: Option<[u8; UNIQUE_ID_BYTES]>,
     timeout: Duration,
-) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
+) -> Result<[u8; UNIQUE_ID_BYTES], ExchangeError> {
     log::warn!(
         "unique-id exchange: {me} runs WITHOUT a cluster key ({UNAUTHENTICATED_VAR}), so any \
          process that reaches the leader first could take a task's place; give every task the \
@@ -225,18 +226,18 @@ fn exchange(
     id: Option<[u8; UNIQUE_ID_BYTES]>,
     key: Option<&ClusterKey>,
     timeout: Duration,
-) -> Result<[u8; UNIQUE_ID_BYTES], CollectiveError> {
+) -> Result<[u8; UNIQUE_ID_BYTES], ExchangeError> {
     let rank = nccl_rank(cluster, me)?;
     let roster = Roster::new(cluster);
     let id = match (rank.is_leader(), id) {
         (true, None) => {
-            return Err(CollectiveError::InvalidArgument(format!(
+            return Err(ExchangeError::InvalidArgument(format!(
                 "{me} leads the unique-id exchange of this cluster: pass the id it made with \
                  ncclGetUniqueId"
             )));
         }
         (false, Some(_)) => {
-            return Err(CollectiveError::InvalidArgument(format!(
+            return Err(ExchangeError::InvalidArgument(format!(
                 "{me} is rank {}, not the leader of the unique-id exchange ({} is): pass None and \
                  receive the leader's id",
                 rank.rank,
@@ -247,14 +248,13 @@ fn exchange(
         (_, id) => id,
     };
     let leader_address = roster.leader_address();
-    let (host, port) =
-        parse_address(leader_address).map_err(|reason| CollectiveError::BootstrapAddress {
-            task: roster.leader().to_string(),
-            address: leader_address.to_owned(),
-            reason,
-        })?;
+    let (host, port) = parse_address(leader_address).map_err(|reason| ExchangeError::Address {
+        task: roster.leader().to_string(),
+        address: leader_address.to_owned(),
+        reason,
+    })?;
     if let (None, Some((task, address))) = (key, roster.remote_task()) {
-        return Err(CollectiveError::BootstrapKey(format!(
+        return Err(ExchangeError::Key(format!(
             "{me} will not run the exchange across hosts without a cluster key ({task} is at \
              {address}, not loopback), as any host that reaches the leader could take a task's \
              place and join the communicator: give every chief and worker task the same random \

@@ -2,7 +2,7 @@
 //! workers are ranks, numbered as [`ClusterSpec::id_in_cluster`] numbers them; parameter servers
 //! and evaluators are none.
 
-use distribute_collectives::CollectiveError;
+use crate::ExchangeError;
 use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
 
 /// A task's place in the NCCL communicator of a multi-process run.
@@ -26,11 +26,11 @@ impl NcclRank {
 
 /// The NCCL rank of task `me` of `cluster` and the number of ranks.
 ///
-/// Fails when `me` is not in the cluster ([`CollectiveError::Device`]) or is a parameter server
-/// or an evaluator, which are no ranks ([`CollectiveError::InvalidArgument`]).
-pub fn nccl_rank(cluster: &ClusterSpec, me: TaskId) -> Result<NcclRank, CollectiveError> {
+/// Fails when `me` is not in the cluster ([`ExchangeError::Device`]) or is a parameter server
+/// or an evaluator, which are no ranks ([`ExchangeError::InvalidArgument`]).
+pub fn nccl_rank(cluster: &ClusterSpec, me: TaskId) -> Result<NcclRank, ExchangeError> {
     if !matches!(me.task_type, TaskType::Chief | TaskType::Worker) {
-        return Err(CollectiveError::InvalidArgument(format!(
+        return Err(ExchangeError::InvalidArgument(format!(
             "{me} takes no part in the NCCL unique-id exchange: only the chief and the workers \
              are NCCL ranks"
         )));
@@ -51,7 +51,7 @@ mod tests {
         let cluster = ClusterSpec::from_json(json).unwrap();
         for task_type in [TaskType::Ps, TaskType::Evaluator] {
             let error = nccl_rank(&cluster, TaskId::new(task_type, 0)).unwrap_err();
-            let only = matches!(&error, CollectiveError::InvalidArgument(m) if m.contains("only"));
+            let only = matches!(&error, ExchangeError::InvalidArgument(m) if m.contains("only"));
             assert!(only, "{error}");
         }
     }

@@ -4,8 +4,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use distribute_collectives::backend::Fnv;
 use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
+use distribute_tensor::Fnv;
 
 use crate::wire::Hello;
 

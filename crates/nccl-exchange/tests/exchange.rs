@@ -7,8 +7,8 @@ use std::sync::mpsc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use distribute_collectives::CollectiveError;
 use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
+use distribute_nccl_exchange::ExchangeError;
 use distribute_nccl_exchange::{
     ClusterKey, UNIQUE_ID_BYTES, exchange_unique_id, exchange_unique_id_unauthenticated,
     exchange_unique_id_with_key, nccl_rank,
@@ -19,7 +19,7 @@ const TIMEOUT: Duration = Duration::from_secs(3);
 /// For tests that wait for the leader to give up.
 const SHORT: Duration = Duration::from_millis(1200);
 
-type Outcome = Result<[u8; UNIQUE_ID_BYTES], CollectiveError>;
+type Outcome = Result<[u8; UNIQUE_ID_BYTES], ExchangeError>;
 
 fn the_id() -> [u8; UNIQUE_ID_BYTES] {
     std::array::from_fn(|i| (i * 7 + 3) as u8)
@@ -192,7 +192,7 @@ fn the_leader_names_the_task_that_never_came() {
     let leader = spawn(&cluster, chief(), SHORT);
     let handles = spawn_all(&cluster, &[worker(0), worker(1)], TIMEOUT);
     let leader = leader.join().unwrap().unwrap_err();
-    let CollectiveError::BootstrapTimeout { task, missing, .. } = &leader else {
+    let ExchangeError::Timeout { task, missing, .. } = &leader else {
         panic!("{leader}");
     };
     assert_eq!(
@@ -208,10 +208,7 @@ fn the_leader_names_the_task_that_never_came() {
     // The others learn it from the leader, or time out on their own: never a hang.
     for handle in handles {
         let error = handle.join().unwrap().unwrap_err();
-        assert!(
-            matches!(error, CollectiveError::BootstrapTimeout { .. }),
-            "{error}"
-        );
+        assert!(matches!(error, ExchangeError::Timeout { .. }), "{error}");
     }
 }
 
@@ -223,7 +220,7 @@ fn a_task_without_a_leader_names_the_leaders_address() {
         .join()
         .unwrap()
         .unwrap_err();
-    let CollectiveError::BootstrapTimeout { task, missing, .. } = &error else {
+    let ExchangeError::Timeout { task, missing, .. } = &error else {
         panic!("{error}");
     };
     assert_eq!(
@@ -255,7 +252,7 @@ fn only_the_leader_passes_an_id() {
     ] {
         let error = exchange(&cluster, task, id, Some(&key()), TIMEOUT).unwrap_err();
         assert!(
-            matches!(&error, CollectiveError::InvalidArgument(m) if m.contains(expected)),
+            matches!(&error, ExchangeError::InvalidArgument(m) if m.contains(expected)),
             "{error}"
         );
     }
@@ -276,7 +273,7 @@ fn tasks_outside_the_ranks_are_refused() {
         assert!(
             matches!(
                 error,
-                CollectiveError::Device(_) | CollectiveError::InvalidArgument(_)
+                ExchangeError::Device(_) | ExchangeError::InvalidArgument(_)
             ),
             "{error}"
         );
@@ -292,7 +289,7 @@ fn refused_with_another_cluster(leaders: &ClusterSpec, its_cluster: &ClusterSpec
         .join()
         .unwrap()
         .unwrap_err();
-    let CollectiveError::BootstrapRefused {
+    let ExchangeError::Refused {
         task,
         leader: led_by,
         reason,
@@ -306,7 +303,7 @@ fn refused_with_another_cluster(leaders: &ClusterSpec, its_cluster: &ClusterSpec
 
     let error = leader.join().unwrap().unwrap_err();
     assert!(
-        matches!(&error, CollectiveError::BootstrapTimeout { missing, .. }
+        matches!(&error, ExchangeError::Timeout { missing, .. }
             if missing == &["worker:1"]),
         "{error}"
     );
@@ -405,7 +402,7 @@ fn a_task_that_joins_twice_is_refused_the_second_time() {
     assert_eq!(outcomes[0], Ok(the_id()));
     let error = outcomes[1].as_ref().unwrap_err();
     assert!(
-        matches!(error, CollectiveError::BootstrapRefused { reason, .. }
+        matches!(error, ExchangeError::Refused { reason, .. }
             if reason.starts_with("worker:1 already joined from 127.0.0.1:")),
         "{error}"
     );
@@ -441,7 +438,7 @@ fn a_leader_address_that_cannot_be_used_is_named() {
         let error = exchange_unique_id_with_key(&cluster, worker(0), Some(the_id()), &key, SHORT)
             .unwrap_err();
         assert!(
-            matches!(&error, CollectiveError::BootstrapAddress { task, .. } if task == "worker:0"),
+            matches!(&error, ExchangeError::Address { task, .. } if task == "worker:0"),
             "{address}: {error}"
         );
         assert!(error.to_string().contains(expected), "{error}");
@@ -449,10 +446,7 @@ fn a_leader_address_that_cannot_be_used_is_named() {
     // The others check the leader's address too, rather than retrying a hopeless one.
     let cluster = ClusterSpec::new([(TaskType::Worker, vec!["no-port".into(), free_address()])]);
     let error = exchange(&cluster.unwrap(), worker(1), None, Some(&key()), SHORT).unwrap_err();
-    assert!(
-        matches!(error, CollectiveError::BootstrapAddress { .. }),
-        "{error}"
-    );
+    assert!(matches!(error, ExchangeError::Address { .. }), "{error}");
     drop(taken);
 }
 
@@ -462,10 +456,7 @@ fn a_task_that_gave_up_may_join_again() {
     let leader = spawn(&cluster, chief(), TIMEOUT);
     let impatient = spawn(&cluster, worker(0), Duration::from_millis(300));
     let error = impatient.join().unwrap().unwrap_err();
-    assert!(
-        matches!(error, CollectiveError::BootstrapTimeout { .. }),
-        "{error}"
-    );
+    assert!(matches!(error, ExchangeError::Timeout { .. }), "{error}");
 
     let tasks = ranks(&cluster);
     let mut handles = spawn_all(&cluster, &tasks[1..], TIMEOUT);
@@ -481,7 +472,7 @@ fn the_leader_counts_a_task_that_gave_up_as_missing() {
     assert!(impatient.join().unwrap().is_err());
     let error = leader.join().unwrap().unwrap_err();
     assert!(
-        matches!(&error, CollectiveError::BootstrapTimeout { missing, .. }
+        matches!(&error, ExchangeError::Timeout { missing, .. }
             if missing == &["worker:0", "worker:1"]),
         "{error}"
     );
@@ -526,14 +517,14 @@ fn a_stranger_without_the_key_gets_nothing_and_the_real_task_still_joins() {
     let [no_key, other_key] = strangers.map(|stranger| stranger.join().unwrap());
     let no_key = no_key.unwrap_err();
     assert!(
-        matches!(&no_key, CollectiveError::BootstrapRefused { reason, .. }
+        matches!(&no_key, ExchangeError::Refused { reason, .. }
             if reason.contains("this one has no cluster key")),
         "{no_key}"
     );
     // A stranger with another key finds the leader does not know its key either.
     let other_key = other_key.unwrap_err();
     assert!(
-        matches!(other_key, CollectiveError::BootstrapUnauthenticated { .. }),
+        matches!(other_key, ExchangeError::Unauthenticated { .. }),
         "{other_key}"
     );
     assert_all_get_the_id(&tasks, handles);
@@ -588,7 +579,7 @@ fn recorded_hello(cluster: &ClusterSpec) -> Vec<u8> {
 
 /// Every worker of `cluster` (with the key) against whatever holds the chief's port: each fails
 /// with an error `check` accepts, and none gets an id.
-fn workers_see_through(cluster: &ClusterSpec, check: impl Fn(&CollectiveError) -> bool) {
+fn workers_see_through(cluster: &ClusterSpec, check: impl Fn(&ExchangeError) -> bool) {
     let workers = ranks(cluster)[1..].to_vec();
     let handles: Vec<_> = workers
         .iter()
@@ -605,7 +596,7 @@ fn a_fake_leader_with_another_key_is_detected_by_every_worker() {
     let cluster = loopback_cluster(true, 3);
     let fake = spawn_keyed(&cluster, chief(), Some(wrong_key()), [9; 128], SHORT);
     workers_see_through(&cluster, |error| {
-        matches!(error, CollectiveError::BootstrapUnauthenticated { peer, reason, .. }
+        matches!(error, ExchangeError::Unauthenticated { peer, reason, .. }
             if peer.starts_with("the leader chief:0 at 127.0.0.1:")
                 && reason.contains("did not prove it knows the cluster key"))
     });
@@ -617,7 +608,7 @@ fn a_fake_leader_without_a_key_is_detected_by_every_worker() {
     let cluster = loopback_cluster(true, 3);
     let fake = spawn_keyed(&cluster, chief(), None, [9; 128], SHORT);
     workers_see_through(&cluster, |error| {
-        matches!(error, CollectiveError::BootstrapRefused { reason, .. }
+        matches!(error, ExchangeError::Refused { reason, .. }
             if reason.contains("the leader has none")
                 && reason.contains("before the leader proved it knows the cluster key"))
     });
@@ -643,7 +634,7 @@ fn a_process_on_the_leaders_port_handing_out_ids_is_detected_by_every_worker() {
         }
     });
     workers_see_through(&cluster, |error| {
-        matches!(error, CollectiveError::BootstrapUnauthenticated { reason, .. }
+        matches!(error, ExchangeError::Unauthenticated { reason, .. }
             if reason.contains("sent an id without proving it knows the cluster key"))
     });
     squatter.join().unwrap();
@@ -662,7 +653,7 @@ fn a_cluster_across_hosts_is_refused_without_a_key() {
             .join()
             .unwrap()
             .unwrap_err();
-        let CollectiveError::BootstrapKey(message) = &error else {
+        let ExchangeError::Key(message) = &error else {
             panic!("{task}: {error}");
         };
         for expected in [
@@ -716,7 +707,7 @@ fn a_peer_from_another_ip_than_its_tasks_is_refused() {
          127.0.0.2:{port}"
     );
     assert!(
-        matches!(&error, CollectiveError::BootstrapRefused { reason, .. }
+        matches!(&error, ExchangeError::Refused { reason, .. }
             if reason.starts_with(&expected)),
         "{error}"
     );
@@ -767,7 +758,7 @@ fn without_a_key_even_a_loopback_cluster_refuses_and_says_how_to_make_one() {
         let id = nccl_rank(&cluster, task).unwrap().is_leader().then(the_id);
         // No networking: the key is checked before any socket.
         let error = exchange_unique_id(&cluster, task, id, TIMEOUT).unwrap_err();
-        let CollectiveError::BootstrapKey(message) = &error else {
+        let ExchangeError::Key(message) = &error else {
             panic!("{task}: {error}");
         };
         for expected in [
@@ -799,7 +790,7 @@ fn the_opt_out_runs_on_loopback_and_a_keyed_leader_refuses_its_tasks() {
         .unwrap()
         .unwrap_err();
     assert!(
-        matches!(&stranger, CollectiveError::BootstrapRefused { reason, .. }
+        matches!(&stranger, ExchangeError::Refused { reason, .. }
             if reason.contains("this one has no cluster key")),
         "{stranger}"
     );

@@ -10,10 +10,12 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use distribute_collectives::cuda::{Gpu, gpu_count, require_nccl, require_nvrtc};
-use distribute_collectives::{CollectiveError, CrossDeviceOps, Tensor};
+use distribute_collectives::{CollectiveError, CrossDeviceOps};
 use distribute_device_spec::{ClusterSpec, TaskId, TaskType};
+use distribute_nccl::require_nccl;
 use distribute_nccl_exchange::{CLUSTER_KEY_VAR, ClusterKey, nccl_all_reduce_for_cluster};
+use distribute_tensor::Tensor;
+use distribute_tensor::cuda::{Gpu, gpu_count, require_nvrtc};
 use distribute_values::ReduceOp;
 use half::bf16;
 

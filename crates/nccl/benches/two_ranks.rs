@@ -18,9 +18,11 @@ use std::error::Error;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use distribute_collectives::cuda::{Gpu, gpu_count, require_nccl};
-use distribute_collectives::{CrossDeviceOps, Tensor};
+use distribute_collectives::CrossDeviceOps;
 use distribute_nccl::NcclAllReduce;
+use distribute_nccl::require_nccl;
+use distribute_tensor::Tensor;
+use distribute_tensor::cuda::{Gpu, gpu_count};
 use distribute_values::ReduceOp;
 use serde_json::json;
 

@@ -12,11 +12,13 @@ use distribute_values::{Leaf, ReduceOp};
 use crate::communicator::{Communicator, nccl_error, non_blocking_config};
 use crate::member::NcclMember;
 use distribute_collectives::backend::{lock_ignoring_poison, reduce_and_deliver};
-use distribute_collectives::cuda::{Gpu, require_nccl};
+use distribute_tensor::cuda::Gpu;
+
+use crate::probe::require_nccl;
 use distribute_collectives::{
-    AnyTensor, CollectiveError, CrossDeviceOps, Destinations, GroupConfig, ReplicaCollectives,
-    StepLifecycle,
+    CollectiveError, CrossDeviceOps, Destinations, GroupConfig, ReplicaCollectives, StepLifecycle,
 };
+use distribute_tensor::AnyTensor;
 
 /// How replica threads get their communicators.
 pub(super) enum Setup {

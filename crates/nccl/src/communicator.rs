@@ -18,8 +18,9 @@ use cudarc::nccl::result::{self as nccl, NcclError};
 use cudarc::nccl::sys;
 use distribute_values::ReduceOp;
 
-use distribute_collectives::cuda::{Gpu, GpuArray};
-use distribute_collectives::{CollectiveError, DType, GpuError};
+use distribute_collectives::CollectiveError;
+use distribute_tensor::cuda::{Gpu, GpuArray};
+use distribute_tensor::{DType, GpuError};
 
 pub(super) fn nccl_error(what: &str, e: NcclError) -> GpuError {
     // SAFETY: ncclGetErrorString returns a static C string for every result code.

@@ -42,5 +42,7 @@
 mod all_reduce;
 mod communicator;
 mod member;
+mod probe;
 
 pub use all_reduce::{NcclAllReduce, nccl_backend};
+pub use probe::{nccl_available, require_nccl};

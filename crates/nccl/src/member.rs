@@ -11,9 +11,11 @@ use cudarc::driver::CudaSlice;
 use cudarc::nccl::result::NcclError;
 use distribute_values::ReduceOp;
 
-use distribute_collectives::backend::{Call, Record, Status, check_op, lock_ignoring_poison};
-use distribute_collectives::cuda::{Gpu, GpuArray, driver_error};
-use distribute_collectives::{CollectiveError, DType, Placement, ReplicaCollectives, Tensor};
+use distribute_collectives::backend::{Call, Record, Status, lock_ignoring_poison};
+use distribute_collectives::{CollectiveError, ReplicaCollectives};
+use distribute_tensor::cuda::{Gpu, GpuArray, driver_error};
+use distribute_tensor::kernel::check_op;
+use distribute_tensor::{DType, Placement, Tensor};
 
 use crate::all_reduce::Shared;
 use crate::communicator::{Backoff, Communicator, nccl_error};
@@ -180,7 +182,7 @@ impl NcclMember {
 
     /// The GPU storage of `tensor` on this replica's GPU.
     fn input(&self, tensor: &Tensor) -> Result<GpuArray, CollectiveError> {
-        tensor.gpu_array_on(self.gpu())
+        Ok(tensor.gpu_array_on(self.gpu())?)
     }
 
     /// A result shaped `shape`, placed like `like` (a host input gets a host result).
@@ -210,7 +212,10 @@ impl NcclMember {
         op: ReduceOp,
         tensors: &[&Tensor],
     ) -> Result<Vec<Tensor>, CollectiveError> {
-        let local = tensors.iter().try_for_each(|t| check_op(op, t.dtype()));
+        let local = tensors
+            .iter()
+            .try_for_each(|t| check_op(op, t.dtype()))
+            .map_err(CollectiveError::from);
         self.agree(
             "all_reduce",
             Record::of(Call::AllReduce, Some(op), tensors),
@@ -319,7 +324,7 @@ impl ReplicaCollectives for NcclMember {
     fn reduce_scatter(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
         let world = self.comm.world;
         let rows = tensor.shape().first().copied().unwrap_or(0);
-        let local = check_op(op, tensor.dtype()).and_then(|()| {
+        let local = check_op(op, tensor.dtype()).map_err(CollectiveError::from).and_then(|()| {
             if tensor.rank() == 0 || rows % world != 0 {
                 return Err(CollectiveError::InvalidArgument(format!(
                     "reduce_scatter needs a first dimension divisible by the {world} ranks, got \

@@ -8,12 +8,13 @@
 
 use std::time::Duration;
 
-use distribute_collectives::cuda::{Gpu, gpu_count, require_nccl, require_nvrtc};
 use distribute_collectives::{
-    AnyTensor, CollectiveError, CrossDeviceOps, Destinations, GroupConfig, Placement,
-    ReductionToOneDevice, Tensor,
+    CollectiveError, CrossDeviceOps, Destinations, GroupConfig, ReductionToOneDevice,
 };
 use distribute_nccl::NcclAllReduce;
+use distribute_nccl::require_nccl;
+use distribute_tensor::cuda::{Gpu, gpu_count, require_nvrtc};
+use distribute_tensor::{AnyTensor, Placement, Tensor, TensorError};
 use distribute_values::{Leaf, ReduceOp};
 use half::bf16;
 
@@ -88,7 +89,7 @@ fn one_rank_reduces_gathers_scatters_and_broadcasts() {
 
     assert!(matches!(
         member.all_reduce(ReduceOp::Mean, &host),
-        Err(CollectiveError::IntegerMean(_))
+        Err(CollectiveError::Tensor(TensorError::IntegerMean(_)))
     ));
     // Each replica's communicator is taken once.
     assert!(ops.replica_collectives(0).is_err());

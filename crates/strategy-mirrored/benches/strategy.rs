@@ -14,10 +14,10 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use distribute_collectives::Tensor;
 use distribute_device_spec::LocalDevices;
 use distribute_mirrored::MirroredStrategy;
 use distribute_strategy::Strategy;
+use distribute_tensor::Tensor;
 use distribute_test_support::linear_regression::{
     self, FEATURES as LR_FEATURES, GLOBAL_BATCH as LR_BATCH,
 };
@@ -84,7 +84,7 @@ fn main() {
     let w = strategy
         .create_variable(
             "w",
-            Tensor::zeros("/cpu:0", distribute_collectives::DType::F32, &[LR_FEATURES]).unwrap(),
+            Tensor::zeros("/cpu:0", distribute_tensor::DType::F32, &[LR_FEATURES]).unwrap(),
             distribute_strategy::VariableOptions::default(),
         )
         .unwrap();

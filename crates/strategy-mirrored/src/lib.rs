@@ -14,6 +14,7 @@
 //! pipelines' internals or compiled (XLA) programs.
 
 mod choose;
+mod first_failure;
 mod merge;
 mod mirrored;
 mod pool;

@@ -5,13 +5,15 @@
 //! shared result. A replica that finishes its step without the merge the others wait in, a replica
 //! that fails, or one that never comes (deadline) ends the wait with an error.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distribute_collectives::CollectiveError;
 use distribute_collectives::backend::{Rendezvous, lock_ignoring_poison as lock};
 use distribute_strategy::{MergeArgs, MergeResult, StrategyError};
+
+use crate::first_failure::FirstFailure;
 
 /// Replica 0's merge outcome: its result, or the fact that it failed (replica 0 keeps the error).
 type Outcome = Result<MergeResult, ()>;
@@ -27,6 +29,8 @@ pub(crate) struct MergeRendezvous {
     /// Set while replica 0 runs a merge function, so a `merge_call` made from inside it is
     /// refused instead of completing the barrier the other replicas wait at.
     merging: AtomicBool,
+    /// Where a failed merge function records replica 0, before the others read the outcome.
+    first_failure: Arc<FirstFailure>,
 }
 
 /// Clears [`MergeRendezvous::merging`] when the merge function returns or panics.
@@ -39,7 +43,11 @@ impl Drop for Merging<'_> {
 }
 
 impl MergeRendezvous {
-    pub(crate) fn new(num_replicas: usize, deadline: Duration) -> Result<Self, StrategyError> {
+    pub(crate) fn new(
+        num_replicas: usize,
+        deadline: Duration,
+        first_failure: Arc<FirstFailure>,
+    ) -> Result<Self, StrategyError> {
         Ok(MergeRendezvous {
             rendezvous: Rendezvous::new(num_replicas, deadline)?,
             slots: (0..num_replicas).map(|_| Mutex::new(None)).collect(),
@@ -47,6 +55,7 @@ impl MergeRendezvous {
             consumed: AtomicUsize::new(0),
             calls: (0..num_replicas).map(|_| AtomicU64::new(0)).collect(),
             merging: AtomicBool::new(false),
+            first_failure,
         })
     }
 
@@ -120,6 +129,7 @@ impl MergeRendezvous {
             let outcome = match merged {
                 Ok(result) => Ok(result),
                 Err(error) => {
+                    self.first_failure.record(0);
                     own_error = Some(error);
                     Err(())
                 }

@@ -11,11 +11,12 @@ use distribute_collectives::{
 };
 use distribute_device_spec::{DeviceSpecError, LocalDevices};
 use distribute_strategy::{
-    MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
+    MergeArgs, MergeResult, ReplicaContext, RunError, Strategy, StrategyError, StrategyExtended,
 };
-use distribute_values::{Distributed, Regroup, ReplicaDeviceMap, regroup, select_replica};
+use distribute_values::{Distributed, ReplicaDeviceMap, select_replica};
 
 use crate::choose::choose_the_best;
+use crate::first_failure::FirstFailure;
 use crate::merge::MergeRendezvous;
 use crate::pool::ReplicaPool;
 
@@ -163,7 +164,7 @@ impl CollectiveTuning {
 /// persistent thread, keeping variables mirrored (TF's `tf.distribute.MirroredStrategy`).
 ///
 /// ```
-/// use distribute_collectives::Tensor;
+/// use distribute_tensor::Tensor;
 /// use distribute_mirrored::MirroredStrategy;
 /// use distribute_strategy::Strategy;
 /// use distribute_values::ReduceOp;
@@ -187,6 +188,8 @@ pub struct MirroredStrategy {
     host: String,
     ops: Arc<dyn CrossDeviceOps>,
     merge: MergeRendezvous,
+    /// The replica whose failure came first in the current step: the one `run` reports.
+    first_failure: Arc<FirstFailure>,
     pool: ReplicaPool,
     /// Why `ops` were chosen, for `Debug` and logs.
     ops_reason: String,
@@ -231,7 +234,7 @@ impl MirroredStrategy {
     /// `cuda` feature (a machine without a driver has none); without it there are none.
     pub fn with_default_devices() -> Result<Self, StrategyError> {
         #[cfg(feature = "cuda")]
-        let gpus = distribute_collectives::cuda::gpu_count().unwrap_or(0);
+        let gpus = distribute_tensor::cuda::gpu_count().unwrap_or(0);
         #[cfg(not(feature = "cuda"))]
         let gpus = 0;
         match gpus {
@@ -281,10 +284,12 @@ impl MirroredStrategy {
             config.caller_runs_replica_0,
         )?;
         log::info!("MirroredStrategy over {devices}: {ops_reason}");
+        let first_failure = Arc::new(FirstFailure::new());
         Ok(MirroredStrategy {
             devices: Arc::new(ReplicaDeviceMap::new(devices.names())?),
             host: devices.host().to_owned(),
-            merge: MergeRendezvous::new(n, config.deadline)?,
+            merge: MergeRendezvous::new(n, config.deadline, Arc::clone(&first_failure))?,
+            first_failure,
             ops,
             pool,
             ops_reason,
@@ -345,43 +350,54 @@ impl Strategy for MirroredStrategy {
         self
     }
 
-    fn run<D, O, F>(&self, step: F, inputs: &D) -> Result<O::Regrouped, StrategyError>
+    fn run_each<D, T, E, F>(&self, step: F, inputs: &D) -> Result<Vec<T>, RunError<E>>
     where
         D: Distributed + Sync,
-        O: Regroup + Send,
-        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<O, StrategyError> + Sync,
+        T: Send,
+        E: Send + fmt::Display,
+        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<T, E> + Sync,
     {
-        let outputs = self.run_replicas(self, step, inputs)?;
-        Ok(regroup(&self.devices, outputs)?)
+        self.run_replicas(self, step, inputs)
     }
+}
+
+/// How one replica's step failed.
+enum Failed<E> {
+    /// The step returned its error.
+    Step(E),
+    /// The strategy failed it: its inputs did not fit, or it panicked.
+    Strategy(StrategyError),
 }
 
 impl MirroredStrategy {
     /// Runs `step` once on every replica thread, each with a context over `extended` (this
     /// strategy, or a strategy built on its replica threads, such as the multi-worker strategy),
-    /// and returns the replicas' outputs in replica order, or the root-cause error of a failed
-    /// step. For authors of strategies; a user calls [`Strategy::run`].
-    pub fn run_replicas<D, O, F>(
+    /// and returns the replicas' outputs in replica order, or the error of the replica that
+    /// failed first ([`RunError::Replica`], its id global through `extended`), or the
+    /// strategy's. For authors of strategies; a user calls [`Strategy::run_each`] or
+    /// [`Strategy::run`].
+    pub fn run_replicas<D, T, E, F>(
         &self,
         extended: &dyn StrategyExtended,
         step: F,
         inputs: &D,
-    ) -> Result<Vec<O>, StrategyError>
+    ) -> Result<Vec<T>, RunError<E>>
     where
         D: Distributed + Sync,
-        O: Regroup + Send,
-        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<O, StrategyError> + Sync,
+        T: Send,
+        E: Send,
+        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<T, E> + Sync,
     {
         if ReplicaPool::on_replica_thread() {
-            return Err(StrategyError::Runtime(
+            return Err(RunError::Strategy(StrategyError::Runtime(
                 "run was called from inside a replica's step; use merge_call to reach \
                  cross-replica context"
                     .into(),
-            ));
+            )));
         }
         let _one_at_a_time = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let n = self.devices.num_replicas();
-        let outputs: Vec<Mutex<Option<Result<O, StrategyError>>>> =
+        let outputs: Vec<Mutex<Option<Result<T, Failed<E>>>>> =
             (0..n).map(|_| Mutex::new(None)).collect();
         // Every replica is idle here, so the rendezvous can be cleared unconditionally: a step
         // that swallowed a collective error (which aborts the group) must not poison the next.
@@ -389,20 +405,23 @@ impl MirroredStrategy {
         self.ops.begin_step();
         self.merge.reset();
         self.merge.begin_step();
+        self.first_failure.reset();
         let job = |replica: usize, collectives: &dyn ReplicaCollectives| {
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                let input = select_replica::<D::Local>(replica, inputs)?;
+                let input = select_replica::<D::Local>(replica, inputs)
+                    .map_err(|e| Failed::Strategy(e.into()))?;
                 let ctx = ReplicaContext::new(replica, extended, collectives);
-                step(&ctx, input)
+                step(&ctx, input).map_err(Failed::Step)
             }))
             .unwrap_or_else(|payload| {
-                Err(StrategyError::ReplicaPanicked {
+                Err(Failed::Strategy(StrategyError::ReplicaPanicked {
                     replica,
                     message: panic_message(payload.as_ref()),
-                })
+                }))
             });
             if result.is_err() {
-                // Release the other replicas from whatever they wait in.
+                // Recorded before the others are released, so the first record is a root cause.
+                self.first_failure.record(replica);
                 let reason = format!("replica {replica} failed");
                 self.ops.abort(&reason);
                 self.merge.abort(&reason);
@@ -412,31 +431,40 @@ impl MirroredStrategy {
             *outputs[replica].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
         };
         self.pool.execute(&job)?;
-        let mut outputs_ok = Vec::with_capacity(n);
-        let mut errors = Vec::new();
-        for (replica, slot) in outputs.into_iter().enumerate() {
-            match slot.into_inner().unwrap_or_else(|p| p.into_inner()) {
-                Some(Ok(output)) => outputs_ok.push(output),
-                Some(Err(error)) => errors.push(error),
-                // The job panicked after the step (in a cross-device ops hook) before storing.
-                None => errors.push(StrategyError::ReplicaPanicked {
-                    replica,
-                    message: "a cross-device operations hook panicked after the step".into(),
-                }),
-            }
+        let mut results: Vec<Result<T, Failed<E>>> = outputs
+            .into_iter()
+            .enumerate()
+            .map(|(replica, slot)| {
+                slot.into_inner()
+                    .unwrap_or_else(|p| p.into_inner())
+                    // The job panicked after the step (in a cross-device ops hook) before storing.
+                    .unwrap_or_else(|| {
+                        Err(Failed::Strategy(StrategyError::ReplicaPanicked {
+                            replica,
+                            message: "a cross-device operations hook panicked after the step"
+                                .into(),
+                        }))
+                    })
+            })
+            .collect();
+        let root = self
+            .first_failure
+            .get()
+            .or_else(|| results.iter().position(Result::is_err));
+        if let Some(root) = root {
+            return Err(match results.swap_remove(root) {
+                Err(Failed::Step(error)) => RunError::Replica {
+                    replica: extended.first_replica_id() + root,
+                    error,
+                },
+                Err(Failed::Strategy(error)) => RunError::Strategy(error),
+                Ok(_) => RunError::Strategy(StrategyError::Invariant(format!(
+                    "replica {root} was recorded as failed but returned a result"
+                ))),
+            });
         }
-        if !errors.is_empty() {
-            return Err(root_cause(errors));
-        }
-        Ok(outputs_ok)
+        Ok(results.into_iter().filter_map(Result::ok).collect())
     }
-}
-
-/// The error to report for a failed step: the first replica's error that is not merely a
-/// consequence of another replica's failure.
-fn root_cause(mut errors: Vec<StrategyError>) -> StrategyError {
-    let first_cause = errors.iter().position(|e| !e.is_consequence()).unwrap_or(0);
-    errors.swap_remove(first_cause)
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {

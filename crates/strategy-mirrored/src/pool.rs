@@ -300,7 +300,7 @@ impl Drop for ReplicaPool {
 /// Makes `device`, when it is a GPU, the thread's current GPU, with a stream of its own.
 #[cfg(feature = "cuda")]
 fn own_device(device: &LocalDevice) -> Result<(), StrategyError> {
-    use distribute_collectives::cuda::{Gpu, set_current_gpu};
+    use distribute_tensor::cuda::{Gpu, set_current_gpu};
     if let Some(ordinal) = device.gpu_index() {
         let gpu = Gpu::open(ordinal)
             .and_then(|gpu| gpu.with_new_stream())

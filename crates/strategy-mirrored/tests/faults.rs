@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use distribute_collectives::{
-    AnyTensor, CollectiveError, CrossDeviceOps, Destinations, GroupConfig, ReplicaCollectives,
-    SharedMemoryAllReduce, StepLifecycle, Tensor,
+    CollectiveError, CrossDeviceOps, Destinations, GroupConfig, ReplicaCollectives,
+    SharedMemoryAllReduce, StepLifecycle,
 };
 use distribute_device_spec::LocalDevices;
 use distribute_mirrored::{CrossDeviceOpsChoice, MirroredConfig, MirroredStrategy};
 use distribute_strategy::{Strategy, StrategyError, VariableOptions};
+use distribute_tensor::{AnyTensor, Tensor};
 use distribute_values::{Leaf, ReduceOp, UpdateOp};
 
 fn strategy(n: usize, deadline: Duration) -> MirroredStrategy {

@@ -4,11 +4,12 @@
 //! Without a GPU the tests say why and pass, unless `DISTRIBUTE_REQUIRE_GPU=1` (set by
 //! `cargo xtask test-gpu`).
 
-use distribute_collectives::cuda::{Gpu, current_gpu, gpu_count, require_nvrtc, to_current_gpu};
-use distribute_collectives::{GroupConfig, Placement, Tensor};
+use distribute_collectives::GroupConfig;
 use distribute_device_spec::LocalDevices;
 use distribute_mirrored::{MirroredStrategy, choose_the_best};
 use distribute_strategy::{Strategy, StrategyError};
+use distribute_tensor::cuda::{Gpu, current_gpu, gpu_count, require_nvrtc, to_current_gpu};
+use distribute_tensor::{Placement, Tensor};
 use distribute_values::{Leaf, ReduceOp};
 
 fn gpus_or_skip() -> Option<usize> {
@@ -123,6 +124,18 @@ fn a_missing_gpu_is_a_clear_error() {
     assert!(err.to_string().contains("does not exist"), "{err}");
 }
 
+/// Whether this build has the NCCL backend (feature `nccl`, which the GPU bundle builds) and
+/// NCCL loads.
+#[cfg(feature = "nccl")]
+fn nccl_loads() -> bool {
+    distribute_nccl::nccl_available()
+}
+
+#[cfg(not(feature = "nccl"))]
+fn nccl_loads() -> bool {
+    false
+}
+
 #[test]
 fn choose_the_best_says_why_one_gpu_gets_no_nccl() {
     let Some(gpus) = gpus_or_skip() else { return };
@@ -135,7 +148,7 @@ fn choose_the_best_says_why_one_gpu_gets_no_nccl() {
     if gpus >= 2 {
         let two_gpus = LocalDevices::new(["/gpu:0", "/gpu:1"]).unwrap();
         let (ops, why) = choose_the_best(&two_gpus, GroupConfig::default()).unwrap();
-        let nccl = cfg!(feature = "nccl") && distribute_collectives::cuda::nccl_available();
+        let nccl = nccl_loads();
         let expected = if nccl {
             "NcclAllReduce"
         } else {

@@ -2,10 +2,10 @@
 //! contiguous chunk of each global batch, on its own device, and all replicas end together; a
 //! user's derived struct is a dataset element like a tensor, and padded steps carry their masks.
 
-use distribute_collectives::Tensor;
 use distribute_input::{Batch, Dataset, InputOptions, MaskedRegrouped, PartialBatch};
 use distribute_mirrored::MirroredStrategy;
 use distribute_strategy::Strategy;
+use distribute_tensor::Tensor;
 use distribute_values::{Leaf, Nest, ReduceOp};
 
 #[test]

@@ -15,10 +15,10 @@
 
 use std::time::Instant;
 
-use distribute_collectives::Tensor;
 use distribute_device_spec::LocalDevices;
 use distribute_multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
 use distribute_strategy::{Strategy, StrategyError};
+use distribute_tensor::Tensor;
 use distribute_values::ReduceOp;
 
 /// Rounds of ours-then-raw blocks per size, after one warm-up round.
@@ -50,7 +50,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })?;
     let chief = strategy.is_chief();
     let workers = strategy.num_workers();
-    let world = strategy.backend().world();
+    let world = distribute_mpi::MpiWorld::get()?;
     for bytes in sizes {
         let len = bytes / 4;
         let reps = ((1 << 30) / bytes.max(1)).clamp(16, 2000);

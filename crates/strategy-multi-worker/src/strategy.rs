@@ -12,19 +12,19 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distribute_collectives::{CrossDeviceOps, OpsPlan, Tensor, Workers};
+use distribute_collectives::{CrossDeviceOps, OpsPlan, Workers};
 use distribute_device_spec::{LocalDevices, TaskType, TfConfig};
 use distribute_input::{
     Batch, DEFAULT_AGREEMENT_WINDOW, Dataset, DistributedDataset, InputContext, InputError,
     InputOptions, InputWorkers, SumAcrossProcesses, distribute_datasets_from_function,
 };
 use distribute_strategy::{
-    MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
+    MergeArgs, MergeResult, ReplicaContext, RunError, Strategy, StrategyError, StrategyExtended,
     VariableOptions, create_distributed_variable, gather_local_replicas, initial_value_from_chief,
 };
+use distribute_tensor::Tensor;
 use distribute_values::{
-    Distributed, DistributedVariable, Leaf, PerReplica, Regroup, ReplicaDeviceMap, SavedValue,
-    VariableAggregation, VariableValue, regroup,
+    Distributed, DistributedVariable, Leaf, PerReplica, ReplicaDeviceMap, VariableValue,
 };
 
 use distribute_mirrored::{
@@ -96,16 +96,14 @@ pub struct MultiWorkerMirroredStrategy {
     ops: Arc<dyn CrossDeviceOps>,
     /// Agreements between workers (end of step, chief's values) and, on CPUs, the collectives.
     backend: MpiAllReduce,
-    worker: usize,
-    workers: usize,
     input_workers: InputWorkers,
 }
 
 impl fmt::Debug for MultiWorkerMirroredStrategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MultiWorkerMirroredStrategy")
-            .field("worker", &self.worker)
-            .field("workers", &self.workers)
+            .field("worker", &self.worker())
+            .field("workers", &self.num_workers())
             .field("local", &self.local)
             .finish()
     }
@@ -155,36 +153,23 @@ impl MultiWorkerMirroredStrategy {
             local,
             ops,
             backend,
-            worker,
-            workers,
             input_workers,
         })
     }
 
-    /// This process's worker index (its MPI rank).
+    /// This process's worker index (its MPI rank; as `extended().worker_index()`).
     pub fn worker(&self) -> usize {
-        self.worker
+        self.extended().worker_index()
     }
 
-    /// The number of workers.
+    /// The number of workers (as `extended().num_workers()`).
     pub fn num_workers(&self) -> usize {
-        self.workers
+        self.extended().num_workers()
     }
 
     /// Replicas per worker.
     pub fn local_replicas(&self) -> usize {
         self.backend.local_replicas()
-    }
-
-    /// Whether this is the chief (worker 0), which writes checkpoints and summaries.
-    pub fn is_chief(&self) -> bool {
-        self.worker == 0
-    }
-
-    /// The cross-worker backend (e.g. its [`MpiAllReduce::exchange`] for what input pipelines
-    /// must agree on).
-    pub fn backend(&self) -> &MpiAllReduce {
-        &self.backend
     }
 
     /// This worker's input workers: one pipeline, `worker` of `num_workers`, feeding its local
@@ -199,71 +184,20 @@ impl MultiWorkerMirroredStrategy {
         Ok(self.input_workers.input_context(0)?)
     }
 
-    /// The value to checkpoint, across every worker: a mirrored variable's value (the same on
-    /// every worker); a sync-on-read variable's aggregate over every replica of every worker
-    /// (`Sum`: the sum, `Mean`: the mean, `OnlyFirstReplica`: the chief's). Every worker must
-    /// call it for the same variables in the same order; only the chief
-    /// ([`should_checkpoint`](StrategyExtended::should_checkpoint)) writes the result.
-    pub fn save_variable<T: VariableValue>(
-        &self,
-        variable: &DistributedVariable<T>,
-    ) -> Result<SavedValue<T>, StrategyError> {
-        let local = variable.save()?;
-        let DistributedVariable::SyncOnRead(sync_on_read) = variable else {
-            return Ok(local);
-        };
-        let untransportable = || {
-            StrategyError::InvalidArgument(
-                "this variable's value type cannot be sent to the other workers (it has no \
-                 VariableValue::to_wire); use tensors or numbers"
-                    .into(),
-            )
-        };
-        let bytes = local.value().to_wire().ok_or_else(untransportable)?;
-        let values = self
-            .backend
-            .exchange(&bytes)?
-            .iter()
-            .map(|b| local.value().like_from_wire(b).ok_or_else(untransportable))
-            .collect::<Result<Vec<T>, _>>()?;
-        // Every worker has as many replicas, so the mean of the workers' means is the mean.
-        let value = match sync_on_read.aggregation() {
-            VariableAggregation::Sum => T::sum_all(&values)?,
-            VariableAggregation::Mean => T::mean_all(&values)?,
-            _ => values[0].clone(),
-        };
-        Ok(SavedValue::new(value))
-    }
-
-    /// Restores a checkpoint written with any number of workers and replicas (by
-    /// [`save_variable`](Self::save_variable) or a single process): a `Sum` sync-on-read
-    /// variable gets an equal share on every replica of every worker, anything else the saved
-    /// value.
-    pub fn restore_variable<T: VariableValue>(
-        &self,
-        variable: &DistributedVariable<T>,
-        saved: &SavedValue<T>,
-    ) -> Result<(), StrategyError> {
-        match variable {
-            DistributedVariable::SyncOnRead(v) if v.aggregation() == VariableAggregation::Sum => {
-                // The local restore divides by the local replica count.
-                let share = saved.value().divide_by_count(self.workers)?;
-                variable.restore(&SavedValue::new(share))?;
-            }
-            _ => variable.restore(saved)?,
-        }
-        Ok(())
-    }
-
     /// The global replica id of local replica `local`.
     pub fn global_replica_id(&self, local: usize) -> usize {
-        self.worker * self.local_replicas() + local
+        self.worker() * self.local_replicas() + local
     }
 
     /// The integer sum across workers with which distributed datasets agree on the end of
     /// data (once per window of steps, and only when the workers read different streams).
     fn sum_across_workers(&self) -> SumAcrossProcesses {
-        SumAcrossProcesses::of_workers(Arc::new(self.backend.clone()))
+        let workers = self.backend.clone();
+        SumAcrossProcesses::new(move |values| {
+            workers
+                .sum(values)
+                .map_err(|error| InputError::AcrossProcesses(Box::new(error)))
+        })
     }
 }
 
@@ -342,14 +276,6 @@ impl StrategyExtended for MultiWorkerMirroredStrategy {
         self.local.device_map()
     }
 
-    fn total_replicas(&self) -> usize {
-        self.workers * self.local_replicas()
-    }
-
-    fn first_replica_id(&self) -> usize {
-        self.global_replica_id(0)
-    }
-
     fn cross_device_ops(&self) -> &dyn CrossDeviceOps {
         self.ops.as_ref()
     }
@@ -358,25 +284,8 @@ impl StrategyExtended for MultiWorkerMirroredStrategy {
         self.local.host_device()
     }
 
-    /// Every worker creates the variables (the chief's initial values then reach all).
-    fn should_init(&self) -> bool {
-        true
-    }
-
-    fn should_checkpoint(&self) -> bool {
-        self.is_chief()
-    }
-
     fn workers(&self) -> Option<&dyn Workers> {
         Some(&self.backend)
-    }
-
-    fn should_save_summary(&self) -> bool {
-        self.is_chief()
-    }
-
-    fn between_graph(&self) -> bool {
-        true
     }
 
     fn merge(
@@ -397,17 +306,20 @@ impl Strategy for MultiWorkerMirroredStrategy {
     /// Runs `step` on every local replica, then agrees with every other worker on how the step
     /// went: if any worker's step failed, every worker returns
     /// [`CollectiveError::WorkerFailed`](distribute_collectives::CollectiveError::WorkerFailed)
-    /// naming it. Results are this worker's replicas'.
-    fn run<D, O, F>(&self, step: F, inputs: &D) -> Result<O::Regrouped, StrategyError>
+    /// naming it, with the failed step's error as text. Results are this worker's replicas'.
+    fn run_each<D, T, E, F>(&self, step: F, inputs: &D) -> Result<Vec<T>, RunError<E>>
     where
         D: Distributed + Sync,
-        O: Regroup + Send,
-        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<O, StrategyError> + Sync,
+        T: Send,
+        E: Send + std::fmt::Display,
+        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<T, E> + Sync,
     {
         let outputs = self.local.run_replicas(self, step, inputs);
         let failure = outputs.as_ref().err().map(ToString::to_string);
-        self.backend.finish_step(failure.as_deref())?;
-        Ok(regroup(self.local.device_map(), outputs?)?)
+        self.backend
+            .finish_step(failure.as_deref())
+            .map_err(StrategyError::from)?;
+        outputs
     }
 
     /// Every replica of every worker's value joined along `axis`, in global replica order, on

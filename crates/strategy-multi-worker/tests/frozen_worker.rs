@@ -15,10 +15,10 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use distribute_collectives::Tensor;
 use distribute_mpi::MpiWorld;
 use distribute_multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
 use distribute_strategy::Strategy;
+use distribute_tensor::Tensor;
 use distribute_values::ReduceOp;
 
 const SCENARIO: &str = "DISTRIBUTE_FROZEN_SCENARIO";

@@ -10,13 +10,13 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use distribute_collectives::{DType, Tensor};
 use distribute_device_spec::LocalDevices;
 use distribute_input::InputPosition;
 use distribute_multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
 use distribute_strategy::{
-    CheckpointOptions, Checkpoints, Strategy, StrategyError, VariableOptions,
+    CheckpointOptions, CheckpointVariable, Checkpoints, Strategy, StrategyError, VariableOptions,
 };
+use distribute_tensor::{DType, Tensor};
 use distribute_values::{DistributedValues, Leaf, PerReplica, ReduceOp};
 
 const SCENARIO: &str = "DISTRIBUTE_MW_SCENARIO";
@@ -926,8 +926,12 @@ fn saved_json(
     weight: &distribute_values::DistributedVariable<f64>,
     total: &distribute_values::DistributedVariable<f64>,
 ) -> String {
-    let total = strategy.save_variable(total).unwrap();
-    let weight = strategy.save_variable(weight).unwrap();
+    // The logical values a checkpoint holds, through the one checkpoint seam.
+    let saved = |variable: &distribute_values::DistributedVariable<f64>| {
+        let bytes = variable.saved_bytes(strategy.extended()).unwrap();
+        f64::from_ne_bytes(bytes.try_into().unwrap())
+    };
+    let (total, weight) = (saved(total), saved(weight));
     format!(
         r#"{{"total":{},"weight":{}}}"#,
         serde_json::to_string(&total).unwrap(),
@@ -950,10 +954,12 @@ fn checkpoint_restore(strategy: &MultiWorkerMirroredStrategy, lines: &mut Vec<St
     let (weight, total) = checkpoint_variables(strategy);
     let text = std::fs::read_to_string(std::env::var(CHECKPOINT).unwrap()).unwrap();
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let saved = |key: &str| serde_json::from_value(json[key].clone()).unwrap();
-    strategy.restore_variable(&total, &saved("total")).unwrap();
-    strategy
-        .restore_variable(&weight, &saved("weight"))
+    let saved = |key: &str| json[key].as_f64().unwrap().to_ne_bytes();
+    total
+        .restore_bytes(strategy.extended(), &saved("total"))
+        .unwrap();
+    weight
+        .restore_bytes(strategy.extended(), &saved("weight"))
         .unwrap();
     lines.push(format!(
         "restored={}",

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use distribute_collectives::{DType, Tensor};
 use distribute_pjrt::stablehlo::TensorType;
 use distribute_pjrt::{Buffer, ElementType};
+use distribute_tensor::{DType, Tensor};
 use distribute_values::{DistributedValues, Mirrored, PerReplica, ReplicaDeviceMap};
 
 use crate::TpuError;
@@ -187,7 +187,7 @@ pub(crate) fn upload(
 
 /// Copies a tensor of `T`s to `device`, straight from its array when that is one row-major
 /// block (a batch's leaves are), through a row-major copy otherwise.
-fn upload_elements<T: distribute_collectives::Element + distribute_pjrt::NativeType>(
+fn upload_elements<T: distribute_tensor::Element + distribute_pjrt::NativeType>(
     client: &distribute_pjrt::Client,
     t: &Tensor,
     dims: &[i64],

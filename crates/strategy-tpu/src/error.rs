@@ -2,10 +2,10 @@
 //! behaviours' conventions): `InvalidArgument` for `ValueError`, `Type` for `TypeError`,
 //! `Unimplemented` for `NotImplementedError`.
 
-use distribute_collectives::CollectiveError;
 use distribute_input::InputError;
 use distribute_pjrt::PjrtError;
 use distribute_strategy::StrategyError;
+use distribute_tensor::TensorError;
 use distribute_values::ValuesError;
 
 /// What can go wrong in a TPU topology, device assignment or compiled step.
@@ -29,7 +29,7 @@ pub enum TpuError {
     Strategy(#[from] StrategyError),
     /// A tensor operation failed.
     #[error(transparent)]
-    Collective(#[from] CollectiveError),
+    Tensor(#[from] TensorError),
     /// A distributed value operation failed.
     #[error(transparent)]
     Values(#[from] ValuesError),
@@ -44,7 +44,7 @@ impl From<TpuError> for StrategyError {
             TpuError::InvalidArgument(m) | TpuError::Type(m) => StrategyError::InvalidArgument(m),
             TpuError::Unimplemented(m) => StrategyError::Unimplemented(m),
             TpuError::Strategy(e) => e,
-            TpuError::Collective(e) => StrategyError::Collective(e),
+            TpuError::Tensor(e) => StrategyError::Tensor(e),
             TpuError::Values(e) => StrategyError::Values(e),
             TpuError::Input(e) => StrategyError::Input(e),
             TpuError::Pjrt(e) => StrategyError::step(e),

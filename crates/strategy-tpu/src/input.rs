@@ -16,12 +16,12 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use distribute_collectives::Tensor;
 use distribute_device_spec::{DeviceSpec, host_for_device};
 use distribute_input::{
     Batch, InputError, InputOptions, InputReplicationMode, InputWorkers, Masked,
     MaskedDistributedIterator, MaskedPerReplicaIterator, PartialBatch,
 };
+use distribute_tensor::Tensor;
 use distribute_values::{DistributedValues, Nest, PerReplica};
 
 use crate::device_value::DeviceValue;

@@ -18,7 +18,7 @@
 //!   a short last batch padded to the compiled shape with a mask, prefetch into device buffers.
 //!
 //! Why a separate step API: the [`distribute_strategy::ReplicaContext`] that `Strategy::run`
-//! hands a step works on concrete host [`distribute_collectives::Tensor`]s, and a Rust closure
+//! hands a step works on concrete host [`distribute_tensor::Tensor`]s, and a Rust closure
 //! over them cannot be traced into a program. A compiled step instead manipulates symbolic
 //! [`distribute_pjrt::stablehlo::Value`]s, the way a `tf.function` body manipulates symbolic
 //! tensors. `Strategy::run` (eager closures over tensors) runs on the host on one thread per

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use distribute_collectives::{CrossDeviceOps, Tensor};
+use distribute_collectives::CrossDeviceOps;
 use distribute_input::{
     Batch, Dataset, DistributedDataset, InputContext, InputError, InputOptions,
 };
@@ -12,8 +12,9 @@ use distribute_mirrored::MirroredStrategy;
 use distribute_pjrt::{Client, ClientOptions, Device, Plugin};
 use distribute_strategy::VariableOptions;
 use distribute_strategy::{
-    MergeArgs, MergeResult, ReplicaContext, Strategy, StrategyError, StrategyExtended,
+    MergeArgs, MergeResult, ReplicaContext, RunError, Strategy, StrategyError, StrategyExtended,
 };
+use distribute_tensor::Tensor;
 use distribute_values::{
     Distributed, DistributedValues, Leaf, PerReplica, Regroup, ReplicaDeviceMap,
 };
@@ -69,7 +70,7 @@ impl TpuConfig {
 ///
 /// ```
 /// use distribute_tpu::{StepInput, TpuConfig, TpuStrategy};
-/// use distribute_collectives::Tensor;
+/// use distribute_tensor::Tensor;
 /// use distribute_values::ReduceOp;
 ///
 /// let strategy = TpuStrategy::new(TpuConfig::cpu(2))?;
@@ -339,6 +340,16 @@ impl Strategy for TpuStrategy {
     /// Runs an eager step on the host, one thread per replica (a Rust closure over concrete
     /// tensors cannot be compiled); use [`TpuStrategy::function`] for steps that run as one
     /// replicated XLA program.
+    fn run_each<D, T, E, F>(&self, step: F, inputs: &D) -> Result<Vec<T>, RunError<E>>
+    where
+        D: Distributed + Sync,
+        T: Send,
+        E: Send + std::fmt::Display,
+        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<T, E> + Sync,
+    {
+        self.eager.run_each(step, inputs)
+    }
+
     fn run<D, O, F>(&self, step: F, inputs: &D) -> Result<O::Regrouped, StrategyError>
     where
         D: Distributed + Sync,

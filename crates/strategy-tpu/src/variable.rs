@@ -12,9 +12,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use distribute_collectives::Tensor;
 use distribute_pjrt::stablehlo::TensorType;
 use distribute_strategy::{VariableOptions, create_distributed_variable, replica_variable_name};
+use distribute_tensor::Tensor;
 use distribute_values::{
     DistributedValues, Leaf, PerReplica, SyncKind, UpdateOp, ValuesError, VariableAggregation,
     VariableValue,
@@ -27,7 +27,7 @@ use crate::replicas::Replicas;
 /// A mirrored (on-write) or sync-on-read variable held on every replica's device.
 ///
 /// ```
-/// use distribute_collectives::Tensor;
+/// use distribute_tensor::Tensor;
 /// use distribute_strategy::VariableOptions;
 /// use distribute_tpu::{TpuConfig, TpuStrategy};
 ///

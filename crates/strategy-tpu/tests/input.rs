@@ -3,10 +3,10 @@
 //! refused, and a short last batch padded to the compiled shape so the step compiles once. On
 //! the devices the plugin offers (`devices/mod.rs`).
 
-use distribute_collectives::Tensor;
 use distribute_input::{Dataset, InputOptions, InputReplicationMode, PartialBatch};
 use distribute_pjrt::stablehlo::DotDims;
 use distribute_strategy::{Strategy, StrategyError, VariableOptions};
+use distribute_tensor::Tensor;
 use distribute_tpu::{
     DeviceAssignment, StepInput, TpuConfig, TpuStrategy, input_workers_for, replica_order,
 };

@@ -10,11 +10,11 @@ mod workload;
 use devices::{counts, has, sharing_the_devices, strategy, up_to};
 use workload::{FEATURES, data, sgd_step, shards, stack, train_mirrored, weights};
 
-use distribute_collectives::Tensor;
 use distribute_device_spec::LocalDevices;
 use distribute_mirrored::MirroredStrategy;
 use distribute_pjrt::stablehlo::{DotDims, Value};
 use distribute_strategy::{Strategy, StrategyError, VariableOptions};
+use distribute_tensor::Tensor;
 use distribute_tpu::{DeviceAssignment, StepBuilder, StepInput, TpuConfig, TpuError, TpuStrategy};
 use distribute_values::{Leaf, PerReplica, ReduceOp};
 use ndarray::{Array1, Array2};

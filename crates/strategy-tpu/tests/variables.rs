@@ -6,8 +6,8 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use distribute_collectives::Tensor;
 use distribute_strategy::VariableOptions;
+use distribute_tensor::Tensor;
 use distribute_tpu::{StepInput, TpuError, TpuStrategy, TpuVariable};
 use distribute_values::{
     DistributedValues, Leaf, Mirrored, PerReplica, ReduceOp, SyncKind, UpdateOp,

@@ -34,9 +34,9 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use distribute_collectives::Tensor;
-use distribute_collectives::backend::Fnv;
 use distribute_input::InputPosition;
+use distribute_tensor::Fnv;
+use distribute_tensor::Tensor;
 use distribute_values::{DistributedVariable, SavedValue, VariableAggregation, VariableValue};
 
 use crate::{Strategy, StrategyError, StrategyExtended};

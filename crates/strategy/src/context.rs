@@ -27,7 +27,7 @@
 //! reduce op is expected (TF's SM-49 `Invariant` error) does not compile:
 //!
 //! ```compile_fail,E0308
-//! use distribute_collectives::Tensor;
+//! use distribute_tensor::Tensor;
 //! use distribute_strategy::{DefaultStrategy, Strategy};
 //! use distribute_values::{Leaf, VariableAggregation};
 //!
@@ -38,9 +38,11 @@
 
 mod cross_replica;
 mod extended;
+mod in_step;
 mod replica;
 
-pub(crate) use cross_replica::refuse_in_replica_step;
 pub use cross_replica::{CrossReplicaContext, UpdateContext};
 pub use extended::{MergeArgs, MergeResult, StrategyExtended, initial_value_from_chief};
+pub use in_step::in_replica_step;
+pub(crate) use in_step::refuse_in_replica_step;
 pub use replica::ReplicaContext;

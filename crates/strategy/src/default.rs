@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use distribute_collectives::{CrossDeviceOps, GroupConfig, ReductionToOneDevice};
 use distribute_device_spec::DEFAULT_HOST;
-use distribute_values::{Distributed, Regroup, ReplicaDeviceMap, regroup, select_replica};
+use distribute_values::{Distributed, ReplicaDeviceMap, select_replica};
 
 use crate::context::{MergeArgs, MergeResult, ReplicaContext, StrategyExtended};
-use crate::{Strategy, StrategyError};
+use crate::{RunError, Strategy, StrategyError};
 
 /// One replica on `/job:localhost/replica:0/task:0/device:CPU:0`, stepping on the caller's thread.
 ///
@@ -75,17 +75,21 @@ impl Strategy for DefaultStrategy {
         self
     }
 
-    fn run<D, O, F>(&self, step: F, inputs: &D) -> Result<O::Regrouped, StrategyError>
+    fn run_each<D, T, E, F>(&self, step: F, inputs: &D) -> Result<Vec<T>, RunError<E>>
     where
         D: Distributed + Sync,
-        O: Regroup + Send,
-        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<O, StrategyError> + Sync,
+        T: Send,
+        E: Send + std::fmt::Display,
+        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<T, E> + Sync,
     {
-        let input = select_replica::<D::Local>(0, inputs)?;
+        let input = select_replica::<D::Local>(0, inputs).map_err(StrategyError::from)?;
         // The step runs on the caller's thread, so its collectives handle is made here.
-        let collectives = self.ops.replica_collectives(0)?;
+        let collectives = self
+            .ops
+            .replica_collectives(0)
+            .map_err(StrategyError::from)?;
         let ctx = ReplicaContext::new(0, self, collectives.as_ref());
-        let output = step(&ctx, input)?;
-        Ok(regroup(&self.devices, vec![output])?)
+        let output = step(&ctx, input).map_err(|error| RunError::Replica { replica: 0, error })?;
+        Ok(vec![output])
     }
 }

@@ -2,6 +2,7 @@
 
 use distribute_collectives::CollectiveError;
 use distribute_device_spec::DeviceSpecError;
+use distribute_tensor::TensorError;
 use distribute_values::ValuesError;
 use thiserror::Error;
 
@@ -53,9 +54,14 @@ pub enum StrategyError {
     /// An error of the user's step or merge function.
     #[error(transparent)]
     Step(Box<dyn std::error::Error + Send + Sync>),
-    /// A collective or cross-device operation failed.
+    /// A collective or cross-device operation failed (a tensor error inside it arrives as
+    /// [`StrategyError::Tensor`]).
     #[error(transparent)]
-    Collective(#[from] CollectiveError),
+    Collective(CollectiveError),
+    /// A tensor operation refused its input or could not run, in a step, a collective or the
+    /// strategy itself.
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
     /// A distributed value or variable operation failed.
     #[error(transparent)]
     Values(#[from] ValuesError),
@@ -73,6 +79,17 @@ pub enum StrategyError {
     /// A device name is malformed.
     #[error(transparent)]
     Device(#[from] DeviceSpecError),
+}
+
+/// A collective's error, with a tensor error inside it lifted to [`StrategyError::Tensor`]: one
+/// variant for each kind of error, however it reached the strategy.
+impl From<CollectiveError> for StrategyError {
+    fn from(error: CollectiveError) -> Self {
+        match error {
+            CollectiveError::Tensor(error) => StrategyError::Tensor(error),
+            error => StrategyError::Collective(error),
+        }
+    }
 }
 
 impl StrategyError {
@@ -96,5 +113,92 @@ impl StrategyError {
             StrategyError::PeerFailed { .. }
                 | StrategyError::Collective(CollectiveError::Aborted { .. })
         )
+    }
+}
+
+/// Why [`Strategy::run_each`](crate::Strategy::run_each) failed: the first replica that failed
+/// on its own, with the error its step returned, or the strategy's own error.
+///
+/// The replicas that a failed replica released from their collectives and `merge_call`s fail
+/// too, as consequences; the strategy reports the replica whose failure came first, whatever
+/// the step's error type (it records the order itself, it does not look inside `E`).
+///
+/// ```
+/// use distribute_strategy::{DefaultStrategy, RunError, Strategy};
+///
+/// #[derive(Debug)]
+/// struct BadBatch(usize);
+///
+/// impl std::fmt::Display for BadBatch {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         write!(f, "batch {} has no rows", self.0)
+///     }
+/// }
+///
+/// let strategy = DefaultStrategy::new()?;
+/// let failed = strategy.run_each(|_, ()| Err::<(), _>(BadBatch(7)), &());
+/// let Err(RunError::Replica { replica, error }) = failed else { panic!("the step failed") };
+/// assert_eq!((replica, error.0), (0, 7));
+/// # Ok::<(), distribute_strategy::StrategyError>(())
+/// ```
+#[derive(Debug)]
+pub enum RunError<E> {
+    /// A replica's step returned `error`.
+    Replica {
+        /// The global id of the replica that failed first (the same on every worker).
+        replica: usize,
+        /// What its step returned.
+        error: E,
+    },
+    /// The strategy failed the step: a replica panicked
+    /// ([`StrategyError::ReplicaPanicked`]), another worker's step failed
+    /// ([`CollectiveError::WorkerFailed`]), the inputs did not fit the replicas, or `run` was
+    /// called from inside a step.
+    Strategy(StrategyError),
+}
+
+impl<E> RunError<E> {
+    /// Maps the replica's error, keeping the replica.
+    pub fn map<F>(self, f: impl FnOnce(E) -> F) -> RunError<F> {
+        match self {
+            RunError::Replica { replica, error } => RunError::Replica {
+                replica,
+                error: f(error),
+            },
+            RunError::Strategy(error) => RunError::Strategy(error),
+        }
+    }
+}
+
+impl RunError<StrategyError> {
+    /// The error `run` reports: the failed replica's own error, or the strategy's.
+    pub fn into_strategy_error(self) -> StrategyError {
+        match self {
+            RunError::Replica { error, .. } | RunError::Strategy(error) => error,
+        }
+    }
+}
+
+impl<E> From<StrategyError> for RunError<E> {
+    fn from(error: StrategyError) -> Self {
+        RunError::Strategy(error)
+    }
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for RunError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Replica { replica, error } => write!(f, "replica {replica}: {error}"),
+            RunError::Strategy(error) => error.fmt(f),
+        }
+    }
+}
+
+impl<E: std::fmt::Debug + std::fmt::Display> std::error::Error for RunError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunError::Replica { .. } => None,
+            RunError::Strategy(error) => Some(error),
+        }
     }
 }

@@ -36,10 +36,10 @@ pub use checkpoint::{
 };
 pub use context::{
     CrossReplicaContext, MergeArgs, MergeResult, ReplicaContext, StrategyExtended, UpdateContext,
-    initial_value_from_chief,
+    in_replica_step, initial_value_from_chief,
 };
 pub use default::DefaultStrategy;
-pub use error::StrategyError;
+pub use error::{RunError, StrategyError};
 pub use steps::{LastStepOutput, MultiStepContext};
 pub use strategy::{Strategy, gather_local_replicas};
 pub use variables::{

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use distribute_collectives::Tensor;
+use distribute_tensor::Tensor;
 use distribute_values::{Leaf, ReduceOp};
 
 /// One output of the last step, and how it is combined across replicas.
@@ -34,7 +34,7 @@ impl LastStepOutput {
 /// name, with their reduce ops, and how many steps ran.
 ///
 /// ```
-/// use distribute_collectives::Tensor;
+/// use distribute_tensor::Tensor;
 /// use distribute_strategy::MultiStepContext;
 /// use distribute_values::{Leaf, ReduceOp};
 ///

@@ -2,22 +2,23 @@
 
 use std::sync::Arc;
 
-use distribute_collectives::{AnyTensor, DType, Destinations, Tensor};
+use distribute_collectives::Destinations;
 use distribute_input::{
     Batch, Dataset, DistributedDataset, InputContext, InputError, InputOptions, InputWorkers,
     distribute_datasets_from_function,
 };
+use distribute_tensor::{AnyTensor, DType, Tensor};
 use distribute_values::{
     Distributed, DistributedValues, DistributedVariable, Leaf, PerReplica, ReduceOp, Regroup,
-    VariableValue,
+    VariableValue, regroup,
 };
 
-use crate::StrategyError;
 use crate::context::{
     CrossReplicaContext, ReplicaContext, StrategyExtended, refuse_in_replica_step,
 };
 use crate::steps::MultiStepContext;
 use crate::variables::{VariableOptions, create_distributed_variable};
+use crate::{RunError, StrategyError};
 
 /// A way to run one step function on N replicas (TF's `tf.distribute.Strategy`).
 ///
@@ -28,21 +29,70 @@ pub trait Strategy: Send + Sync {
     /// The object-safe core the contexts use.
     fn extended(&self) -> &dyn StrategyExtended;
 
+    /// Runs `step` once on every replica of this process and gives back each one's own value,
+    /// in replica order: any `T: Send`, and the step's own error type `E` (candle's, `anyhow`'s,
+    /// the user's). What adapters build on; [`run`](Self::run) is this plus regrouping.
+    ///
+    /// Replica `r` gets `select_replica(r, inputs)`, as for `run`. If any replica fails or
+    /// panics, the others are released from their collectives and `merge_call`s, and the error
+    /// is [`RunError::Replica`] with the first replica that failed on its own and its `E`, or
+    /// [`RunError::Strategy`] for a panic and the strategy's own failures. Across workers a
+    /// failure on any worker ends the step on every worker
+    /// ([`CollectiveError::WorkerFailed`](distribute_collectives::CollectiveError::WorkerFailed),
+    /// whose message is the failed step's `E` as text).
+    ///
+    /// ```
+    /// use distribute_strategy::{DefaultStrategy, Strategy};
+    ///
+    /// let strategy = DefaultStrategy::new()?;
+    /// // A type `run` could not regroup, and an error type of the step's own.
+    /// let names: Vec<std::fs::Metadata> =
+    ///     strategy.run_each(|_, ()| std::fs::metadata("."), &())?;
+    /// assert!(names[0].is_dir());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    fn run_each<D, T, E, F>(&self, step: F, inputs: &D) -> Result<Vec<T>, RunError<E>>
+    where
+        D: Distributed + Sync,
+        T: Send,
+        E: Send + std::fmt::Display,
+        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<T, E> + Sync;
+
     /// Runs `step` once on every replica and regroups the results.
     ///
     /// Replica `r` gets `select_replica(r, inputs)`: its own value of every per-replica leaf, and
     /// plain values as they are. What a replica gets, `D::Local`, is named by the inputs' type
-    /// ([`Distributed`]), so `strategy.run(step, &inputs)` needs no type annotations. If any replica fails or panics, the others are released from
-    /// their collectives and `merge_call`s, and the first root-cause error is returned.
+    /// ([`Distributed`]), so `strategy.run(step, &inputs)` needs no type annotations. If any
+    /// replica fails or panics, the others are released from their collectives and
+    /// `merge_call`s, and the first root-cause error is returned.
     fn run<D, O, F>(&self, step: F, inputs: &D) -> Result<O::Regrouped, StrategyError>
     where
         D: Distributed + Sync,
         O: Regroup + Send,
-        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<O, StrategyError> + Sync;
+        F: Fn(&ReplicaContext<'_>, D::Local) -> Result<O, StrategyError> + Sync,
+    {
+        let outputs = self
+            .run_each(step, inputs)
+            .map_err(RunError::into_strategy_error)?;
+        Ok(regroup(self.extended().device_map(), outputs)?)
+    }
 
     /// The number of replicas that run each step.
     fn num_replicas_in_sync(&self) -> usize {
         self.extended().total_replicas()
+    }
+
+    /// Whether this process is the chief (worker 0 of a multi-worker job; always in one
+    /// process): the one that writes checkpoints, summaries and reports.
+    ///
+    /// ```
+    /// use distribute_strategy::{DefaultStrategy, Strategy};
+    ///
+    /// assert!(DefaultStrategy::new()?.is_chief());
+    /// # Ok::<(), distribute_strategy::StrategyError>(())
+    /// ```
+    fn is_chief(&self) -> bool {
+        self.extended().is_chief()
     }
 
     /// The cross-replica context: reductions, broadcasts and variable updates outside `run`.
@@ -99,7 +149,7 @@ pub trait Strategy: Send + Sync {
     /// equal results into one plain value, and each replica did return it.
     ///
     /// ```
-    /// use distribute_collectives::Tensor;
+    /// use distribute_tensor::Tensor;
     /// use distribute_strategy::{DefaultStrategy, Strategy};
     ///
     /// let strategy = DefaultStrategy::new()?;
@@ -145,7 +195,7 @@ pub trait Strategy: Send + Sync {
     /// (`OutOfRange`); the first error of a step, which ends the loop.
     ///
     /// ```
-    /// use distribute_collectives::Tensor;
+    /// use distribute_tensor::Tensor;
     /// use distribute_strategy::{DefaultStrategy, Strategy};
     /// use distribute_values::ReduceOp;
     ///

@@ -4,11 +4,11 @@
 
 use std::path::PathBuf;
 
-use distribute_collectives::{DType, Tensor};
 use distribute_input::InputPosition;
 use distribute_strategy::{
     CheckpointOptions, Checkpoints, DefaultStrategy, Strategy, StrategyError, VariableOptions,
 };
+use distribute_tensor::{DType, Tensor};
 use distribute_values::{DistributedVariable, Leaf, UpdateOp};
 
 fn fresh_dir(name: &str) -> PathBuf {

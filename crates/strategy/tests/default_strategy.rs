@@ -1,10 +1,10 @@
 //! The default strategy's behaviours (SM-18, SM-53 and the strategy properties): one replica on
 //! the host, TF's identity semantics.
 
-use distribute_collectives::Tensor;
 use distribute_strategy::{
     DefaultStrategy, Strategy, StrategyError, VariableOptions, canonicalize_variable_name,
 };
+use distribute_tensor::Tensor;
 use distribute_values::{DistributedValues, Leaf, ReduceOp, UpdateOp};
 
 #[test]

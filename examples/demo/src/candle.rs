@@ -277,12 +277,12 @@ pub fn train_resumable<S: Strategy>(
     let epochs = (config.steps * config.global_batch).div_ceil(data.train.rows());
     let labels = classes(&data.train);
     let batches = Dataset::from_tensors((
-        distribute::prelude::Tensor::from_vec(
+        distribute::tensor::Tensor::from_vec(
             &host,
             &[data.train.rows(), FEATURES],
             data.train.x.clone(),
         )?,
-        distribute::prelude::Tensor::from_vec(&host, &[data.train.rows()], labels)?,
+        distribute::tensor::Tensor::from_vec(&host, &[data.train.rows()], labels)?,
     ))?
     .repeat(epochs)?
     .shuffle(config.seed, false)?
@@ -376,7 +376,7 @@ pub fn train_resumable<S: Strategy>(
             };
             let total = replica.context().all_reduce(
                 ReduceOp::Sum,
-                &distribute::prelude::Tensor::from_vec(&device, &[mine.len()], mine)?,
+                &distribute::tensor::Tensor::from_vec(&device, &[mine.len()], mine)?,
             )?;
             Ok(total.to_vec::<f32>()?)
         })?

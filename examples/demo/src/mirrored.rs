@@ -6,9 +6,10 @@ use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, ensure};
-use distribute::collectives::Element;
 use distribute::input::InputWorkers;
 use distribute::prelude::*;
+use distribute::tensor::Element;
+use distribute::tensor::{DType, Tensor};
 use ndarray::{Ix1, Ix2};
 
 use crate::Config;

@@ -11,6 +11,7 @@ use std::borrow::Cow;
 
 use anyhow::Result;
 use distribute::prelude::*;
+use distribute::tensor::Tensor;
 use ndarray::{Array1, Array2, ArrayView, ArrayView1, ArrayView2, Dimension, Ix1, Ix2};
 
 use crate::data::{FEATURES, Split, SplitMix};

@@ -112,8 +112,8 @@ fn run_mirrored(args: &Args, data: &WineData) -> Result<()> {
 /// copy of the weights, on every replica of every worker, has the same bits.
 #[cfg(feature = "mpi")]
 pub fn run_multi_worker(args: &Args) -> Result<()> {
-    use distribute::collectives::Workers;
     use distribute::mpi::MpiWorld;
+    use distribute::prelude::Strategy;
 
     let Worker {
         strategy,
@@ -139,7 +139,11 @@ pub fn run_multi_worker(args: &Args) -> Result<()> {
         .iter()
         .flat_map(|w| w.to_bits().to_le_bytes())
         .collect();
-    let every_worker = strategy.backend().exchange(&bits)?;
+    let every_worker = strategy
+        .extended()
+        .workers()
+        .context("a multi-worker strategy has workers")?
+        .exchange(&bits)?;
     let differing: Vec<usize> = (1..every_worker.len())
         .filter(|&w| every_worker[w] != every_worker[0])
         .collect();
@@ -390,7 +394,9 @@ struct Worker {
 /// Joins the MPI job as a worker with `args.config.devices` as its replicas.
 #[cfg(feature = "mpi")]
 fn start_worker(args: &Args) -> Result<Worker> {
-    use distribute::prelude::{LocalDevices, MultiWorkerConfig, MultiWorkerMirroredStrategy};
+    use distribute::prelude::{
+        LocalDevices, MultiWorkerConfig, MultiWorkerMirroredStrategy, Strategy,
+    };
 
     let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
         local_devices: LocalDevices::new(&args.config.devices)?,

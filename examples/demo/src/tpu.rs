@@ -14,6 +14,7 @@ use anyhow::{Context, Result, anyhow, ensure};
 use distribute::pjrt::ElementType;
 use distribute::pjrt::stablehlo::{DotDims, Reduction, UnaryOp, Value};
 use distribute::prelude::*;
+use distribute::tensor::{DType, Tensor};
 use distribute::tpu::{
     DeviceValue, StepBuilder, StepInput, TpuConfig, TpuError, TpuStrategy, TpuVariable,
 };

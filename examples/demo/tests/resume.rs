@@ -115,7 +115,9 @@ fn a_stopped_run_resumes_to_the_uninterrupted_bits() {
 mod multi_worker {
     use std::time::Duration;
 
-    use distribute::prelude::{LocalDevices, MultiWorkerConfig, MultiWorkerMirroredStrategy};
+    use distribute::prelude::{
+        LocalDevices, MultiWorkerConfig, MultiWorkerMirroredStrategy, Strategy,
+    };
     use distribute_test_support::mpirun::{
         CHECKPOINT_DIR_VAR, kill_and_resume, kill_at_step_from_env, run_self, write_result,
     };

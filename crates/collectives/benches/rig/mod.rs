@@ -6,7 +6,8 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use distribute_collectives::{CrossDeviceOps, ReplicaCollectives, Tensor};
+use distribute_collectives::{CrossDeviceOps, ReplicaCollectives};
+use distribute_tensor::Tensor;
 use distribute_values::ReduceOp;
 
 /// Replica r's input: `bytes / 4` float32 elements, touched so the pages exist.

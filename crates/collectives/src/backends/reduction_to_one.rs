@@ -6,7 +6,8 @@ use super::{group_backed_ops, group_lifecycle};
 use crate::cross_replica::reduce_and_deliver;
 use crate::destinations::canonical_device;
 use crate::group::{CollectiveGroup, GroupConfig, ReducePlan};
-use crate::{AnyTensor, CollectiveError, CrossDeviceOps, Destinations};
+use crate::{CollectiveError, CrossDeviceOps, Destinations};
+use distribute_tensor::AnyTensor;
 
 /// Reduces on one device (the configured one, else the first destination), then copies the
 /// result to every destination. TF's default for devices without NCCL.

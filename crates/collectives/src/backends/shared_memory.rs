@@ -6,7 +6,8 @@ use distribute_values::{Leaf, ReduceOp};
 use super::{group_backed_ops, group_lifecycle};
 use crate::cross_replica::reduce_and_deliver;
 use crate::group::{CollectiveGroup, GroupConfig};
-use crate::{AnyTensor, CollectiveError, CrossDeviceOps, Destinations};
+use crate::{CollectiveError, CrossDeviceOps, Destinations};
+use distribute_tensor::AnyTensor;
 
 /// The in-process shared-memory all-reduce: for large tensors the replica threads reduce pieces
 /// of all inputs in parallel (each claiming the next piece) and all replicas share the result

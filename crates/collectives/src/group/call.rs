@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use distribute_values::ReduceOp;
 
-use crate::{CollectiveError, FusionPlan, Tensor};
+use crate::{CollectiveError, FusionPlan};
+use distribute_tensor::Tensor;
 
 /// What one replica asked for.
 #[derive(Clone)]

@@ -12,9 +12,10 @@ use distribute_values::ReduceOp;
 use super::CollectiveGroup;
 use super::call::Request;
 use super::plan::{Outcome, contiguous};
-use crate::kernel;
 use crate::rendezvous::lock_ignoring_poison as lock;
-use crate::{CollectiveError, FusionPlan, ReplicaCollectives, Tensor};
+use crate::{CollectiveError, FusionPlan, ReplicaCollectives};
+use distribute_tensor::Tensor;
+use distribute_tensor::kernel;
 
 /// One replica's handle on a [`CollectiveGroup`]: every collective call goes through it.
 ///
@@ -61,7 +62,7 @@ impl Member {
     /// with this replica's device. `Mean` divides by the replica count.
     pub fn all_reduce(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
         let mut out = self.call(Request::AllReduce(op, tensor.clone()))?;
-        out.swap_remove(0).copy_to_device_of(tensor)
+        Ok(out.swap_remove(0).copy_to_device_of(tensor)?)
     }
 
     /// [`Member::all_reduce`] of several tensors in one rendezvous; results in input order,
@@ -83,7 +84,7 @@ impl Member {
         if tensors.len() == 1
             || tensors
                 .iter()
-                .any(|t| t.placement() != crate::Placement::Host)
+                .any(|t| t.placement() != distribute_tensor::Placement::Host)
         {
             // Packing works on host memory: GPU tensors are reduced one call each.
             return tensors.iter().map(|t| self.all_reduce(op, t)).collect();
@@ -100,7 +101,7 @@ impl Member {
         reduced
             .into_iter()
             .zip(tensors)
-            .map(|(r, t)| r.copy_to_device_of(t))
+            .map(|(r, t)| Ok(r.copy_to_device_of(t)?))
             .collect()
     }
 
@@ -108,14 +109,14 @@ impl Member {
     /// differ in their first dimension only.
     pub fn all_gather(&self, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
         let mut out = self.call(Request::AllGather(tensor.clone()))?;
-        out.swap_remove(0).copy_to(tensor.device())
+        Ok(out.swap_remove(0).copy_to(tensor.device())?)
     }
 
     /// This replica's rows of the reduction: the first dimension is split into N equal parts
     /// and replica r gets part r.
     pub fn reduce_scatter(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
         let mut out = self.call(Request::ReduceScatter(op, tensor.clone()))?;
-        out.swap_remove(0).copy_to(tensor.device())
+        Ok(out.swap_remove(0).copy_to(tensor.device())?)
     }
 
     /// Replica `root`'s tensor on every replica; the others pass `None`.
@@ -234,7 +235,7 @@ mod tests {
     fn a_batch_of_one_tensor_is_its_all_reduce() {
         let group = CollectiveGroup::new(2, GroupConfig::default()).unwrap();
         let out = run_on(&group, |m| {
-            let t = crate::flat::reshape(&input(m.replica(), 12), &[3, 4]).unwrap();
+            let t = distribute_tensor::flat::reshape(&input(m.replica(), 12), &[3, 4]).unwrap();
             let batched = m
                 .batch_all_reduce(ReduceOp::Mean, std::slice::from_ref(&t))
                 .unwrap();

@@ -39,9 +39,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::CollectiveError;
 use crate::rendezvous::{Rendezvous, lock_ignoring_poison as lock};
-use crate::{CollectiveError, Tensor};
 use call::Request;
+use distribute_tensor::Tensor;
 use plan::Outcome;
 
 pub use member::Member;
@@ -102,7 +103,8 @@ struct Shared {
 ///
 /// ```
 /// use distribute_collectives::backend::CollectiveGroup;
-/// use distribute_collectives::{GroupConfig, Tensor};
+/// use distribute_collectives::GroupConfig;
+/// use distribute_tensor::Tensor;
 /// use distribute_values::ReduceOp;
 ///
 /// let group = CollectiveGroup::new(2, GroupConfig::default())?;
@@ -228,7 +230,7 @@ impl CollectiveGroup {
 #[cfg(test)]
 mod testing {
     use super::{CollectiveGroup, Member};
-    use crate::Tensor;
+    use distribute_tensor::Tensor;
 
     pub(super) fn run_on<T: Send>(
         group: &CollectiveGroup,

@@ -12,10 +12,11 @@ use ndarray::{Array, IxDyn};
 use super::call::{Request, check_agreement};
 use super::sliced::{Output, Piece, SlicedWork, reduce_into};
 use super::{SPARES, Shared};
-use crate::kernel::{self, Arith, Stores};
 use crate::rendezvous::lock_ignoring_poison as lock;
-use crate::tensor::with_dtype;
-use crate::{CollectiveError, DType, FusionPlan, Tensor};
+use crate::{CollectiveError, FusionPlan};
+use distribute_tensor::kernel::{self, Arith, Stores};
+use distribute_tensor::with_dtype;
+use distribute_tensor::{DType, Tensor};
 
 /// How a [`CollectiveGroup`](super::CollectiveGroup) reduces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +82,7 @@ impl Shared {
         if requests.iter().any(|r| {
             r.tensors()
                 .iter()
-                .any(|t| t.placement() != crate::Placement::Host)
+                .any(|t| t.placement() != distribute_tensor::Placement::Host)
         }) {
             return plan_on_gpu(requests, n);
         }
@@ -226,7 +227,7 @@ impl Shared {
             let mut offset = 0;
             for m in members {
                 let len = first[m].num_elements();
-                let part = crate::flat::reshape(
+                let part = distribute_tensor::flat::reshape(
                     &bucket.slice_rows(offset..offset + len)?,
                     first[m].shape(),
                 )?;
@@ -283,7 +284,7 @@ fn plan_on_gpu(requests: Vec<Request>, n: usize) -> Result<Outcome, CollectiveEr
         // shares it, copies it to its own GPU, or downloads it for a CPU device.
         let device = inputs
             .iter()
-            .find(|t| t.placement() != crate::Placement::Host)
+            .find(|t| t.placement() != distribute_tensor::Placement::Host)
             .unwrap_or(&inputs[0])
             .device();
         kernel::reduce_tensors(op, &inputs, device, n)
@@ -345,9 +346,9 @@ pub(super) fn contiguous(tensor: Tensor) -> Tensor {
 mod tests {
     use distribute_values::ReduceOp;
 
-    use crate::Tensor;
     use crate::group::testing::{input, run_on};
     use crate::group::{CollectiveGroup, GroupConfig};
+    use distribute_tensor::Tensor;
 
     #[test]
     fn a_batch_reduces_strided_tensors_into_shared_buckets_without_packing() {

@@ -6,9 +6,9 @@
 use distribute_values::ReduceOp;
 
 use super::Shared;
-use crate::kernel::{self, Arith, ExactInt, Stores};
-use crate::tensor::with_dtype;
-use crate::{DType, Tensor};
+use distribute_tensor::kernel::{self, Arith, ExactInt, Stores};
+use distribute_tensor::with_dtype;
+use distribute_tensor::{DType, Tensor};
 
 /// A shared output that the replicas fill in parallel, one disjoint piece at a time.
 pub(super) struct SlicedWork {
@@ -102,7 +102,7 @@ pub(super) unsafe fn reduce_into<I: std::borrow::Borrow<Tensor>>(
     end: usize,
     num_replicas: usize,
 ) {
-    fn slices<T: crate::tensor::Element, I: std::borrow::Borrow<Tensor>>(
+    fn slices<T: distribute_tensor::Element, I: std::borrow::Borrow<Tensor>>(
         inputs: &[I],
         start: usize,
         end: usize,

@@ -7,7 +7,6 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
 
-use distribute_collectives::Workers;
 use distribute_values::PerReplica;
 
 use super::pipeline::LocalStep;
@@ -52,12 +51,6 @@ impl SumAcrossProcesses {
     /// Wraps `sum`, which must leave in its argument the element-wise sum over all processes.
     pub fn new(sum: impl Fn(&mut [u64]) -> Result<(), InputError> + Send + Sync + 'static) -> Self {
         SumAcrossProcesses(Arc::new(sum))
-    }
-
-    /// The sum over the workers of a job, through the one cross-worker seam
-    /// ([`Workers::sum`]): what a multi-worker strategy injects.
-    pub fn of_workers(workers: Arc<dyn Workers>) -> Self {
-        SumAcrossProcesses::new(move |values| Ok(workers.sum(values)?))
     }
 
     fn call(&self, values: &mut [u64]) -> Result<(), InputError> {

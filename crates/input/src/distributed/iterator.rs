@@ -117,7 +117,7 @@ impl<B: Batch> Iterator for MaskedPerReplicaIterator<B> {
 /// let step = dist.iter().next().unwrap()?;
 /// assert!(matches!(step, Leaf::PerReplica(_)));
 /// // What replica 1's step function gets.
-/// assert_eq!(select_replica::<distribute_collectives::Tensor>(1, &step)?.to_vec::<i64>()?, [2, 3]);
+/// assert_eq!(select_replica::<distribute_tensor::Tensor>(1, &step)?.to_vec::<i64>()?, [2, 3]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///

@@ -1,9 +1,9 @@
 //! Helpers shared by the behaviour tests: worker layouts and readable step contents.
 
-use distribute_collectives::Tensor;
 use distribute_input::{
     BatchSplit, Dataset, DistributedDataset, InputError, InputOptions, InputWorkers,
 };
+use distribute_tensor::Tensor;
 use distribute_values::DistributedValues;
 
 /// The elements of an int64 tensor.

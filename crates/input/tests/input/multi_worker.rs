@@ -4,11 +4,11 @@
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
-use distribute_collectives::Tensor;
 use distribute_input::{
     AutoShardPolicy, Dataset, DistributedDataset, InputError, InputOptions, PartialBatch,
     distribute_datasets_from_function,
 };
+use distribute_tensor::Tensor;
 use distribute_values::DistributedValues;
 
 use crate::common::{between, distribute, in_graph, ints, r, steps, whole};

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex, mpsc};
 use std::time::Duration;
 
-use distribute_collectives::Tensor;
 use distribute_input::{
     AutoShardPolicy, Dataset, DistributedDataset, InputError, InputOptions, NpySource,
     PartialBatch, SumAcrossProcesses, distribute_datasets_from_function,
 };
+use distribute_tensor::Tensor;
 
 use crate::common::{between, ints, r, steps};
 

@@ -3,11 +3,11 @@
 //! over two replicas and split per replica like a tensor, and a leaf that is not a tensor is an
 //! error naming its path.
 
-use distribute_collectives::Tensor;
 use distribute_input::{
     Batch, Dataset, DistributedDataset, GeneratorSource, InputError, InputOptions, InputWorkers,
     PartialBatch, split_sizes,
 };
+use distribute_tensor::Tensor;
 use distribute_values::{DistributedValues, Nest};
 
 /// One example per row: two features, two token columns, and an optional weight.

@@ -1,10 +1,10 @@
 //! 6.6: input options (replication mode, placement, prefetch buffer).
 
-use distribute_collectives::Tensor;
 use distribute_input::{
     Dataset, DistributedDataset, InputContext, InputError, InputOptions, InputReplicationMode,
     distribute_datasets_from_function,
 };
+use distribute_tensor::Tensor;
 use distribute_values::DistributedValues;
 
 use crate::common::{between, distribute, in_graph, ints, local, steps};

@@ -3,11 +3,11 @@
 
 use std::path::PathBuf;
 
-use distribute_collectives::Tensor;
 use distribute_input::{
     AutoShardPolicy, Dataset, DistributedDataset, InputError, InputOptions, NpySource,
     PartialBatch, npy,
 };
+use distribute_tensor::Tensor;
 use distribute_values::DistributedValues;
 
 use crate::common::{between, distribute, in_graph, ints, local, r, steps};

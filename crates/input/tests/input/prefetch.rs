@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use distribute_collectives::Tensor;
 use distribute_input::{BoxIter, Dataset, DistributedDataset, InputOptions, Prefetch, Source};
+use distribute_tensor::Tensor;
 
 use crate::common::{local, steps};
 

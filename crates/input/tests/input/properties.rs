@@ -1,10 +1,10 @@
 //! Property tests: splitting then joining gives back every global batch, for any batch size,
 //! dataset size and replica count.
 
-use distribute_collectives::Tensor;
 use distribute_input::{
     Batch, Dataset, DistributedDataset, InputOptions, PartialBatch, split_sizes,
 };
+use distribute_tensor::Tensor;
 use distribute_values::DistributedValues;
 use proptest::prelude::*;
 

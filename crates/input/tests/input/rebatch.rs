@@ -1,9 +1,9 @@
 //! 6.7: the rebatch building blocks.
 
-use distribute_collectives::Tensor;
 use distribute_input::{
     Batch, Dataset, InputError, InputOptions, batch_sizes_for_worker, split_sizes,
 };
+use distribute_tensor::Tensor;
 
 use crate::common::{distribute, local, r, steps};
 

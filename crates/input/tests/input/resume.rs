@@ -7,7 +7,7 @@ use distribute_input::{
 };
 
 /// 10 global batches of 4 rows, reshuffled every epoch.
-fn dataset() -> Dataset<distribute_collectives::Tensor> {
+fn dataset() -> Dataset<distribute_tensor::Tensor> {
     Dataset::range(40)
         .shuffle(7, true)
         .unwrap()
@@ -18,7 +18,7 @@ fn dataset() -> Dataset<distribute_collectives::Tensor> {
 /// Each step's global batch (the replicas' rows joined, in replica order) of the next
 /// iteration of `dist`.
 fn global_batches(
-    dist: &DistributedDataset<distribute_collectives::Tensor>,
+    dist: &DistributedDataset<distribute_tensor::Tensor>,
 ) -> Result<Vec<Vec<i64>>, InputError> {
     dist.iter_per_replica()
         .map(|step| {

@@ -2,10 +2,10 @@
 //! general operations, bit for bit, for every dtype, in standard layout and strided; and the
 //! per-replica pieces cut from placed source blocks against slicing each global batch.
 
-use distribute_collectives::{DType, Element, Tensor};
 use distribute_input::{
     Batch, BoxIter, Dataset, DistributedDataset, InputOptions, PartialBatch, Source, split_sizes,
 };
+use distribute_tensor::{DType, Element, Tensor};
 use distribute_values::DistributedValues;
 use ndarray::{ArcArray, Axis, IxDyn};
 use proptest::prelude::*;

@@ -1,10 +1,10 @@
 //! 6.2 and 6.3: splitting batches and single-worker iteration.
 
-use distribute_collectives::Tensor;
 use distribute_input::{
     Dataset, DistributedDataset, InputError, InputOptions, PartialBatch,
     distribute_datasets_from_function,
 };
+use distribute_tensor::Tensor;
 use distribute_values::{DistributedValues, Leaf};
 
 use crate::common::{distribute, ints, local, r, steps, whole};
@@ -171,11 +171,11 @@ fn in_13_empty_batches_keep_dtype_and_trailing_shape() {
     let (ex, ey) = &step.values()[3];
     assert_eq!(
         (ex.shape(), ex.dtype()),
-        (&[0, 2][..], distribute_collectives::DType::F32)
+        (&[0, 2][..], distribute_tensor::DType::F32)
     );
     assert_eq!(
         (ey.shape(), ey.dtype()),
-        (&[0][..], distribute_collectives::DType::I32)
+        (&[0][..], distribute_tensor::DType::I32)
     );
 }
 

@@ -3,10 +3,10 @@
 
 use std::fmt::Write;
 
-use distribute_collectives::Tensor;
 use distribute_input::{
     AutoShardPolicy, BatchSplit, DistributedDataset, InputOptions, PartialBatch,
 };
+use distribute_tensor::Tensor;
 
 use crate::common::{distribute, in_graph, local};
 

@@ -4,11 +4,11 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use distribute_collectives::{DType, Tensor};
 use distribute_input::{
     CsvOptions, CsvSource, Dataset, DistributedDataset, ErrorKind, InputError, InputOptions,
     NpySource, npy,
 };
+use distribute_tensor::{DType, Tensor};
 use distribute_values::DistributedValues;
 
 use crate::common::local;

@@ -6,9 +6,9 @@
 
 use std::sync::Arc;
 
-use distribute_collectives::Tensor;
 use distribute_mirrored::MirroredStrategy;
 use distribute_strategy::{ReplicaContext, Strategy, StrategyError, VariableOptions};
+use distribute_tensor::Tensor;
 use distribute_values::{
     DistributedVariable, Leaf, PerReplica, ReduceOp, UpdateOp, VariableAggregation,
 };
@@ -105,7 +105,7 @@ fn train(replicas: usize, update: Update) -> (Vec<Tensor>, f32, f32) {
     let w = strategy
         .create_variable(
             "w",
-            Tensor::zeros("/cpu:0", distribute_collectives::DType::F32, &[FEATURES]).unwrap(),
+            Tensor::zeros("/cpu:0", distribute_tensor::DType::F32, &[FEATURES]).unwrap(),
             VariableOptions {
                 aggregation: VariableAggregation::None,
                 ..VariableOptions::default()

@@ -2,8 +2,8 @@
 //! gets its own), all-reduced in one fused call, and regrouped again as the step's output. The
 //! step's types are inferred from the inputs (no turbofish on `run`).
 
-use distribute_collectives::Tensor;
 use distribute_strategy::{Strategy, StrategyError};
+use distribute_tensor::Tensor;
 use distribute_values::{
     DistributedValues, ErrorKind, Leaf, Nest, ReduceOp, RegroupedOption, ValuesError, regroup,
     select_replica,

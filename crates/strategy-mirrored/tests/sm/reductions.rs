@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
-use distribute_collectives::{Destinations, Tensor};
+use distribute_collectives::Destinations;
 use distribute_strategy::{Strategy, StrategyError};
+use distribute_tensor::Tensor;
 use distribute_values::{DistributedValues, ErrorKind, Leaf, Mirrored, PerReplica, ReduceOp};
 
 use super::cpus;
@@ -345,7 +346,7 @@ fn sm46_integer_mean_without_an_axis_is_float64_and_agrees_with_the_axis_path() 
         )
         .unwrap();
     let mean = strategy.reduce(ReduceOp::Mean, &ints, None).unwrap();
-    assert_eq!(mean.dtype(), distribute_collectives::DType::F64);
+    assert_eq!(mean.dtype(), distribute_tensor::DType::F64);
     assert_eq!(
         mean.device(),
         "/job:localhost/replica:0/task:0/device:CPU:0"
@@ -416,7 +417,7 @@ fn sm47_integer_all_reduce_mean_in_replica_context_is_float64() {
     }
     let reduced = strategy.reduce(ReduceOp::Mean, &originals, None).unwrap();
     for s in single.local_results() {
-        assert_eq!(s.dtype(), distribute_collectives::DType::F64);
+        assert_eq!(s.dtype(), distribute_tensor::DType::F64);
         assert!(s.to_device(reduced.device()).bitwise_eq(&reduced));
     }
 }
@@ -472,7 +473,7 @@ fn gather_refuses_values_that_differ_off_the_axis_or_lack_it() {
     };
     let matrices = |shapes: [[usize; 2]; 2]| {
         each_replica(&strategy, |r, d| {
-            Tensor::zeros(d, distribute_collectives::DType::F32, &shapes[r]).unwrap()
+            Tensor::zeros(d, distribute_tensor::DType::F32, &shapes[r]).unwrap()
         })
     };
     // Uneven along axis 0 is fine; along axis 1 the first dimension must agree.

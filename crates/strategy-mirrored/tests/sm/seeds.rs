@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use distribute_collectives::Tensor;
 use distribute_strategy::{Strategy, StrategyError, VariableOptions};
+use distribute_tensor::Tensor;
 use distribute_values::{DistributedValues, Leaf, PerReplica, ReduceOp};
 
 use super::{cpus, gpu_and_cpu};

@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use distribute_collectives::Tensor;
 use distribute_mirrored::MirroredStrategy;
 use distribute_pjrt::stablehlo::{DotDims, Value};
 use distribute_strategy::{Strategy, VariableOptions};
+use distribute_tensor::Tensor;
 use distribute_tpu::{StepBuilder, TpuError, TpuStrategy, TpuVariable};
 use distribute_values::{DistributedValues, Leaf, PerReplica, ReduceOp};
 use ndarray::{Array1, Array2, s};

@@ -3,9 +3,8 @@
 
 use std::sync::Arc;
 
-use distribute_collectives::{
-    AnyTensor, CrossDeviceOps, Destinations, Tensor, reduce_non_distributed_value,
-};
+use distribute_collectives::{CrossDeviceOps, Destinations, reduce_non_distributed_value};
+use distribute_tensor::{AnyTensor, Tensor};
 use distribute_values::{
     DistributedValues, DistributedVariable, Leaf, PerReplica, ReduceOp, ReplicaDeviceMap, UpdateOp,
     VariableValue,
@@ -15,6 +14,7 @@ use crate::StrategyError;
 use crate::variables::VariableCreator;
 
 use super::StrategyExtended;
+use super::in_step::refuse_in_replica_step;
 
 /// The context of code that sees every replica at once: a merge function, or code outside `run`.
 /// It reduces, broadcasts and updates distributed values.
@@ -312,14 +312,6 @@ impl<'a> CrossReplicaContext<'a> {
         variable: &DistributedVariable<T>,
     ) -> VariableCreator {
         VariableCreator::new(Arc::new(variable_device_map(variable).clone()))
-    }
-}
-
-/// Fails with [`StrategyError::CrossReplicaInReplica`] on a thread running a replica's step.
-pub(crate) fn refuse_in_replica_step(operation: &'static str) -> Result<(), StrategyError> {
-    match super::replica::in_replica_step() {
-        true => Err(StrategyError::CrossReplicaInReplica { operation }),
-        false => Ok(()),
     }
 }
 

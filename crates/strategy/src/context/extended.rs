@@ -25,48 +25,11 @@ pub trait StrategyExtended: Send + Sync {
         self.device_map().num_replicas()
     }
 
-    /// The number of replicas that run each step together: every replica of every worker (as
-    /// [`num_replicas`](Self::num_replicas) in one process): what `num_replicas_in_sync` says.
-    fn total_replicas(&self) -> usize {
-        self.num_replicas()
-    }
-
-    /// The global id of this process's first replica: 0 in one process; `w·R` on worker `w` of
-    /// a multi-worker run with R replicas per worker.
-    fn first_replica_id(&self) -> usize {
-        0
-    }
-
     /// How values move between the devices.
     fn cross_device_ops(&self) -> &dyn CrossDeviceOps;
 
     /// The host CPU device, where `Strategy::reduce` delivers.
     fn host_device(&self) -> &str;
-
-    /// Whether this process initializes variables (TF's `experimental_should_init`). Every
-    /// in-process strategy does; a multi-worker strategy answers for its task.
-    fn should_init(&self) -> bool {
-        true
-    }
-
-    /// Whether this process writes checkpoints (TF's `should_checkpoint`): true for the default
-    /// and single-worker mirrored strategies; only the chief in a multi-worker cluster.
-    fn should_checkpoint(&self) -> bool {
-        true
-    }
-
-    /// Whether this process writes summaries (TF's `should_save_summary`): as
-    /// [`should_checkpoint`](Self::should_checkpoint).
-    fn should_save_summary(&self) -> bool {
-        true
-    }
-
-    /// Whether each worker runs its own copy of the program (TF's
-    /// `experimental_between_graph`): false for the default and single-worker mirrored strategies,
-    /// whose one process drives every replica.
-    fn between_graph(&self) -> bool {
-        false
-    }
 
     /// The worker processes of this job, through the one cross-worker seam: `None` in one
     /// process (and for every in-process strategy). Checkpoints, variables' initial values,
@@ -85,6 +48,63 @@ pub trait StrategyExtended: Send + Sync {
         args: MergeArgs,
         merge: &mut dyn FnMut(Vec<MergeArgs>) -> Result<MergeResult, StrategyError>,
     ) -> Result<MergeResult, StrategyError>;
+}
+
+/// Who this process is in the job, derived from [`StrategyExtended::workers`] alone, so no
+/// strategy can answer one of these differently from its workers: in one process (no workers)
+/// one worker with every replica, the chief.
+impl dyn StrategyExtended + '_ {
+    /// This process's worker index (0 is the chief; 0 in one process).
+    pub fn worker_index(&self) -> usize {
+        self.workers().map_or(0, |w| w.rank())
+    }
+
+    /// The number of worker processes (1 in one process).
+    pub fn num_workers(&self) -> usize {
+        self.workers().map_or(1, |w| w.size())
+    }
+
+    /// The number of replicas that run each step together: every replica of every worker (as
+    /// [`num_replicas`](StrategyExtended::num_replicas) in one process): what
+    /// `num_replicas_in_sync` says.
+    pub fn total_replicas(&self) -> usize {
+        self.num_replicas() * self.num_workers()
+    }
+
+    /// The global id of this process's first replica: 0 in one process; `w·R` on worker `w` of
+    /// a multi-worker run with R replicas per worker.
+    pub fn first_replica_id(&self) -> usize {
+        self.num_replicas() * self.worker_index()
+    }
+
+    /// Whether this process is the chief (worker 0), which writes checkpoints and summaries:
+    /// always in one process.
+    pub fn is_chief(&self) -> bool {
+        self.worker_index() == 0
+    }
+
+    /// Whether this process initializes variables (TF's `experimental_should_init`): every
+    /// process does (across workers the chief's initial values then reach all).
+    pub fn should_init(&self) -> bool {
+        true
+    }
+
+    /// Whether this process writes checkpoints (TF's `should_checkpoint`): the chief.
+    pub fn should_checkpoint(&self) -> bool {
+        self.is_chief()
+    }
+
+    /// Whether this process writes summaries (TF's `should_save_summary`): the chief.
+    pub fn should_save_summary(&self) -> bool {
+        self.is_chief()
+    }
+
+    /// Whether each worker runs its own copy of the program (TF's
+    /// `experimental_between_graph`): with workers; not in one process, whose program drives
+    /// every replica.
+    pub fn between_graph(&self) -> bool {
+        self.workers().is_some()
+    }
 }
 
 /// The initial value variable `name` starts with: `initial` in one process; the chief's

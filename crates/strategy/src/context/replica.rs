@@ -1,9 +1,9 @@
 //! [`ReplicaContext`]: what a step function sees inside one replica.
 
-use std::cell::Cell;
 use std::sync::Arc;
 
-use distribute_collectives::{ReplicaCollectives, Tensor};
+use distribute_collectives::ReplicaCollectives;
+use distribute_tensor::Tensor;
 use distribute_values::{
     Distributed, DistributedVariable, Leaf, Nest, PerReplica, ReduceOp, Regroup, UpdateOp,
     VariableAggregation, VariableValue, regroup, select_replica,
@@ -13,39 +13,8 @@ use crate::StrategyError;
 use crate::variables::{VariableOptions, canonicalize_variable_name, create_distributed_variable};
 
 use super::cross_replica::CrossReplicaContext;
+use super::in_step::{self, CrossReplicaSection};
 use super::{MergeArgs, MergeResult, StrategyExtended, initial_value_from_chief};
-
-thread_local! {
-    /// How many replica contexts are alive on this thread, outside a merge function: above zero
-    /// while a replica's step runs here. Cross-replica operations read it to refuse being called
-    /// from a step through a captured strategy, which the types cannot prevent.
-    static REPLICA_STEPS: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Whether this thread is running a replica's step (and not a merge function).
-pub(crate) fn in_replica_step() -> bool {
-    REPLICA_STEPS.with(Cell::get) > 0
-}
-
-/// Marks this thread as outside any replica's step while it lives (a merge function runs in
-/// cross-replica context), restoring the count when dropped.
-struct CrossReplicaSection {
-    saved: usize,
-}
-
-impl CrossReplicaSection {
-    fn enter() -> Self {
-        CrossReplicaSection {
-            saved: REPLICA_STEPS.with(|steps| steps.replace(0)),
-        }
-    }
-}
-
-impl Drop for CrossReplicaSection {
-    fn drop(&mut self) {
-        REPLICA_STEPS.with(|steps| steps.set(self.saved));
-    }
-}
 
 /// The context of a step function inside one replica: which replica this is, collectives with the
 /// other replicas, and `merge_call` into cross-replica context.
@@ -61,7 +30,7 @@ pub struct ReplicaContext<'a> {
 
 impl Drop for ReplicaContext<'_> {
     fn drop(&mut self) {
-        REPLICA_STEPS.with(|steps| steps.set(steps.get().saturating_sub(1)));
+        in_step::leave();
     }
 }
 
@@ -73,7 +42,7 @@ impl<'a> ReplicaContext<'a> {
         extended: &'a dyn StrategyExtended,
         collectives: &'a dyn ReplicaCollectives,
     ) -> Self {
-        REPLICA_STEPS.with(|steps| steps.set(steps.get() + 1));
+        in_step::enter();
         ReplicaContext {
             replica_id,
             extended,
@@ -139,7 +108,7 @@ impl<'a> ReplicaContext<'a> {
     /// a `#[derive(Nest)]` struct's companion) names what each replica gets back.
     ///
     /// ```
-    /// use distribute_collectives::Tensor;
+    /// use distribute_tensor::Tensor;
     /// use distribute_strategy::{DefaultStrategy, Strategy};
     /// use distribute_values::Leaf;
     ///

@@ -6,7 +6,7 @@
 /// exchange its cluster, so that tasks of different clusters refuse each other.
 ///
 /// ```
-/// use distribute_collectives::backend::Fnv;
+/// use distribute_tensor::Fnv;
 ///
 /// let mut hash = Fnv::new();
 /// hash.bytes(b"a");

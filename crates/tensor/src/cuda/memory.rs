@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, PinnedHostSlice};
 
 use super::device::{Gpu, driver_error};
 use crate::tensor::HostArray;
-use crate::{CollectiveError, DType, GpuError, Tensor};
+use crate::{DType, GpuError, Tensor, TensorError};
 
 /// The storage of a GPU tensor: its bytes on one GPU, never written after they are filled (every
 /// operation makes a new buffer), so clones share them like host tensors share theirs. Part of
@@ -131,7 +131,7 @@ impl PinnedUploader {
 
     /// `tensor` copied to the GPU (labelled as [`Tensor::to_gpu`] labels it). A tensor already
     /// on a GPU is copied or shared as `to_gpu` does.
-    pub fn upload(&mut self, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
+    pub fn upload(&mut self, tensor: &Tensor) -> Result<Tensor, TensorError> {
         let Some(host) = tensor.host_storage() else {
             return tensor.to_gpu(&self.gpu);
         };

@@ -8,7 +8,7 @@ use distribute_values::{
 };
 use std::sync::Arc;
 
-use crate::tensor::with_dtype;
+use crate::with_dtype;
 use crate::{Tensor, kernel};
 
 /// Regrouping collapses tensors by identity (same buffer, same device), as TF does with `is`:
@@ -73,7 +73,7 @@ impl Nest for Tensor {
     }
 }
 
-fn arithmetic(error: crate::CollectiveError) -> ValuesError {
+fn arithmetic(error: crate::TensorError) -> ValuesError {
     ValuesError::Arithmetic(error.to_string())
 }
 

@@ -18,8 +18,8 @@ use distribute_values::ReduceOp;
 use half::{bf16, f16};
 use ndarray::{ArcArray, IxDyn};
 
-use crate::tensor::{Element, with_dtype};
-use crate::{CollectiveError, DType, Tensor, gpu};
+use crate::{DType, Tensor, TensorError, gpu};
+use crate::{Element, with_dtype};
 
 /// Elements per tile: the accumulators of one tile (at most 256 bytes) stay in registers while
 /// every input is folded in, and the inputs are read as sequential streams the prefetcher
@@ -32,12 +32,12 @@ const TILE: usize = 32;
 /// or more), and a normal store first reads the line it overwrites: for two inputs that is a
 /// quarter of the memory traffic. Smaller outputs are stored normally, so the reader finds them
 /// in cache.
-pub(crate) const STREAM_MIN_BYTES: usize = 8 << 20;
+pub const STREAM_MIN_BYTES: usize = 8 << 20;
 
 /// Arithmetic of one element type, with its accumulator type.
 ///
 /// Implemented for every [`Element`] type; a backend names it as the bound of code generic over
-/// the dtype (inside [`with_dtype!`](crate::backend::with_dtype)).
+/// the dtype (inside [`with_dtype!`](crate::with_dtype)).
 pub trait Arith: Element {
     /// The type sums are kept in.
     type Acc: Copy + Default + Send + Sync;
@@ -138,7 +138,8 @@ int_arith!(i32);
 int_arith!(i64);
 
 /// An integer element type whose `Mean` is computed exactly, through `i128`.
-pub(crate) trait ExactInt: Element {
+pub trait ExactInt: Element {
+    /// The element, widened without loss.
     fn wide(self) -> i128;
 }
 
@@ -157,13 +158,13 @@ impl ExactInt for i64 {
 }
 
 /// Whether `op` over `dtype` is an integer `Mean`, which gives float64 (TF's true division).
-pub(crate) fn is_integer_mean(op: ReduceOp, dtype: DType) -> bool {
+pub fn is_integer_mean(op: ReduceOp, dtype: DType) -> bool {
     op == ReduceOp::Mean && !dtype.is_floating()
 }
 
 /// The dtype of the reduction of `dtype` tensors with `op`: float64 for an integer `Mean`, else
 /// `dtype` itself.
-pub(crate) fn reduced_dtype(op: ReduceOp, dtype: DType) -> DType {
+pub fn reduced_dtype(op: ReduceOp, dtype: DType) -> DType {
     if is_integer_mean(op, dtype) {
         DType::F64
     } else {
@@ -174,7 +175,7 @@ pub(crate) fn reduced_dtype(op: ReduceOp, dtype: DType) -> DType {
 /// The exact mean of element `i` of every input into `out[i]`: the sum in `i128` (it cannot
 /// overflow: 2^64 inputs of 2^63 would be needed), converted to `f64` once and divided by
 /// `divisor`, so the result is TF's `sum / n` without its wrap-around.
-pub(crate) fn integer_mean_slices<T: ExactInt>(inputs: &[&[T]], out: &mut [f64], divisor: usize) {
+pub fn integer_mean_slices<T: ExactInt>(inputs: &[&[T]], out: &mut [f64], divisor: usize) {
     const WIDE_BLOCK: usize = 1024;
     let mut acc = [0i128; WIDE_BLOCK];
     let mut start = 0;
@@ -199,12 +200,12 @@ fn integer_mean_tensors(
     inputs: &[&Tensor],
     device: &str,
     divisor: usize,
-) -> Result<Tensor, CollectiveError> {
+) -> Result<Tensor, TensorError> {
     fn typed<T: ExactInt>(
         inputs: &[&Tensor],
         device: &str,
         divisor: usize,
-    ) -> Result<Tensor, CollectiveError> {
+    ) -> Result<Tensor, TensorError> {
         // A GPU input is read from host memory: the exact sum has no GPU kernel.
         let host = inputs
             .iter()
@@ -213,7 +214,7 @@ fn integer_mean_tensors(
         let owned = host
             .iter()
             .map(|t| Ok(t.array::<T>()?.iter().copied().collect::<Vec<T>>()))
-            .collect::<Result<Vec<_>, CollectiveError>>()?;
+            .collect::<Result<Vec<_>, TensorError>>()?;
         let slices: Vec<&[T]> = owned.iter().map(Vec::as_slice).collect();
         let mut out = vec![0.0f64; slices[0].len()];
         integer_mean_slices(&slices, &mut out, divisor);
@@ -222,7 +223,7 @@ fn integer_mean_tensors(
     match inputs[0].dtype() {
         DType::I32 => typed::<i32>(inputs, device, divisor),
         DType::I64 => typed::<i64>(inputs, device, divisor),
-        other => Err(CollectiveError::Invariant(format!(
+        other => Err(TensorError::Invariant(format!(
             "{other} is not an integer type"
         ))),
     }
@@ -230,10 +231,7 @@ fn integer_mean_tensors(
 
 /// A host result where a GPU reduction of `inputs` would have left it: in the memory of the GPU
 /// its device names when an input lives on a GPU (host data is otherwise never uploaded).
-fn place_like_a_gpu_reduction(
-    result: Tensor,
-    inputs: &[&Tensor],
-) -> Result<Tensor, CollectiveError> {
+fn place_like_a_gpu_reduction(result: Tensor, inputs: &[&Tensor]) -> Result<Tensor, TensorError> {
     #[cfg(feature = "cuda")]
     if inputs
         .iter()
@@ -249,9 +247,9 @@ fn place_like_a_gpu_reduction(
 
 /// Fails for `Mean` of an integer dtype where the caller has no exact path for it (reductions
 /// along an axis, NCCL), before any work is done.
-pub fn check_op(op: ReduceOp, dtype: DType) -> Result<(), CollectiveError> {
+pub fn check_op(op: ReduceOp, dtype: DType) -> Result<(), TensorError> {
     if op == ReduceOp::Mean && !dtype.is_floating() {
-        return Err(CollectiveError::IntegerMean(dtype));
+        return Err(TensorError::IntegerMean(dtype));
     }
     Ok(())
 }
@@ -266,7 +264,7 @@ pub fn reduce_slices<T: Arith>(op: ReduceOp, inputs: &[&[T]], out: &mut [T], div
 
 /// How a reduction writes its output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Stores {
+pub enum Stores {
     /// Normal stores: the output stays in cache for its reader.
     Cached,
     /// Streaming stores, for outputs larger than the caches ([`STREAM_MIN_BYTES`]). They are
@@ -277,7 +275,7 @@ pub(crate) enum Stores {
 
 impl Stores {
     /// The stores for an output of `bytes` bytes.
-    pub(crate) fn for_output(bytes: usize) -> Stores {
+    pub fn for_output(bytes: usize) -> Stores {
         if bytes >= STREAM_MIN_BYTES {
             Stores::Streaming
         } else {
@@ -287,7 +285,7 @@ impl Stores {
 }
 
 /// [`reduce_slices`], writing the output with `stores`.
-pub(crate) fn reduce_slices_with<T: Arith>(
+pub fn reduce_slices_with<T: Arith>(
     op: ReduceOp,
     inputs: &[&[T]],
     out: &mut [T],
@@ -415,15 +413,15 @@ pub fn reduce_tensors(
     inputs: &[&Tensor],
     device: &str,
     divisor: usize,
-) -> Result<Tensor, CollectiveError> {
+) -> Result<Tensor, TensorError> {
     let first = inputs.first().ok_or_else(|| {
-        CollectiveError::InvalidArgument("cannot reduce an empty list of values".into())
+        TensorError::InvalidArgument("cannot reduce an empty list of values".into())
     })?;
     if let Some(other) = inputs
         .iter()
         .find(|t| t.dtype() != first.dtype() || t.shape() != first.shape())
     {
-        return Err(CollectiveError::InvalidArgument(format!(
+        return Err(TensorError::InvalidArgument(format!(
             "cannot reduce a {} {:?} tensor with a {} {:?} tensor: dtypes and shapes must match",
             first.dtype(),
             first.shape(),
@@ -436,7 +434,7 @@ pub fn reduce_tensors(
         inputs: &[&Tensor],
         device: &str,
         divisor: usize,
-    ) -> Result<Tensor, CollectiveError> {
+    ) -> Result<Tensor, TensorError> {
         // Standard-layout copies only where an input is strided; the common case borrows.
         let owned: Vec<std::borrow::Cow<'_, [T]>> = inputs
             .iter()
@@ -447,7 +445,7 @@ pub fn reduce_tensors(
                     None => std::borrow::Cow::Owned(a.iter().copied().collect()),
                 })
             })
-            .collect::<Result<_, CollectiveError>>()?;
+            .collect::<Result<_, TensorError>>()?;
         let slices: Vec<&[T]> = owned.iter().map(|c| &c[..]).collect();
         let shape = inputs[0].shape().to_vec();
         let mut out = vec![T::zero(); slices[0].len()];
@@ -466,9 +464,9 @@ pub fn reduce_tensors(
 }
 
 /// `a - b` element-wise; dtypes and shapes must match.
-pub(crate) fn subtract(a: &Tensor, b: &Tensor) -> Result<Tensor, CollectiveError> {
+pub fn subtract(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
     if a.dtype() != b.dtype() || a.shape() != b.shape() {
-        return Err(CollectiveError::InvalidArgument(format!(
+        return Err(TensorError::InvalidArgument(format!(
             "cannot subtract a {} {:?} tensor from a {} {:?} tensor",
             b.dtype(),
             b.shape(),
@@ -476,7 +474,7 @@ pub(crate) fn subtract(a: &Tensor, b: &Tensor) -> Result<Tensor, CollectiveError
             a.shape()
         )));
     }
-    fn typed<T: Arith>(a: &Tensor, b: &Tensor) -> Result<Tensor, CollectiveError> {
+    fn typed<T: Arith>(a: &Tensor, b: &Tensor) -> Result<Tensor, TensorError> {
         let mut out = a.array::<T>()?.to_owned();
         out.zip_mut_with(b.array::<T>()?, |x, &y| {
             *x = T::store(T::sub(x.load(), y.load()))
@@ -488,17 +486,15 @@ pub(crate) fn subtract(a: &Tensor, b: &Tensor) -> Result<Tensor, CollectiveError
 
 /// Divides every element by `n` (TF's `divide_by_n_tensors_or_indexed_slices` for dense values):
 /// integers by true division, giving float64.
-pub fn divide(tensor: &Tensor, n: usize) -> Result<Tensor, CollectiveError> {
+pub fn divide(tensor: &Tensor, n: usize) -> Result<Tensor, TensorError> {
     if n == 0 {
-        return Err(CollectiveError::InvalidArgument(
-            "cannot divide by 0".into(),
-        ));
+        return Err(TensorError::InvalidArgument("cannot divide by 0".into()));
     }
     if !tensor.dtype().is_floating() {
         let host = tensor.to_host()?;
         return integer_mean_tensors(&[&host], tensor.device(), n);
     }
-    fn typed<T: Arith>(tensor: &Tensor, n: usize) -> Result<Tensor, CollectiveError> {
+    fn typed<T: Arith>(tensor: &Tensor, n: usize) -> Result<Tensor, TensorError> {
         let a = tensor.array::<T>()?;
         let out = a.mapv(|x| T::store(T::div(x.load(), n).expect("checked floating")));
         Ok(Tensor::from_shared(tensor.device(), out.into_shared()))
@@ -511,25 +507,25 @@ impl Tensor {
     /// length), `Min` or `Max`. The result stays on this tensor's device.
     ///
     /// ```
-    /// use distribute_collectives::Tensor;
+    /// use distribute_tensor::Tensor;
     /// use distribute_values::ReduceOp;
     ///
     /// let t = Tensor::from_vec("/cpu:0", &[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])?;
     /// assert_eq!(t.reduce_axis(ReduceOp::Sum, 0)?.to_vec::<f32>()?, [5.0, 7.0, 9.0]);
     /// assert_eq!(t.reduce_axis(ReduceOp::Mean, 1)?.to_vec::<f32>()?, [2.0, 5.0]);
-    /// # Ok::<(), distribute_collectives::CollectiveError>(())
+    /// # Ok::<(), distribute_tensor::TensorError>(())
     /// ```
-    pub fn reduce_axis(&self, op: ReduceOp, axis: usize) -> Result<Tensor, CollectiveError> {
+    pub fn reduce_axis(&self, op: ReduceOp, axis: usize) -> Result<Tensor, TensorError> {
         check_op(op, self.dtype())?;
         if axis >= self.rank() {
-            return Err(CollectiveError::InvalidArgument(format!(
+            return Err(TensorError::InvalidArgument(format!(
                 "axis {axis} is out of range for a tensor of rank {}",
                 self.rank()
             )));
         }
         let length = self.shape()[axis];
         if length == 0 && matches!(op, ReduceOp::Min | ReduceOp::Max | ReduceOp::Mean) {
-            return Err(CollectiveError::InvalidArgument(format!(
+            return Err(TensorError::InvalidArgument(format!(
                 "{op} over an empty axis {axis} has no value"
             )));
         }
@@ -538,7 +534,7 @@ impl Tensor {
             op: ReduceOp,
             axis: usize,
             length: usize,
-        ) -> Result<Tensor, CollectiveError> {
+        ) -> Result<Tensor, TensorError> {
             let array = tensor.array::<T>()?;
             let lanes: Vec<Vec<T>> = array
                 .axis_iter(ndarray::Axis(axis))
@@ -558,7 +554,7 @@ impl Tensor {
     }
 
     /// Every element divided by `n`; integers give float64 (true division, as TF's `/`).
-    pub fn divided_by(&self, n: usize) -> Result<Tensor, CollectiveError> {
+    pub fn divided_by(&self, n: usize) -> Result<Tensor, TensorError> {
         divide(self, n)
     }
 }

@@ -8,7 +8,7 @@ use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
 use distribute_device_spec::{DeviceKind, DeviceSpec};
 
 use super::probe::gpu_count;
-use crate::{CollectiveError, GpuError};
+use crate::{GpuError, TensorError};
 
 /// A driver error as the crate's [`GpuError`].
 pub fn driver_error(e: DriverError) -> GpuError {
@@ -59,7 +59,7 @@ impl Gpu {
 
     /// The GPU a device name points at: `Some(index)` for `/gpu:N` or `…/device:GPU:N`, `None`
     /// for any other device.
-    pub fn index_of(device: &str) -> Result<Option<usize>, CollectiveError> {
+    pub fn index_of(device: &str) -> Result<Option<usize>, TensorError> {
         let spec: DeviceSpec = device.parse()?;
         Ok(match (spec.device_kind(), spec.device_index()) {
             (Some(DeviceKind::Gpu), Some(index)) => Some(index as usize),
@@ -187,7 +187,7 @@ pub fn current_gpu() -> Option<Gpu> {
 /// `tensor` in the memory of the calling thread's GPU, uploaded through the thread's pinned
 /// staging buffer; `tensor` unchanged on a thread without a GPU (a CPU replica). The way a step
 /// moves its input batch to its replica's device.
-pub fn to_current_gpu(tensor: &crate::Tensor) -> Result<crate::Tensor, CollectiveError> {
+pub fn to_current_gpu(tensor: &crate::Tensor) -> Result<crate::Tensor, TensorError> {
     CURRENT.with(|current| match current.borrow_mut().as_mut() {
         Some((_, uploader)) => uploader.upload(tensor),
         None => Ok(tensor.clone()),

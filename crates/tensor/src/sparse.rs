@@ -7,20 +7,21 @@
 use std::fmt;
 
 use crate::kernel::Arith;
-use crate::tensor::{try_filled, with_dtype};
-use crate::{CollectiveError, DType, Tensor};
+use crate::tensor::try_filled;
+use crate::with_dtype;
+use crate::{DType, Tensor, TensorError};
 
 /// Rows of a conceptually dense tensor: `values[i]` is row `indices[i]` of a tensor of shape
 /// `dense_shape`. Indices may repeat; their rows add up.
 ///
 /// ```
-/// use distribute_collectives::{IndexedSlices, Tensor};
+/// use distribute_tensor::{IndexedSlices, Tensor};
 ///
 /// let values = Tensor::from_vec("/cpu:0", &[2, 2], vec![3.0f32, 4.0, 5.0, 6.0])?;
 /// let slices = IndexedSlices::new(values, vec![1, 3], vec![5, 2])?;
 /// let dense = slices.to_dense()?;
 /// assert_eq!(dense.to_vec::<f32>()?, [0., 0., 3., 4., 0., 0., 5., 6., 0., 0.]);
-/// # Ok::<(), distribute_collectives::CollectiveError>(())
+/// # Ok::<(), distribute_tensor::TensorError>(())
 /// ```
 #[derive(Clone, PartialEq)]
 pub struct IndexedSlices {
@@ -36,8 +37,8 @@ impl IndexedSlices {
         values: Tensor,
         indices: Vec<usize>,
         dense_shape: Vec<usize>,
-    ) -> Result<IndexedSlices, CollectiveError> {
-        let invalid = |why: String| Err(CollectiveError::InvalidArgument(why));
+    ) -> Result<IndexedSlices, TensorError> {
+        let invalid = |why: String| Err(TensorError::InvalidArgument(why));
         let Some((&rows, row_shape)) = dense_shape.split_first() else {
             return invalid("IndexedSlices need a dense shape of rank ≥ 1".into());
         };
@@ -101,7 +102,7 @@ impl IndexedSlices {
     }
 
     /// The same slices on `device`, moving the values as [`Tensor::copy_to`] does.
-    pub fn copy_to(&self, device: &str) -> Result<IndexedSlices, CollectiveError> {
+    pub fn copy_to(&self, device: &str) -> Result<IndexedSlices, TensorError> {
         Ok(IndexedSlices {
             values: self.values.copy_to(device)?,
             ..self.clone()
@@ -113,8 +114,8 @@ impl IndexedSlices {
     /// integers wrap).
     ///
     /// Fails, without allocating, when the dense shape holds more elements than memory can.
-    pub fn to_dense(&self) -> Result<Tensor, CollectiveError> {
-        fn densify<T: Arith>(slices: &IndexedSlices) -> Result<Tensor, CollectiveError> {
+    pub fn to_dense(&self) -> Result<Tensor, TensorError> {
+        fn densify<T: Arith>(slices: &IndexedSlices) -> Result<Tensor, TensorError> {
             let mut acc = try_filled(&slices.dense_shape, T::Acc::default())?;
             // Fits: the whole dense shape's element count did.
             let row_len = slices.dense_shape[1..].iter().product::<usize>();
@@ -134,12 +135,12 @@ impl IndexedSlices {
 
     /// The slices of every input in order, on `device` (TF's sparse SUM). Fails when dense
     /// shapes or dtypes differ.
-    pub fn concat(device: &str, parts: &[IndexedSlices]) -> Result<IndexedSlices, CollectiveError> {
+    pub fn concat(device: &str, parts: &[IndexedSlices]) -> Result<IndexedSlices, TensorError> {
         let first = parts.first().ok_or_else(|| {
-            CollectiveError::InvalidArgument("cannot reduce an empty list of IndexedSlices".into())
+            TensorError::InvalidArgument("cannot reduce an empty list of IndexedSlices".into())
         })?;
         if let Some(other) = parts.iter().find(|p| p.dense_shape != first.dense_shape) {
-            return Err(CollectiveError::InvalidArgument(format!(
+            return Err(TensorError::InvalidArgument(format!(
                 "IndexedSlices with dense shapes {:?} and {:?} cannot be reduced together",
                 first.dense_shape, other.dense_shape
             )));
@@ -204,7 +205,7 @@ impl AnyTensor {
     }
 
     /// The same value on `device`, moving memory as [`Tensor::copy_to`] does.
-    pub fn copy_to(&self, device: &str) -> Result<AnyTensor, CollectiveError> {
+    pub fn copy_to(&self, device: &str) -> Result<AnyTensor, TensorError> {
         Ok(match self {
             AnyTensor::Dense(t) => AnyTensor::Dense(t.copy_to(device)?),
             AnyTensor::Sparse(s) => AnyTensor::Sparse(s.copy_to(device)?),
@@ -212,7 +213,7 @@ impl AnyTensor {
     }
 
     /// The dense tensor, densifying sparse slices.
-    pub fn to_dense(&self) -> Result<Tensor, CollectiveError> {
+    pub fn to_dense(&self) -> Result<Tensor, TensorError> {
         match self {
             AnyTensor::Dense(t) => Ok(t.clone()),
             AnyTensor::Sparse(s) => s.to_dense(),
@@ -269,7 +270,7 @@ mod tests {
             let slices = IndexedSlices::new(values, vec![], dense_shape.clone()).unwrap();
             let err = slices.to_dense().unwrap_err();
             assert!(
-                matches!(&err, CollectiveError::InvalidArgument(m) if m.contains("too large")),
+                matches!(&err, TensorError::InvalidArgument(m) if m.contains("too large")),
                 "{dense_shape:?}: {err:?}"
             );
         }

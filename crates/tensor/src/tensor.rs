@@ -7,7 +7,7 @@
 //!
 //! With the `cuda` feature a tensor may instead live in GPU memory ([`Placement::Cuda`]); such a
 //! tensor moves with [`Tensor::to_gpu`], [`Tensor::to_host`] and [`Tensor::copy_to`], and its
-//! host accessors ([`Tensor::array`]) fail with [`CollectiveError::OnGpu`].
+//! host accessors ([`Tensor::array`]) fail with [`TensorError::OnGpu`].
 
 use std::borrow::Cow;
 use std::fmt;
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 use ndarray::{ArcArray, Array, ArrayD, Axis, Dimension, IxDyn, Slice};
 
-use crate::CollectiveError;
+use crate::TensorError;
 
 /// The element type of a tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -180,19 +180,27 @@ macro_rules! with_host {
     };
 }
 
-/// Runs `$body` with the type alias `$t` naming the Rust type of `$dtype` (published to other
-/// crates' backends as `distribute_collectives::backend::with_dtype!`).
-#[doc(hidden)]
+/// Runs `$body` with the type alias `$t` naming the Rust type of a [`DType`]: the workspace's one
+/// dispatch from a dtype to its element type.
+///
+/// ```
+/// use distribute_tensor::{Tensor, with_dtype};
+///
+/// let t = Tensor::from_vec("/cpu:0", &[2], vec![1.5f32, 2.5])?;
+/// let sum = with_dtype!(t.dtype(), T => t.to_vec::<T>()?.iter().map(|x| f64::from(*x)).sum::<f64>());
+/// assert_eq!(sum, 4.0);
+/// # Ok::<(), distribute_tensor::TensorError>(())
+/// ```
 #[macro_export]
-macro_rules! __with_dtype {
+macro_rules! with_dtype {
     ($dtype:expr, $t:ident => $body:expr) => {
         match $dtype {
             $crate::DType::F16 => {
-                type $t = $crate::backend::f16;
+                type $t = $crate::f16;
                 $body
             }
             $crate::DType::BF16 => {
-                type $t = $crate::backend::bf16;
+                type $t = $crate::bf16;
                 $body
             }
             $crate::DType::F32 => {
@@ -214,7 +222,6 @@ macro_rules! __with_dtype {
         }
     };
 }
-pub(crate) use __with_dtype as with_dtype;
 
 impl HostArray {
     pub(crate) fn shape(&self) -> &[usize] {
@@ -250,14 +257,14 @@ pub(crate) enum Storage {
 /// A dense array of [`Element`]s with a shape, placed on a device.
 ///
 /// ```
-/// use distribute_collectives::{DType, Tensor};
+/// use distribute_tensor::{DType, Tensor};
 ///
 /// let t = Tensor::from_vec("/cpu:0", &[2, 2], vec![1.0f32, 2.0, 3.0, 4.0])?;
 /// assert_eq!((t.dtype(), t.shape(), t.device()), (DType::F32, &[2, 2][..], "/cpu:0"));
 /// let moved = t.to_device("/cpu:1");
 /// assert!(moved.shares_buffer_with(&t), "host tensors move without copying");
 /// assert_eq!(moved.to_vec::<f32>()?, [1.0, 2.0, 3.0, 4.0]);
-/// # Ok::<(), distribute_collectives::CollectiveError>(())
+/// # Ok::<(), distribute_tensor::TensorError>(())
 /// ```
 #[derive(Clone)]
 pub struct Tensor {
@@ -281,7 +288,7 @@ impl Tensor {
 
     /// A host tensor holding `array`, labelled with `like`'s device. The label is shared, not
     /// copied: collectives label every result this way, and a fresh label is an allocation.
-    pub(crate) fn from_shared_like<T: Element>(array: ArcArray<T, IxDyn>, like: &Tensor) -> Tensor {
+    pub fn from_shared_like<T: Element>(array: ArcArray<T, IxDyn>, like: &Tensor) -> Tensor {
         Tensor {
             storage: Storage::Host(T::wrap(array)),
             device: Arc::clone(&like.device),
@@ -290,7 +297,7 @@ impl Tensor {
 
     /// [`Tensor::copy_to`] `like`'s device, sharing `like`'s label where nothing moves (a host
     /// tensor keeps its buffer: how a backend reuses a buffer for a result on another replica).
-    pub fn copy_to_device_of(&self, like: &Tensor) -> Result<Tensor, CollectiveError> {
+    pub fn copy_to_device_of(&self, like: &Tensor) -> Result<Tensor, TensorError> {
         match &self.storage {
             Storage::Host(_) => Ok(Tensor {
                 storage: self.storage.clone(),
@@ -301,7 +308,7 @@ impl Tensor {
     }
 
     /// Whether this is a host tensor whose elements lie contiguously in row-major order.
-    pub(crate) fn is_contiguous(&self) -> bool {
+    pub fn is_contiguous(&self) -> bool {
         match &self.storage {
             Storage::Host(host) => with_host!(host, a => a.is_standard_layout()),
             Storage::Gpu(_) => false,
@@ -309,7 +316,7 @@ impl Tensor {
     }
 
     /// Whether this is a host tensor whose buffer no other tensor or view shares.
-    pub(crate) fn is_sole_holder(&self) -> bool {
+    pub fn is_sole_holder(&self) -> bool {
         match &self.storage {
             Storage::Host(host) => with_host!(host, a => a.is_unique()),
             Storage::Gpu(_) => false,
@@ -321,13 +328,13 @@ impl Tensor {
         device: &str,
         shape: &[usize],
         data: Vec<T>,
-    ) -> Result<Tensor, CollectiveError> {
+    ) -> Result<Tensor, TensorError> {
         let len = data.len();
         let array = ArrayD::from_shape_vec(shape, data).map_err(|_| {
             // The shape may be absurd (its product overflowing), so count it carefully.
             let wanted = checked_num_elements(shape)
                 .map_or_else(|| "more than usize::MAX".to_owned(), |n| n.to_string());
-            CollectiveError::InvalidArgument(format!(
+            TensorError::InvalidArgument(format!(
                 "{len} elements cannot fill a tensor of shape {shape:?} ({wanted} elements)"
             ))
         })?;
@@ -343,17 +350,17 @@ impl Tensor {
     /// memory can (its size overflowing `isize`, or the allocation refused).
     ///
     /// ```
-    /// use distribute_collectives::{DType, Tensor};
+    /// use distribute_tensor::{DType, Tensor};
     ///
     /// assert_eq!(Tensor::zeros("/cpu:0", DType::I32, &[2])?.to_vec::<i32>()?, [0, 0]);
     /// assert!(Tensor::zeros("/cpu:0", DType::F32, &[1 << 40, 1 << 40]).is_err());
-    /// # Ok::<(), distribute_collectives::CollectiveError>(())
+    /// # Ok::<(), distribute_tensor::TensorError>(())
     /// ```
-    pub fn zeros(device: &str, dtype: DType, shape: &[usize]) -> Result<Tensor, CollectiveError> {
-        fn zeros_of<T: Element>(shape: &[usize]) -> Result<HostArray, CollectiveError> {
+    pub fn zeros(device: &str, dtype: DType, shape: &[usize]) -> Result<Tensor, TensorError> {
+        fn zeros_of<T: Element>(shape: &[usize]) -> Result<HostArray, TensorError> {
             let data = try_filled(shape, T::zero())?;
             let array = ArcArray::from_shape_vec(IxDyn(shape), data)
-                .map_err(|e| CollectiveError::InvalidArgument(format!("shape {shape:?}: {e}")))?;
+                .map_err(|e| TensorError::InvalidArgument(format!("shape {shape:?}: {e}")))?;
             Ok(T::wrap(array))
         }
         Ok(Tensor {
@@ -423,7 +430,7 @@ impl Tensor {
     /// uploaded behind the caller's back — use `Tensor::to_gpu` (feature `cuda`) for that); a GPU tensor is
     /// shared when `device` names its GPU, copied to the GPU `device` names, or copied to host
     /// memory for any other device.
-    pub fn copy_to(&self, device: &str) -> Result<Tensor, CollectiveError> {
+    pub fn copy_to(&self, device: &str) -> Result<Tensor, TensorError> {
         match &self.storage {
             Storage::Host(_) => Ok(self.to_device(device)),
             Storage::Gpu(array) => match array.for_device(device)? {
@@ -438,7 +445,7 @@ impl Tensor {
 
     /// The tensor in host memory, same label: a copy from the GPU for GPU tensors, a shared clone
     /// for host tensors.
-    pub fn to_host(&self) -> Result<Tensor, CollectiveError> {
+    pub fn to_host(&self) -> Result<Tensor, TensorError> {
         match &self.storage {
             Storage::Host(_) => Ok(self.clone()),
             Storage::Gpu(array) => Ok(Tensor {
@@ -456,32 +463,32 @@ impl Tensor {
         }
     }
 
-    fn host(&self) -> Result<&HostArray, CollectiveError> {
-        self.host_storage().ok_or_else(|| CollectiveError::OnGpu {
+    fn host(&self) -> Result<&HostArray, TensorError> {
+        self.host_storage().ok_or_else(|| TensorError::OnGpu {
             device: self.device.to_string(),
         })
     }
 
     /// The typed elements; fails when `T` is not the tensor's dtype, or the tensor is on a GPU.
-    pub fn array<T: Element>(&self) -> Result<&ArcArray<T, IxDyn>, CollectiveError> {
-        T::unwrap(self.host()?).ok_or(CollectiveError::DTypeMismatch {
+    pub fn array<T: Element>(&self) -> Result<&ArcArray<T, IxDyn>, TensorError> {
+        T::unwrap(self.host()?).ok_or(TensorError::DTypeMismatch {
             expected: T::DTYPE,
             actual: self.dtype(),
         })
     }
 
     /// The typed elements for writing; a buffer shared with other tensors is copied first.
-    pub fn array_mut<T: Element>(&mut self) -> Result<&mut ArcArray<T, IxDyn>, CollectiveError> {
+    pub fn array_mut<T: Element>(&mut self) -> Result<&mut ArcArray<T, IxDyn>, TensorError> {
         let actual = self.dtype();
         let host = match &mut self.storage {
             Storage::Host(host) => host,
             Storage::Gpu(_) => {
-                return Err(CollectiveError::OnGpu {
+                return Err(TensorError::OnGpu {
                     device: self.device.to_string(),
                 });
             }
         };
-        T::unwrap_mut(host).ok_or(CollectiveError::DTypeMismatch {
+        T::unwrap_mut(host).ok_or(TensorError::DTypeMismatch {
             expected: T::DTYPE,
             actual,
         })
@@ -492,10 +499,10 @@ impl Tensor {
     /// is not the tensor's dtype, the tensor is on a GPU, or its rank is not `D`'s.
     pub fn view<T: Element, D: Dimension>(
         &self,
-    ) -> Result<ndarray::ArrayView<'_, T, D>, CollectiveError> {
+    ) -> Result<ndarray::ArrayView<'_, T, D>, TensorError> {
         let array = self.array::<T>()?;
         array.view().into_dimensionality::<D>().map_err(|_| {
-            CollectiveError::InvalidArgument(format!(
+            TensorError::InvalidArgument(format!(
                 "a tensor of shape {:?} (rank {}) is not a rank-{} array",
                 array.shape(),
                 array.ndim(),
@@ -505,7 +512,7 @@ impl Tensor {
     }
 
     /// The elements in row-major order.
-    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, CollectiveError> {
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>, TensorError> {
         Ok(self.array::<T>()?.iter().copied().collect())
     }
 
@@ -545,7 +552,7 @@ impl Tensor {
     }
 
     /// The host elements, copied from the GPU for GPU tensors.
-    fn host_view(&self) -> Result<Cow<'_, HostArray>, CollectiveError> {
+    fn host_view(&self) -> Result<Cow<'_, HostArray>, TensorError> {
         match &self.storage {
             Storage::Host(host) => Ok(Cow::Borrowed(host)),
             Storage::Gpu(array) => Ok(Cow::Owned(array.download()?)),
@@ -554,14 +561,14 @@ impl Tensor {
 
     /// Rows `range` of the first axis, sharing the buffer. Fails on a rank-0 tensor or a range
     /// past the end.
-    pub fn slice_rows(&self, range: Range<usize>) -> Result<Tensor, CollectiveError> {
+    pub fn slice_rows(&self, range: Range<usize>) -> Result<Tensor, TensorError> {
         let rows = self.shape().first().copied().ok_or_else(|| {
-            CollectiveError::InvalidArgument(
+            TensorError::InvalidArgument(
                 "cannot take rows of a rank-0 tensor; a batch needs a leading dimension".into(),
             )
         })?;
         if range.start > range.end || range.end > rows {
-            return Err(CollectiveError::InvalidArgument(format!(
+            return Err(TensorError::InvalidArgument(format!(
                 "rows {range:?} are out of range for a tensor with {rows} rows"
             )));
         }
@@ -576,7 +583,7 @@ impl Tensor {
 
     /// The tensors joined along the first axis, placed on `device`. They must share dtype and
     /// every dimension but the first.
-    pub fn concat_rows(device: &str, tensors: &[Tensor]) -> Result<Tensor, CollectiveError> {
+    pub fn concat_rows(device: &str, tensors: &[Tensor]) -> Result<Tensor, TensorError> {
         Tensor::concat(device, tensors, 0)
     }
 
@@ -584,32 +591,28 @@ impl Tensor {
     /// `axis`) and every dimension but `axis`, which may differ.
     ///
     /// ```
-    /// use distribute_collectives::Tensor;
+    /// use distribute_tensor::Tensor;
     ///
     /// let a = Tensor::from_vec("/cpu:0", &[2, 1], vec![1i32, 2])?;
     /// let b = Tensor::from_vec("/cpu:0", &[2, 2], vec![3i32, 4, 5, 6])?;
     /// let joined = Tensor::concat("/cpu:0", &[a, b], 1)?;
     /// assert_eq!(joined.shape(), [2, 3]);
     /// assert_eq!(joined.to_vec::<i32>()?, [1, 3, 4, 2, 5, 6]);
-    /// # Ok::<(), distribute_collectives::CollectiveError>(())
+    /// # Ok::<(), distribute_tensor::TensorError>(())
     /// ```
-    pub fn concat(
-        device: &str,
-        tensors: &[Tensor],
-        axis: usize,
-    ) -> Result<Tensor, CollectiveError> {
+    pub fn concat(device: &str, tensors: &[Tensor], axis: usize) -> Result<Tensor, TensorError> {
         let first = tensors.first().ok_or_else(|| {
-            CollectiveError::InvalidArgument("cannot concatenate an empty list of tensors".into())
+            TensorError::InvalidArgument("cannot concatenate an empty list of tensors".into())
         })?;
         if let Some(other) = tensors.iter().find(|t| t.dtype() != first.dtype()) {
-            return Err(CollectiveError::DTypeMismatch {
+            return Err(TensorError::DTypeMismatch {
                 expected: first.dtype(),
                 actual: other.dtype(),
             });
         }
         let shapes = || tensors.iter().map(Tensor::shape).collect::<Vec<_>>();
         if tensors.iter().any(|t| axis >= t.rank()) {
-            return Err(CollectiveError::InvalidArgument(format!(
+            return Err(TensorError::InvalidArgument(format!(
                 "cannot concatenate shapes {:?} along axis {axis}: every tensor needs a rank \
                  above the axis",
                 shapes()
@@ -620,13 +623,13 @@ impl Tensor {
             tensors: &[Tensor],
             axis: usize,
             shapes: Vec<&[usize]>,
-        ) -> Result<HostArray, CollectiveError> {
+        ) -> Result<HostArray, TensorError> {
             let views = tensors
                 .iter()
                 .map(|t| t.array::<T>().map(|a| a.view()))
                 .collect::<Result<Vec<_>, _>>()?;
             let joined = ndarray::concatenate(Axis(axis), &views).map_err(|_| {
-                CollectiveError::InvalidArgument(format!(
+                TensorError::InvalidArgument(format!(
                     "cannot concatenate shapes {shapes:?} along axis {axis}: the ranks and all \
                      but that dimension must agree"
                 ))
@@ -648,9 +651,9 @@ pub(crate) fn checked_num_elements(shape: &[usize]) -> Option<usize> {
 
 /// A buffer of `shape`'s element count, every element `value`; a typed error, never a panic or
 /// an aborting allocation, when the count or byte size overflows or the allocator refuses.
-pub(crate) fn try_filled<T: Clone>(shape: &[usize], value: T) -> Result<Vec<T>, CollectiveError> {
+pub(crate) fn try_filled<T: Clone>(shape: &[usize], value: T) -> Result<Vec<T>, TensorError> {
     let too_large = |why: &str| {
-        CollectiveError::InvalidArgument(format!(
+        TensorError::InvalidArgument(format!(
             "a tensor of shape {shape:?} is too large: {why}; check the shape"
         ))
     };
@@ -758,7 +761,7 @@ mod tests {
         ] {
             let err = Tensor::zeros("/cpu:0", dtype, &shape).unwrap_err();
             assert!(
-                matches!(&err, CollectiveError::InvalidArgument(m) if m.contains("too large")),
+                matches!(&err, TensorError::InvalidArgument(m) if m.contains("too large")),
                 "{shape:?}: {err:?}"
             );
         }
@@ -777,7 +780,7 @@ mod tests {
         );
         assert!(matches!(
             t.view::<f64, Ix2>(),
-            Err(CollectiveError::DTypeMismatch { .. })
+            Err(TensorError::DTypeMismatch { .. })
         ));
     }
 }

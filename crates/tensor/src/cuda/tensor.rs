@@ -8,8 +8,8 @@ use ndarray::{ArcArray, ArrayD, IxDyn};
 
 use super::device::Gpu;
 use super::memory::GpuArray;
-use crate::tensor::{HostArray, Storage, with_dtype};
-use crate::{CollectiveError, DType, Element, Tensor};
+use crate::tensor::{HostArray, Storage};
+use crate::{DType, Element, Tensor, TensorError};
 
 impl Tensor {
     /// A tensor over GPU storage, labelled `device` (for GPU backends: see [`GpuArray`]).
@@ -31,7 +31,7 @@ impl Tensor {
 
     /// The GPU storage on `gpu`'s device: shared if it is there, else copied there (uploaded
     /// from the host, or a peer copy from another GPU).
-    pub fn gpu_array_on(&self, gpu: &Gpu) -> Result<GpuArray, CollectiveError> {
+    pub fn gpu_array_on(&self, gpu: &Gpu) -> Result<GpuArray, TensorError> {
         Ok(match &self.storage {
             Storage::Host(host) => GpuArray::upload(host, gpu)?,
             Storage::Gpu(array) => array.copy_to(gpu)?,
@@ -42,7 +42,7 @@ impl Tensor {
     /// another GPU, or shared when it is already there. It keeps its label when that names `gpu`,
     /// else takes the GPU's canonical name. Input batches upload faster through a
     /// [`PinnedUploader`](crate::cuda::PinnedUploader).
-    pub fn to_gpu(&self, gpu: &Gpu) -> Result<Tensor, CollectiveError> {
+    pub fn to_gpu(&self, gpu: &Gpu) -> Result<Tensor, TensorError> {
         Ok(Tensor::from_gpu_array(
             self.gpu_label(gpu),
             self.gpu_array_on(gpu)?,

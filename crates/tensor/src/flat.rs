@@ -6,20 +6,20 @@
 
 use ndarray::IxDyn;
 
-use crate::tensor::{Element, with_dtype};
-use crate::{CollectiveError, Tensor};
+use crate::{Element, with_dtype};
+use crate::{Tensor, TensorError};
 
 /// `tensor` with a new shape holding the same number of elements, in row-major order.
-pub(crate) fn reshape(tensor: &Tensor, shape: &[usize]) -> Result<Tensor, CollectiveError> {
+pub fn reshape(tensor: &Tensor, shape: &[usize]) -> Result<Tensor, TensorError> {
     let wanted: usize = shape.iter().product();
     if wanted != tensor.num_elements() {
-        return Err(CollectiveError::InvalidArgument(format!(
+        return Err(TensorError::InvalidArgument(format!(
             "cannot reshape a tensor of shape {:?} ({} elements) to {shape:?} ({wanted} elements)",
             tensor.shape(),
             tensor.num_elements()
         )));
     }
-    fn typed<T: Element>(tensor: &Tensor, shape: &[usize]) -> Result<Tensor, CollectiveError> {
+    fn typed<T: Element>(tensor: &Tensor, shape: &[usize]) -> Result<Tensor, TensorError> {
         let array = tensor.array::<T>()?;
         if array.is_standard_layout()
             && let Ok(shared) = array.clone().into_shape_with_order(IxDyn(shape))
@@ -32,29 +32,26 @@ pub(crate) fn reshape(tensor: &Tensor, shape: &[usize]) -> Result<Tensor, Collec
 }
 
 /// `tensor` as a 1-D tensor of all its elements.
-pub(crate) fn flatten(tensor: &Tensor) -> Result<Tensor, CollectiveError> {
+pub fn flatten(tensor: &Tensor) -> Result<Tensor, TensorError> {
     reshape(tensor, &[tensor.num_elements()])
 }
 
 /// Fails unless `tensor` is 1-D; `what` names the caller for the message.
-pub(crate) fn require_1d(tensor: &Tensor, what: &str) -> Result<usize, CollectiveError> {
+pub fn require_1d(tensor: &Tensor, what: &str) -> Result<usize, TensorError> {
     match tensor.shape() {
         [len] => Ok(*len),
-        shape => Err(CollectiveError::InvalidArgument(format!(
+        shape => Err(TensorError::InvalidArgument(format!(
             "{what}: the input tensor must be 1-D, got shape {shape:?}; flatten it first"
         ))),
     }
 }
 
 /// Consecutive pieces of a 1-D tensor with the given lengths, which must add up to its length.
-pub(crate) fn split_lengths(
-    tensor: &Tensor,
-    lengths: &[usize],
-) -> Result<Vec<Tensor>, CollectiveError> {
+pub fn split_lengths(tensor: &Tensor, lengths: &[usize]) -> Result<Vec<Tensor>, TensorError> {
     let len = require_1d(tensor, "split")?;
     let total: usize = lengths.iter().sum();
     if total != len {
-        return Err(CollectiveError::InvalidArgument(format!(
+        return Err(TensorError::InvalidArgument(format!(
             "cannot split {len} elements into pieces of lengths {lengths:?} (total {total})"
         )));
     }
@@ -70,7 +67,7 @@ pub(crate) fn split_lengths(
 }
 
 /// The 1-D tensors joined end to end on `device`.
-pub(crate) fn concat(device: &str, pieces: &[Tensor]) -> Result<Tensor, CollectiveError> {
+pub fn concat(device: &str, pieces: &[Tensor]) -> Result<Tensor, TensorError> {
     if let [only] = pieces {
         if only.device() == device {
             return Ok(only.clone());

@@ -3,8 +3,8 @@
 //! tensor → bytes: backends and `VariableValue::to_wire` use these.
 
 use crate::kernel::contiguous;
-use crate::tensor::with_dtype;
-use crate::{CollectiveError, Element, Tensor};
+use crate::with_dtype;
+use crate::{Element, Tensor, TensorError};
 
 /// The elements of `values` as bytes.
 pub fn element_bytes<T: Element>(values: &[T]) -> &[u8] {
@@ -25,7 +25,7 @@ pub fn element_bytes_mut<T: Element>(values: &mut [T]) -> &mut [u8] {
 /// A tensor's elements as native-endian bytes, in row-major order (a copy; a GPU tensor is
 /// copied to the host first). Workers of one job run on one architecture, so the receiver reads
 /// them back with [`element_bytes_mut`] of the same dtype.
-pub fn tensor_bytes(tensor: &Tensor) -> Result<Vec<u8>, CollectiveError> {
+pub fn tensor_bytes(tensor: &Tensor) -> Result<Vec<u8>, TensorError> {
     let host = tensor.to_host()?;
     with_dtype!(host.dtype(), T => {
         let array = host.array::<T>()?;

@@ -18,8 +18,7 @@ use distribute_values::ReduceOp;
 use super::device::{Gpu, driver_error};
 use super::memory::GpuArray;
 use super::nvrtc::Program;
-use crate::rendezvous::lock_ignoring_poison;
-use crate::{CollectiveError, DType, GpuError, Tensor};
+use crate::{DType, GpuError, Tensor, TensorError};
 
 /// Threads per block of the reduction kernels.
 const THREADS: u32 = 256;
@@ -275,14 +274,19 @@ fn loaded(gpu: &Gpu) -> Result<Arc<Loaded>, GpuError> {
     static CUBINS: OnceLock<Mutex<HashMap<String, Vec<u8>>>> = OnceLock::new();
     static MODULES: OnceLock<Mutex<HashMap<usize, Arc<Loaded>>>> = OnceLock::new();
     let modules = MODULES.get_or_init(Default::default);
-    let mut modules = lock_ignoring_poison(modules);
+    let mut modules = modules
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(loaded) = modules.get(&gpu.ordinal()) {
         return Ok(loaded.clone());
     }
     let (major, minor) = gpu.compute_capability()?;
     let arch = format!("sm_{major}{minor}");
     let cubin = {
-        let mut cache = lock_ignoring_poison(CUBINS.get_or_init(Default::default));
+        let mut cache = CUBINS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         match cache.get(&arch) {
             Some(cubin) => cubin.clone(),
             None => {
@@ -317,7 +321,7 @@ pub(crate) fn reduce_on_gpu(
     inputs: &[&Tensor],
     gpu: &Gpu,
     divisor: usize,
-) -> Result<GpuArray, CollectiveError> {
+) -> Result<GpuArray, TensorError> {
     let first = inputs[0];
     let (dtype, shape) = (first.dtype(), first.shape().to_vec());
     let on_gpu = inputs

@@ -9,7 +9,7 @@ use distribute_values::ReduceOp;
 use super::device::Gpu;
 use super::kernels::reduce_on_gpu;
 pub(crate) use super::memory::GpuArray;
-use crate::{AnyTensor, CollectiveError, DType, Destinations, Placement, Tensor};
+use crate::{DType, Placement, Tensor, TensorError};
 
 impl GpuArray {
     /// The element type.
@@ -29,7 +29,7 @@ impl GpuArray {
 
     /// The storage of a copy labelled `device`: shared when `device` names this array's GPU,
     /// copied to the GPU it names, `None` when it names no GPU (the copy goes to the host).
-    pub(crate) fn for_device(&self, device: &str) -> Result<Option<GpuArray>, CollectiveError> {
+    pub(crate) fn for_device(&self, device: &str) -> Result<Option<GpuArray>, TensorError> {
         Ok(match Gpu::index_of(device)? {
             Some(ordinal) if ordinal == self.ordinal() => Some(self.clone()),
             Some(ordinal) => Some(self.copy_to(&Gpu::open(ordinal)?)?),
@@ -45,7 +45,7 @@ pub(crate) fn reduce_if_on_gpu(
     inputs: &[&Tensor],
     device: &str,
     divisor: usize,
-) -> Result<Option<Tensor>, CollectiveError> {
+) -> Result<Option<Tensor>, TensorError> {
     let Some(gpu) = gpu_for_reduction(inputs, device)? else {
         return Ok(None);
     };
@@ -61,7 +61,7 @@ pub(crate) fn reduce_if_on_gpu(
 
 /// The GPU a reduction runs on: none when every input is in host memory (host data is never
 /// uploaded implicitly); else the GPU `device` names, or the first GPU input's.
-fn gpu_for_reduction(inputs: &[&Tensor], device: &str) -> Result<Option<Gpu>, CollectiveError> {
+fn gpu_for_reduction(inputs: &[&Tensor], device: &str) -> Result<Option<Gpu>, TensorError> {
     let first_gpu = inputs.iter().find_map(|t| match t.placement() {
         Placement::Cuda { ordinal } => Some(ordinal),
         _ => None,
@@ -71,26 +71,4 @@ fn gpu_for_reduction(inputs: &[&Tensor], device: &str) -> Result<Option<Gpu>, Co
     };
     let ordinal = Gpu::index_of(device)?.unwrap_or(first_gpu);
     Ok(Some(Gpu::open(ordinal)?))
-}
-
-/// Where a reduction of `values` runs: `device`, except that GPU values bound for a GPU
-/// destination reduce on that GPU even when `device` is a CPU, so every GPU destination gets a
-/// GPU copy (host results are never uploaded implicitly).
-pub(crate) fn reduce_device_for_placement<'a>(
-    values: &[AnyTensor],
-    destinations: &'a Destinations,
-    device: &'a str,
-) -> &'a str {
-    let on_gpu = values.iter().any(|v| match v {
-        AnyTensor::Dense(t) => t.placement() != Placement::Host,
-        AnyTensor::Sparse(_) => false,
-    });
-    let names_gpu = |d: &str| matches!(Gpu::index_of(d), Ok(Some(_)));
-    if on_gpu
-        && !names_gpu(device)
-        && let Some(gpu_destination) = destinations.as_slice().iter().find(|d| names_gpu(d))
-    {
-        return gpu_destination;
-    }
-    device
 }

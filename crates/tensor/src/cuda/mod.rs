@@ -30,4 +30,4 @@ mod tensor;
 pub use device::{Gpu, current_gpu, driver_error, set_current_gpu, to_current_gpu};
 pub use kernels::{compile_reduction_cubin, compile_reduction_kernels, kernel_source};
 pub use memory::{GpuArray, PinnedUploader};
-pub use probe::{gpu_count, nccl_available, nvrtc_available, require_nccl, require_nvrtc};
+pub use probe::{gpu_count, nvrtc_available, require_nvrtc};

@@ -5,7 +5,7 @@
 use distribute_values::ReduceOp;
 
 use crate::tensor::HostArray;
-use crate::{AnyTensor, CollectiveError, DType, Destinations, GpuError, Tensor};
+use crate::{DType, GpuError, Tensor, TensorError};
 
 /// GPU storage, of which a build without `cuda` has none.
 #[derive(Clone)]
@@ -32,7 +32,7 @@ impl GpuArray {
         match *self {}
     }
 
-    pub(crate) fn for_device(&self, _device: &str) -> Result<Option<GpuArray>, CollectiveError> {
+    pub(crate) fn for_device(&self, _device: &str) -> Result<Option<GpuArray>, TensorError> {
         match *self {}
     }
 }
@@ -43,15 +43,6 @@ pub(crate) fn reduce_if_on_gpu(
     _inputs: &[&Tensor],
     _device: &str,
     _divisor: usize,
-) -> Result<Option<Tensor>, CollectiveError> {
+) -> Result<Option<Tensor>, TensorError> {
     Ok(None)
-}
-
-/// No value is on a GPU, so a reduction runs where it was asked to.
-pub(crate) fn reduce_device_for_placement<'a>(
-    _values: &[AnyTensor],
-    _destinations: &'a Destinations,
-    device: &'a str,
-) -> &'a str {
-    device
 }
