@@ -5,6 +5,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use crate::ElementType;
+use crate::offer::{Shortfall, cap_note};
 
 /// How to get a plugin; every "no plugin" error ends with it.
 pub(crate) const HOW_TO_GET_A_PLUGIN: &str = "run `cargo xtask fetch-pjrt` to install the pinned \
@@ -142,13 +143,13 @@ pub enum PjrtError {
         shortfall.platform,
         path.display(),
         shortfall.has,
-        crate::offer::cap_note(shortfall.capped, shortfall.has)
+        cap_note(shortfall.capped, shortfall.has)
     )]
     NotEnoughDevices {
         /// The plugin's file.
         path: PathBuf,
         /// How many were asked for and how many it has.
-        shortfall: crate::Shortfall,
+        shortfall: Shortfall,
     },
     /// Arguments that would make an invalid call or program, caught before the plugin sees them.
     #[error("invalid argument: {0}")]

@@ -45,6 +45,7 @@ mod error;
 mod offer;
 mod options;
 mod plugin;
+mod probe;
 pub mod protobuf;
 mod runtime;
 pub mod stablehlo;
@@ -52,11 +53,12 @@ mod sys;
 mod types;
 
 pub use error::{ErrorCode, PjrtError, Result};
-pub use offer::{DEVICES_ENV, Offer, Shortfall, parse_cap};
+pub use offer::{CPU_PLATFORM, DEVICES_ENV, Offer, Shortfall};
 pub use options::CompileOptions;
 pub use plugin::{PINNED_PLUGIN_RELATIVE_PATH, PLUGIN_ENV, Plugin, pinned_plugin_path};
+pub use probe::parse_cap;
 pub use runtime::{
-    Buffer, CPU_PLATFORM, Client, ClientOptions, DEFAULT_AWAIT_SPIN, DEFAULT_MAX_IN_FLIGHT, Device,
-    Execution, LoadedExecutable, MAX_IN_FLIGHT, PluginOption,
+    Buffer, Client, ClientOptions, DEFAULT_AWAIT_SPIN, DEFAULT_MAX_IN_FLIGHT, Device, Execution,
+    LoadedExecutable, MAX_IN_FLIGHT, PluginOption,
 };
 pub use types::{ElementType, NativeType};

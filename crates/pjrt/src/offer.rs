@@ -1,22 +1,19 @@
 //! What a plugin offers this process: its platform and how many devices a client may have,
-//! learned once per plugin and process ([`Plugin::offer`]), so that a caller asking for more is
-//! refused before a client is created (the CUDA plugin's client takes most of the GPU's memory
-//! as it starts), and a test that needs more devices can say so and skip.
+//! learned once per plugin and process ([`Plugin::offer`](crate::Plugin::offer)), so that a
+//! caller asking for more is refused before a client is created (the CUDA plugin's client takes
+//! most of the GPU's memory as it starts), and a test that needs more devices can say so and skip.
 //!
 //! [`DEVICES_ENV`] caps the count, as `CUDA_VISIBLE_DEVICES` does for CUDA. On the CPU plugin,
 //! whose device count is a client option, it makes the plugin one of exactly that many devices:
 //! that is how a one-GPU machine's count is tried on a machine without a GPU.
 
-use std::ffi::OsStr;
-
-use crate::error::{ErrorCode, PjrtError, Result};
-use crate::plugin::Plugin;
-use crate::runtime::{CPU_PLATFORM, Client, ClientOptions, PluginOption};
-
 /// The environment variable that caps how many of a plugin's devices this process may use (a
 /// count of at least 1). Unset or empty: every device the plugin has (on the CPU plugin, as
 /// many as asked for).
 pub const DEVICES_ENV: &str = "DISTRIBUTE_PJRT_DEVICES";
+
+/// The platform name of the CPU plugin, the one plugin whose device count is a client option.
+pub const CPU_PLATFORM: &str = "cpu";
 
 /// A plugin's platform and how many devices a client of it may have.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -111,66 +108,6 @@ pub(crate) fn cap_note(capped: bool, has: usize) -> String {
     }
 }
 
-/// Reads a [`DEVICES_ENV`] value: unset or empty is no cap; anything but a count of at least 1
-/// is an error that names the variable.
-pub fn parse_cap(value: Option<&OsStr>) -> Result<Option<usize>> {
-    let Some(value) = value.filter(|v| !v.is_empty()) else {
-        return Ok(None);
-    };
-    match value.to_str().and_then(|v| v.trim().parse::<usize>().ok()) {
-        Some(count) if count >= 1 => Ok(Some(count)),
-        _ => Err(PjrtError::InvalidArgument(format!(
-            "{DEVICES_ENV}={} is not a device count of at least 1; unset it to use every device",
-            value.to_string_lossy()
-        ))),
-    }
-}
-
-impl Plugin {
-    /// What this plugin offers this process: its platform and device count, under
-    /// [`DEVICES_ENV`]. The first call creates one client to ask, and drops it; later calls
-    /// answer from memory. A failure is not remembered: the next call asks again.
-    ///
-    /// That client first asks not to preallocate memory (`preallocate = false`, an option of
-    /// JAX's GPU plugins), so that asking neither takes 75 % of a GPU's memory for a moment nor
-    /// fails beside a client that holds it; a plugin that refuses the option (`INVALID_ARGUMENT`:
-    /// the CPU plugin, a TPU plugin) is asked again with no options.
-    pub fn offer(&'static self) -> Result<&'static Offer> {
-        if let Some(offer) = self.offer.get() {
-            return Ok(offer);
-        }
-        // One probe at a time: two CUDA clients created at once would each want most of the GPU.
-        let _probing = self
-            .probing
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(offer) = self.offer.get() {
-            return Ok(offer);
-        }
-        let cap = parse_cap(std::env::var_os(DEVICES_ENV).as_deref())?;
-        let lean = ClientOptions {
-            plugin_options: vec![("preallocate".to_owned(), PluginOption::Bool(false))],
-            ..ClientOptions::default()
-        };
-        let client = match Client::new(self, &lean) {
-            Err(err) if err.code() == Some(ErrorCode::INVALID_ARGUMENT) => {
-                Client::new(self, &ClientOptions::default())?
-            }
-            other => other?,
-        };
-        let platform = client.platform_name()?;
-        let devices = if platform == CPU_PLATFORM {
-            None
-        } else {
-            Some(client.devices()?.len())
-        };
-        drop(client);
-        Ok(self
-            .offer
-            .get_or_init(|| Offer::new(platform, devices, cap)))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,21 +146,5 @@ mod tests {
         let two = Offer::new("cuda", Some(8), Some(2));
         assert_eq!(two.most_devices(), Some(2));
         assert!(two.check(4).unwrap_err().capped);
-    }
-
-    #[test]
-    fn caps_are_counts_of_at_least_one() {
-        assert_eq!(parse_cap(None).unwrap(), None);
-        assert_eq!(parse_cap(Some(OsStr::new(""))).unwrap(), None);
-        assert_eq!(parse_cap(Some(OsStr::new("2"))).unwrap(), Some(2));
-        for bad in ["0", "-1", "two", "1.5"] {
-            let err = parse_cap(Some(OsStr::new(bad))).unwrap_err().to_string();
-            assert!(
-                err.contains(&format!(
-                    "DISTRIBUTE_PJRT_DEVICES={bad} is not a device count"
-                )),
-                "{err}"
-            );
-        }
     }
 }

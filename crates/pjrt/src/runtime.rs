@@ -74,9 +74,6 @@ pub struct ClientOptions {
 /// The default [`ClientOptions::await_spin`].
 pub const DEFAULT_AWAIT_SPIN: Duration = Duration::from_micros(50);
 
-/// The platform name of the CPU plugin, the one plugin whose device count is a client option.
-pub const CPU_PLATFORM: &str = "cpu";
-
 /// The CPU plugin's create option for its device count ([`ClientOptions::cpu_device_count`]).
 const CPU_DEVICE_COUNT: &str = "cpu_device_count";
 
@@ -206,9 +203,9 @@ impl Client {
     /// (`wanted` `None`; [`Plugin::offer`], under `DISTRIBUTE_PJRT_DEVICES`), or its first
     /// `wanted`. Asking for more than it offers is refused before a client is created, with an
     /// error that names both numbers. The CPU plugin, whose device count is a client option, is
-    /// created with exactly the count wanted ([`CPU_PLATFORM`]; `cpu_device_count`); any other
-    /// plugin gets no CPU-only option, since plugins reject options they do not know. An explicit
-    /// `options.cpu_device_count` is passed as given.
+    /// created with exactly the count wanted ([`CPU_PLATFORM`](crate::CPU_PLATFORM);
+    /// `cpu_device_count`); any other plugin gets no CPU-only option, since plugins reject
+    /// options they do not know. An explicit `options.cpu_device_count` is passed as given.
     pub fn with_devices(
         plugin: &'static Plugin,
         options: &ClientOptions,
