@@ -4,20 +4,25 @@
 //! library crates' internals. The tidy tests (layering, module headers, the architecture doc's
 //! invariants, licences) live in [`tidy`].
 
-use std::ffi::OsStr;
-use std::process::{Command, ExitCode};
-use std::time::Instant;
+use std::process::ExitCode;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
+mod bench;
+mod cargo;
+mod ci;
+mod demo;
 mod fetch;
-mod gpu;
-mod mpi;
+mod launch;
+mod mpirun;
+mod packages;
 mod provision;
+mod test;
+mod test_gpu;
 #[cfg(test)]
 mod tidy;
 
-use provision::{cuda_toolkit, pjrt};
+use cargo::workspace_root;
 
 const USAGE: &str = "\
 usage: cargo xtask <command> [args]
@@ -123,15 +128,15 @@ fn run(args: &[String]) -> Result<()> {
         None => ("help", &[][..]),
     };
     match command {
-        "test" => test(rest),
-        "test-mpi" => mpi::test(rest),
-        "ci" => ci(rest),
-        "bench" => bench(rest),
+        "test" => test::test(rest),
+        "test-mpi" => test::test_mpi(rest),
+        "ci" => ci::ci(rest),
+        "bench" => bench::bench(rest),
         "fetch-pjrt" => fetch::fetch_pjrt(&workspace_root(), rest),
         "fetch-nvrtc" => fetch::fetch_nvrtc(&workspace_root(), rest),
-        "test-gpu" => gpu::command(rest),
-        "demo" => demo(rest),
-        "launch" => mpi::launch(rest),
+        "test-gpu" => test_gpu::command(rest),
+        "demo" => demo::demo(rest),
+        "launch" => launch::launch(rest),
         "help" | "--help" | "-h" => {
             print!("{USAGE}");
             Ok(())
@@ -140,278 +145,9 @@ fn run(args: &[String]) -> Result<()> {
     }
 }
 
-/// Runs every test of the workspace. Doc tests need their own invocation because
-/// `--all-targets` leaves them out. Then the GPU suite that needs only NVRTC, with the pinned
-/// NVRTC: the other GPU suites are `test-gpu`'s.
-fn test(extra: &[String]) -> Result<()> {
-    let root = workspace_root();
-    pjrt::install(&root, pjrt::Plugin::Cpu)?;
-    // The pjrt crate's cuda_plugin test checks create options against JAX's CUDA plugin.
-    pjrt::install(&root, pjrt::Plugin::Cuda)?;
-    let excludes = plain_build_excludes()?;
-    let excludes: Vec<&str> = excludes.iter().map(String::as_str).collect();
-    let mut all_targets = vec!["test", "--workspace", "--all-targets"];
-    let mut doc = vec!["test", "--workspace", "--doc"];
-    all_targets.extend(&excludes);
-    doc.extend(&excludes);
-    if !extra.is_empty() {
-        all_targets.push("--");
-        doc.push("--");
-        all_targets.extend(extra.iter().map(String::as_str));
-        doc.extend(extra.iter().map(String::as_str));
-    }
-    cargo("tests", &all_targets)?;
-    cargo("doc tests", &doc)?;
-    mpi::test(extra)?;
-    gpu::test_nvrtc(&root, extra)?;
-    if extra.is_empty() {
-        gpu::dry_run(&root)?;
-    }
-    Ok(())
-}
-
-/// `--exclude P` for every package the workspace's plain builds (no MPI, no CUDA) leave out: those
-/// that need MPI to build (`mpi::test` and `mpi::clippy` take them, with MPI provisioned) and
-/// those that need CUDA whatever their features (the GPU lints and the GPU bundle take them;
-/// built with the others, they would turn on collectives' `cuda` for every crate).
-fn plain_build_excludes() -> Result<Vec<String>> {
-    let mut packages = mpi::workspace_mpi_only_packages()?;
-    packages.extend(gpu::gpu_only_packages().map(str::to_owned));
-    Ok(packages
-        .into_iter()
-        .flat_map(|package| ["--exclude".to_owned(), package])
-        .collect())
-}
-
-fn ci(rest: &[String]) -> Result<()> {
-    if !rest.is_empty() {
-        bail!("`cargo xtask ci` takes no arguments (got {rest:?})");
-    }
-    cargo("format check", &["fmt", "--all", "--", "--check"])?;
-    let mut clippy = vec!["clippy", "--workspace", "--all-targets"];
-    let excludes = plain_build_excludes()?;
-    clippy.extend(excludes.iter().map(String::as_str));
-    clippy.extend(["--", "-D", "warnings"]);
-    cargo("clippy", &clippy)?;
-    for features in [&["cuda"][..], &["cuda", "nccl"]] {
-        let gpu_clippy = gpu::clippy_args(features);
-        let gpu_clippy: Vec<&str> = gpu_clippy.iter().map(String::as_str).collect();
-        cargo(
-            &format!("clippy (features {})", features.join(", ")),
-            &gpu_clippy,
-        )?;
-    }
-    // candle's CUDA backend, built with the pinned toolkit (nvcc), in a lint of its own: it links
-    // CUDA, which cannot share a build with the run-time loading of the GPU lints above.
-    let toolkit = cuda_toolkit::fetch(&workspace_root())?.build_env(false)?;
-    let toolkit: Vec<(&str, &std::ffi::OsStr)> = toolkit
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_os_str()))
-        .collect();
-    cargo_env(
-        "clippy (distribute-candle/cuda)",
-        &[
-            "clippy",
-            "--package",
-            "distribute-candle",
-            "--all-targets",
-            "--features",
-            "distribute-candle/cuda",
-            "--",
-            "-D",
-            "warnings",
-        ],
-        &toolkit,
-    )?;
-    mpi::clippy()?;
-    test(&[])
-}
-
-/// Benchmark suites: the name `cargo xtask bench` takes, the package, and its bench target that
-/// prints one JSON line per case (`None`: the package's criterion benches). A suite of several
-/// rows runs each in order.
-const SUITES: &[(&str, &str, Option<&str>)] = &[
-    ("device-spec", "distribute-device-spec", None),
-    ("collectives", "distribute-collectives", Some("collectives")),
-    ("input", "distribute-input", Some("input")),
-    ("strategy", "distribute-mirrored", Some("strategy")),
-    // The demo's own training loop, and issue 16's MLP configurations on both strategies.
-    ("strategy", "distribute-demo", Some("train_step")),
-    ("tpu", "distribute-tpu", Some("tpu")),
-    // The reference candle MLP with distribute-candle against plain candle; the suite then adds
-    // its multi-worker case under mpirun.
-    ("candle", "distribute-candle", Some("candle")),
-];
-
-/// The suite that ends with a multi-worker case under mpirun.
-const SUITE_WITH_MULTI_WORKER_CASE: &str = "candle";
-
-/// The suite whose `tpu` cases want the PJRT CPU plugin, fetched first unless `PJRT_PLUGIN`
-/// names one.
-const SUITE_WITH_TPU_CASES: &str = "strategy";
-
-/// The suite that runs worker processes under `mpirun` rather than a cargo bench target.
-const MULTI_WORKER_SUITE: &str = "multi-worker";
-
-/// Runs benchmark suites by name, or every bench of the workspace when none is named.
-fn bench(suites: &[String]) -> Result<()> {
-    if suites.is_empty() {
-        return cargo("benchmarks", &["bench", "--workspace"]);
-    }
-    for suite in suites {
-        if suite == MULTI_WORKER_SUITE {
-            mpi::bench_multi_worker()?;
-            continue;
-        }
-        let targets: Vec<_> = SUITES.iter().filter(|(name, ..)| name == suite).collect();
-        if targets.is_empty() {
-            let mut known: Vec<&str> = SUITES
-                .iter()
-                .map(|(name, ..)| *name)
-                .chain([MULTI_WORKER_SUITE])
-                .collect();
-            known.dedup();
-            bail!(
-                "unknown benchmark suite '{suite}'; known: {}",
-                known.join(", ")
-            );
-        }
-        if suite == SUITE_WITH_TPU_CASES {
-            fetch_pjrt_for_bench();
-        }
-        for (name, package, target) in targets {
-            let mut args = vec!["bench", "--package", package];
-            if let Some(target) = target {
-                args.extend(["--bench", target]);
-            }
-            cargo(&format!("benchmarks '{name}'"), &args)?;
-        }
-        if suite == SUITE_WITH_MULTI_WORKER_CASE {
-            mpi::bench_candle_multi_worker()?;
-        }
-    }
-    Ok(())
-}
-
-/// Installs the pinned PJRT CPU plugin unless `PJRT_PLUGIN` names a plugin. A failed install
-/// (no network) only warns: the bench then prints a `skipped` line for its `tpu` cases.
-fn fetch_pjrt_for_bench() {
-    if std::env::var_os("PJRT_PLUGIN").is_some_and(|path| !path.is_empty()) {
-        return;
-    }
-    if let Err(err) = pjrt::install(&workspace_root(), pjrt::Plugin::Cpu) {
-        eprintln!(
-            "xtask: warning: could not install the PJRT CPU plugin ({err:#}); the tpu cases will be skipped"
-        );
-    }
-}
-
-/// Runs the training demo (the `demo` binary of `examples/demo`) in release, with `args`; with
-/// `--workers W`, as W worker processes under mpirun.
-fn demo(args: &[String]) -> Result<()> {
-    let (workers, args) = mpi::take_workers(args)?;
-    if let Some(workers) = workers {
-        return mpi::demo(workers, &args);
-    }
-    let mut cargo_args = vec![
-        "run",
-        "--release",
-        "--package",
-        "distribute-demo",
-        "--bin",
-        "demo",
-        "--",
-    ];
-    cargo_args.extend(args.iter().map(String::as_str));
-    cargo("demo", &cargo_args)
-}
-
-/// Runs `cargo ARGS` from the workspace root, echoing the command and its duration.
-fn cargo(what: &str, args: &[&str]) -> Result<()> {
-    cargo_env(what, args, &[])
-}
-
-/// [`cargo`] with environment variables `env` set for cargo and what it runs.
-pub(crate) fn cargo_env(what: &str, args: &[&str], env: &[(&str, &OsStr)]) -> Result<()> {
-    let cargo = cargo_program();
-    eprintln!("xtask: {what}: cargo {}", args.join(" "));
-    let start = Instant::now();
-    let status = Command::new(&cargo)
-        .args(args)
-        .envs(env.iter().copied())
-        .current_dir(workspace_root())
-        .status()
-        .with_context(|| format!("could not start `{cargo}`"))?;
-    eprintln!("xtask: {what}: {:.1} s", start.elapsed().as_secs_f64());
-    if !status.success() {
-        bail!(
-            "{what} failed: `cargo {}` exited with {status}",
-            args.join(" ")
-        );
-    }
-    Ok(())
-}
-
-/// The cargo that runs xtask (`$CARGO`), else `cargo` from `PATH`.
-pub(crate) fn cargo_program() -> String {
-    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
-}
-
-/// The workspace this run of xtask serves, found at run time: `cargo xtask` (`cargo run`) sets
-/// `CARGO_MANIFEST_DIR` to the xtask folder of the checkout it runs in. The folder xtask was
-/// compiled in is only the last resort: with one `CARGO_TARGET_DIR` shared by two checkouts,
-/// the binary cargo runs may have been built from the other one.
-pub(crate) fn workspace_root() -> std::path::PathBuf {
-    root_of(
-        std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from),
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")),
-    )
-}
-
-/// The workspace root above the xtask folder `at_run_time` (when cargo gave one), else above
-/// `compiled`.
-fn root_of(
-    at_run_time: Option<std::path::PathBuf>,
-    compiled: &std::path::Path,
-) -> std::path::PathBuf {
-    let xtask = at_run_time
-        .filter(|dir| dir.join("Cargo.toml").is_file())
-        .unwrap_or_else(|| compiled.to_path_buf());
-    xtask
-        .parent()
-        .expect("xtask lives one level below the workspace root")
-        .to_path_buf()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_workspace_is_the_checkout_cargo_runs_xtask_in() {
-        let compiled = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let other = tempfile::tempdir().unwrap();
-        let other_xtask = other.path().join("xtask");
-        std::fs::create_dir(&other_xtask).unwrap();
-        std::fs::write(other_xtask.join("Cargo.toml"), "[package]\n").unwrap();
-        // Another checkout's xtask folder, as cargo run sets it, wins over the compiled one.
-        assert_eq!(root_of(Some(other_xtask), compiled), other.path());
-        // Without one (or a folder that is not a package) the compiled folder decides.
-        let compiled_root = compiled.parent().unwrap();
-        assert_eq!(root_of(None, compiled), compiled_root);
-        let not_a_package = other.path().join("nothing");
-        assert_eq!(root_of(Some(not_a_package), compiled), compiled_root);
-    }
-
-    #[test]
-    fn unknown_suites_are_named() {
-        let err = bench(&["nonsense".to_owned()]).unwrap_err().to_string();
-        assert!(
-            err.contains("unknown benchmark suite 'nonsense'") && err.contains("collectives"),
-            "{err}"
-        );
-        assert_eq!(err.matches("strategy").count(), 1, "{err}");
-    }
 
     #[test]
     fn unknown_command_is_an_error_with_usage() {

@@ -45,7 +45,7 @@ struct Package {
 }
 
 fn workspace_root() -> PathBuf {
-    crate::workspace_root()
+    crate::cargo::workspace_root()
 }
 
 /// The text of [`ARCHITECTURE_DOC`]; panics (fails the test) when it is missing.
@@ -61,7 +61,7 @@ fn architecture_doc() -> String {
 
 /// `cargo metadata --format-version 1 <args>` of the workspace, parsed; the error is cargo's.
 fn cargo_metadata(args: &[&str]) -> Result<Value, String> {
-    let output = std::process::Command::new(crate::cargo_program())
+    let output = std::process::Command::new(crate::cargo::cargo_program())
         .args(["metadata", "--format-version", "1"])
         .args(args)
         .current_dir(workspace_root())

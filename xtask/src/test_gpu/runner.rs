@@ -12,7 +12,7 @@ use super::libs::{
     find_nvrtc, ld_library_path, link_nccl, python_site_dirs, wheel_lib_dirs,
 };
 use super::suites::{Kind, NVRTC_SUITE, Needs, SUITES, suite};
-use crate::cargo_env;
+use crate::cargo::cargo_env;
 use crate::provision::{nvrtc, pjrt};
 
 /// Runs [`NVRTC_SUITE`] with the pinned NVRTC of `fetch-nvrtc` and `DISTRIBUTE_REQUIRE_NVRTC=1`:

@@ -7,7 +7,9 @@
 //!   compiled to PTX, with the NVRTC of `fetch-nvrtc`); `cargo xtask test-gpu` runs every suite
 //!   on this machine's GPU.
 //! - [`bundle`]: `cargo xtask test-gpu --build-only DIR [SUITE...]` builds the suites into `DIR`
-//!   with `run.sh` (`gpu/run.sh`), which runs them on another machine that has no Rust.
+//!   with `run.sh` (`test_gpu/run.sh`), which runs them on another machine that has no Rust.
+//! - [`dry_run`]: `cargo xtask test-gpu --dry-run` (and the end of `cargo xtask test`) builds the
+//!   bundle and runs its `run.sh` here, without a GPU, checking what each suite must give.
 //! - `cargo xtask ci` also runs clippy with the GPU features on (`cuda`, then `cuda` + `nccl`;
 //!   [`clippy_args`]).
 //!
@@ -21,6 +23,7 @@
 //! unless `DISTRIBUTE_REQUIRE_{NVRTC,GPU,NCCL}=1`, which the runners set.
 
 mod bundle;
+mod dry_run;
 mod libs;
 mod runner;
 mod suites;
@@ -29,9 +32,9 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
-use crate::workspace_root;
+use crate::cargo::workspace_root;
 
-pub(crate) use bundle::dry_run;
+pub(crate) use dry_run::dry_run;
 pub(crate) use runner::test_nvrtc;
 pub(crate) use suites::{clippy_args, gpu_only_packages};
 
@@ -40,7 +43,7 @@ pub(crate) fn command(args: &[String]) -> Result<()> {
     let root = workspace_root();
     match args {
         [] => runner::run_here(&root),
-        [flag] if flag == "--dry-run" => bundle::dry_run(&root),
+        [flag] if flag == "--dry-run" => dry_run::dry_run(&root),
         [flag, dir, suites @ ..] if flag == "--build-only" => {
             bundle::build_only(&root, Path::new(dir), suites)
         }
