@@ -5,7 +5,7 @@
 
 use std::ffi::OsStr;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 
 use crate::cargo::{cargo, cargo_env, metadata, workspace_root};
 use crate::mpirun::{env_refs, resolve};
@@ -13,10 +13,18 @@ use crate::packages::{MpiPackages, nccl_packages, plain_build_excludes};
 use crate::provision::cuda_toolkit;
 use crate::test_gpu;
 
-pub(crate) fn ci(rest: &[String]) -> Result<()> {
-    if !rest.is_empty() {
-        bail!("`cargo xtask ci` takes no arguments (got {rest:?})");
-    }
+/// Run what CI runs: fmt check, clippy with every feature set, then test
+///
+/// `cargo fmt --check`; `cargo clippy --all-targets -D warnings` on the workspace's plain build
+/// (without the packages that need MPI or CUDA to build), again with the GPU features (cuda;
+/// cuda and nccl), with distribute-candle's cuda (built with the pinned CUDA 13.0 toolkit,
+/// installed under target/cuda-toolkit/), with mpi and with mpi and nccl; then `cargo xtask
+/// test`.
+#[derive(clap::Args)]
+pub(crate) struct Args {}
+
+/// Runs `cargo xtask ci`.
+pub(crate) fn ci() -> Result<()> {
     cargo("format check", &["fmt", "--all", "--", "--check"])?;
     let mut clippy = vec!["clippy", "--workspace", "--all-targets"];
     let excludes = plain_build_excludes()?;

@@ -8,6 +8,25 @@ use crate::cargo::{cargo, metadata};
 use crate::mpirun::{build_release, cores, mpirun, mpirun_args, resolve};
 use crate::packages::require_feature;
 
+/// Train the demo's classifier data-parallel (release build)
+///
+/// The end-to-end training demo (the `demo` binary of examples/demo): an MLP trained on the
+/// wine-quality data data-parallel, checked against one replica. Every argument goes to the
+/// demo: `cargo xtask demo --help` lists its options (`cargo xtask help demo` shows this). With
+/// --workers W it trains on W worker processes under mpirun (feature mpi; --replicas R each,
+/// one by default), checked against one process with one replica.
+#[derive(clap::Args)]
+#[command(disable_help_flag = true)]
+pub(crate) struct Args {
+    /// The demo's arguments, and --workers W
+    #[arg(
+        value_name = "DEMO-ARGS",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub(crate) args: Vec<String>,
+}
+
 /// Runs the training demo (the `demo` binary of `examples/demo`) in release, with `args`; with
 /// `--workers W`, as W worker processes under mpirun.
 pub(crate) fn demo(args: &[String]) -> Result<()> {
@@ -90,6 +109,23 @@ fn one_replica_by_default(args: &[String]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Command, parse};
+
+    #[test]
+    fn the_demo_gets_every_argument_even_help() {
+        for args in [
+            &["--help"][..],
+            &["-h"],
+            &["--workers", "2", "--steps", "9"],
+            &["--framework", "native", "--", "x"],
+        ] {
+            let command: Vec<&str> = ["demo"].iter().chain(args).copied().collect();
+            let Ok(Command::Demo(given)) = parse(&command) else {
+                panic!("{command:?} is not the demo's");
+            };
+            assert_eq!(given.args, args, "{command:?}");
+        }
+    }
 
     fn strings(args: &[&str]) -> Vec<String> {
         args.iter().map(|s| (*s).to_owned()).collect()

@@ -3,99 +3,44 @@
 //! each job with a fresh random cluster key; `--restarts K` starts a failed job again with the
 //! same arguments up to K times.
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 
 use crate::cargo::metadata;
 use crate::mpirun::{build_release, cores, mpirun, mpirun_args, resolve};
 use crate::packages::{package_of_example, require_feature};
 
-/// `cargo xtask launch`'s arguments.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Launch {
-    /// Processes to start (`-n`).
+/// Build an example with the feature mpi and run it as W worker processes under mpirun
+///
+/// Builds EXAMPLE in release with the mpi feature and runs it as W worker processes under
+/// mpirun (--oversubscribe past the cores; allowed as root), each job with a fresh random
+/// cluster key in DISTRIBUTE_CLUSTER_KEY (unless set). An example given --checkpoint-dir DIR
+/// resumes from its newest good checkpoint when --restarts starts it again.
+#[derive(clap::Args, Debug, PartialEq, Eq)]
+pub(crate) struct Args {
+    /// Processes to start
+    #[arg(short = 'n', long = "np", value_name = "W", value_parser = positive)]
     pub(crate) workers: usize,
-    /// The example to run.
+    /// The example to run (of a workspace package with the feature mpi)
     pub(crate) example: String,
-    /// Arguments for every process of the example.
+    /// Arguments for every process of the example
+    #[arg(last = true, value_name = "ARGS")]
     pub(crate) args: Vec<String>,
-    /// How many times the whole job is started again after it fails (`--restarts K`).
+    /// Start a failed job again with the same arguments up to K times
+    #[arg(long, value_name = "K", default_value_t = 0)]
     pub(crate) restarts: usize,
 }
 
-pub(crate) const LAUNCH_USAGE: &str =
-    "usage: cargo xtask launch [--restarts K] -n W EXAMPLE [-- ARGS...]";
-
-impl Launch {
-    /// Parses `[--restarts K] -n W EXAMPLE [-- ARGS…]` (also `-nW`, `-n=W`, `--np W`,
-    /// `--restarts=K`, and the options after the example).
-    pub(crate) fn parse(args: &[String]) -> Result<Launch> {
-        let mut workers = None;
-        let mut example = None;
-        let mut restarts = None;
-        let mut rest = Vec::new();
-        let mut iter = args.iter();
-        while let Some(arg) = iter.next() {
-            let restart_count = match arg.as_str() {
-                "--restarts" => Some(
-                    iter.next()
-                        .with_context(|| format!("--restarts needs a count; {LAUNCH_USAGE}"))?
-                        .as_str(),
-                ),
-                other => other.strip_prefix("--restarts="),
-            };
-            if let Some(count) = restart_count {
-                let k: usize = count.parse().ok().with_context(|| {
-                    format!("--restarts needs a whole number, not '{count}'; {LAUNCH_USAGE}")
-                })?;
-                if restarts.replace(k).is_some() {
-                    bail!("--restarts is given twice; {LAUNCH_USAGE}");
-                }
-                continue;
-            }
-            let count = match arg.as_str() {
-                "--" => {
-                    rest.extend(iter.by_ref().cloned());
-                    break;
-                }
-                "-n" | "--np" => Some(
-                    iter.next()
-                        .with_context(|| format!("{arg} needs a process count; {LAUNCH_USAGE}"))?
-                        .as_str(),
-                ),
-                other => other
-                    .strip_prefix("-n=")
-                    .or_else(|| other.strip_prefix("--np="))
-                    .or_else(|| other.strip_prefix("-n").filter(|n| !n.is_empty())),
-            };
-            if let Some(count) = count {
-                if workers.is_some() {
-                    bail!("the process count is given twice; {LAUNCH_USAGE}");
-                }
-                let n: usize = count.parse().ok().filter(|&n| n > 0).with_context(|| {
-                    format!("the process count must be a positive integer, not '{count}'")
-                })?;
-                workers = Some(n);
-            } else if arg.starts_with('-') {
-                bail!(
-                    "unknown option '{arg}' (the example's own options go after `--`); {LAUNCH_USAGE}"
-                );
-            } else if example.replace(arg.clone()).is_some() {
-                bail!("more than one example named ('{arg}'); {LAUNCH_USAGE}");
-            }
-        }
-        Ok(Launch {
-            workers: workers
-                .with_context(|| format!("how many processes? give -n W; {LAUNCH_USAGE}"))?,
-            example: example.with_context(|| format!("which example? {LAUNCH_USAGE}"))?,
-            args: rest,
-            restarts: restarts.unwrap_or(0),
-        })
-    }
+/// A process count: a whole number above zero.
+fn positive(count: &str) -> Result<usize, String> {
+    count
+        .parse()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| "the process count must be a positive integer".to_owned())
 }
 
 /// `cargo xtask launch -n W EXAMPLE [-- ARGS…]`.
-pub(crate) fn launch(args: &[String]) -> Result<()> {
-    let launch = Launch::parse(args)?;
+pub(crate) fn launch(launch: &Args) -> Result<()> {
     let metadata = metadata()?;
     let package = package_of_example(&metadata, &launch.example)?;
     require_feature(&metadata, &package, &launch.example)?;
@@ -146,14 +91,23 @@ pub(crate) fn with_restarts(
 
 #[cfg(test)]
 mod tests {
+    use anyhow::bail;
+    use clap::error::ErrorKind;
+
     use super::*;
+    use crate::Command;
 
     fn strings(args: &[&str]) -> Vec<String> {
         args.iter().map(|s| (*s).to_owned()).collect()
     }
 
-    fn parse(args: &[&str]) -> Result<Launch> {
-        Launch::parse(&strings(args))
+    /// `cargo xtask launch ARGS…`, parsed.
+    fn parse(args: &[&str]) -> Result<Args, clap::Error> {
+        let command: Vec<&str> = ["launch"].iter().chain(args).copied().collect();
+        crate::parse(&command).map(|command| match command {
+            Command::Launch(args) => args,
+            _ => panic!("{args:?} is not launch's"),
+        })
     }
 
     #[test]
@@ -170,15 +124,19 @@ mod tests {
         let theirs = parse(&["-n", "2", "x", "--", "--restarts", "3"]).unwrap();
         assert_eq!((theirs.restarts, theirs.args.len()), (0, 2));
         for (form, expected) in [
-            (&["--restarts", "-1", "-n", "2", "x"][..], "whole number"),
-            (&["--restarts"][..], "needs a count"),
             (
-                &["--restarts", "1", "--restarts=2", "-n", "2", "x"][..],
-                "given twice",
+                &["--restarts=-1", "-n", "2", "x"][..],
+                ErrorKind::ValueValidation,
+            ),
+            (&["--restarts", "-n", "2", "x"], ErrorKind::InvalidValue),
+            (&["-n", "2", "x", "--restarts"], ErrorKind::InvalidValue),
+            (
+                &["--restarts", "1", "--restarts=2", "-n", "2", "x"],
+                ErrorKind::ArgumentConflict,
             ),
         ] {
-            let error = parse(form).unwrap_err().to_string();
-            assert!(error.contains(expected), "{form:?}: {error}");
+            let error = parse(form).unwrap_err();
+            assert_eq!(error.kind(), expected, "{form:?}: {error}");
         }
     }
 
@@ -212,7 +170,7 @@ mod tests {
 
     #[test]
     fn launch_takes_the_count_the_example_and_its_arguments() {
-        let expected = Launch {
+        let expected = Args {
             workers: 2,
             example: "linear_regression".to_owned(),
             args: strings(&["--replicas", "2", "--json"]),
@@ -276,21 +234,45 @@ mod tests {
 
     #[test]
     fn launch_rejects_bad_arguments_with_the_usage() {
-        for (args, says) in [
-            (&["linear_regression"][..], "give -n W"),
-            (&["-n", "2"], "which example"),
-            (&["-n"], "-n needs a process count"),
-            (&["-n", "0", "x"], "positive integer, not '0'"),
-            (&["-n", "two", "x"], "positive integer, not 'two'"),
-            (&["-n", "2", "-n", "3", "x"], "given twice"),
-            (&["-n", "2", "x", "y"], "more than one example"),
-            (&["-n", "2", "x", "--json"], "unknown option '--json'"),
+        for (args, kind, says) in [
+            (
+                &["linear_regression"][..],
+                ErrorKind::MissingRequiredArgument,
+                "--np <W>",
+            ),
+            (
+                &["-n", "2"],
+                ErrorKind::MissingRequiredArgument,
+                "<EXAMPLE>",
+            ),
+            (&["-n"], ErrorKind::InvalidValue, "'--np <W>'"),
+            (
+                &["-n", "0", "x"],
+                ErrorKind::ValueValidation,
+                "invalid value '0' for '--np <W>': the process count must be a positive integer",
+            ),
+            (&["-n", "two", "x"], ErrorKind::ValueValidation, "'two'"),
+            (
+                &["-n", "2", "-n", "3", "x"],
+                ErrorKind::ArgumentConflict,
+                "cannot be used multiple times",
+            ),
+            (&["-n", "2", "x", "y"], ErrorKind::UnknownArgument, "'y'"),
+            (
+                &["-n", "2", "x", "--json"],
+                ErrorKind::UnknownArgument,
+                "to pass '--json' as a value, use '-- --json'",
+            ),
         ] {
-            let err = parse(args).unwrap_err().to_string();
-            assert!(err.contains(says), "{args:?}: {err}");
+            let err = parse(args).unwrap_err();
+            assert_eq!(err.kind(), kind, "{args:?}: {err}");
+            let text = err.to_string();
+            assert!(text.contains(says), "{args:?}: {text}");
+            // clap shows the usage with every error but a bad value, which it names.
+            let bad_value = matches!(kind, ErrorKind::InvalidValue | ErrorKind::ValueValidation);
             assert!(
-                err.contains("usage") || says.contains("positive"),
-                "{args:?}: {err}"
+                bad_value || text.contains("Usage: cargo xtask launch"),
+                "{args:?}: {text}"
             );
         }
     }

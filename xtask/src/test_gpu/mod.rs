@@ -1,5 +1,6 @@
-//! The GPU suites: the test, bench and binary targets that the workspace tests leave out (they
-//! need NVRTC, a GPU, NCCL or the CUDA PJRT plugin), and the commands that run them.
+//! `cargo xtask test-gpu`: the GPU suites, the test, bench and binary targets that the workspace
+//! tests leave out (they need NVRTC, a GPU, NCCL or the CUDA PJRT plugin), and the commands that
+//! run them.
 //!
 //! - [`suites`]: the one table of suites and their cargo arguments.
 //! - [`libs`]: finding the GPU, NCCL, NVRTC and the CUDA PJRT plugin.
@@ -28,9 +29,10 @@ mod libs;
 mod runner;
 mod suites;
 
-use std::path::Path;
+use std::path::PathBuf;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
+use clap::builder::PossibleValuesParser;
 
 use crate::cargo::workspace_root;
 
@@ -38,34 +40,97 @@ pub(crate) use dry_run::dry_run;
 pub(crate) use runner::test_nvrtc;
 pub(crate) use suites::{clippy_args, gpu_only_packages};
 
+/// On a machine with an NVIDIA GPU: run every GPU suite
+///
+/// Runs every GPU suite here (the tests, the gpu and tpu benches, the demo on TpuStrategy) with
+/// NVRTC, NCCL (from NCCL_LIB_DIR, the nvidia-nccl-cu13/-cu12 wheel or the system) and the CUDA
+/// PJRT plugin (PJRT_PLUGIN, fetch-pjrt --plugin cuda or the jax-cuda13-pjrt wheel), each
+/// skipped with a warning when missing, and DISTRIBUTE_REQUIRE_{GPU,NVRTC,NCCL}=1. The candle
+/// suites build with a CUDA 13.0 toolkit (nvcc) of 5 pinned wheels, installed under
+/// target/cuda-toolkit/ with link-time stubs of the driver, cuBLAS and cuRAND
+/// (DISTRIBUTE_CUDA_COMPUTE_CAP overrides the GPU architecture).
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// Build the GPU suites (every one, or those named) into DIR (stripped; e.g.
+    /// target/gpu-bundle) with DIR/run.sh, which runs them on a GPU machine without Rust:
+    /// `DIR/run.sh [SUITE...]` (NCCL_LIB_DIR, NVRTC_LIB_DIR, PJRT_PLUGIN override what it
+    /// finds); executables over 16 MiB go in xz-compressed, which run.sh unpacks
+    #[arg(long, value_name = "DIR", conflicts_with = "dry_run")]
+    build_only: Option<PathBuf>,
+    /// Build the bundle into target/gpu-bundle-dry and run its run.sh on this machine without a
+    /// GPU, checking each suite's expected outcome (what `test` ends with)
+    #[arg(long)]
+    dry_run: bool,
+    /// The suites --build-only builds (default: every one)
+    #[arg(
+        value_name = "SUITE",
+        requires = "build_only",
+        value_parser = PossibleValuesParser::new(suites::SUITES.iter().map(|suite| suite.name))
+    )]
+    suites: Vec<String>,
+}
+
 /// `cargo xtask test-gpu [--build-only DIR [SUITE...] | --dry-run]`.
-pub(crate) fn command(args: &[String]) -> Result<()> {
+pub(crate) fn command(args: &Args) -> Result<()> {
     let root = workspace_root();
-    match args {
-        [] => runner::run_here(&root),
-        [flag] if flag == "--dry-run" => dry_run::dry_run(&root),
-        [flag, dir, suites @ ..] if flag == "--build-only" => {
-            bundle::build_only(&root, Path::new(dir), suites)
-        }
-        [flag, suites @ ..] if flag.starts_with("--build-only=") => {
-            bundle::build_only(&root, Path::new(&flag["--build-only=".len()..]), suites)
-        }
-        _ => bail!(
-            "usage: cargo xtask test-gpu [--build-only DIR [SUITE...] | --dry-run] (got {args:?})"
-        ),
+    match (&args.build_only, args.dry_run) {
+        (Some(dir), _) => bundle::build_only(&root, dir, &args.suites),
+        (None, true) => dry_run::dry_run(&root),
+        (None, false) => runner::run_here(&root),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use clap::error::ErrorKind;
+
+    use crate::{Command, parse};
+
+    #[test]
+    fn test_gpu_takes_a_bundle_folder_and_suites_or_the_dry_run() {
+        let parsed = |args: &[&str]| match parse(args).unwrap() {
+            Command::TestGpu(args) => (args.build_only, args.dry_run, args.suites),
+            _ => panic!("{args:?} is not test-gpu"),
+        };
+        assert_eq!(parsed(&["test-gpu"]), (None, false, vec![]));
+        assert_eq!(parsed(&["test-gpu", "--dry-run"]), (None, true, vec![]));
+        for form in [
+            &["test-gpu", "--build-only", "b", "nccl", "demo-tpu"][..],
+            &["test-gpu", "--build-only=b", "nccl", "demo-tpu"],
+        ] {
+            assert_eq!(
+                parsed(form),
+                (
+                    Some("b".into()),
+                    false,
+                    vec!["nccl".to_owned(), "demo-tpu".to_owned()]
+                ),
+                "{form:?}"
+            );
+        }
+    }
 
     #[test]
     fn test_gpu_rejects_unknown_arguments() {
-        let err = command(&["--frobnicate".to_owned()]).unwrap_err();
-        assert!(
-            err.to_string().contains("usage: cargo xtask test-gpu"),
-            "{err}"
-        );
+        for (args, kind) in [
+            (
+                &["test-gpu", "--frobnicate"][..],
+                ErrorKind::UnknownArgument,
+            ),
+            (&["test-gpu", "nccl"], ErrorKind::MissingRequiredArgument),
+            (
+                &["test-gpu", "--dry-run", "--build-only", "b"],
+                ErrorKind::ArgumentConflict,
+            ),
+            (
+                &["test-gpu", "--build-only", "b", "nonsense"],
+                ErrorKind::InvalidValue,
+            ),
+        ] {
+            let Err(err) = parse(args) else {
+                panic!("{args:?} parsed");
+            };
+            assert_eq!(err.kind(), kind, "{args:?}: {err}");
+        }
     }
 }
