@@ -2,11 +2,12 @@
 //!
 //! It only orchestrates `cargo` and the provisioning that tests need; it knows nothing about the
 //! library crates' internals. This file parses the command line ([`Command`]) and hands each
-//! command to its module: [`test`] (`test`, `test-mpi`), [`ci`], [`test_gpu`], [`fetch`]
-//! (`fetch-pjrt`, `fetch-nvrtc`), [`bench`], [`demo`], [`launch`]. What several commands share
-//! is in [`cargo`], [`packages`] and [`mpirun`]; what they fetch or find on the machine is in
-//! [`provision`]. The tidy tests (layering, module headers, the architecture doc's invariants,
-//! licences, cycles between files, single copies) live in [`tidy`].
+//! command to its module: [`test`](mod@test) (`test`, `test-mpi`), [`ci`], [`test_gpu`],
+//! [`fetch`] (`fetch-pjrt`, `fetch-nvrtc`), [`bench`](mod@bench), [`demo`], [`launch`]. What
+//! several commands share is in [`cargo`], [`packages`] and [`mpirun`]; what they fetch or find
+//! on the machine is in [`provision`]. The tidy tests (layering, module headers, the
+//! architecture doc's invariants, licences, cycles between files, single copies) live in `tidy`
+//! (compiled for tests only).
 
 use std::process::ExitCode;
 

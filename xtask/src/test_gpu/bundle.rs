@@ -1,7 +1,7 @@
 //! `cargo xtask test-gpu --build-only DIR [SUITE...]`: the GPU suites built into a folder,
 //! stripped, with `run.sh` (the file beside this one, copied as it is) and `suites.txt` (what to
 //! run and how), so that they run on a machine that has no Rust. The bundle's dry run on this
-//! machine is [`super::dry_run`]'s.
+//! machine is [`super::dry_run()`]'s.
 
 use std::fmt::Write as _;
 use std::fs;

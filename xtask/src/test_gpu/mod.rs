@@ -9,7 +9,7 @@
 //!   on this machine's GPU.
 //! - [`bundle`]: `cargo xtask test-gpu --build-only DIR [SUITE...]` builds the suites into `DIR`
 //!   with `run.sh` (`test_gpu/run.sh`), which runs them on another machine that has no Rust.
-//! - [`dry_run`]: `cargo xtask test-gpu --dry-run` (and the end of `cargo xtask test`) builds the
+//! - [`dry_run`](mod@dry_run): `cargo xtask test-gpu --dry-run` (and the end of `cargo xtask test`) builds the
 //!   bundle and runs its `run.sh` here, without a GPU, checking what each suite must give.
 //! - `cargo xtask ci` also runs clippy with the GPU features on (`cuda`, then `cuda` + `nccl`;
 //!   [`clippy_args`]).
