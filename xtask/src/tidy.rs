@@ -15,9 +15,11 @@
 //!   lints.
 
 mod crate_map;
+mod cycles;
 mod facade;
 mod invariants;
 mod licences;
+mod source;
 mod spdx;
 
 use std::collections::BTreeMap;

@@ -23,14 +23,15 @@ mod system;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 
 use super::pins;
 use super::wheel::{self, WheelTree};
 use system::{
-    System, SystemMpi, compiler_headers, find_libclang, probe_system_mpi, running_as_root,
-    wheel_mpirun_version,
+    System, SystemMpi, compiler_headers, find_libclang, open_mpi_version, probe_system_mpi,
+    running_as_root,
 };
 
 /// The variable that chooses where MPI and libclang come from.
@@ -222,6 +223,28 @@ pub(crate) fn resolve(root: &Path, target_dir: &Path) -> Result<Mpi> {
     };
     eprintln!("xtask: {}", mpi.describe());
     Ok(mpi)
+}
+
+/// The version the wheel's `mpirun --version` prints; an error with its output when it does
+/// not run (an older glibc than the wheel's manylinux_2_28, say).
+fn wheel_mpirun_version(mpirun: &Path, prefix: &Path) -> Result<String> {
+    let output = Command::new(mpirun)
+        .arg("--version")
+        .env("OPAL_PREFIX", prefix)
+        .output()
+        .with_context(|| format!("could not start {}", mpirun.display()))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    match open_mpi_version(&stdout) {
+        Some(version) if output.status.success() => Ok(version),
+        _ => bail!(
+            "the wheel's {} does not run here ({}): {}{} (the wheel needs glibc 2.28 or newer); \
+             install Open MPI and libclang instead and set {CHOICE_VAR}=system",
+            mpirun.display(),
+            output.status,
+            stdout.trim(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ),
+    }
 }
 
 impl Mpi {

@@ -1,15 +1,13 @@
 //! What the machine has without fetching anything: the system's Open MPI (`mpirun` and
-//! `mpicc` on `PATH`), the libclang bindgen would load, the C compiler's headers, and whether
-//! this process runs as root.
+//! `mpicc` on `PATH`) and its version, the libclang bindgen would load, the C compiler's
+//! headers, and whether this process runs as root.
 
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result, bail};
-
-use super::CHOICE_VAR;
+use anyhow::{Result, bail};
 
 /// The system's Open MPI, as found on `PATH`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,31 +50,9 @@ pub(super) fn compiler_headers() -> Result<PathBuf> {
     )
 }
 
-/// The version the wheel's `mpirun --version` prints; an error with its output when it does
-/// not run (an older glibc than the wheel's manylinux_2_28, say).
-pub(super) fn wheel_mpirun_version(mpirun: &Path, prefix: &Path) -> Result<String> {
-    let output = Command::new(mpirun)
-        .arg("--version")
-        .env("OPAL_PREFIX", prefix)
-        .output()
-        .with_context(|| format!("could not start {}", mpirun.display()))?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    match open_mpi_version(&stdout) {
-        Some(version) if output.status.success() => Ok(version),
-        _ => bail!(
-            "the wheel's {} does not run here ({}): {}{} (the wheel needs glibc 2.28 or newer); \
-             install Open MPI and libclang instead and set {CHOICE_VAR}=system",
-            mpirun.display(),
-            output.status,
-            stdout.trim(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ),
-    }
-}
-
 /// `Open MPI X.Y.Z` from what `mpirun --version` printed (`mpirun (Open MPI) 4.1.4`), or `None`
 /// for another MPI.
-fn open_mpi_version(output: &str) -> Option<String> {
+pub(super) fn open_mpi_version(output: &str) -> Option<String> {
     let line = output.lines().next()?;
     let (_, after) = line.split_once("(Open MPI)")?;
     let version = after.trim();
