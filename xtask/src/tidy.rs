@@ -11,6 +11,11 @@
 //!   expression that the allowed licences satisfy ([`spdx`] evaluates it); workspace crates say
 //!   the workspace's `Apache-2.0`.
 //! - [`facade`]: a CPU-only build of the facade compiles no cryptography, MPI or CUDA.
+//! - [`cycles`]: no two files of a crate name each other, directly or around a circle (today's
+//!   cycles are listed and may only go).
+//! - [`single_copies`]: one FNV-1a and one dtype dispatch macro in the tree (today's copies are
+//!   listed and may only go).
+//! - [`source`]: the lexical reading of Rust that the last two share.
 //! - Here: every library crate has a `//!` header on every module, and inherits the workspace
 //!   lints.
 
@@ -19,6 +24,7 @@ mod cycles;
 mod facade;
 mod invariants;
 mod licences;
+mod single_copies;
 mod source;
 mod spdx;
 
