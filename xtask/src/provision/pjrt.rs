@@ -135,7 +135,7 @@ mod tests {
 
     #[test]
     fn the_install_path_is_the_one_the_pjrt_crate_loads() {
-        let root = crate::cargo::workspace_root();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
         let plugin_rs = fs::read_to_string(root.join("crates/pjrt/src/plugin.rs")).unwrap();
         assert!(
             plugin_rs.contains(&format!("\"{INSTALL_PATH}\"")),
