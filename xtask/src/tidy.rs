@@ -11,13 +11,21 @@
 //!   expression that the allowed licences satisfy ([`spdx`] evaluates it); workspace crates say
 //!   the workspace's `Apache-2.0`.
 //! - [`facade`]: a CPU-only build of the facade compiles no cryptography, MPI or CUDA.
+//! - [`cycles`]: no two files of a crate name each other, directly or around a circle (today's
+//!   cycles are listed and may only go).
+//! - [`single_copies`]: one FNV-1a and one dtype dispatch macro in the tree (today's copies are
+//!   listed and may only go).
+//! - [`source`]: the lexical reading of Rust that the last two share.
 //! - Here: every library crate has a `//!` header on every module, and inherits the workspace
 //!   lints.
 
 mod crate_map;
+mod cycles;
 mod facade;
 mod invariants;
 mod licences;
+mod single_copies;
+mod source;
 mod spdx;
 
 use std::collections::BTreeMap;
@@ -45,7 +53,7 @@ struct Package {
 }
 
 fn workspace_root() -> PathBuf {
-    crate::workspace_root()
+    crate::cargo::workspace_root()
 }
 
 /// The text of [`ARCHITECTURE_DOC`]; panics (fails the test) when it is missing.
@@ -61,7 +69,7 @@ fn architecture_doc() -> String {
 
 /// `cargo metadata --format-version 1 <args>` of the workspace, parsed; the error is cargo's.
 fn cargo_metadata(args: &[&str]) -> Result<Value, String> {
-    let output = std::process::Command::new(crate::cargo_program())
+    let output = std::process::Command::new(crate::cargo::cargo_program())
         .args(["metadata", "--format-version", "1"])
         .args(args)
         .current_dir(workspace_root())

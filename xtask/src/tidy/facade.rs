@@ -17,7 +17,7 @@ const FORBIDDEN: &[(&str, &str)] = &[
 
 /// The names of the packages a no-feature build of `package` compiles (normal dependencies).
 fn normal_dependencies(package: &str) -> Result<Vec<String>, String> {
-    let output = Command::new(crate::cargo_program())
+    let output = Command::new(crate::cargo::cargo_program())
         .args([
             "tree",
             "--package",

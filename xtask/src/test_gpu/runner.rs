@@ -12,7 +12,8 @@ use super::libs::{
     find_nvrtc, ld_library_path, link_nccl, python_site_dirs, wheel_lib_dirs,
 };
 use super::suites::{Kind, NVRTC_SUITE, Needs, SUITES, suite};
-use crate::{cargo_env, nvrtc, pjrt};
+use crate::cargo::cargo_env;
+use crate::provision::{nvrtc, pjrt};
 
 /// Runs [`NVRTC_SUITE`] with the pinned NVRTC of `fetch-nvrtc` and `DISTRIBUTE_REQUIRE_NVRTC=1`:
 /// the CUDA kernels must compile on every machine, GPU or not. `extra` goes to the test binary.
@@ -132,7 +133,8 @@ pub(super) fn run_here(root: &Path) -> Result<()> {
         if suite.needs == Needs::CudaLinked {
             // Built with the pinned toolkit for this machine's GPU; run with cuBLAS, cuRAND and
             // the CUDA runtime of NVIDIA's wheels.
-            let toolkit = crate::cuda_toolkit::fetch(root).and_then(|t| t.build_env(true));
+            let toolkit =
+                crate::provision::cuda_toolkit::fetch(root).and_then(|t| t.build_env(true));
             let toolkit = match toolkit {
                 Ok(env) => env,
                 Err(err) => {
@@ -144,8 +146,8 @@ pub(super) fn run_here(root: &Path) -> Result<()> {
             let linked: Vec<PathBuf> = wheel_dirs
                 .iter()
                 .filter(|dir| {
-                    dir.join(crate::cuda_toolkit::CUDART).exists()
-                        || crate::cuda_toolkit::STUBS
+                    dir.join(crate::provision::cuda_toolkit::CUDART).exists()
+                        || crate::provision::cuda_toolkit::STUBS
                             .iter()
                             .any(|stub| dir.join(stub.soname).exists())
                 })

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs distribute's GPU suites on a machine with an NVIDIA GPU, from the folder that
-# `cargo xtask test-gpu --build-only DIR` fills (this file is xtask/src/gpu/run.sh, copied as it
-# is; suites.txt beside it lists the suites: `NAME NEEDS ARG...`). Needs bash, and python3 only
-# to find NVIDIA's and JAX's wheels.
+# `cargo xtask test-gpu --build-only DIR` fills (this file is xtask/src/test_gpu/run.sh, copied
+# as it is; suites.txt beside it lists the suites: `NAME NEEDS ARG...`). Needs bash, and python3
+# only to find NVIDIA's and JAX's wheels.
 #
 #   run.sh [SUITE...]     every suite of suites.txt when none is named
 #
@@ -40,7 +40,7 @@ mkdir -p "$out/suites" || exit 2
 exec > >(tee -a "$out/run.log") 2>&1
 echo "run.sh: $(date -u +%Y-%m-%dT%H:%M:%SZ), deadline ${deadline_s} s, ${suite_limit_s} s a suite, results in $out"
 
-# Folders searched after the wheels; xtask/src/gpu/libs.rs has the same lists (a test checks).
+# Folders searched after the wheels; xtask/src/test_gpu/libs.rs has the same lists (a test checks).
 system_nccl_dirs=(/usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/cuda/lib64 /usr/local/nccl/lib /usr/local/lib)
 cuda_toolkit_dirs=(/usr/local/cuda/lib64)
 system_nvrtc_dirs=(/usr/lib/x86_64-linux-gnu /usr/lib64)

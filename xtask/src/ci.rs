@@ -1,0 +1,151 @@
+//! `cargo xtask ci`: what CI runs. `cargo fmt --check`; clippy with warnings denied on every
+//! target of the workspace's plain build, then with the GPU features (`cuda`, then `cuda` and
+//! `nccl`), with candle's CUDA backend (built with the pinned CUDA toolkit), with `mpi`, and
+//! with `mpi` and `nccl`; then `cargo xtask test`.
+
+use std::ffi::OsStr;
+
+use anyhow::{Context, Result};
+
+use crate::cargo::{cargo, cargo_env, metadata, workspace_root};
+use crate::mpirun::{env_refs, resolve};
+use crate::packages::{MpiPackages, nccl_packages, plain_build_excludes};
+use crate::provision::cuda_toolkit;
+use crate::test_gpu;
+
+/// Run what CI runs: fmt check, clippy with every feature set, then test
+///
+/// `cargo fmt --check`; `cargo clippy --all-targets -D warnings` on the workspace's plain build
+/// (without the packages that need MPI or CUDA to build), again with the GPU features (cuda;
+/// cuda and nccl), with distribute-candle's cuda (built with the pinned CUDA 13.0 toolkit,
+/// installed under target/cuda-toolkit/), with mpi and with mpi and nccl; then `cargo xtask
+/// test`.
+#[derive(clap::Args)]
+pub(crate) struct Args {}
+
+/// Runs `cargo xtask ci`.
+pub(crate) fn ci() -> Result<()> {
+    cargo("format check", &["fmt", "--all", "--", "--check"])?;
+    let mut clippy = vec!["clippy", "--workspace", "--all-targets"];
+    let excludes = plain_build_excludes()?;
+    clippy.extend(excludes.iter().map(String::as_str));
+    clippy.extend(["--", "-D", "warnings"]);
+    cargo("clippy", &clippy)?;
+    for features in [&["cuda"][..], &["cuda", "nccl"]] {
+        let gpu_clippy = test_gpu::clippy_args(features);
+        let gpu_clippy: Vec<&str> = gpu_clippy.iter().map(String::as_str).collect();
+        cargo(
+            &format!("clippy (features {})", features.join(", ")),
+            &gpu_clippy,
+        )?;
+    }
+    // candle's CUDA backend, built with the pinned toolkit (nvcc), in a lint of its own: it links
+    // CUDA, which cannot share a build with the run-time loading of the GPU lints above.
+    let toolkit = cuda_toolkit::fetch(&workspace_root())?.build_env(false)?;
+    let toolkit: Vec<(&str, &OsStr)> = toolkit
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_os_str()))
+        .collect();
+    cargo_env(
+        "clippy (distribute-candle/cuda)",
+        &[
+            "clippy",
+            "--package",
+            "distribute-candle",
+            "--all-targets",
+            "--features",
+            "distribute-candle/cuda",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &toolkit,
+    )?;
+    clippy_mpi()?;
+    crate::test::test(&[])
+}
+
+/// `cargo clippy` arguments that lint every target of `packages` with `mpi` on.
+fn clippy_args(packages: &MpiPackages) -> Vec<String> {
+    let mut args = vec!["clippy".to_owned(), "--all-targets".to_owned()];
+    args.extend(packages.cargo_args());
+    args.extend(["--", "-D", "warnings"].map(str::to_owned));
+    args
+}
+
+/// `cargo xtask ci`'s lint with the `mpi` feature; an error when no MPI can be had.
+fn clippy_mpi() -> Result<()> {
+    let metadata = metadata()?;
+    let packages = MpiPackages::of(&metadata);
+    if packages.is_empty() {
+        eprintln!("xtask: clippy (feature mpi): no package builds with MPI; nothing to lint");
+        return Ok(());
+    }
+    let mpi = resolve(&metadata).context("linting with the `mpi` feature")?;
+    let args = clippy_args(&packages);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    cargo_env("clippy (feature mpi)", &args, &env_refs(&mpi.env()))?;
+    // MPI and NCCL together (NCCL across an MPI job's GPUs): the same packages, with `nccl` on
+    // where they have it.
+    let args = with_nccl(
+        clippy_args(&packages),
+        &nccl_packages(&metadata, &packages.all()),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    cargo_env("clippy (features mpi, nccl)", &args, &env_refs(&mpi.env()))
+}
+
+/// `args` (a cargo command line ending in `-- ...`) with `P/nccl` for each of `packages` added
+/// to its features.
+fn with_nccl(mut args: Vec<String>, packages: &[String]) -> Vec<String> {
+    let nccl: Vec<String> = packages.iter().map(|p| format!("{p}/nccl")).collect();
+    if nccl.is_empty() {
+        return args;
+    }
+    match args.iter().position(|a| a == "--features") {
+        Some(i) => args[i + 1] = format!("{},{}", args[i + 1], nccl.join(",")),
+        None => {
+            let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+            args.splice(end..end, ["--features".to_owned(), nccl.join(",")]);
+        }
+    }
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn clippy_lints_every_mpi_package_with_the_feature_and_again_with_nccl() {
+        let packages = MpiPackages {
+            featured: strings(&["distribute", "distribute-mirrored"]),
+            only: strings(&["distribute-mpi"]),
+        };
+        assert_eq!(
+            clippy_args(&packages).join(" "),
+            "clippy --all-targets --package distribute --package distribute-mirrored \
+             --package distribute-mpi --features distribute/mpi,distribute-mirrored/mpi -- -D \
+             warnings"
+        );
+        assert_eq!(
+            with_nccl(clippy_args(&packages), &strings(&["distribute-mpi"])).join(" "),
+            "clippy --all-targets --package distribute --package distribute-mirrored --package \
+             distribute-mpi --features distribute/mpi,distribute-mirrored/mpi,distribute-mpi/nccl \
+             -- -D warnings"
+        );
+        let only = MpiPackages {
+            featured: Vec::new(),
+            only: strings(&["distribute-mpi"]),
+        };
+        assert_eq!(
+            with_nccl(clippy_args(&only), &strings(&["distribute-mpi"])).join(" "),
+            "clippy --all-targets --package distribute-mpi --features distribute-mpi/nccl -- -D \
+             warnings"
+        );
+    }
+}
