@@ -18,7 +18,7 @@ use distribute_values::ReduceOp;
 use half::{bf16, f16};
 use ndarray::{ArcArray, IxDyn};
 
-use crate::{DType, Tensor, TensorError, gpu};
+use crate::{DType, Tensor, TensorError};
 use crate::{Element, with_dtype};
 
 /// Elements per tile: the accumulators of one tile (at most 256 bytes) stay in registers while
@@ -457,7 +457,7 @@ pub fn reduce_tensors(
         return integer_mean_tensors(inputs, device, divisor);
     }
     // An input in GPU memory makes the reduction run on a GPU.
-    if let Some(reduced) = gpu::reduce_if_on_gpu(op, inputs, device, divisor)? {
+    if let Some(reduced) = crate::reduce_if_on_gpu(op, inputs, device, divisor)? {
         return Ok(reduced);
     }
     with_dtype!(first.dtype(), T => typed::<T>(op, inputs, device, divisor))

@@ -12,6 +12,10 @@
 //! through one small API that a build without `cuda` provides too (`no_cuda`), so `cfg`
 //! appears only on `mod` lines.
 
+mod dtype;
+// `with_host!` reaches the modules below by textual scope.
+#[macro_use]
+mod host;
 pub mod bytes;
 mod distributed;
 mod error;
@@ -19,8 +23,6 @@ pub mod flat;
 mod fnv;
 pub mod kernel;
 mod sparse;
-// `with_host!` reaches the `cuda` module below by textual scope.
-#[macro_use]
 mod tensor;
 
 #[cfg(feature = "cuda")]
@@ -28,15 +30,22 @@ pub mod cuda;
 #[cfg(not(feature = "cuda"))]
 mod no_cuda;
 
-/// What the shared files need of GPUs: `cuda::bridge` with feature `cuda`, `no_cuda` without.
+/// What the shared files need of GPUs, with feature `cuda` and without: GPU storage (`gpu`,
+/// which knows nothing of tensors) and the reduction of inputs of which one is on a GPU.
 #[cfg(feature = "cuda")]
 use cuda::bridge as gpu;
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::reduce_if_on_gpu;
 #[cfg(not(feature = "cuda"))]
 use no_cuda as gpu;
+#[cfg(not(feature = "cuda"))]
+pub(crate) use no_cuda::reduce_if_on_gpu;
 
+pub use dtype::DType;
 pub use error::{GpuError, TensorError};
 pub use fnv::Fnv;
 /// The half-precision element types, as [`with_dtype!`] names them.
 pub use half::{bf16, f16};
+pub use host::Element;
 pub use sparse::{AnyTensor, IndexedSlices};
-pub use tensor::{DType, Element, Placement, Tensor};
+pub use tensor::{Placement, Tensor};

@@ -4,8 +4,8 @@
 
 use distribute_values::ReduceOp;
 
-use crate::tensor::HostArray;
-use crate::{DType, GpuError, Tensor, TensorError};
+use crate::host::HostArray;
+use crate::{DType, GpuError, TensorError};
 
 /// GPU storage, of which a build without `cuda` has none.
 #[derive(Clone)]
@@ -37,12 +37,13 @@ impl GpuArray {
     }
 }
 
-/// Every input is in host memory, so no reduction runs on a GPU.
-pub(crate) fn reduce_if_on_gpu(
+/// Every input is in host memory, so no reduction runs on a GPU. Generic over the input type
+/// (a [`Tensor`](crate::Tensor)), so this file needs nothing of the tensor's own file.
+pub(crate) fn reduce_if_on_gpu<T>(
     _op: ReduceOp,
-    _inputs: &[&Tensor],
+    _inputs: &[&T],
     _device: &str,
     _divisor: usize,
-) -> Result<Option<Tensor>, TensorError> {
+) -> Result<Option<T>, TensorError> {
     Ok(None)
 }

@@ -233,6 +233,7 @@ pub(crate) const NVRTC_SUITE: &str = "collectives-nvrtc";
 /// features: every GPU lint takes it, and the workspace's plain builds leave it out
 /// ([`gpu_only_packages`]), so that it does not turn on collectives' `cuda` for every crate.
 pub(crate) const FEATURE_PACKAGES: &[(&str, &[&str])] = &[
+    ("distribute-tensor", &["cuda"]),
     ("distribute-collectives", &["cuda"]),
     ("distribute-nccl", &[]),
     ("distribute-nccl-exchange", &["nccl"]),
@@ -390,15 +391,16 @@ mod tests {
         let args = clippy_args(&["cuda", "nccl"]).join(" ");
         assert!(
             args.starts_with(
-                "clippy --all-targets --package distribute-collectives --package distribute-nccl \
-                 --package distribute-nccl-exchange --package"
+                "clippy --all-targets --package distribute-tensor --package \
+                 distribute-collectives --package distribute-nccl --package \
+                 distribute-nccl-exchange --package"
             ),
             "{args}"
         );
         assert!(
             args.contains(
-                "--features distribute-collectives/cuda,distribute-nccl-exchange/nccl,\
-                 distribute-mirrored/cuda,distribute-mirrored/nccl,distribute/cuda,distribute/nccl"
+                "--features distribute-tensor/cuda,distribute-collectives/cuda,\
+                 distribute-nccl-exchange/nccl,distribute-mirrored/cuda,distribute-mirrored/nccl,distribute/cuda,distribute/nccl"
             ),
             "{args}"
         );

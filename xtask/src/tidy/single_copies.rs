@@ -27,8 +27,8 @@ struct Single {
 const SINGLES: &[Single] = &[
     Single {
         what: "FNV-1a (its offset basis or prime)",
-        home: "crates/collectives/src/fnv.rs",
-        instead: "use distribute_collectives::backend::Fnv",
+        home: "crates/tensor/src/fnv.rs",
+        instead: "use distribute_tensor::Fnv",
         holds: holds_fnv,
         copies_today: &[
             "crates/candle/src/variables.rs",
@@ -38,12 +38,11 @@ const SINGLES: &[Single] = &[
     },
     Single {
         what: "dtype dispatch macro (a `macro_rules!` named with_dtype or matching DType's variants)",
-        home: "crates/collectives/src/tensor.rs",
-        instead: "use distribute_collectives::backend::with_dtype",
+        home: "crates/tensor/src/dtype.rs",
+        instead: "use distribute_tensor::with_dtype",
         holds: holds_dtype_macro,
         copies_today: &[
             "crates/collectives/tests/gpu.rs",
-            "crates/input/src/batch.rs",
             "crates/input/tests/input/row_copies.rs",
         ],
     },

@@ -18,7 +18,7 @@ use distribute_values::ReduceOp;
 use super::device::{Gpu, driver_error};
 use super::memory::GpuArray;
 use super::nvrtc::Program;
-use crate::{DType, GpuError, Tensor, TensorError};
+use crate::{DType, GpuError, Placement, Tensor, TensorError};
 
 /// Threads per block of the reduction kernels.
 const THREADS: u32 = 256;
@@ -411,4 +411,39 @@ fn launch(
     // aligned; the guards keep the buffers' stream order until the launch is queued.
     unsafe { builder.launch(config) }.map_err(driver_error)?;
     Ok(())
+}
+
+/// The reduction of `inputs` when one of them is in GPU memory, on a GPU (placed on `device`, or
+/// in host memory when `device` names no GPU); `None` when every input is in host memory.
+pub(crate) fn reduce_if_on_gpu(
+    op: ReduceOp,
+    inputs: &[&Tensor],
+    device: &str,
+    divisor: usize,
+) -> Result<Option<Tensor>, TensorError> {
+    let Some(gpu) = gpu_for_reduction(inputs, device)? else {
+        return Ok(None);
+    };
+    let array = reduce_on_gpu(op, inputs, &gpu, divisor)?;
+    let reduced = Tensor::from_gpu_array(device.into(), array);
+    // The reduction ran on a GPU because an input lives there; a destination that names no
+    // GPU gets the result in host memory.
+    match Gpu::index_of(device)? {
+        Some(_) => Ok(Some(reduced)),
+        None => reduced.to_host().map(Some),
+    }
+}
+
+/// The GPU a reduction runs on: none when every input is in host memory (host data is never
+/// uploaded implicitly); else the GPU `device` names, or the first GPU input's.
+fn gpu_for_reduction(inputs: &[&Tensor], device: &str) -> Result<Option<Gpu>, TensorError> {
+    let first_gpu = inputs.iter().find_map(|t| match t.placement() {
+        Placement::Cuda { ordinal } => Some(ordinal),
+        _ => None,
+    });
+    let Some(first_gpu) = first_gpu else {
+        return Ok(None);
+    };
+    let ordinal = Gpu::index_of(device)?.unwrap_or(first_gpu);
+    Ok(Some(Gpu::open(ordinal)?))
 }

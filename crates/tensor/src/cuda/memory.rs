@@ -1,12 +1,14 @@
 //! Tensor elements in GPU memory, and the copies between host and GPUs.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, PinnedHostSlice};
+use cudarc::driver::CudaSlice;
+use ndarray::{ArcArray, ArrayD, IxDyn};
 
 use super::device::{Gpu, driver_error};
-use crate::tensor::HostArray;
-use crate::{DType, GpuError, Tensor, TensorError};
+use crate::host::HostArray;
+use crate::{DType, Element, GpuError, with_dtype};
 
 /// The storage of a GPU tensor: its bytes on one GPU, never written after they are filled (every
 /// operation makes a new buffer), so clones share them like host tensors share theirs. Part of
@@ -110,53 +112,58 @@ impl GpuArray {
     }
 }
 
-/// Uploads host tensors through a page-locked staging buffer, the fast path for input batches:
-/// the copy from pinned memory runs asynchronously on the GPU's stream, and the staging buffer is
-/// reused for the next batch of the same size (writing it waits for the previous copy).
-///
-/// Owned by one thread (a replica's input feeder).
-pub struct PinnedUploader {
-    gpu: Gpu,
-    staging: Option<PinnedHostSlice<u8>>,
-}
-
-impl PinnedUploader {
-    /// An uploader to `gpu`'s stream.
-    pub fn new(gpu: &Gpu) -> PinnedUploader {
-        PinnedUploader {
-            gpu: gpu.clone(),
-            staging: None,
+impl HostArray {
+    /// The elements' bytes in row-major order, borrowed when the layout is standard.
+    pub(crate) fn to_bytes(&self) -> Cow<'_, [u8]> {
+        fn bytes<T: Element>(a: &ArcArray<T, IxDyn>) -> Cow<'_, [u8]> {
+            match a.as_slice() {
+                // SAFETY: every Element is plain old data (numbers, or u16 bit patterns for
+                // f16/bf16) without padding, so its memory is valid as bytes.
+                Some(s) => Cow::Borrowed(unsafe {
+                    std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s))
+                }),
+                None => {
+                    let v: Vec<T> = a.iter().copied().collect();
+                    // SAFETY: as above.
+                    let b = unsafe {
+                        std::slice::from_raw_parts(
+                            v.as_ptr().cast::<u8>(),
+                            std::mem::size_of_val(&v[..]),
+                        )
+                    };
+                    Cow::Owned(b.to_vec())
+                }
+            }
         }
+        with_host!(self, a => bytes(a))
     }
 
-    /// `tensor` copied to the GPU (labelled as [`Tensor::to_gpu`] labels it). A tensor already
-    /// on a GPU is copied or shared as `to_gpu` does.
-    pub fn upload(&mut self, tensor: &Tensor) -> Result<Tensor, TensorError> {
-        let Some(host) = tensor.host_storage() else {
-            return tensor.to_gpu(&self.gpu);
-        };
-        let src = host.to_bytes();
-        let mut bytes = GpuArray::alloc(&self.gpu, host.dtype(), host.shape())?;
-        if !src.is_empty() {
-            if self.staging.as_ref().is_none_or(|s| s.len() != src.len()) {
-                let context = self.gpu.context();
-                // SAFETY: the buffer is written in full below before any copy reads it.
-                let fresh =
-                    unsafe { context.alloc_pinned::<u8>(src.len()) }.map_err(driver_error)?;
-                self.staging = Some(fresh);
-            }
-            let staging = self.staging.as_mut().expect("allocated above");
-            // Waits for the previous upload's copy out of this buffer to finish.
-            staging
-                .as_mut_slice()
-                .map_err(driver_error)?
-                .copy_from_slice(&src);
-            self.gpu
-                .stream()
-                .memcpy_htod(&*staging, &mut bytes.slice_mut(..src.len()))
-                .map_err(driver_error)?;
+    /// Elements of `dtype` and `shape` from their bytes in row-major order.
+    pub(crate) fn from_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> HostArray {
+        fn build<T: Element>(shape: &[usize], bytes: &[u8]) -> HostArray {
+            let n = bytes.len() / std::mem::size_of::<T>();
+            // The copy below writes exactly `bytes.len()` bytes into `n` elements.
+            assert_eq!(
+                n * std::mem::size_of::<T>(),
+                bytes.len(),
+                "whole elements only"
+            );
+            let mut v = vec![T::zero(); n];
+            // SAFETY: `v` holds exactly `bytes.len()` bytes of plain-old-data elements, every bit
+            // pattern of which is a valid element.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    v.as_mut_ptr().cast::<u8>(),
+                    bytes.len(),
+                )
+            };
+            T::wrap(
+                ArrayD::from_shape_vec(shape, v)
+                    .expect("byte count matches the shape")
+                    .into_shared(),
+            )
         }
-        let array = GpuArray::new(&self.gpu, host.dtype(), host.shape(), bytes);
-        Ok(Tensor::from_gpu_array(tensor.gpu_label(&self.gpu), array))
+        with_dtype!(dtype, T => build::<T>(shape, bytes))
     }
 }

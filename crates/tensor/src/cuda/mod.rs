@@ -20,14 +20,19 @@
 //!   kernel does, so GPU and CPU reductions give the same bits.
 
 pub(crate) mod bridge;
+mod current;
 mod device;
 mod kernels;
 mod memory;
 mod nvrtc;
 mod probe;
 mod tensor;
+mod upload;
 
-pub use device::{Gpu, current_gpu, driver_error, set_current_gpu, to_current_gpu};
+pub use current::{current_gpu, set_current_gpu, to_current_gpu};
+pub use device::{Gpu, driver_error};
+pub(crate) use kernels::reduce_if_on_gpu;
 pub use kernels::{compile_reduction_cubin, compile_reduction_kernels, kernel_source};
-pub use memory::{GpuArray, PinnedUploader};
+pub use memory::GpuArray;
 pub use probe::{gpu_count, nvrtc_available, require_nvrtc};
+pub use upload::PinnedUploader;

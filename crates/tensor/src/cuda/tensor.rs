@@ -1,15 +1,11 @@
-//! Tensors and GPU memory: the `Tensor` methods that need feature `cuda`, and host elements as the
-//! bytes that uploads and downloads copy.
+//! Tensors and GPU memory: the `Tensor` methods that need feature `cuda`.
 
-use std::borrow::Cow;
 use std::sync::Arc;
-
-use ndarray::{ArcArray, ArrayD, IxDyn};
 
 use super::device::Gpu;
 use super::memory::GpuArray;
-use crate::tensor::{HostArray, Storage};
-use crate::{DType, Element, Tensor, TensorError};
+use crate::tensor::Storage;
+use crate::{Tensor, TensorError};
 
 impl Tensor {
     /// A tensor over GPU storage, labelled `device` (for GPU backends: see [`GpuArray`]).
@@ -47,61 +43,5 @@ impl Tensor {
             self.gpu_label(gpu),
             self.gpu_array_on(gpu)?,
         ))
-    }
-}
-
-impl HostArray {
-    /// The elements' bytes in row-major order, borrowed when the layout is standard.
-    pub(crate) fn to_bytes(&self) -> Cow<'_, [u8]> {
-        fn bytes<T: Element>(a: &ArcArray<T, IxDyn>) -> Cow<'_, [u8]> {
-            match a.as_slice() {
-                // SAFETY: every Element is plain old data (numbers, or u16 bit patterns for
-                // f16/bf16) without padding, so its memory is valid as bytes.
-                Some(s) => Cow::Borrowed(unsafe {
-                    std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s))
-                }),
-                None => {
-                    let v: Vec<T> = a.iter().copied().collect();
-                    // SAFETY: as above.
-                    let b = unsafe {
-                        std::slice::from_raw_parts(
-                            v.as_ptr().cast::<u8>(),
-                            std::mem::size_of_val(&v[..]),
-                        )
-                    };
-                    Cow::Owned(b.to_vec())
-                }
-            }
-        }
-        with_host!(self, a => bytes(a))
-    }
-
-    /// Elements of `dtype` and `shape` from their bytes in row-major order.
-    pub(crate) fn from_bytes(dtype: DType, shape: &[usize], bytes: &[u8]) -> HostArray {
-        fn build<T: Element>(shape: &[usize], bytes: &[u8]) -> HostArray {
-            let n = bytes.len() / std::mem::size_of::<T>();
-            // The copy below writes exactly `bytes.len()` bytes into `n` elements.
-            assert_eq!(
-                n * std::mem::size_of::<T>(),
-                bytes.len(),
-                "whole elements only"
-            );
-            let mut v = vec![T::zero(); n];
-            // SAFETY: `v` holds exactly `bytes.len()` bytes of plain-old-data elements, every bit
-            // pattern of which is a valid element.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    bytes.as_ptr(),
-                    v.as_mut_ptr().cast::<u8>(),
-                    bytes.len(),
-                )
-            };
-            T::wrap(
-                ArrayD::from_shape_vec(shape, v)
-                    .expect("byte count matches the shape")
-                    .into_shared(),
-            )
-        }
-        with_dtype!(dtype, T => build::<T>(shape, bytes))
     }
 }
