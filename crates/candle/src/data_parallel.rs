@@ -8,11 +8,13 @@ use std::sync::{Mutex, MutexGuard};
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{Optimizer, VarBuilder, VarMap};
-use distribute_device_spec::{DeviceKind, DeviceSpec};
-use distribute_strategy::{ReplicaContext, Strategy, StrategyExtended};
+use distribute_device_spec::{DeviceKind, LocalDevice};
+use distribute_strategy::{
+    CheckpointVariable, ReplicaContext, RunError, Strategy, StrategyError, StrategyExtended,
+};
 use distribute_values::{Distributed, ReduceOp};
 
-use crate::error::{from_strategy_error, into_strategy_error};
+use crate::error::outside_step;
 use crate::gpu::StepDone;
 use crate::threads::{self, CpuThreads};
 use crate::variables::{self, VarInfo};
@@ -25,6 +27,9 @@ pub struct Config {
     pub dtype: DType,
     /// How many threads each CPU replica's candle kernels use. Default [`CpuThreads::Auto`].
     pub threads: CpuThreads,
+    /// The name the model's values are stored under in a `Checkpoints` file (the model is a
+    /// `CheckpointVariable`). Default `"model"`; give two models of one job different names.
+    pub name: &'static str,
 }
 
 impl Default for Config {
@@ -32,6 +37,7 @@ impl Default for Config {
         Config {
             dtype: DType::F32,
             threads: CpuThreads::Auto,
+            name: "model",
         }
     }
 }
@@ -45,6 +51,22 @@ struct Replica<M, O> {
     device: Device,
     /// Gradients summed over micro-batches since the last update, name order.
     accumulated: Option<Vec<Option<Tensor>>>,
+}
+
+/// How one replica's step failed: the user's step returned its error, or this crate's own part
+/// of the step (the replica's lock, its input's conversion) failed.
+enum Failure {
+    Step(StepError),
+    Ours(Error),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Step(error) => error.fmt(f),
+            Failure::Ours(error) => error.fmt(f),
+        }
+    }
 }
 
 /// A candle model trained data-parallel on a strategy's replicas: one copy of the model and its
@@ -78,6 +100,7 @@ struct Replica<M, O> {
 /// ```
 pub struct DataParallel<'s, S, M, O> {
     strategy: &'s S,
+    name: &'static str,
     replicas: Vec<Mutex<Replica<M, O>>>,
     manifest: Vec<VarInfo>,
     threads_per_replica: Option<usize>,
@@ -121,16 +144,12 @@ where
         let first = extended.first_replica_id();
         // Everything this worker does alone, agreed on before the first exchange of values.
         let local = (|| {
-            let devices = replica_devices(extended)?;
-            let cpu_replicas = devices.iter().filter(|d| d.is_cpu()).count();
-            let plan = threads::apply(config.threads, cpu_replicas)?;
-            let (replicas, manifests) = build_replicas(
-                &devices,
-                first,
-                config.dtype,
-                &build_model,
-                &build_optimizer,
-            )?;
+            let devices = extended.local_devices();
+            let cpu_replicas = devices.iter().filter(|d| is_cpu(d)).count();
+            let co_workers = extended.workers().map_or(1, |w| w.on_this_host());
+            let plan = threads::apply(config.threads, cpu_replicas, co_workers)?;
+            let (replicas, manifests) =
+                build_replicas(devices, first, config.dtype, &build_model, &build_optimizer)?;
             for (r, manifest) in manifests.iter().enumerate().skip(1) {
                 if let Some(diff) = variables::difference(
                     &manifests[0],
@@ -148,6 +167,7 @@ where
         variables::agree_across_workers(extended, &manifest)?;
         let model = DataParallel {
             strategy,
+            name: config.name,
             replicas: replicas.into_iter().map(Mutex::new).collect(),
             manifest,
             threads_per_replica: plan.per_replica,
@@ -166,8 +186,9 @@ where
     /// workers the strategy ends the step on every worker with its `WorkerFailed` error, which
     /// names the failing worker and carries the failing step's message (not its typed source).
     ///
-    /// The step holds its replica's copy for the whole step: calling this model's other methods
-    /// (`with_model`, `variable`, `check_in_sync`, `save`, …) from inside a step deadlocks.
+    /// The step holds its replica's copy for the whole step: this model's other methods
+    /// (`with_model`, `variable`, `check_in_sync`, `save`, …) called from inside a step fail
+    /// with [`Error::InStep`] (inside a step, the [`ReplicaStep`] is the replica's model).
     ///
     /// On a GPU replica `run` returns once the step's GPU work is queued, not done, as a plain
     /// candle loop goes on while its GPU works: a tensor the step returns is read after that
@@ -184,48 +205,44 @@ where
             + Sync,
     {
         let first = self.strategy.extended().first_replica_id();
-        let outputs: Vec<Mutex<Option<(T, StepDone, Device)>>> =
-            self.replicas.iter().map(|_| Mutex::new(None)).collect();
         let manifest = &self.manifest;
-        self.strategy
-            .run(
+        let outputs = self
+            .strategy
+            .run_each(
                 |ctx, local: D::Local| {
-                    let global = ctx.replica_id();
-                    let r = global - first;
-                    let output = (|| {
-                        let mut replica = self.lock(r)?;
-                        let input = local.to_candle(&replica.device)?;
-                        let mut view = ReplicaStep {
-                            ctx,
-                            local: r,
-                            replica: &mut replica,
-                            manifest,
-                        };
-                        let output = step(&mut view, input)?;
-                        // A GPU replica's work stays queued on its thread's stream when the
-                        // step returns, as in a plain candle loop: the next step on this thread
-                        // follows it in stream order, the caller's stream waits for the mark
-                        // (below), and the caller's reads of the model settle first
-                        // (`lock_settled`).
-                        let done = StepDone::mark(&replica.device)?;
-                        Ok((output, done, replica.device.clone()))
-                    })()
-                    .map_err(|e| into_strategy_error(global, e))?;
-                    *outputs[r].lock().unwrap_or_else(|e| e.into_inner()) = Some(output);
-                    Ok(())
+                    let r = ctx.replica_id() - first;
+                    let mut replica = self.lock(r).map_err(Failure::Ours)?;
+                    let input = local.to_candle(&replica.device).map_err(Failure::Ours)?;
+                    let mut view = ReplicaStep {
+                        ctx,
+                        local: r,
+                        replica: &mut replica,
+                        manifest,
+                    };
+                    let output = step(&mut view, input).map_err(Failure::Step)?;
+                    // A GPU replica's work stays queued on its thread's stream when the step
+                    // returns, as in a plain candle loop: the next step on this thread follows it
+                    // in stream order, the caller's stream waits for the mark (below), and the
+                    // caller's reads of the model settle first (`lock_settled`).
+                    let done = StepDone::mark(&replica.device).map_err(Failure::Ours)?;
+                    Ok((output, done, replica.device.clone()))
                 },
                 inputs,
             )
-            .map_err(from_strategy_error)?;
+            .map_err(|error| match error {
+                RunError::Replica {
+                    replica,
+                    error: Failure::Step(source),
+                } => Error::Replica { replica, source },
+                RunError::Replica {
+                    error: Failure::Ours(error),
+                    ..
+                } => error,
+                RunError::Strategy(error) => Error::Strategy(error),
+            })?;
         outputs
             .into_iter()
-            .map(|slot| {
-                let (output, done, device) = slot
-                    .into_inner()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .ok_or_else(|| {
-                    Error::InvalidArgument("a replica returned no result".into())
-                })?;
+            .map(|(output, done, device)| {
                 done.order_after(&device)?;
                 Ok(output)
             })
@@ -237,6 +254,7 @@ where
     /// and exchanged across workers (8 bytes a variable). The error names the variable and the
     /// replica or worker whose copy differs. Every worker must call it, as it exchanges.
     pub fn check_in_sync(&self) -> Result<(), Error> {
+        outside_step("check_in_sync")?;
         let local = (|| {
             let first = self.strategy.extended().first_replica_id();
             let mut local = Vec::with_capacity(self.replicas.len());
@@ -262,17 +280,21 @@ where
     /// Writes the model's variables (replica 0's copy, every copy being equal) to `path` as
     /// safetensors under candle's names, loadable by `VarMap::load` or [`load`](Self::load) with
     /// any replica or worker count. Every worker writes: in a multi-worker job give each worker its
-    /// own path, or call it on the chief only (`extended().should_checkpoint()`).
+    /// own path, or call it on the chief only ([`Strategy::is_chief`]); `Checkpoints` stores the
+    /// model itself (it is a `CheckpointVariable`), written by the chief.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<(), Error> {
-        let replica = self.lock_settled(0)?;
-        let tensors: HashMap<String, Tensor> = self
-            .manifest
-            .iter()
-            .zip(&replica.vars)
-            .map(|(info, var)| (info.name.clone(), var.as_tensor().clone()))
-            .collect();
-        candle_core::safetensors::save(&tensors, path.as_ref())?;
-        Ok(())
+        outside_step("save")?;
+        let path = path.as_ref();
+        let bytes = self.to_safetensors()?;
+        std::fs::write(path, bytes).map_err(|e| Error::Checkpoint {
+            path: path.display().to_string(),
+            reason: format!("cannot be written: {e}"),
+        })
+    }
+
+    /// Replica 0's values (every copy being equal) as a safetensors buffer.
+    fn to_safetensors(&self) -> Result<Vec<u8>, Error> {
+        variables::to_safetensors(&self.manifest, &self.lock_settled(0)?.vars)
     }
 
     /// Sets every copy of every variable from a safetensors file (as [`save`](Self::save) or
@@ -281,6 +303,7 @@ where
     /// then takes the chief's values, so the copies stay identical; a worker that cannot read it
     /// fails every worker. Every worker must call it.
     pub fn load(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        outside_step("load")?;
         let path = path.as_ref();
         let read =
             candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| Error::Checkpoint {
@@ -303,6 +326,7 @@ where
     /// Across workers every copy takes the chief's `values`, and a worker whose `values` do not
     /// fit fails every worker. Every worker must call it.
     pub fn assign(&self, values: HashMap<String, Tensor>) -> Result<(), Error> {
+        outside_step("assign")?;
         let checked = self
             .check_values(values)
             .map_err(|reason| Error::InvalidArgument(format!("the values to assign: {reason}")));
@@ -339,17 +363,45 @@ where
     }
 
     /// `f` of local replica `replica`'s copy of the model, outside a step: evaluation, inference
-    /// or inspection (every copy holds the same values after a step).
-    pub fn with_model<R>(&self, replica: usize, f: impl FnOnce(&M) -> R) -> Result<R, Error> {
-        let replica = self.lock_settled(self.local(replica)?)?;
+    /// or inspection (every copy holds the same values after a step). `f`'s error (candle's, the
+    /// user's) comes back as [`Error::Replica`] naming the replica, so one `?` takes both.
+    ///
+    /// ```
+    /// # use candle_core::{DType, Tensor};
+    /// # use candle_nn::{Module, Optimizer, SGD, VarBuilder};
+    /// # use distribute_candle::{Config, DataParallel};
+    /// # use distribute_mirrored::MirroredStrategy;
+    /// # let strategy = MirroredStrategy::new(&["/cpu:0"])?;
+    /// # let model = DataParallel::new(&strategy, Config::default(),
+    /// #     |vb: VarBuilder| candle_nn::linear(3, 1, vb.pp("l1")), |vars| SGD::new(vars, 0.1))?;
+    /// let x = Tensor::ones((2, 3), DType::F32, &candle_core::Device::Cpu)?;
+    /// let y: Tensor = model.with_model(0, |m| m.forward(&x))?;
+    /// assert_eq!(y.dims(), [2, 1]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_model<R, E>(
+        &self,
+        replica: usize,
+        f: impl FnOnce(&M) -> Result<R, E>,
+    ) -> Result<R, Error>
+    where
+        E: Into<StepError>,
+    {
+        outside_step("with_model")?;
+        let local = self.local(replica)?;
+        let replica = self.lock_settled(local)?;
         let result = f(&replica.model);
         // What `f` queued on this thread's stream is done before the replica's thread goes on.
         crate::gpu::settle(&replica.device)?;
-        Ok(result)
+        result.map_err(|e| Error::Replica {
+            replica: self.strategy.extended().first_replica_id() + local,
+            source: e.into(),
+        })
     }
 
     /// A copy of variable `name`'s value on local replica `replica` (for inspection and tests).
     pub fn variable(&self, replica: usize, name: &str) -> Result<Tensor, Error> {
+        outside_step("variable")?;
         let i = self
             .manifest
             .iter()
@@ -390,31 +442,41 @@ where
     }
 
     /// Copies replica 0's values into every other local replica; across workers, every replica
-    /// takes the chief's.
+    /// takes the chief's (a safetensors buffer the chief sends).
     fn copy_from_first_replica(&self) -> Result<(), Error> {
         let extended = self.strategy.extended();
-        let packed = (|| {
-            let mut bytes = Vec::new();
-            for var in &self.lock_settled(0)?.vars {
-                bytes.extend(variables::tensor_bytes(var.as_tensor())?);
-            }
-            Ok(bytes)
-        })();
-        let bytes = variables::agreed(extended, packed, "reading its model's values")?;
-        let (_, workers) = variables::worker_of(extended);
-        let from_chief = if workers > 1 {
-            extended
-                .workers()
-                .map(|w| w.bytes_from_chief(&bytes))
-                .transpose()?
-        } else {
-            None
+        let Some(workers) = extended.workers() else {
+            let source = self.lock_settled(0)?.vars.clone();
+            return self.set_replicas(1, |_, replica| {
+                for (var, value) in replica.vars.iter().zip(&source) {
+                    var.set(&value.as_tensor().to_device(&replica.device)?)?;
+                }
+                Ok(())
+            });
         };
-        let skip = usize::from(from_chief.is_none());
-        let bytes = from_chief.unwrap_or(bytes);
-        for r in skip..self.replicas.len() {
+        let packed = self.to_safetensors();
+        let bytes = variables::agreed(extended, packed, "reading its model's values")?;
+        let chiefs = workers.bytes_from_chief(&bytes)?;
+        let values = self
+            .check_values(variables::from_safetensors(&chiefs)?)
+            .map_err(|reason| Error::ModelMismatch(format!("the chief's values {reason}")))?;
+        self.set_replicas(0, |_, replica| {
+            for (var, value) in replica.vars.iter().zip(&values) {
+                var.set(&value.to_device(&replica.device)?)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// `set` of every local replica from `first` on, each settled before the next.
+    fn set_replicas(
+        &self,
+        first: usize,
+        set: impl Fn(usize, &Replica<M, O>) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        for r in first..self.replicas.len() {
             let replica = self.lock(r)?;
-            variables::set_from_bytes(&replica.vars, &self.manifest, &bytes, &replica.device)?;
+            set(r, &replica)?;
             // Queued on this thread's stream: done before the replica's thread reads them.
             crate::gpu::settle(&replica.device)?;
         }
@@ -447,10 +509,83 @@ where
     }
 }
 
+/// The model's values in a job's checkpoints: one entry, under [`Config::name`], holding the
+/// variables as safetensors (the format of [`DataParallel::save`]), so `Checkpoints` saves and
+/// restores a candle model beside the job's other variables and its input position, on any
+/// replica and worker count.
+///
+/// ```
+/// use candle_nn::{Optimizer, SGD, VarBuilder};
+/// use distribute_candle::{Config, DataParallel};
+/// use distribute_input::InputPosition;
+/// use distribute_mirrored::MirroredStrategy;
+/// use distribute_strategy::{CheckpointOptions, Checkpoints};
+///
+/// let dir = tempfile::tempdir()?;
+/// let checkpoints = Checkpoints::new(dir.path(), CheckpointOptions { every: 1, keep: 1 })?;
+/// let strategy = MirroredStrategy::new(&["/cpu:0", "/cpu:1"])?;
+/// let build = |vb: VarBuilder| candle_nn::linear(3, 1, vb.pp("l1"));
+/// let model = DataParallel::new(&strategy, Config::default(), build, |v| SGD::new(v, 0.1))?;
+/// checkpoints.save(&strategy, 1, &[&model], InputPosition::at_step(1))?;
+///
+/// let other = MirroredStrategy::new(&["/cpu:0"])?;
+/// let again = DataParallel::new(&other, Config::default(), build, |v| SGD::new(v, 0.1))?;
+/// let resume = checkpoints.restore(&other, &[&again])?.expect("a checkpoint");
+/// assert_eq!(resume.step, 1);
+/// assert_eq!(
+///     again.variable(0, "l1.weight")?.to_vec2::<f32>()?,
+///     model.variable(0, "l1.weight")?.to_vec2::<f32>()?
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+impl<S, M, O> CheckpointVariable for DataParallel<'_, S, M, O>
+where
+    S: Strategy,
+    M: Send,
+    O: Optimizer + Send,
+{
+    fn checkpoint_name(&self) -> &str {
+        self.name
+    }
+
+    /// Every candle model is stored alike; what its variables must be is checked on restore,
+    /// naming the first that differs.
+    fn signature(&self) -> String {
+        "a candle model (safetensors)".into()
+    }
+
+    fn saved_bytes(&self, _extended: &dyn StrategyExtended) -> Result<Vec<u8>, StrategyError> {
+        outside_step("saved_bytes").map_err(StrategyError::step)?;
+        self.to_safetensors().map_err(StrategyError::step)
+    }
+
+    fn restore_bytes(
+        &self,
+        _extended: &dyn StrategyExtended,
+        bytes: &[u8],
+    ) -> Result<(), StrategyError> {
+        outside_step("restore_bytes").map_err(StrategyError::step)?;
+        // Every worker got the chief's bytes: each checks and sets its own copies.
+        let values = variables::from_safetensors(bytes)
+            .and_then(|tensors| {
+                self.check_values(tensors)
+                    .map_err(|reason| Error::ModelMismatch(format!("the checkpoint {reason}")))
+            })
+            .map_err(StrategyError::step)?;
+        self.set_replicas(0, |_, replica| {
+            for (var, value) in replica.vars.iter().zip(&values) {
+                var.set(&value.to_device(&replica.device)?)?;
+            }
+            Ok(())
+        })
+        .map_err(StrategyError::step)
+    }
+}
+
 /// Builds every local replica's model and optimizer; their manifests.
 #[allow(clippy::type_complexity)]
 fn build_replicas<M, O, FM, FO, EM, EO>(
-    devices: &[ReplicaDevice],
+    devices: &[LocalDevice],
     first: usize,
     dtype: DType,
     build_model: &FM,
@@ -469,7 +604,7 @@ where
             replica: first + r,
             source,
         };
-        let device = device.candle()?;
+        let device = candle_device(device)?;
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, dtype, &device);
         let model = build_model(vb).map_err(|e| failed(e.into()))?;
@@ -490,61 +625,30 @@ where
     Ok((replicas, manifests))
 }
 
-/// A local replica's device as the strategy names it, and what candle makes of it.
-struct ReplicaDevice {
-    name: String,
-    kind: Option<DeviceKind>,
-    /// The device's index (`N` of `/gpu:N`), if it names one.
-    index: Option<u32>,
+/// Whether candle runs this replica on the CPU.
+fn is_cpu(device: &LocalDevice) -> bool {
+    *device.kind() == DeviceKind::Cpu
 }
 
-impl ReplicaDevice {
-    fn is_cpu(&self) -> bool {
-        matches!(self.kind, Some(DeviceKind::Cpu) | None)
-    }
-
-    /// The candle device of this replica: the CPU, or with feature `cuda` candle's CUDA device
-    /// of a `/gpu:N` replica.
-    fn candle(&self) -> Result<Device, Error> {
-        let reason = match self.kind {
-            Some(DeviceKind::Cpu) | None => return Ok(Device::Cpu),
-            Some(DeviceKind::Gpu) => {
-                match crate::gpu::cuda_device(self.index.unwrap_or(0) as usize) {
-                    Ok(device) => return Ok(device),
-                    Err(reason) => reason,
-                }
-            }
-            Some(DeviceKind::Tpu) => {
-                "a candle step is Rust code that runs eagerly, which TpuStrategy's compiled XLA \
-                 programs cannot trace; train candle models with MirroredStrategy"
-                    .into()
-            }
-            Some(_) => "candle has no backend for this device type; use CPU or GPU replicas".into(),
-        };
-        Err(Error::Device {
-            device: self.name.clone(),
-            reason,
-        })
-    }
-}
-
-/// Every local replica's device.
-fn replica_devices(extended: &dyn StrategyExtended) -> Result<Vec<ReplicaDevice>, Error> {
-    let map = extended.device_map();
-    (0..extended.num_replicas())
-        .map(|r| {
-            let name = map
-                .devices_for_replica(r)
-                .ok()
-                .and_then(|d| d.first().cloned())
-                .ok_or_else(|| Error::InvalidArgument(format!("replica {r} has no device")))?;
-            let spec = name
-                .parse::<DeviceSpec>()
-                .map_err(distribute_strategy::StrategyError::from)?;
-            let (kind, index) = (spec.device_kind(), spec.device_index());
-            Ok(ReplicaDevice { name, kind, index })
-        })
-        .collect()
+/// The candle device of a replica: the CPU, or with feature `cuda` candle's CUDA device of a
+/// `/gpu:N` replica.
+fn candle_device(device: &LocalDevice) -> Result<Device, Error> {
+    let reason = match device.kind() {
+        DeviceKind::Cpu => return Ok(Device::Cpu),
+        DeviceKind::Gpu => match crate::gpu::cuda_device(device.index() as usize) {
+            Ok(device) => return Ok(device),
+            Err(reason) => reason,
+        },
+        DeviceKind::Tpu => "a candle step is Rust code that runs eagerly, which TpuStrategy's \
+                            compiled XLA programs cannot trace; train candle models with \
+                            MirroredStrategy"
+            .into(),
+        _ => "candle has no backend for this device type; use CPU or GPU replicas".into(),
+    };
+    Err(Error::Device {
+        device: device.name().to_owned(),
+        reason,
+    })
 }
 
 /// What a step function sees of its replica: its copy of the model and optimizer, its device,
@@ -684,40 +788,31 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
 
 #[cfg(test)]
 mod tests {
+    use distribute_device_spec::LocalDevices;
+
     use super::*;
 
     #[test]
     fn cpu_replicas_get_the_cpu_and_the_others_a_device_or_the_reason_why_not() {
-        let device = |name: &str, kind, index| ReplicaDevice {
-            name: name.into(),
-            kind,
-            index,
-        };
-        assert!(matches!(
-            device("/cpu:0", Some(DeviceKind::Cpu), Some(0)).candle(),
-            Ok(Device::Cpu)
-        ));
+        let devices = LocalDevices::new(["/cpu:0", "/gpu:0", "/tpu:0"]).unwrap();
+        assert!(matches!(candle_device(&devices[0]), Ok(Device::Cpu)));
         // A GPU replica is refused by a build without `cuda` (saying which feature), and by one
         // with it on a machine without that GPU (candle's reason); with the GPU, it is a CUDA
         // device.
-        let gpu = device("/gpu:0", Some(DeviceKind::Gpu), Some(0)).candle();
         let gpu_reason = if crate::gpu::HAS_CUDA {
             "candle could not open CUDA device 0"
         } else {
             "feature `cuda`"
         };
-        let mut refused = vec![("/tpu:0", DeviceKind::Tpu, "MirroredStrategy")];
-        match gpu {
+        let mut refused = vec![(&devices[2], "MirroredStrategy")];
+        match candle_device(&devices[1]) {
             Ok(gpu) => assert!(crate::gpu::HAS_CUDA && gpu.is_cuda()),
-            Err(_) => refused.push(("/gpu:0", DeviceKind::Gpu, gpu_reason)),
+            Err(_) => refused.push((&devices[1], gpu_reason)),
         }
-        for (name, kind, reason) in refused {
-            let err = device(name, Some(kind), Some(0))
-                .candle()
-                .unwrap_err()
-                .to_string();
+        for (device, reason) in refused {
+            let err = candle_device(device).unwrap_err().to_string();
             assert!(
-                err.starts_with(&format!("replica device '{name}': ")),
+                err.starts_with(&format!("replica device '{}': ", device.name())),
                 "{err}"
             );
             assert!(err.contains(reason), "{err}");

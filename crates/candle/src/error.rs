@@ -68,6 +68,18 @@ pub enum Error {
         /// The global id of the replica whose model was poisoned.
         replica: usize,
     },
+    /// A model method that waits for the replicas' copies (`with_model`, `variable`,
+    /// `check_in_sync`, `save`, `load`, `assign`, a checkpoint) was called from inside a step,
+    /// where the replicas hold their copies until the step ends: it would wait forever.
+    #[error(
+        "DataParallel::{method} was called from inside a step, where the replicas hold their \
+         copies of the model until the step ends; call it between steps (inside a step, use the \
+         step's ReplicaStep)"
+    )]
+    InStep {
+        /// The method called.
+        method: &'static str,
+    },
     /// A strategy operation failed (a collective, a peer replica or worker, a panic).
     #[error(transparent)]
     Strategy(#[from] StrategyError),
@@ -94,115 +106,11 @@ impl Error {
     }
 }
 
-/// The error a replica's failed step hands the strategy: the user's error with the replica that
-/// returned it, so that `run` can name it. Errors that only report another replica's failure
-/// pass through unwrapped, so the strategy still finds the root cause.
-#[derive(Debug, Error)]
-#[error("replica {replica}: {source}")]
-pub(crate) struct ReplicaFailed {
-    pub(crate) replica: usize,
-    #[source]
-    pub(crate) source: StepError,
-}
-
-/// `error` (of replica `replica`'s step) as the strategy should see it: an error that only says
-/// another replica or worker failed first — at the top or anywhere in its `source` chain, as
-/// when the user added context to it — stays a consequence, so the strategy reports the root
-/// cause; any other error is wrapped with the replica.
-pub(crate) fn into_strategy_error(replica: usize, error: StepError) -> StrategyError {
-    let error = match error.downcast::<StrategyError>() {
-        Ok(strategy) if strategy.is_consequence() => return *strategy,
-        Ok(strategy) => strategy as StepError,
-        Err(other) => other,
-    };
-    let error = match error.downcast::<Error>() {
-        Ok(ours) => match *ours {
-            Error::Strategy(strategy) if strategy.is_consequence() => return strategy,
-            // A nested `run` already named its replica.
-            Error::Replica { replica, source } => {
-                return StrategyError::step(ReplicaFailed { replica, source });
-            }
-            other => Box::new(other) as StepError,
-        },
-        Err(other) => other,
-    };
-    if let Some(consequence) = consequence_in(error.as_ref()) {
-        return StrategyError::Collective(distribute_collectives::CollectiveError::Aborted {
-            reason: format!("{error} ({consequence})"),
-        });
-    }
-    StrategyError::step(ReplicaFailed {
-        replica,
-        source: error,
-    })
-}
-
-/// The message of the first error in `error`'s `source` chain that only reports another
-/// replica's or worker's failure.
-fn consequence_in(error: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let mut current = error.source();
-    while let Some(e) = current {
-        let consequence = match (e.downcast_ref::<StrategyError>(), e.downcast_ref::<Error>()) {
-            (Some(strategy), _) => strategy.is_consequence(),
-            (_, Some(ours)) => ours.is_consequence(),
-            _ => false,
-        };
-        if consequence {
-            return Some(e.to_string());
-        }
-        current = e.source();
-    }
-    None
-}
-
-/// A strategy's error of `run` as this crate reports it: a replica's own error names the replica.
-pub(crate) fn from_strategy_error(error: StrategyError) -> Error {
-    match error {
-        StrategyError::Step(boxed) => match boxed.downcast::<ReplicaFailed>() {
-            Ok(failed) => Error::Replica {
-                replica: failed.replica,
-                source: failed.source,
-            },
-            Err(other) => Error::Strategy(StrategyError::Step(other)),
-        },
-        other => Error::Strategy(other),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_step_error_names_its_replica_and_keeps_its_source() {
-        let candle = candle_core::Error::Msg("shape mismatch in matmul".into());
-        let strategy = into_strategy_error(3, Box::new(candle));
-        let ours = from_strategy_error(strategy);
-        assert_eq!(ours.to_string(), "replica 3: shape mismatch in matmul");
-        let Error::Replica { replica, source } = ours else {
-            panic!("a replica error");
-        };
-        assert_eq!(replica, 3);
-        assert!(source.downcast_ref::<candle_core::Error>().is_some());
-    }
-
-    #[test]
-    fn a_peer_failure_passes_through_so_the_root_cause_wins() {
-        let peer = StrategyError::PeerFailed { replica: 0 };
-        assert!(into_strategy_error(1, Box::new(peer)).is_consequence());
-        let wrapped = Error::Strategy(StrategyError::PeerFailed { replica: 0 });
-        assert!(into_strategy_error(1, Box::new(wrapped)).is_consequence());
-        let own = into_strategy_error(1, "disk full".into());
-        assert!(!own.is_consequence());
-    }
-
-    #[test]
-    fn a_peer_failure_under_the_users_context_is_still_a_consequence() {
-        let released = anyhow::Error::new(StrategyError::PeerFailed { replica: 1 })
-            .context("the backward step");
-        let error = into_strategy_error(0, released.into());
-        assert!(error.is_consequence(), "{error:?}");
-        let own = anyhow::anyhow!("bad batch").context("the backward step");
-        assert!(!into_strategy_error(0, own.into()).is_consequence());
+/// Fails with [`Error::InStep`] on a thread running a replica's step, where waiting for the
+/// replicas' copies of the model would never end.
+pub(crate) fn outside_step(method: &'static str) -> Result<(), Error> {
+    match distribute_strategy::in_replica_step() {
+        true => Err(Error::InStep { method }),
+        false => Ok(()),
     }
 }

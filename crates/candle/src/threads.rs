@@ -19,9 +19,9 @@ use crate::Error;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CpuThreads {
     /// `max(1, cores / (local CPU replicas × worker processes on this machine))`: the cores this
-    /// process may run on (its affinity mask) shared evenly. Worker processes on the machine are
-    /// read from `OMPI_COMM_WORLD_LOCAL_SIZE` / `MPI_LOCALNRANKS` when the process is not already
-    /// bound to a subset of the cores.
+    /// process may run on (its affinity mask) shared evenly. The strategy's workers say how many
+    /// worker processes share this machine; they count when the process is not already bound to
+    /// a subset of the cores.
     #[default]
     Auto,
     /// Exactly this many threads per replica.
@@ -50,13 +50,19 @@ impl CpuThreads {
     }
 }
 
-/// Applies `threads` for `replicas` local CPU replicas of this process; what each replica got.
-pub(crate) fn apply(threads: CpuThreads, replicas: usize) -> Result<ThreadPlan, Error> {
+/// Applies `threads` for `replicas` local CPU replicas of this process, which shares the
+/// machine with `on_this_host` worker processes (itself included; the strategy's workers say how
+/// many); what each replica got.
+pub(crate) fn apply(
+    threads: CpuThreads,
+    replicas: usize,
+    on_this_host: usize,
+) -> Result<ThreadPlan, Error> {
     if replicas == 0 {
         return Ok(ThreadPlan { per_replica: None });
     }
     let (cores, bound) = usable_cores();
-    let co_workers = if bound { 1 } else { local_worker_processes() };
+    let co_workers = if bound { 1 } else { on_this_host };
     let plan = threads.resolve(replicas, cores, co_workers);
     let Some(per_replica) = plan.per_replica else {
         return Ok(plan);
@@ -105,15 +111,6 @@ fn count_cpu_list(list: &str) -> Option<usize> {
         };
         Some(count + n)
     })
-}
-
-/// The worker processes an MPI launcher started on this machine (1 without one).
-fn local_worker_processes() -> usize {
-    ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
-        .iter()
-        .find_map(|name| std::env::var(name).ok()?.parse().ok())
-        .filter(|&n: &usize| n > 0)
-        .unwrap_or(1)
 }
 
 #[cfg(test)]

@@ -2,11 +2,12 @@
 //! its agreement, values copied from replica 0 and the chief, the bit-identity check, and
 //! safetensors checkpoints.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use candle_core::{DType, Device, Tensor, Var};
 use distribute_strategy::StrategyExtended;
+use distribute_tensor::Fnv;
 
 use crate::Error;
 
@@ -133,110 +134,44 @@ fn parse_manifest(bytes: &[u8]) -> Result<Vec<VarInfo>, Error> {
         .collect()
 }
 
-/// FNV-1a, 64 bits: a fingerprint that is the same on every platform and run.
-pub(crate) fn fnv1a(bytes: &[u8], mut hash: u64) -> u64 {
-    for &b in bytes {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash
-}
-
-/// FNV-1a's offset basis.
-pub(crate) const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
-
-/// This process's worker index and the number of workers (0 and 1 in one process).
-pub(crate) fn worker_of(extended: &dyn StrategyExtended) -> (usize, usize) {
-    let local = extended.num_replicas().max(1);
-    (
-        extended.first_replica_id() / local,
-        extended.total_replicas() / local,
-    )
-}
-
-/// Names worker `w` by its replicas, as errors do.
-fn worker_name(extended: &dyn StrategyExtended, worker: usize) -> String {
-    let local = extended.num_replicas();
-    format!(
-        "worker {worker} (replicas {}..{})",
-        worker * local,
-        (worker + 1) * local
-    )
-}
-
-/// `result`, once every worker has said whether its own part succeeded: this worker's error when
-/// it failed; else an error naming a worker that failed (its own error is reported there);
-/// else the value. `what` is what the workers were doing. Every worker must call it at the
-/// same point, so that none is left waiting in the next exchange; in one process it is
-/// `result`.
+/// `result`, once every worker has said whether its own part succeeded (the workers' one
+/// end-of-step agreement, [`Workers::finish_step`](distribute_collectives::Workers::finish_step)):
+/// this worker's own error when it failed; else the strategy's error naming the first worker
+/// that failed, with its message; else the value. `what` is what the workers were doing. Every
+/// worker must call it at the same point, so that none is left waiting in the next exchange; in
+/// one process it is `result`.
 pub(crate) fn agreed<T>(
     extended: &dyn StrategyExtended,
     result: Result<T, Error>,
     what: &str,
 ) -> Result<T, Error> {
-    let heard = extended
-        .workers()
-        .map(|w| w.exchange(&[u8::from(result.is_ok())]))
-        .transpose();
-    let value = result?;
-    let Some(all) = heard? else {
-        return Ok(value);
+    let Some(workers) = extended.workers() else {
+        return result;
     };
-    match all.iter().position(|b| b.first() != Some(&1)) {
-        None => Ok(value),
-        Some(w) => Err(Error::InvalidArgument(format!(
-            "{} failed while {what}; it reports why",
-            worker_name(extended, w)
-        ))),
-    }
+    let failure = result.as_ref().err().map(|e| format!("{what}: {e}"));
+    let heard = workers.finish_step(failure.as_deref());
+    let value = result?;
+    heard?;
+    Ok(value)
 }
 
-/// Checks that every worker's manifest equals this one's; the error names the first variable
-/// that differs and the worker. In one process this is `Ok`.
+/// Checks that every worker's manifest equals this one's (one all-gather of the manifests); the
+/// error names the first variable that differs and the worker. In one process this is `Ok`.
 pub(crate) fn agree_across_workers(
     extended: &dyn StrategyExtended,
     manifest: &[VarInfo],
 ) -> Result<(), Error> {
-    let text = manifest_text(manifest);
-    let mut digest = (text.len() as u64).to_le_bytes().to_vec();
-    digest.extend(fnv1a(text.as_bytes(), FNV_START).to_le_bytes());
-    let Some(digests) = extended
-        .workers()
-        .map(|w| w.exchange(&digest))
-        .transpose()?
-    else {
+    let Some(workers) = extended.workers() else {
         return Ok(());
     };
-    if digests.iter().all(|d| *d == digests[0]) {
+    let manifests = workers.all_gather_bytes(manifest_text(manifest).as_bytes())?;
+    if manifests.iter().all(|m| *m == manifests[0]) {
         return Ok(());
     }
-    // They differ: every worker sends its whole manifest, padded to the longest, so every worker
-    // can name the same variable.
-    let longest = digests
-        .iter()
-        .map(|d| {
-            d.get(..8).map_or(0, |len| {
-                u64::from_le_bytes(len.try_into().unwrap_or([0; 8]))
-            })
-        })
-        .max()
-        .unwrap_or(0) as usize;
-    let mut padded = text.into_bytes();
-    padded.resize(longest, 0);
-    let manifests = extended
-        .workers()
-        .map(|w| w.exchange(&padded))
-        .transpose()?
-        .ok_or_else(|| Error::ModelMismatch("the workers stopped exchanging manifests".into()))?;
     let chief = parse_manifest(&manifests[0])?;
     for (w, bytes) in manifests.iter().enumerate().skip(1) {
         let theirs = parse_manifest(bytes)?;
-        if let Some(diff) = difference(
-            &chief,
-            &worker_name(extended, 0),
-            &theirs,
-            &worker_name(extended, w),
-        ) {
+        if let Some(diff) = difference(&chief, "worker 0", &theirs, &format!("worker {w}")) {
             return Err(Error::ModelMismatch(diff));
         }
     }
@@ -276,40 +211,26 @@ pub(crate) fn tensor_bytes(tensor: &Tensor) -> Result<Vec<u8>, Error> {
     })
 }
 
-/// Sets every variable of `vars` (manifest order) from `bytes`, the concatenation of their
-/// [`tensor_bytes`].
-pub(crate) fn set_from_bytes(
-    vars: &[Var],
-    manifest: &[VarInfo],
-    bytes: &[u8],
-    device: &Device,
-) -> Result<(), Error> {
-    let mut offset = 0;
-    for (var, info) in vars.iter().zip(manifest) {
-        let len = info.elem_count() * info.dtype.size_in_bytes();
-        let part = bytes.get(offset..offset + len).ok_or_else(|| {
-            Error::ModelMismatch(format!(
-                "the chief's values end before variable {info} ({} bytes)",
-                bytes.len()
-            ))
-        })?;
-        let value = Tensor::from_raw_buffer(part, info.dtype, &info.shape, device)?;
-        var.set(&value)?;
-        offset += len;
-    }
-    if offset != bytes.len() {
-        return Err(Error::ModelMismatch(format!(
-            "the chief sent {} bytes of values, this worker's variables take {offset}",
-            bytes.len()
-        )));
-    }
-    Ok(())
+/// The variables' values (manifest order) as a safetensors buffer under their names: the one
+/// format of a model's values, in files ([`DataParallel::save`](crate::DataParallel::save)),
+/// checkpoints and the chief's values sent to the other workers.
+pub(crate) fn to_safetensors(manifest: &[VarInfo], vars: &[Var]) -> Result<Vec<u8>, Error> {
+    let named = manifest
+        .iter()
+        .zip(vars)
+        .map(|(info, var)| (info.name.as_str(), var.as_tensor()));
+    safetensors::serialize(named, None).map_err(|e| Error::Candle(candle_core::Error::wrap(e)))
+}
+
+/// The tensors of a safetensors buffer, on the host.
+pub(crate) fn from_safetensors(bytes: &[u8]) -> Result<HashMap<String, Tensor>, Error> {
+    Ok(candle_core::safetensors::load_buffer(bytes, &Device::Cpu)?)
 }
 
 /// The fingerprint of each variable's value, manifest order.
 pub(crate) fn fingerprints(vars: &[Var]) -> Result<Vec<u64>, Error> {
     vars.iter()
-        .map(|v| Ok(fnv1a(&tensor_bytes(v.as_tensor())?, FNV_START)))
+        .map(|v| Ok(Fnv::new().bytes(&tensor_bytes(v.as_tensor())?).0))
         .collect()
 }
 
@@ -329,10 +250,8 @@ pub(crate) fn fingerprints_agree_across_workers(
             .find(|&i| theirs.get(i * 8..i * 8 + 8) != all[0].get(i * 8..i * 8 + 8))
         {
             return Err(Error::OutOfSync(format!(
-                "variable '{}' of {} differs from {}'s",
-                manifest[i].name,
-                worker_name(extended, w),
-                worker_name(extended, 0)
+                "variable '{}' of worker {w} differs from worker 0's",
+                manifest[i].name
             )));
         }
     }
@@ -400,23 +319,25 @@ mod tests {
     }
 
     #[test]
-    fn values_round_trip_through_bytes() {
+    fn values_round_trip_through_safetensors() {
         let device = Device::Cpu;
         let a =
             Var::from_tensor(&Tensor::new(&[[1f32, -2.5], [0.0, 3.0]], &device).unwrap()).unwrap();
         let b = Var::from_tensor(&Tensor::new(&[7f64], &device).unwrap()).unwrap();
         let manifest = [var("a", DType::F32, &[2, 2]), var("b", DType::F64, &[1])];
-        let mut bytes = tensor_bytes(a.as_tensor()).unwrap();
-        bytes.extend(tensor_bytes(b.as_tensor()).unwrap());
+        let bytes = to_safetensors(&manifest, &[a.clone(), b.clone()]).unwrap();
+        let back = from_safetensors(&bytes).unwrap();
         let zeros = [
             Var::zeros((2, 2), DType::F32, &device).unwrap(),
             Var::zeros(1, DType::F64, &device).unwrap(),
         ];
-        set_from_bytes(&zeros, &manifest, &bytes, &device).unwrap();
+        for (var, info) in zeros.iter().zip(&manifest) {
+            var.set(&back[&info.name]).unwrap();
+        }
         assert_eq!(
             fingerprints(&zeros).unwrap(),
             fingerprints(&[a, b]).unwrap()
         );
-        assert!(set_from_bytes(&zeros, &manifest, &bytes[1..], &device).is_err());
+        assert!(from_safetensors(&bytes[1..]).is_err());
     }
 }

@@ -10,8 +10,9 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{Init, Linear, Module, Optimizer, SGD, VarBuilder};
 use distribute_candle::{Config, DataParallel, Error, StepError};
 use distribute_device_spec::LocalDevices;
+use distribute_input::InputPosition;
 use distribute_mirrored::MirroredStrategy;
-use distribute_strategy::StrategyError;
+use distribute_strategy::{CheckpointOptions, Checkpoints, StrategyError};
 use distribute_values::ReduceOp;
 
 fn strategy(replicas: usize) -> MirroredStrategy {
@@ -317,6 +318,109 @@ fn checkpoints_move_between_replica_counts_and_bad_ones_are_named() {
     assert!(err.ends_with("has no variable 'l0.bias'"), "{err}");
     let err = renamed.load(dir.path().join("missing")).unwrap_err();
     assert!(matches!(err, Error::Checkpoint { .. }), "{err:?}");
+}
+
+#[test]
+fn the_checkpoints_of_the_job_hold_the_model_and_refuse_another_naming_the_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = CheckpointOptions { every: 1, keep: 1 };
+    let checkpoints = Checkpoints::new(dir.path(), options).unwrap();
+    let two = strategy(2);
+    let trained = DataParallel::new(&two, Config::default(), linear, sgd).unwrap();
+    trained
+        .run(&(), |replica, ()| {
+            let x = rows(replica.replica_id(), replica.device())?;
+            let loss = replica.model().forward(&x)?.sum_all()?;
+            replica.backward_step(&loss, ReduceOp::Mean)?;
+            Ok(())
+        })
+        .unwrap();
+    checkpoints
+        .save(&two, 1, &[&trained], InputPosition::at_step(1))
+        .unwrap();
+
+    let three = strategy(3);
+    let restored = DataParallel::new(&three, Config::default(), linear, sgd).unwrap();
+    let resume = checkpoints.restore(&three, &[&restored]).unwrap().unwrap();
+    assert_eq!((resume.step, resume.input), (1, InputPosition::at_step(1)));
+    restored.check_in_sync().unwrap();
+    for name in ["l1.weight", "l1.bias"] {
+        let bits = |m: &DataParallel<'_, _, _, _>| {
+            m.variable(0, name)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        };
+        assert_eq!(bits(&restored), bits(&trained), "{name}");
+    }
+
+    // Another model under the same name: refused, naming the variable and the file.
+    let wider = DataParallel::new(
+        &three,
+        Config::default(),
+        |vb: VarBuilder| candle_nn::linear(4, 3, vb.pp("l1")),
+        sgd,
+    )
+    .unwrap();
+    let err = checkpoints
+        .restore(&three, &[&wider])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("ckpt-0000000001.dst"), "{err}");
+    assert!(
+        err.contains("variable 'l1.bias' is f32 [2], the model's is f32 [3]"),
+        "{err}"
+    );
+    // Another name: the checkpoint has no such entry.
+    let named = Config {
+        name: "encoder",
+        ..Config::default()
+    };
+    let encoder = DataParallel::new(&three, named, linear, sgd).unwrap();
+    let err = checkpoints
+        .restore(&three, &[&encoder])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no variable encoder"), "{err}");
+}
+
+#[test]
+fn model_methods_called_inside_a_step_are_refused_instead_of_waiting_forever() {
+    let s = strategy(2);
+    let model = DataParallel::new(&s, Config::default(), linear, sgd).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.safetensors");
+    let err = model
+        .run(&(), |replica, ()| {
+            let refused = [
+                model.check_in_sync().err(),
+                model.variable(0, "l1.weight").err(),
+                model.with_model(1, |_| Ok::<_, StepError>(())).err(),
+                model.save(&path).err(),
+                model.load(&path).err(),
+                model.assign(Default::default()).err(),
+            ];
+            for error in refused {
+                assert!(matches!(error, Some(Error::InStep { .. })), "{error:?}");
+            }
+            // A model's run inside a step is refused by the strategy, on this replica.
+            if replica.replica_id() == 1 {
+                model.run(&(), |_, ()| Ok(()))?;
+            }
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Replica { replica: 1, source }
+            if source.to_string().contains("from inside a replica's step")),
+        "{err:?}"
+    );
+    // Between steps they work.
+    model.check_in_sync().unwrap();
+    model.save(&path).unwrap();
+    model.load(&path).unwrap();
 }
 
 #[test]

@@ -185,6 +185,7 @@ impl CollectiveTuning {
 /// ```
 pub struct MirroredStrategy {
     devices: Arc<ReplicaDeviceMap>,
+    local_devices: LocalDevices,
     host: String,
     ops: Arc<dyn CrossDeviceOps>,
     merge: MergeRendezvous,
@@ -288,6 +289,7 @@ impl MirroredStrategy {
         Ok(MirroredStrategy {
             devices: Arc::new(ReplicaDeviceMap::new(devices.names())?),
             host: devices.host().to_owned(),
+            local_devices: devices,
             merge: MergeRendezvous::new(n, config.deadline, Arc::clone(&first_failure))?,
             first_failure,
             ops,
@@ -327,6 +329,10 @@ impl StrategyExtended for MirroredStrategy {
         &self.devices
     }
 
+    fn local_devices(&self) -> &LocalDevices {
+        &self.local_devices
+    }
+
     fn cross_device_ops(&self) -> &dyn CrossDeviceOps {
         self.ops.as_ref()
     }
@@ -360,6 +366,9 @@ impl Strategy for MirroredStrategy {
         self.run_replicas(self, step, inputs)
     }
 }
+
+/// Where a replica's thread leaves its step's outcome for `run_replicas`.
+type Slot<T, E> = Mutex<Option<Result<T, Failed<E>>>>;
 
 /// How one replica's step failed.
 enum Failed<E> {
@@ -397,8 +406,7 @@ impl MirroredStrategy {
         }
         let _one_at_a_time = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let n = self.devices.num_replicas();
-        let outputs: Vec<Mutex<Option<Result<T, Failed<E>>>>> =
-            (0..n).map(|_| Mutex::new(None)).collect();
+        let outputs: Vec<Slot<T, E>> = (0..n).map(|_| Mutex::new(None)).collect();
         // Every replica is idle here, so the rendezvous can be cleared unconditionally: a step
         // that swallowed a collective error (which aborts the group) must not poison the next.
         self.ops.reset();

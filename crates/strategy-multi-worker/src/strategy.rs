@@ -276,6 +276,10 @@ impl StrategyExtended for MultiWorkerMirroredStrategy {
         self.local.device_map()
     }
 
+    fn local_devices(&self) -> &LocalDevices {
+        self.local.local_devices()
+    }
+
     fn cross_device_ops(&self) -> &dyn CrossDeviceOps {
         self.ops.as_ref()
     }

@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use distribute_collectives::CrossDeviceOps;
+use distribute_device_spec::LocalDevices;
 use distribute_input::{
     Batch, Dataset, DistributedDataset, InputContext, InputError, InputOptions,
 };
@@ -312,6 +313,10 @@ impl TpuStrategy {
 impl StrategyExtended for TpuStrategy {
     fn device_map(&self) -> &Arc<ReplicaDeviceMap> {
         self.eager.extended().device_map()
+    }
+
+    fn local_devices(&self) -> &LocalDevices {
+        self.eager.local_devices()
     }
 
     fn cross_device_ops(&self) -> &dyn CrossDeviceOps {

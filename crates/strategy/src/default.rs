@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use distribute_collectives::{CrossDeviceOps, GroupConfig, ReductionToOneDevice};
-use distribute_device_spec::DEFAULT_HOST;
+use distribute_device_spec::{DEFAULT_HOST, LocalDevices};
 use distribute_values::{Distributed, ReplicaDeviceMap, select_replica};
 
 use crate::context::{MergeArgs, MergeResult, ReplicaContext, StrategyExtended};
@@ -34,6 +34,7 @@ use crate::{RunError, Strategy, StrategyError};
 #[derive(Debug)]
 pub struct DefaultStrategy {
     devices: Arc<ReplicaDeviceMap>,
+    local_devices: LocalDevices,
     ops: ReductionToOneDevice,
 }
 
@@ -42,6 +43,7 @@ impl DefaultStrategy {
     pub fn new() -> Result<Self, StrategyError> {
         Ok(DefaultStrategy {
             devices: Arc::new(ReplicaDeviceMap::new([DEFAULT_HOST])?),
+            local_devices: LocalDevices::new([DEFAULT_HOST])?,
             ops: ReductionToOneDevice::new(1, GroupConfig::default())?,
         })
     }
@@ -50,6 +52,10 @@ impl DefaultStrategy {
 impl StrategyExtended for DefaultStrategy {
     fn device_map(&self) -> &Arc<ReplicaDeviceMap> {
         &self.devices
+    }
+
+    fn local_devices(&self) -> &LocalDevices {
+        &self.local_devices
     }
 
     fn cross_device_ops(&self) -> &dyn CrossDeviceOps {

@@ -264,7 +264,7 @@ pub fn train_resumable<S: Strategy>(
             (restored.step, restored.input, restored.progress)
         }
         None => {
-            let start = model.with_model(0, |m| evaluate(m, &data.validation))??;
+            let start = model.with_model(0, |m| evaluate(m, &data.validation))?;
             let progress = Progress {
                 validation: vec![(0, start.loss)],
                 ..Progress::default()
@@ -334,7 +334,7 @@ pub fn train_resumable<S: Strategy>(
             progress.early_weights = weights_of(&model)?;
         }
         if (step + 1) % config.eval_every == 0 || step + 1 == config.steps {
-            let held_out = model.with_model(0, |m| evaluate(m, &data.validation))??;
+            let held_out = model.with_model(0, |m| evaluate(m, &data.validation))?;
             progress.validation.push((step + 1, held_out.loss));
         }
         if step % 20 == 0 || step + 1 == config.steps {
@@ -384,7 +384,7 @@ pub fn train_resumable<S: Strategy>(
     let weights = weights_of(&model)?;
     let (train, held_out) = model.with_model(0, |m| {
         Ok::<_, anyhow::Error>((evaluate(m, &data.train)?, evaluate(m, &data.validation)?))
-    })??;
+    })?;
     let per_step = |d: Duration| d / steps_run.max(1) as u32;
     Ok(Trained {
         weights,

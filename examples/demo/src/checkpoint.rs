@@ -1,15 +1,9 @@
 //! `--checkpoint-dir DIR`: the candle classifier's run as entries of the strategy crate's
 //! `Checkpoints` (atomic files written by the chief, checksummed, the chief's bytes sent to
-//! every worker on restore).
+//! every worker on restore). A checkpoint holds
 //!
-//! `Checkpoints` stores `CheckpointVariable`s; the candle model's variables live in
-//! `distribute-candle`'s `DataParallel`, not in `DistributedVariable`s, so the demo stores them
-//! as `Entry`s: named byte strings with a signature that must match on restore. A checkpoint
-//! holds
-//!
-//! - `model/NAME` for every candle variable (`l1.weight`, …): replica 0's copy as
-//!   little-endian f32 bytes, signature `f32 [shape]` (every copy being bit-identical after a
-//!   step, one is the model);
+//! - `model`: the candle model itself (`DataParallel` is a `CheckpointVariable`: its variables
+//!   as safetensors, checked against the model on restore);
 //! - `demo/run`: no bytes, the run's settings as its signature (steps, batch, learning rate,
 //!   hidden units, seed), so that a directory of another run is refused rather than continued
 //!   with other settings or another data order;
@@ -21,11 +15,9 @@
 //! The optimizer is candle's plain `SGD`: it has no state besides the learning rate, so nothing
 //! of it is stored.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 
 use anyhow::{Context, Result, anyhow, ensure};
-use candle_core::{DType, Device, Tensor};
 use candle_nn::Optimizer;
 use distribute::prelude::{Checkpoints, InputPosition, Strategy, StrategyError};
 use distribute::strategy::{CheckpointVariable, StrategyExtended};
@@ -135,36 +127,9 @@ fn f32s(bytes: &[u8]) -> Result<Vec<f32>> {
         .collect())
 }
 
-/// The entries of a checkpoint of `model`, with `progress`'s values (on every worker; only the
+/// The demo's own entries of a checkpoint, with `progress`'s values (on every worker; only the
 /// restore's bytes matter when restoring).
-fn entries<S: Strategy, O: Optimizer + Send>(
-    model: &DataParallel<'_, S, Classifier, O>,
-    config: &Config,
-    progress: &Progress,
-) -> Result<Vec<Entry>> {
-    let mut entries = vec![Entry::new("demo/run", run_signature(config), Vec::new())];
-    for v in model.variables() {
-        ensure!(
-            v.dtype == DType::F32,
-            "variable {} is {:?}; the demo checkpoints f32 variables",
-            v.name,
-            v.dtype
-        );
-        let value = model
-            .variable(0, &v.name)?
-            .flatten_all()?
-            .to_vec1::<f32>()?;
-        entries.push(Entry::new(
-            format!("model/{}", v.name),
-            format!("f32 {:?}", v.shape),
-            f32_bytes(&value),
-        ));
-    }
-    entries.push(Entry::new(
-        "demo/losses",
-        "f32 per step",
-        f32_bytes(&progress.losses),
-    ));
+fn entries(config: &Config, progress: &Progress) -> Vec<Entry> {
     let validation = progress
         .validation
         .iter()
@@ -175,22 +140,31 @@ fn entries<S: Strategy, O: Optimizer + Send>(
                 .chain(loss.to_le_bytes())
         })
         .collect();
-    entries.push(Entry::new(
-        "demo/validation",
-        "(u64 step, f32 loss) pairs",
-        validation,
-    ));
     let early: Vec<f32> = progress
         .early_weights
         .iter()
         .flat_map(|(_, w)| w.iter().copied())
         .collect();
-    entries.push(Entry::new(
-        "demo/early",
-        "f32, every variable in name order",
-        f32_bytes(&early),
-    ));
-    Ok(entries)
+    vec![
+        Entry::new("demo/run", run_signature(config), Vec::new()),
+        Entry::new("demo/losses", "f32 per step", f32_bytes(&progress.losses)),
+        Entry::new("demo/validation", "(u64 step, f32 loss) pairs", validation),
+        Entry::new(
+            "demo/early",
+            "f32, every variable in name order",
+            f32_bytes(&early),
+        ),
+    ]
+}
+
+/// The model and `entries`, as `Checkpoints` takes them.
+fn variables<'a, S: Strategy, O: Optimizer + Send>(
+    model: &'a DataParallel<'_, S, Classifier, O>,
+    entries: &'a [Entry],
+) -> Vec<&'a dyn CheckpointVariable> {
+    std::iter::once(model as &dyn CheckpointVariable)
+        .chain(entries.iter().map(|e| e as &dyn CheckpointVariable))
+        .collect()
 }
 
 /// After `step` steps, when `checkpoints` is due: saves the model, the input position and
@@ -229,15 +203,11 @@ pub fn save<S: Strategy, O: Optimizer + Send>(
         losses,
         ..progress.clone()
     };
-    let entries = entries(model, config, &progress)?;
-    let refs: Vec<&dyn CheckpointVariable> = entries
-        .iter()
-        .map(|e| e as &dyn CheckpointVariable)
-        .collect();
+    let entries = entries(config, &progress);
     checkpoints.save(
         strategy,
         step as u64,
-        &refs,
+        &variables(model, &entries),
         InputPosition::at_step(step as u64),
     )?;
     Ok(())
@@ -252,12 +222,9 @@ pub fn restore<S: Strategy, O: Optimizer + Send>(
     model: &DataParallel<'_, S, Classifier, O>,
     config: &Config,
 ) -> Result<Option<Restored>> {
-    let entries = entries(model, config, &Progress::default())?;
-    let refs: Vec<&dyn CheckpointVariable> = entries
-        .iter()
-        .map(|e| e as &dyn CheckpointVariable)
-        .collect();
-    let Some(resume) = checkpoints.restore(strategy, &refs).with_context(|| {
+    let entries = entries(config, &Progress::default());
+    let restoring = variables(model, &entries);
+    let Some(resume) = checkpoints.restore(strategy, &restoring).with_context(|| {
         format!(
             "restoring the checkpoints of {} (a directory of another run? give this run a new \
              --checkpoint-dir)",
@@ -267,24 +234,15 @@ pub fn restore<S: Strategy, O: Optimizer + Send>(
     else {
         return Ok(None);
     };
-    let mut values = HashMap::new();
-    let mut sizes = Vec::new();
-    for (v, entry) in model.variables().iter().zip(&entries[1..]) {
-        let value = f32s(&entry.take()?)?;
-        sizes.push((v.name.clone(), value.len()));
-        values.insert(
-            v.name.clone(),
-            Tensor::from_vec(value, v.shape.as_slice(), &Device::Cpu)?,
-        );
-    }
-    // Every worker has the chief's bytes; `assign` also takes the chief's values everywhere.
-    model.assign(values)?;
-    let tail = &entries[1 + sizes.len()..];
-    let mut losses = f32s(&tail[0].take()?)?;
-    if !strategy.extended().should_checkpoint() {
+    // The model is restored; the demo's own entries follow.
+    let [_, losses, validation, early] = &entries[..] else {
+        unreachable!("entries() makes four entries");
+    };
+    let mut losses = f32s(&losses.take()?)?;
+    if !strategy.is_chief() {
         losses.iter_mut().for_each(|l| *l = 0.0);
     }
-    let validation = tail[1]
+    let validation = validation
         .take()?
         .chunks_exact(12)
         .map(|c| {
@@ -293,14 +251,15 @@ pub fn restore<S: Strategy, O: Optimizer + Send>(
             (step as usize, loss)
         })
         .collect();
-    let early = f32s(&tail[2].take()?)?;
+    let early = f32s(&early.take()?)?;
     let mut early_weights = Vec::new();
     if !early.is_empty() {
         let mut rest = early.as_slice();
-        for (name, size) in sizes {
+        for v in model.variables() {
+            let size = v.elem_count();
             ensure!(rest.len() >= size, "the early weights are cut short");
             let (mine, next) = rest.split_at(size);
-            early_weights.push((name, mine.to_vec()));
+            early_weights.push((v.name.clone(), mine.to_vec()));
             rest = next;
         }
     }

@@ -5,6 +5,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use distribute_collectives::{CrossDeviceOps, Workers};
+use distribute_device_spec::LocalDevices;
 use distribute_values::{ReplicaDeviceMap, VariableValue};
 
 use crate::StrategyError;
@@ -19,6 +20,10 @@ pub type MergeResult = Arc<dyn Any + Send + Sync>;
 pub trait StrategyExtended: Send + Sync {
     /// The replicas' devices.
     fn device_map(&self) -> &Arc<ReplicaDeviceMap>;
+
+    /// This process's replicas' devices, parsed once and typed (kind, index), in replica order:
+    /// what adapters read instead of parsing device names again.
+    fn local_devices(&self) -> &LocalDevices;
 
     /// The number of replicas this process runs (its device map's).
     fn num_replicas(&self) -> usize {
