@@ -24,7 +24,7 @@ use distribute_candle::{Config as CandleConfig, DataParallel};
 use crate::Config;
 use crate::checkpoint::Progress;
 use crate::data::{FEATURES, Split, SplitMix, WineData};
-use crate::report::progress_bar;
+use crate::progress::progress_bar;
 
 /// Quality scores the data has: 3 … 8, class `q − 3`.
 pub const CLASSES: usize = 6;

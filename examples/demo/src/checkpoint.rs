@@ -24,7 +24,6 @@ use distribute::strategy::{CheckpointVariable, StrategyExtended};
 use distribute_candle::DataParallel;
 
 use crate::Config;
-use crate::candle::Classifier;
 
 /// One named byte string of a checkpoint, and what a restore put in its place.
 struct Entry {
@@ -158,8 +157,8 @@ fn entries(config: &Config, progress: &Progress) -> Vec<Entry> {
 }
 
 /// The model and `entries`, as `Checkpoints` takes them.
-fn variables<'a, S: Strategy, O: Optimizer + Send>(
-    model: &'a DataParallel<'_, S, Classifier, O>,
+fn variables<'a, S: Strategy, M: Send, O: Optimizer + Send>(
+    model: &'a DataParallel<'_, S, M, O>,
     entries: &'a [Entry],
 ) -> Vec<&'a dyn CheckpointVariable> {
     std::iter::once(model as &dyn CheckpointVariable)
@@ -170,10 +169,10 @@ fn variables<'a, S: Strategy, O: Optimizer + Send>(
 /// After `step` steps, when `checkpoints` is due: saves the model, the input position and
 /// `progress`, whose `losses` are this worker's replicas' shares (added up over the workers
 /// here). Every worker calls it; the chief writes.
-pub fn save<S: Strategy, O: Optimizer + Send>(
+pub fn save<S: Strategy, M: Send, O: Optimizer + Send>(
     checkpoints: &Checkpoints,
     strategy: &S,
-    model: &DataParallel<'_, S, Classifier, O>,
+    model: &DataParallel<'_, S, M, O>,
     config: &Config,
     step: usize,
     progress: &Progress,
@@ -216,10 +215,10 @@ pub fn save<S: Strategy, O: Optimizer + Send>(
 /// Restores the newest good checkpoint of `checkpoints` into every copy of `model` on every
 /// worker, and gives where to go on from; `None` (the model untouched) when there is none.
 /// Every worker calls it.
-pub fn restore<S: Strategy, O: Optimizer + Send>(
+pub fn restore<S: Strategy, M: Send, O: Optimizer + Send>(
     checkpoints: &Checkpoints,
     strategy: &S,
-    model: &DataParallel<'_, S, Classifier, O>,
+    model: &DataParallel<'_, S, M, O>,
     config: &Config,
 ) -> Result<Option<Restored>> {
     let entries = entries(config, &Progress::default());

@@ -51,14 +51,17 @@
 pub mod candle;
 pub mod checkpoint;
 pub mod cli;
+mod config;
 pub mod data;
 pub mod hand_rolled;
 pub mod mirrored;
 pub mod model;
+mod progress;
 pub mod report;
 pub mod tpu;
 
 pub use cli::{Args, Framework, StrategyKind, parse_args};
+pub use config::{Config, TOLERANCE, TPU_MIRRORED_TOLERANCE};
 
 /// Whether `mpirun` (Open MPI's, or an MPICH-style launcher) started this process: the demo is
 /// then one worker of `cargo xtask demo --workers W`.
@@ -68,94 +71,3 @@ pub fn started_by_mpirun() -> bool {
         .any(|name| std::env::var_os(name).is_some())
 }
 pub use report::run;
-
-/// The largest weight difference allowed between the N-replica and the 1-replica run.
-pub const TOLERANCE: f32 = 1e-5;
-
-/// The largest weight difference allowed between a TPU run and the mirrored run. Their values
-/// round differently in the last bits: the compiled step uses XLA's f32 dot kernels and tanh
-/// (or f64 ones, [`tpu::StepArithmetic`]) and fuses multiply-adds, while the mirrored replicas
-/// use the model's own f32 kernels and tanh approximation (within 1.5 ulp). The last-bit
-/// differences of each step are carried forward and grown by momentum SGD: about 1e-6 after
-/// the default 2000 steps, 1.1e-5
-/// after 6000 steps at lr 0.02 on 3 or 4 replicas. Real mistakes are far larger: without the
-/// mask, 4 replicas of the short test ended 0.7 away from 1 replica.
-pub const TPU_MIRRORED_TOLERANCE: f32 = 1e-4;
-
-/// What to train, and where.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Config {
-    /// One replica per device.
-    pub devices: Vec<String>,
-    /// Optimizer steps.
-    pub steps: usize,
-    /// Rows per step, over all replicas.
-    pub global_batch: usize,
-    /// SGD learning rate.
-    pub learning_rate: f32,
-    /// Momentum of SGD (0 for plain SGD).
-    pub momentum: f32,
-    /// Units of the hidden layer.
-    pub hidden: usize,
-    /// Seed of the validation split, the initial weights and the shuffle.
-    pub seed: u64,
-    /// Steps between two validation losses on the curve.
-    pub eval_every: usize,
-    /// Whether to draw a progress bar (indicatif hides it anyway when stderr is not a terminal).
-    pub progress: bool,
-    /// How `--strategy tpu`'s compiled step rounds (the mirrored path ignores it).
-    pub tpu_arithmetic: tpu::StepArithmetic,
-    /// How long any replica or worker waits for the others before the step fails (and, across
-    /// workers, the job ends naming the one it waited for): `--deadline SECS`.
-    pub deadline: std::time::Duration,
-}
-
-impl Config {
-    /// The demo's defaults, on no devices yet: trains in about a second in release on 2 cores.
-    /// The command line's defaults are these.
-    pub const DEFAULT: Config = Config {
-        devices: Vec::new(),
-        steps: 2000,
-        global_batch: 128,
-        learning_rate: 0.01,
-        momentum: 0.9,
-        hidden: 32,
-        seed: 7,
-        eval_every: 50,
-        progress: true,
-        tpu_arithmetic: tpu::StepArithmetic::F64Sums,
-        deadline: std::time::Duration::from_secs(300),
-    };
-
-    /// The demo's defaults on `devices`.
-    pub fn new(devices: Vec<String>) -> Self {
-        Config {
-            devices,
-            ..Config::DEFAULT
-        }
-    }
-
-    /// The demo's defaults on `replicas` CPU replicas (`--replicas N`): `/cpu:0` … `/cpu:N-1`,
-    /// spelled short as the report prints them (the strategies parse them into `LocalDevices`).
-    pub fn on_cpus(replicas: usize) -> Self {
-        Config::new((0..replicas).map(|r| format!("/cpu:{r}")).collect())
-    }
-
-    /// `MirroredStrategy` over [`Config::devices`], every wait bounded by [`Config::deadline`].
-    pub fn mirrored_strategy(&self) -> anyhow::Result<distribute::prelude::MirroredStrategy> {
-        use distribute::prelude::{MirroredConfig, MirroredStrategy};
-        let config = MirroredConfig {
-            deadline: self.deadline,
-            ..MirroredConfig::default()
-        };
-        Ok(MirroredStrategy::with_config(&self.devices, config)?)
-    }
-
-    /// The same run on the first device alone: the reference the replicas must match.
-    pub fn one_replica(&self) -> Self {
-        Config {
-            devices: self.devices[..1].to_vec(),
-            ..self.clone()
-        }
-    }
-}

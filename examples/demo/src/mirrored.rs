@@ -15,7 +15,7 @@ use ndarray::{Ix1, Ix2};
 use crate::Config;
 use crate::data::{FEATURES, Split, WineData};
 use crate::model::{ParamSlices, Params, evaluate, max_weight_difference};
-use crate::report::progress_bar;
+use crate::progress::progress_bar;
 
 /// Mean time per step spent in each phase, over all steps.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, ensure};
-use indicatif::{ProgressBar, ProgressStyle};
 use ndarray::Array1;
 
 use crate::cli::{Args, Framework, StrategyKind};
@@ -694,25 +693,6 @@ fn default_plot_path(file: &str) -> PathBuf {
         .and_then(|exe| Some(exe.parent()?.parent()?.to_path_buf()))
         .unwrap_or_else(|| PathBuf::from("target"));
     target.join("demo").join(file)
-}
-
-pub(crate) fn progress_bar(config: &Config) -> ProgressBar {
-    if !config.progress {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(config.steps as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{prefix} [{elapsed_precise}] {bar:32.cyan/blue} {pos}/{len} steps · {msg}",
-        )
-        .expect("the template is valid")
-        .progress_chars("=> "),
-    );
-    bar.set_prefix(match config.devices.len() {
-        1 => "1 replica".to_owned(),
-        n => format!("{n} replicas"),
-    });
-    bar
 }
 
 /// Draws the training loss (each step's batch, and its mean over 50 steps) and the validation

@@ -23,7 +23,7 @@ use crate::Config;
 use crate::data::WineData;
 use crate::mirrored::training_batches;
 use crate::model::{Params, evaluate, max_weight_difference};
-use crate::report::progress_bar;
+use crate::progress::progress_bar;
 
 /// Mean time per step of a TPU run, over all steps.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -81,24 +81,7 @@ fn tpu_strategy(replicas: usize) -> Result<TpuStrategy> {
     })
 }
 
-/// How the compiled step rounds (`--tpu-arithmetic`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum StepArithmetic {
-    /// Every value in f32, the program `jax.jit` emits for this model: XLA's f32 dot kernels
-    /// and tanh, 2–3× faster than [`StepArithmetic::F64Sums`] with `--hidden 256 --batch
-    /// 1024` here. The sums over a replica's rows round in f32 before the all-reduce adds the
-    /// replicas' sums, so N replicas and one round the global batch's sums differently in the
-    /// last bits, and momentum SGD grows those bits: 1 and 2 replicas ended 1.6e-6 apart after
-    /// the default 2000 steps, within [`crate::TOLERANCE`], but 1.1e-4 apart after 10000,
-    /// past it (and 1.2e-4 from MirroredStrategy, past [`crate::TPU_MIRRORED_TOLERANCE`]).
-    F32,
-    /// The forward dot products and tanh in f64 rounded once to f32, and the sums over rows
-    /// and across replicas in f64, as the mirrored path sums them: the weights come out the
-    /// same bits on 1, 2, 3 or 4 replicas, after 10000 steps or 6000 at lr 0.02 too. XLA's
-    /// f64 products run several times slower than its f32 ones.
-    #[default]
-    F64Sums,
-}
+pub use crate::config::StepArithmetic;
 
 /// One training step of the MLP as a replicated XLA program: the arithmetic of
 /// [`ParamSlices::gradient_sums`](crate::model::ParamSlices::gradient_sums) and the mirrored `merge_call`, written with symbolic values, in

@@ -23,10 +23,8 @@ const CYCLES_TODAY: &[&str] = &[
     "crates/mpi/src: all_reduce.rs → member.rs → folds.rs → all_reduce.rs",
     "crates/nccl/src: all_reduce.rs → member.rs → all_reduce.rs",
     // Files that name each other's items (error.rs names VariableAggregation, aggregation.rs
-    // returns ValuesError; the demo's front ends and report).
+    // returns ValuesError).
     "crates/values/src: aggregation.rs, element.rs, error.rs (each reaches every other)",
-    "examples/demo/src: candle.rs → checkpoint.rs → lib.rs → tpu.rs → mirrored.rs → report.rs → \
-     cli.rs → candle.rs",
     // A module root that defines what its children use (group's Shared, nccl-exchange's
     // UNIQUE_ID_BYTES, model's gradients) and whose own code uses its children.
     "crates/collectives/src: group/member.rs → group/plan.rs → group/sliced.rs → group/mod.rs → \

@@ -31,7 +31,6 @@ const SINGLES: &[Single] = &[
         instead: "use distribute_tensor::Fnv",
         holds: holds_fnv,
         copies_today: &[
-            "crates/candle/src/variables.rs",
             "crates/collectives/tests/gpu.rs",
             "crates/strategy-multi-worker/tests/multi_worker.rs",
         ],
