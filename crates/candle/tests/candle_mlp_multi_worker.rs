@@ -102,8 +102,8 @@ fn a_worker_with_another_model_fails_every_worker() {
     for message in &job.results {
         assert_eq!(
             message,
-            "the model replicas differ: variable 'l1.bias' is f32 [8] on worker 0 (replicas 0..1) \
-             but f32 [9] on worker 1 (replicas 1..2)"
+            "the model replicas differ: variable 'l1.bias' is f32 [8] on worker 0 but f32 [9] on \
+             worker 1"
         );
     }
 }
@@ -144,7 +144,8 @@ fn a_worker_whose_builder_fails_fails_every_worker_and_reports_its_own_error() {
     assert_eq!(
         job.results,
         [
-            "worker 1 (replicas 1..2) failed while building its model; it reports why",
+            // The other workers hear the failed worker's message (the end-of-step agreement).
+            "worker 1 failed: building its model: replica 1: no weights file on this machine",
             "replica 1: no weights file on this machine",
         ],
         "stdout:\n{}",
@@ -188,7 +189,7 @@ fn workers_start_from_the_chiefs_values_and_drift_is_named() {
         job.status,
         job.stdout
     );
-    let named = "the model copies are out of sync: variable 'l1.bias' of worker 1 (replicas 1..2) \
-                 differs from worker 0 (replicas 0..1)'s";
+    let named = "the model copies are out of sync: variable 'l1.bias' of worker 1 differs from \
+                 worker 0's";
     assert_eq!(job.results, [named, named], "stdout:\n{}", job.stdout);
 }
