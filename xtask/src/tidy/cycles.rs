@@ -24,7 +24,6 @@ const CYCLES_TODAY: &[&str] = &[
     "crates/nccl/src: all_reduce.rs → member.rs → all_reduce.rs",
     // Files that name each other's items (error.rs names VariableAggregation, aggregation.rs
     // returns ValuesError; the demo's front ends and report).
-    "crates/values/src: aggregation.rs, element.rs, error.rs (each reaches every other)",
     "examples/demo/src: candle.rs → checkpoint.rs → lib.rs → tpu.rs → mirrored.rs → report.rs → \
      cli.rs → candle.rs",
     // A module root that defines what its children use (group's Shared, nccl-exchange's
