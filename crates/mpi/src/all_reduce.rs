@@ -66,7 +66,7 @@ pub(crate) const REUSE_MIN_BYTES: usize = 256 * 1024;
 /// Results of at least [`REUSE_MIN_BYTES`] the backend keeps a share of.
 pub(crate) const KEPT_OUTPUTS: usize = 4;
 
-/// Tags of the two phases of [`Inner::scatter_fold`].
+/// Tags of the two phases of [`Shared::scatter_fold`].
 pub(crate) const REDUCE_SCATTER_TAG: i32 = 1;
 pub(crate) const ALL_GATHER_TAG: i32 = 2;
 
@@ -88,11 +88,11 @@ pub(crate) const MESSAGE_BYTES: usize = 512;
 /// any shared buffer.
 #[derive(Debug, Clone)]
 pub struct MpiAllReduce {
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 #[derive(Debug)]
-pub(crate) struct Inner {
+pub(crate) struct Shared {
     pub(crate) group: CollectiveGroup,
     pub(crate) devices: Vec<String>,
     pub(crate) world: &'static MpiWorld,
@@ -113,9 +113,9 @@ impl MpiAllReduce {
     /// Replica `replica`'s handle: its member of the local group and the shared backend.
     fn member(&self, replica: usize) -> Result<MpiMember, CollectiveError> {
         Ok(MpiMember {
-            member: self.inner.group.member(replica)?,
-            inner: Arc::clone(&self.inner),
-            device: self.inner.devices[replica].clone(),
+            member: self.shared.group.member(replica)?,
+            shared: Arc::clone(&self.shared),
+            device: self.shared.devices[replica].clone(),
         })
     }
 
@@ -130,7 +130,7 @@ impl MpiAllReduce {
         let world = MpiWorld::get()?;
         let local_replicas = devices.len();
         let backend = MpiAllReduce {
-            inner: Arc::new(Inner {
+            shared: Arc::new(Shared {
                 group: CollectiveGroup::new(local_replicas, config)?,
                 devices: devices.iter().map(|d| d.as_ref().to_owned()).collect(),
                 world,
@@ -143,7 +143,7 @@ impl MpiAllReduce {
         };
         // Every worker checks that all have the same local replica count before any step.
         let record = Record::bare(Call::Exchange, Status::Ok).with_extra(local_replicas as i64);
-        backend.inner.agree(record, "").map_err(|e| match e {
+        backend.shared.agree(record, "").map_err(|e| match e {
             CollectiveError::WorkersDisagree(_) => CollectiveError::InvalidArgument(format!(
                 "every worker must run the same number of local replicas; this worker has \
                  {local_replicas} ({e})"
@@ -155,22 +155,22 @@ impl MpiAllReduce {
 
     /// The process world (rank = worker, size = workers).
     pub fn world(&self) -> &'static MpiWorld {
-        self.inner.world
+        self.shared.world
     }
 
     /// This process's worker index.
     pub fn worker(&self) -> usize {
-        self.inner.world.rank()
+        self.shared.world.rank()
     }
 
     /// The number of workers.
     pub fn num_workers(&self) -> usize {
-        self.inner.world.size()
+        self.shared.world.size()
     }
 
     /// Local replicas per worker.
     pub fn local_replicas(&self) -> usize {
-        self.inner.group.num_replicas()
+        self.shared.group.num_replicas()
     }
 
     /// Every replica of every worker.
@@ -180,7 +180,7 @@ impl MpiAllReduce {
 
     /// The local group (shared-memory rendezvous of this process's replicas).
     pub fn group(&self) -> &CollectiveGroup {
-        &self.inner.group
+        &self.shared.group
     }
 }
 
@@ -194,11 +194,11 @@ impl MpiAllReduce {
         tensor: &Tensor,
         axis: usize,
     ) -> Result<Tensor, CollectiveError> {
-        let inner = &self.inner;
+        let shared = &self.shared;
         let local = tensor.to_host()?;
         // Agreed first, so a bad axis (the same on every worker, or a disagreement) fails
         // every worker alike.
-        let records = inner.agree(Record::gather_along(&local, axis), "")?;
+        let records = shared.agree(Record::gather_along(&local, axis), "")?;
         if axis >= local.rank() {
             return Err(CollectiveError::InvalidArgument(format!(
                 "an all-gather along axis {axis} of a tensor of rank {}: the axis must be below \
@@ -206,7 +206,7 @@ impl MpiAllReduce {
                 local.rank()
             )));
         }
-        if inner.workers() == 1 {
+        if shared.workers() == 1 {
             return Ok(local);
         }
         let lengths: Vec<usize> = records.iter().map(|r| r.rows as usize).collect();
@@ -225,12 +225,12 @@ impl MpiAllReduce {
         let parts = with_dtype!(local.dtype(), T => {
             let mine: Vec<T> = local.to_vec::<T>()?;
             let mut all = vec![T::zero(); total];
-            inner.world.all_gather_varcount(
+            shared.world.all_gather_varcount(
                 as_bytes(&mine),
                 as_bytes_mut(&mut all),
                 &counts,
                 &displs,
-                inner.deadline,
+                shared.deadline,
                 &|| format!("the all-gather of {local} along axis {axis}"),
             );
             let mut at = 0;
@@ -255,10 +255,10 @@ impl MpiAllReduce {
         op: ReduceOp,
         tensor: &Tensor,
     ) -> Result<Tensor, CollectiveError> {
-        let inner = &self.inner;
+        let shared = &self.shared;
         check_op(op, tensor.dtype())?;
         let record = Record::of(Call::Reduce, Some(op), &[tensor]).with_extra(1);
-        let mut out = inner.reduce_across(record, op, inner.workers(), &[tensor.to_host()?])?;
+        let mut out = shared.reduce_across(record, op, shared.workers(), &[tensor.to_host()?])?;
         Ok(out.swap_remove(0))
     }
 }
@@ -287,7 +287,7 @@ impl CrossDeviceOps for MpiAllReduce {
         op: ReduceOp,
         pairs: &[(&[AnyTensor], &Destinations)],
     ) -> Result<Vec<Leaf<AnyTensor>>, CollectiveError> {
-        let inner = &self.inner;
+        let shared = &self.shared;
         let mut local = Vec::with_capacity(pairs.len());
         let mut count = None;
         for (values, destinations) in pairs {
@@ -326,9 +326,9 @@ impl CrossDeviceOps for MpiAllReduce {
         let count = count.unwrap_or(0);
         let refs: Vec<&Tensor> = local.iter().collect();
         let record = Record::of(Call::Reduce, Some(op), &refs).with_extra(count as i64);
-        let plan = FusionPlan::new(&local, inner.bytes_per_pack);
+        let plan = FusionPlan::new(&local, shared.bytes_per_pack);
         let buckets =
-            inner.reduce_across(record, op, count * inner.workers(), &plan.pack(&local)?)?;
+            shared.reduce_across(record, op, count * shared.workers(), &plan.pack(&local)?)?;
         plan.unpack(&buckets)?
             .into_iter()
             .zip(pairs)
@@ -362,21 +362,21 @@ impl CrossDeviceOps for MpiAllReduce {
 
 impl StepLifecycle for MpiAllReduce {
     fn abort(&self, reason: &str) {
-        self.inner.group.abort(reason);
+        self.shared.group.abort(reason);
     }
 
     fn reset(&self) {
-        self.inner.group.reset();
-        *lock(&self.inner.remote_failure) = None;
+        self.shared.group.reset();
+        *lock(&self.shared.remote_failure) = None;
     }
 
     fn begin_step(&self) {
-        self.inner.group.rendezvous().begin_step();
+        self.shared.group.rendezvous().begin_step();
     }
 
     fn replica_finished(&self, replica: usize) {
         // The hook has no error channel; a replica outside the group has no barrier to leave.
-        let _ = self.inner.group.rendezvous().finish(replica);
+        let _ = self.shared.group.rendezvous().finish(replica);
     }
 }
 

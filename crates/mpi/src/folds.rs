@@ -2,8 +2,8 @@
 //! kernel on every path (inline in the agreement, all-gathered, reduce-scattered then
 //! all-gathered), so every worker gets the same bits; and the buffers they fold into.
 use crate::all_reduce::{
-    ALL_GATHER_TAG, INLINE_BYTES, Inner, KEPT_OUTPUTS, REDUCE_SCATTER_TAG, REUSE_MIN_BYTES,
-    SCATTER_MIN_BYTES, SLOT_WORDS,
+    ALL_GATHER_TAG, INLINE_BYTES, KEPT_OUTPUTS, REDUCE_SCATTER_TAG, REUSE_MIN_BYTES,
+    SCATTER_MIN_BYTES, SLOT_WORDS, Shared,
 };
 use distribute_collectives::CollectiveError;
 use distribute_collectives::backend::{Record, lock_ignoring_poison as lock};
@@ -25,7 +25,7 @@ pub(crate) fn local_op(op: ReduceOp) -> ReduceOp {
     }
 }
 
-impl Inner {
+impl Shared {
     /// The agreement on `record` and the reduction across workers of every bucket (host
     /// tensors, each worker's local result), `Mean` divided by `count` contributions. One bucket
     /// of at most [`INLINE_BYTES`] travels with the agreement: one round trip in all.
