@@ -4,7 +4,7 @@
 //! replica through the group.
 //!
 //! Bit-identical everywhere: every element of a cross-worker reduction is folded exactly once,
-//! in worker order, by the same code. Below [`SCATTER_MIN_BYTES`] every worker all-gathers every
+//! in worker order, by the same code. Below [`SCATTER_MIN_BYTES`](crate::SCATTER_MIN_BYTES) every worker all-gathers every
 //! worker's local result and folds the W blocks in worker order itself (one round). From it the
 //! buffer is cut into W parts and the workers reduce-scatter then all-gather, point to point
 //! between their own buffers: worker `p` receives every worker's part `p`, folds them in worker
@@ -22,11 +22,12 @@
 //!
 //! Every cross-worker call starts with an agreement: one all-gather of a fixed-size slot per
 //! worker (its record, see `agreement`, and an inline payload). A reduction of at most
-//! [`INLINE_BYTES`] travels in that slot, so small all-reduces cost one round trip, agreement
+//! [`INLINE_BYTES`](crate::INLINE_BYTES) travels in that slot, so small all-reduces cost one round trip, agreement
 //! included; larger ones move afterwards (an all-gather, or the two point-to-point rounds).
-use crate::communicator::MpiWorld;
+use crate::communicator::{MpiWorld, gather_layout};
 use crate::folds::local_op;
 use crate::member::MpiMember;
+use crate::shared::Shared;
 use distribute_collectives::backend::{
     Call, CollectiveGroup, Record, Status, deliver, lock_ignoring_poison as lock,
 };
@@ -42,36 +43,6 @@ use distribute_tensor::{
 };
 use distribute_values::{Leaf, ReduceOp};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-/// From this many bytes the workers reduce-scatter + all-gather instead of all-gathering whole
-/// buffers (which moves W−1 buffers into each worker, and folds all of it on every worker).
-pub const SCATTER_MIN_BYTES: usize = 64 * 1024;
-
-/// The payload an agreement carries: a reduction this small travels with it.
-pub const INLINE_BYTES: usize = 4096;
-
-/// Words per worker in an agreement: the record, then the inline payload.
-pub(crate) const SLOT_WORDS: usize = Record::WORDS + INLINE_BYTES / 8;
-
-// An agreement slot travels as one eager message on shared memory (see `EAGER_LIMIT_BYTES`).
-const _: () = assert!(SLOT_WORDS * 8 <= crate::communicator::EAGER_LIMIT_BYTES);
-
-/// From this many bytes a fold's result is written into the buffer of an earlier result of the
-/// same shape once no one holds it any more (the backend keeps a share of the last
-/// [`KEPT_OUTPUTS`]): a fresh buffer this large costs a page fault per 4 KiB, about as much as
-/// moving its bytes between workers.
-pub(crate) const REUSE_MIN_BYTES: usize = 256 * 1024;
-
-/// Results of at least [`REUSE_MIN_BYTES`] the backend keeps a share of.
-pub(crate) const KEPT_OUTPUTS: usize = 4;
-
-/// Tags of the two phases of [`Shared::scatter_fold`].
-pub(crate) const REDUCE_SCATTER_TAG: i32 = 1;
-pub(crate) const ALL_GATHER_TAG: i32 = 2;
-
-/// Bytes of a failed worker's message carried to the others.
-pub(crate) const MESSAGE_BYTES: usize = 512;
 
 /// The hierarchical all-reduce across the worker processes of an MPI job (see the module docs):
 /// reductions span every local replica of every worker, and every replica of every worker gets
@@ -89,24 +60,6 @@ pub(crate) const MESSAGE_BYTES: usize = 512;
 #[derive(Debug, Clone)]
 pub struct MpiAllReduce {
     pub(crate) shared: Arc<Shared>,
-}
-
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) group: CollectiveGroup,
-    pub(crate) devices: Vec<String>,
-    pub(crate) world: &'static MpiWorld,
-    pub(crate) deadline: Duration,
-    pub(crate) bytes_per_pack: usize,
-    /// Set when an agreement showed another worker's failure: this worker's failure in the same
-    /// step is then a consequence.
-    pub(crate) remote_failure: Mutex<Option<usize>>,
-    /// The receive buffer of cross-worker folds, kept between calls: a fresh one per call costs
-    /// a page fault per 4 KiB, as much as the transfer itself. Grows to the largest fold's need
-    /// (W × bytes below [`SCATTER_MIN_BYTES`], (W−1)/W × bytes from it) and stays.
-    pub(crate) scratch: Mutex<Vec<u64>>,
-    /// Shares of recent large fold results (see [`REUSE_MIN_BYTES`]).
-    pub(crate) kept_outputs: Mutex<Vec<Tensor>>,
 }
 
 impl MpiAllReduce {
@@ -378,34 +331,4 @@ impl StepLifecycle for MpiAllReduce {
         // The hook has no error channel; a replica outside the group has no barrier to leave.
         let _ = self.shared.group.rendezvous().finish(replica);
     }
-}
-
-/// The byte counts and displacements of an all-gather whose workers send `elements` elements of
-/// `size` bytes each, in worker order: MPI counts them in `i32`, so a part or an offset past
-/// 2 GiB is an error rather than a wrapped count.
-pub(crate) fn gather_layout(
-    elements: impl Iterator<Item = usize>,
-    size: usize,
-) -> Result<(Vec<i32>, Vec<i32>), CollectiveError> {
-    let too_big = || {
-        CollectiveError::InvalidArgument(
-            "an all-gather across workers moves at most 2 GiB per worker".into(),
-        )
-    };
-    let counts: Vec<i32> = elements
-        .map(|n| {
-            n.checked_mul(size)
-                .and_then(|bytes| i32::try_from(bytes).ok())
-                .ok_or_else(too_big)
-        })
-        .collect::<Result<_, _>>()?;
-    let displs: Vec<i32> = counts
-        .iter()
-        .scan(0i64, |at, &c| {
-            let here = *at;
-            *at += i64::from(c);
-            Some(i32::try_from(here).map_err(|_| too_big()))
-        })
-        .collect::<Result<_, _>>()?;
-    Ok((counts, displs))
 }

@@ -1,8 +1,8 @@
 //! [`MpiMember`]: one local replica's handle, its member of the local group and the backend's
 //! cross-process step, made by local replica 0's thread.
-use crate::all_reduce::Shared;
-use crate::all_reduce::gather_layout;
+use crate::communicator::gather_layout;
 use crate::folds::local_op;
+use crate::shared::Shared;
 use distribute_collectives::backend::{Call, Member, Record, Status};
 use distribute_collectives::{CollectiveError, FusionPlan, ReplicaCollectives};
 use distribute_tensor::{Element, Tensor};
