@@ -26,8 +26,6 @@ const CYCLES_TODAY: &[&str] = &[
      cli.rs → candle.rs",
     // A module root that defines what its children use (group's Shared, nccl-exchange's
     // UNIQUE_ID_BYTES, model's gradients) and whose own code uses its children.
-    "crates/nccl-exchange/src: auth.rs, client.rs, leader.rs, lib.rs, roster.rs, wire.rs (each \
-     reaches every other)",
     "examples/demo/src: model.rs → model/kernels.rs → model.rs",
 ];
 
