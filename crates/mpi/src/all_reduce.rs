@@ -4,7 +4,7 @@
 //! replica through the group.
 //!
 //! Bit-identical everywhere: every element of a cross-worker reduction is folded exactly once,
-//! in worker order, by the same code. Below [`SCATTER_MIN_BYTES`](crate::SCATTER_MIN_BYTES) every worker all-gathers every
+//! in worker order, by the same code. Below [`SCATTER_MIN_BYTES`] every worker all-gathers every
 //! worker's local result and folds the W blocks in worker order itself (one round). From it the
 //! buffer is cut into W parts and the workers reduce-scatter then all-gather, point to point
 //! between their own buffers: worker `p` receives every worker's part `p`, folds them in worker
@@ -22,8 +22,11 @@
 //!
 //! Every cross-worker call starts with an agreement: one all-gather of a fixed-size slot per
 //! worker (its record, see `agreement`, and an inline payload). A reduction of at most
-//! [`INLINE_BYTES`](crate::INLINE_BYTES) travels in that slot, so small all-reduces cost one round trip, agreement
+//! [`INLINE_BYTES`] travels in that slot, so small all-reduces cost one round trip, agreement
 //! included; larger ones move afterwards (an all-gather, or the two point-to-point rounds).
+//!
+//! [`SCATTER_MIN_BYTES`]: crate::SCATTER_MIN_BYTES
+//! [`INLINE_BYTES`]: crate::INLINE_BYTES
 use crate::communicator::{MpiWorld, gather_layout};
 use crate::folds::local_op;
 use crate::member::MpiMember;

@@ -220,9 +220,8 @@ impl ReplicaCollectives for MpiMember {
                     Some(t) => t.to_vec::<T>()?,
                     None => vec![T::zero(); shape.iter().product()],
                 };
-                shared.world.broadcast(root_worker, as_bytes_mut(&mut values), shared.deadline, &|| {
-                    format!("the broadcast from replica {root}")
-                });
+                let what = || format!("the broadcast from replica {root}");
+                shared.world.broadcast(root_worker, as_bytes_mut(&mut values), shared.deadline, &what);
                 Ok(vec![Tensor::from_vec(&device, &shape, values)?])
             })
         })?;

@@ -26,8 +26,10 @@ pub(crate) struct Shared {
     pub(crate) remote_failure: Mutex<Option<usize>>,
     /// The receive buffer of cross-worker folds, kept between calls: a fresh one per call costs
     /// a page fault per 4 KiB, as much as the transfer itself. Grows to the largest fold's need
-    /// (W × bytes below [`SCATTER_MIN_BYTES`](crate::SCATTER_MIN_BYTES), (W−1)/W × bytes from it) and stays.
+    /// (W × bytes below [`SCATTER_MIN_BYTES`](crate::SCATTER_MIN_BYTES), (W−1)/W × bytes from
+    /// it) and stays.
     pub(crate) scratch: Mutex<Vec<u64>>,
-    /// Shares of recent large fold results (see [`REUSE_MIN_BYTES`](crate::folds::REUSE_MIN_BYTES)).
+    /// Shares of recent large fold results (see
+    /// [`REUSE_MIN_BYTES`](crate::folds::REUSE_MIN_BYTES)).
     pub(crate) kept_outputs: Mutex<Vec<Tensor>>,
 }
