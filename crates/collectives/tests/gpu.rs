@@ -19,7 +19,9 @@ use distribute_collectives::{
 use distribute_tensor::cuda::{
     Gpu, PinnedUploader, compile_reduction_kernels, gpu_count, nvrtc_available, require_nvrtc,
 };
-use distribute_tensor::{AnyTensor, DType, Element, GpuError, Placement, Tensor, TensorError};
+use distribute_tensor::{
+    AnyTensor, DType, Element, Fnv, GpuError, Placement, Tensor, TensorError, with_dtype,
+};
 use distribute_values::{Leaf, ReduceOp};
 use half::{bf16, f16};
 use ndarray::{ArrayD, IxDyn, ShapeBuilder, s};
@@ -106,9 +108,11 @@ impl Rng {
 
 /// A seed made of a test case's parameters.
 fn seed(parts: &[u64]) -> u64 {
-    parts.iter().fold(0xCBF2_9CE4_8422_2325, |h, &p| {
-        (h ^ p).wrapping_mul(0x100_0000_01B3)
-    })
+    let mut hash = Fnv::new();
+    for part in parts {
+        hash.bytes(&part.to_le_bytes());
+    }
+    hash.0
 }
 
 /// The floating-point element types, for the data generator.
@@ -329,38 +333,6 @@ macro_rules! int_sample {
 
 int_sample!(i32, i64);
 
-/// Runs `$body` with `$t` naming the Rust type of `$dtype`.
-macro_rules! dispatch {
-    ($dtype:expr, $t:ident => $body:expr) => {
-        match $dtype {
-            DType::F16 => {
-                type $t = f16;
-                $body
-            }
-            DType::BF16 => {
-                type $t = bf16;
-                $body
-            }
-            DType::F32 => {
-                type $t = f32;
-                $body
-            }
-            DType::F64 => {
-                type $t = f64;
-                $body
-            }
-            DType::I32 => {
-                type $t = i32;
-                $body
-            }
-            DType::I64 => {
-                type $t = i64;
-                $body
-            }
-        }
-    };
-}
-
 /// Replica `replica`'s `len` elements: the columns first, then pseudo-random values.
 fn values<T: Sample>(replica: usize, len: usize, seed: u64) -> Vec<T> {
     let columns = T::columns();
@@ -376,7 +348,7 @@ fn values<T: Sample>(replica: usize, len: usize, seed: u64) -> Vec<T> {
 /// A host tensor of replica `replica`'s data.
 fn host_tensor(dtype: DType, shape: &[usize], replica: usize, seed: u64, device: &str) -> Tensor {
     let len = shape.iter().product();
-    dispatch!(dtype, T => Tensor::from_vec(device, shape, values::<T>(replica, len, seed)))
+    with_dtype!(dtype, T => Tensor::from_vec(device, shape, values::<T>(replica, len, seed)))
         .expect("the element count matches the shape")
 }
 
@@ -462,7 +434,7 @@ fn expected_placement(on_gpu: bool, _dests: &[&str], dest: &str) -> Option<Place
 /// The elements' bit patterns and printed values, in row-major order.
 fn elements(t: &Tensor) -> Vec<(u64, String)> {
     let host = t.to_host().expect("the tensor downloads");
-    dispatch!(host.dtype(), T => host
+    with_dtype!(host.dtype(), T => host
         .to_vec::<T>()
         .expect("the dtype matches")
         .into_iter()
@@ -772,7 +744,7 @@ fn transposed_and_strided_views_upload_in_logical_order() {
     let Some(gpu) = gpu_or_skip() else { return };
     let mut uploader = PinnedUploader::new(&gpu);
     for dtype in DTYPES {
-        dispatch!(dtype, T => layouts::<T>(&gpu, &mut uploader));
+        with_dtype!(dtype, T => layouts::<T>(&gpu, &mut uploader));
     }
 }
 
@@ -1411,7 +1383,7 @@ fn nan_inputs_give_nan_results() {
     for dtype in FLOATS {
         for op in OPS {
             for n in [1, 2, 3, 5] {
-                dispatch!(dtype, T => nan_case::<T>(&gpu, op, n));
+                with_dtype!(dtype, T => nan_case::<T>(&gpu, op, n));
             }
         }
     }
@@ -1733,7 +1705,7 @@ fn without_a_gpu_errors_are_typed_and_host_work_still_runs() {
 
 /// True when any element of a host tensor is NaN.
 fn has_nan(t: &Tensor) -> bool {
-    dispatch!(t.dtype(), T => t.to_vec::<T>().unwrap().into_iter().any(Sample::is_nan))
+    with_dtype!(t.dtype(), T => t.to_vec::<T>().unwrap().into_iter().any(Sample::is_nan))
 }
 
 #[test]
@@ -1813,7 +1785,7 @@ fn nan_test_data_makes_nan_exactly_where_planted() {
     for dtype in FLOATS {
         for op in OPS {
             for n in [1, 2, 3, 5] {
-                dispatch!(dtype, T => {
+                with_dtype!(dtype, T => {
                     let (host, nan_at) = nan_inputs::<T>(op, n).expect("a floating type");
                     let reference = host_reduce(op, &host).unwrap();
                     let got: Vec<bool> = reference.to_vec::<T>().unwrap().into_iter().map(Sample::is_nan).collect();
@@ -1849,6 +1821,6 @@ fn layout_test_data_is_not_row_major() {
         assert!(!t.is_standard_layout());
     }
     for dtype in DTYPES {
-        dispatch!(dtype, T => check::<T>());
+        with_dtype!(dtype, T => check::<T>());
     }
 }

@@ -1,10 +1,22 @@
 //! The agreement every cross-worker call starts with: one all-gather of a fixed-size slot per
 //! worker (the one agreement record of `distribute_collectives::backend::Record` and an inline
 //! payload), judged alike on every worker, and the failed worker's message when one failed.
-use crate::all_reduce::{Inner, MESSAGE_BYTES, SLOT_WORDS};
+use crate::shared::Shared;
 use distribute_collectives::CollectiveError;
 use distribute_collectives::backend::{Record, Verdict, judge, lock_ignoring_poison as lock};
 use distribute_tensor::bytes::element_bytes_mut as as_bytes_mut;
+
+/// The payload an agreement carries: a reduction this small travels with it.
+pub const INLINE_BYTES: usize = 4096;
+
+/// Words per worker in an agreement: the record, then the inline payload.
+pub(crate) const SLOT_WORDS: usize = Record::WORDS + INLINE_BYTES / 8;
+
+// An agreement slot travels as one eager message on shared memory (see `EAGER_LIMIT_BYTES`).
+const _: () = assert!(SLOT_WORDS * 8 <= crate::communicator::EAGER_LIMIT_BYTES);
+
+/// Bytes of a failed worker's message carried to the others.
+pub(crate) const MESSAGE_BYTES: usize = 512;
 
 /// What an agreement gathered.
 pub(crate) struct Gathered {
@@ -17,7 +29,7 @@ pub(crate) struct Gathered {
     pub(crate) slots: Vec<i64>,
 }
 
-impl Inner {
+impl Shared {
     pub(crate) fn workers(&self) -> usize {
         self.world.size()
     }
@@ -89,7 +101,7 @@ impl Inner {
         String::from_utf8_lossy(&theirs[..len]).into_owned()
     }
 
-    /// [`Inner::agree_raw`] for a call: every worker's record when they agree, else the error
+    /// [`Shared::agree_raw`] for a call: every worker's record when they agree, else the error
     /// every worker returns alike.
     pub(crate) fn agree(
         &self,
@@ -99,7 +111,7 @@ impl Inner {
         Ok(self.agree_with(record, message, &[])?.0)
     }
 
-    /// [`Inner::agree`] with an inline payload; also returns every worker's slot.
+    /// [`Shared::agree`] with an inline payload; also returns every worker's slot.
     pub(crate) fn agree_with(
         &self,
         record: Record,

@@ -24,9 +24,13 @@
 //! worker (its record, see `agreement`, and an inline payload). A reduction of at most
 //! [`INLINE_BYTES`] travels in that slot, so small all-reduces cost one round trip, agreement
 //! included; larger ones move afterwards (an all-gather, or the two point-to-point rounds).
-use crate::communicator::MpiWorld;
+//!
+//! [`SCATTER_MIN_BYTES`]: crate::SCATTER_MIN_BYTES
+//! [`INLINE_BYTES`]: crate::INLINE_BYTES
+use crate::communicator::{MpiWorld, gather_layout};
 use crate::folds::local_op;
 use crate::member::MpiMember;
+use crate::shared::Shared;
 use distribute_collectives::backend::{
     Call, CollectiveGroup, Record, Status, deliver, lock_ignoring_poison as lock,
 };
@@ -42,36 +46,6 @@ use distribute_tensor::{
 };
 use distribute_values::{Leaf, ReduceOp};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
-/// From this many bytes the workers reduce-scatter + all-gather instead of all-gathering whole
-/// buffers (which moves W−1 buffers into each worker, and folds all of it on every worker).
-pub const SCATTER_MIN_BYTES: usize = 64 * 1024;
-
-/// The payload an agreement carries: a reduction this small travels with it.
-pub const INLINE_BYTES: usize = 4096;
-
-/// Words per worker in an agreement: the record, then the inline payload.
-pub(crate) const SLOT_WORDS: usize = Record::WORDS + INLINE_BYTES / 8;
-
-// An agreement slot travels as one eager message on shared memory (see `EAGER_LIMIT_BYTES`).
-const _: () = assert!(SLOT_WORDS * 8 <= crate::communicator::EAGER_LIMIT_BYTES);
-
-/// From this many bytes a fold's result is written into the buffer of an earlier result of the
-/// same shape once no one holds it any more (the backend keeps a share of the last
-/// [`KEPT_OUTPUTS`]): a fresh buffer this large costs a page fault per 4 KiB, about as much as
-/// moving its bytes between workers.
-pub(crate) const REUSE_MIN_BYTES: usize = 256 * 1024;
-
-/// Results of at least [`REUSE_MIN_BYTES`] the backend keeps a share of.
-pub(crate) const KEPT_OUTPUTS: usize = 4;
-
-/// Tags of the two phases of [`Inner::scatter_fold`].
-pub(crate) const REDUCE_SCATTER_TAG: i32 = 1;
-pub(crate) const ALL_GATHER_TAG: i32 = 2;
-
-/// Bytes of a failed worker's message carried to the others.
-pub(crate) const MESSAGE_BYTES: usize = 512;
 
 /// The hierarchical all-reduce across the worker processes of an MPI job (see the module docs):
 /// reductions span every local replica of every worker, and every replica of every worker gets
@@ -88,34 +62,16 @@ pub(crate) const MESSAGE_BYTES: usize = 512;
 /// any shared buffer.
 #[derive(Debug, Clone)]
 pub struct MpiAllReduce {
-    pub(crate) inner: Arc<Inner>,
-}
-
-#[derive(Debug)]
-pub(crate) struct Inner {
-    pub(crate) group: CollectiveGroup,
-    pub(crate) devices: Vec<String>,
-    pub(crate) world: &'static MpiWorld,
-    pub(crate) deadline: Duration,
-    pub(crate) bytes_per_pack: usize,
-    /// Set when an agreement showed another worker's failure: this worker's failure in the same
-    /// step is then a consequence.
-    pub(crate) remote_failure: Mutex<Option<usize>>,
-    /// The receive buffer of cross-worker folds, kept between calls: a fresh one per call costs
-    /// a page fault per 4 KiB, as much as the transfer itself. Grows to the largest fold's need
-    /// (W × bytes below [`SCATTER_MIN_BYTES`], (W−1)/W × bytes from it) and stays.
-    pub(crate) scratch: Mutex<Vec<u64>>,
-    /// Shares of recent large fold results (see [`REUSE_MIN_BYTES`]).
-    pub(crate) kept_outputs: Mutex<Vec<Tensor>>,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl MpiAllReduce {
     /// Replica `replica`'s handle: its member of the local group and the shared backend.
     fn member(&self, replica: usize) -> Result<MpiMember, CollectiveError> {
         Ok(MpiMember {
-            member: self.inner.group.member(replica)?,
-            inner: Arc::clone(&self.inner),
-            device: self.inner.devices[replica].clone(),
+            member: self.shared.group.member(replica)?,
+            shared: Arc::clone(&self.shared),
+            device: self.shared.devices[replica].clone(),
         })
     }
 
@@ -130,7 +86,7 @@ impl MpiAllReduce {
         let world = MpiWorld::get()?;
         let local_replicas = devices.len();
         let backend = MpiAllReduce {
-            inner: Arc::new(Inner {
+            shared: Arc::new(Shared {
                 group: CollectiveGroup::new(local_replicas, config)?,
                 devices: devices.iter().map(|d| d.as_ref().to_owned()).collect(),
                 world,
@@ -143,7 +99,7 @@ impl MpiAllReduce {
         };
         // Every worker checks that all have the same local replica count before any step.
         let record = Record::bare(Call::Exchange, Status::Ok).with_extra(local_replicas as i64);
-        backend.inner.agree(record, "").map_err(|e| match e {
+        backend.shared.agree(record, "").map_err(|e| match e {
             CollectiveError::WorkersDisagree(_) => CollectiveError::InvalidArgument(format!(
                 "every worker must run the same number of local replicas; this worker has \
                  {local_replicas} ({e})"
@@ -155,22 +111,22 @@ impl MpiAllReduce {
 
     /// The process world (rank = worker, size = workers).
     pub fn world(&self) -> &'static MpiWorld {
-        self.inner.world
+        self.shared.world
     }
 
     /// This process's worker index.
     pub fn worker(&self) -> usize {
-        self.inner.world.rank()
+        self.shared.world.rank()
     }
 
     /// The number of workers.
     pub fn num_workers(&self) -> usize {
-        self.inner.world.size()
+        self.shared.world.size()
     }
 
     /// Local replicas per worker.
     pub fn local_replicas(&self) -> usize {
-        self.inner.group.num_replicas()
+        self.shared.group.num_replicas()
     }
 
     /// Every replica of every worker.
@@ -180,7 +136,7 @@ impl MpiAllReduce {
 
     /// The local group (shared-memory rendezvous of this process's replicas).
     pub fn group(&self) -> &CollectiveGroup {
-        &self.inner.group
+        &self.shared.group
     }
 }
 
@@ -194,11 +150,11 @@ impl MpiAllReduce {
         tensor: &Tensor,
         axis: usize,
     ) -> Result<Tensor, CollectiveError> {
-        let inner = &self.inner;
+        let shared = &self.shared;
         let local = tensor.to_host()?;
         // Agreed first, so a bad axis (the same on every worker, or a disagreement) fails
         // every worker alike.
-        let records = inner.agree(Record::gather_along(&local, axis), "")?;
+        let records = shared.agree(Record::gather_along(&local, axis), "")?;
         if axis >= local.rank() {
             return Err(CollectiveError::InvalidArgument(format!(
                 "an all-gather along axis {axis} of a tensor of rank {}: the axis must be below \
@@ -206,7 +162,7 @@ impl MpiAllReduce {
                 local.rank()
             )));
         }
-        if inner.workers() == 1 {
+        if shared.workers() == 1 {
             return Ok(local);
         }
         let lengths: Vec<usize> = records.iter().map(|r| r.rows as usize).collect();
@@ -225,12 +181,12 @@ impl MpiAllReduce {
         let parts = with_dtype!(local.dtype(), T => {
             let mine: Vec<T> = local.to_vec::<T>()?;
             let mut all = vec![T::zero(); total];
-            inner.world.all_gather_varcount(
+            shared.world.all_gather_varcount(
                 as_bytes(&mine),
                 as_bytes_mut(&mut all),
                 &counts,
                 &displs,
-                inner.deadline,
+                shared.deadline,
                 &|| format!("the all-gather of {local} along axis {axis}"),
             );
             let mut at = 0;
@@ -255,10 +211,10 @@ impl MpiAllReduce {
         op: ReduceOp,
         tensor: &Tensor,
     ) -> Result<Tensor, CollectiveError> {
-        let inner = &self.inner;
+        let shared = &self.shared;
         check_op(op, tensor.dtype())?;
         let record = Record::of(Call::Reduce, Some(op), &[tensor]).with_extra(1);
-        let mut out = inner.reduce_across(record, op, inner.workers(), &[tensor.to_host()?])?;
+        let mut out = shared.reduce_across(record, op, shared.workers(), &[tensor.to_host()?])?;
         Ok(out.swap_remove(0))
     }
 }
@@ -287,7 +243,7 @@ impl CrossDeviceOps for MpiAllReduce {
         op: ReduceOp,
         pairs: &[(&[AnyTensor], &Destinations)],
     ) -> Result<Vec<Leaf<AnyTensor>>, CollectiveError> {
-        let inner = &self.inner;
+        let shared = &self.shared;
         let mut local = Vec::with_capacity(pairs.len());
         let mut count = None;
         for (values, destinations) in pairs {
@@ -326,9 +282,9 @@ impl CrossDeviceOps for MpiAllReduce {
         let count = count.unwrap_or(0);
         let refs: Vec<&Tensor> = local.iter().collect();
         let record = Record::of(Call::Reduce, Some(op), &refs).with_extra(count as i64);
-        let plan = FusionPlan::new(&local, inner.bytes_per_pack);
+        let plan = FusionPlan::new(&local, shared.bytes_per_pack);
         let buckets =
-            inner.reduce_across(record, op, count * inner.workers(), &plan.pack(&local)?)?;
+            shared.reduce_across(record, op, count * shared.workers(), &plan.pack(&local)?)?;
         plan.unpack(&buckets)?
             .into_iter()
             .zip(pairs)
@@ -362,50 +318,20 @@ impl CrossDeviceOps for MpiAllReduce {
 
 impl StepLifecycle for MpiAllReduce {
     fn abort(&self, reason: &str) {
-        self.inner.group.abort(reason);
+        self.shared.group.abort(reason);
     }
 
     fn reset(&self) {
-        self.inner.group.reset();
-        *lock(&self.inner.remote_failure) = None;
+        self.shared.group.reset();
+        *lock(&self.shared.remote_failure) = None;
     }
 
     fn begin_step(&self) {
-        self.inner.group.rendezvous().begin_step();
+        self.shared.group.rendezvous().begin_step();
     }
 
     fn replica_finished(&self, replica: usize) {
         // The hook has no error channel; a replica outside the group has no barrier to leave.
-        let _ = self.inner.group.rendezvous().finish(replica);
+        let _ = self.shared.group.rendezvous().finish(replica);
     }
-}
-
-/// The byte counts and displacements of an all-gather whose workers send `elements` elements of
-/// `size` bytes each, in worker order: MPI counts them in `i32`, so a part or an offset past
-/// 2 GiB is an error rather than a wrapped count.
-pub(crate) fn gather_layout(
-    elements: impl Iterator<Item = usize>,
-    size: usize,
-) -> Result<(Vec<i32>, Vec<i32>), CollectiveError> {
-    let too_big = || {
-        CollectiveError::InvalidArgument(
-            "an all-gather across workers moves at most 2 GiB per worker".into(),
-        )
-    };
-    let counts: Vec<i32> = elements
-        .map(|n| {
-            n.checked_mul(size)
-                .and_then(|bytes| i32::try_from(bytes).ok())
-                .ok_or_else(too_big)
-        })
-        .collect::<Result<_, _>>()?;
-    let displs: Vec<i32> = counts
-        .iter()
-        .scan(0i64, |at, &c| {
-            let here = *at;
-            *at += i64::from(c);
-            Some(i32::try_from(here).map_err(|_| too_big()))
-        })
-        .collect::<Result<_, _>>()?;
-    Ok((counts, displs))
 }

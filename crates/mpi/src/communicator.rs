@@ -436,6 +436,36 @@ impl MpiWorld {
     }
 }
 
+/// The byte counts and displacements of an all-gather whose workers send `elements` elements of
+/// `size` bytes each, in worker order: MPI counts them in `i32`, so a part or an offset past
+/// 2 GiB is an error rather than a wrapped count.
+pub(crate) fn gather_layout(
+    elements: impl Iterator<Item = usize>,
+    size: usize,
+) -> Result<(Vec<i32>, Vec<i32>), CollectiveError> {
+    let too_big = || {
+        CollectiveError::InvalidArgument(
+            "an all-gather across workers moves at most 2 GiB per worker".into(),
+        )
+    };
+    let counts: Vec<i32> = elements
+        .map(|n| {
+            n.checked_mul(size)
+                .and_then(|bytes| i32::try_from(bytes).ok())
+                .ok_or_else(too_big)
+        })
+        .collect::<Result<_, _>>()?;
+    let displs: Vec<i32> = counts
+        .iter()
+        .scan(0i64, |at, &c| {
+            let here = *at;
+            *at += i64::from(c);
+            Some(i32::try_from(here).map_err(|_| too_big()))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((counts, displs))
+}
+
 /// Up to this many workers every call is a direct exchange between each pair; more use MPI's
 /// non-blocking collectives, whose algorithms need fewer messages.
 const POINT_TO_POINT_MAX_WORKERS: usize = 8;

@@ -1,10 +1,8 @@
 //! The cross-worker folds: every element folded exactly once, in worker order, by the same
 //! kernel on every path (inline in the agreement, all-gathered, reduce-scattered then
 //! all-gathered), so every worker gets the same bits; and the buffers they fold into.
-use crate::all_reduce::{
-    ALL_GATHER_TAG, INLINE_BYTES, Inner, KEPT_OUTPUTS, REDUCE_SCATTER_TAG, REUSE_MIN_BYTES,
-    SCATTER_MIN_BYTES, SLOT_WORDS,
-};
+use crate::agreement::{INLINE_BYTES, SLOT_WORDS};
+use crate::shared::Shared;
 use distribute_collectives::CollectiveError;
 use distribute_collectives::backend::{Record, lock_ignoring_poison as lock};
 use distribute_tensor::{Element, Tensor};
@@ -17,6 +15,23 @@ use distribute_values::ReduceOp;
 use ndarray::ArcArray;
 use std::borrow::Cow;
 
+/// From this many bytes the workers reduce-scatter + all-gather instead of all-gathering whole
+/// buffers (which moves W−1 buffers into each worker, and folds all of it on every worker).
+pub const SCATTER_MIN_BYTES: usize = 64 * 1024;
+
+/// From this many bytes a fold's result is written into the buffer of an earlier result of the
+/// same shape once no one holds it any more (the backend keeps a share of the last
+/// [`KEPT_OUTPUTS`]): a fresh buffer this large costs a page fault per 4 KiB, about as much as
+/// moving its bytes between workers.
+pub(crate) const REUSE_MIN_BYTES: usize = 256 * 1024;
+
+/// Results of at least [`REUSE_MIN_BYTES`] the backend keeps a share of.
+pub(crate) const KEPT_OUTPUTS: usize = 4;
+
+/// Tags of the two phases of [`Shared::scatter_fold`].
+pub(crate) const REDUCE_SCATTER_TAG: i32 = 1;
+pub(crate) const ALL_GATHER_TAG: i32 = 2;
+
 /// The op local replicas reduce with: `Mean` sums, and divides once everything is summed.
 pub(crate) fn local_op(op: ReduceOp) -> ReduceOp {
     match op {
@@ -25,7 +40,7 @@ pub(crate) fn local_op(op: ReduceOp) -> ReduceOp {
     }
 }
 
-impl Inner {
+impl Shared {
     /// The agreement on `record` and the reduction across workers of every bucket (host
     /// tensors, each worker's local result), `Mean` divided by `count` contributions. One bucket
     /// of at most [`INLINE_BYTES`] travels with the agreement: one round trip in all.

@@ -12,9 +12,12 @@
 //! - `all_reduce`: [`MpiAllReduce`], the hierarchical backend (local shared memory, then one
 //!   cross-process collective per fused bucket, then back to every local replica).
 //! - `member`: a local replica's handle (`ReplicaCollectives`).
+//! - `shared`: the state the backend and its handles share (the local group, the world, the
+//!   folds' buffers).
 //! - `agreement`: the agreement every cross-worker call starts with, on the one record of
-//!   `distribute_collectives::backend::Record`.
-//! - `folds`: the cross-worker folds in worker order, and the buffers they fold into.
+//!   `distribute_collectives::backend::Record`, and its slot ([`INLINE_BYTES`] of payload).
+//! - `folds`: the cross-worker folds in worker order (reduce-scatter from
+//!   [`SCATTER_MIN_BYTES`]), and the buffers they fold into.
 //! - `workers`: the worker services: [`Workers`](distribute_collectives::Workers) over MPI.
 //! - `communicator`: [`MpiWorld`], MPI initialised once per process, deadline-bounded waits.
 //! - `nccl_id` (feature `nccl`): [`nccl_for_mpi_world`], NCCL across the processes' GPUs with
@@ -27,9 +30,12 @@ mod folds;
 mod member;
 #[cfg(feature = "nccl")]
 mod nccl_id;
+mod shared;
 mod workers;
 
-pub use all_reduce::{INLINE_BYTES, MpiAllReduce, SCATTER_MIN_BYTES};
+pub use agreement::INLINE_BYTES;
+pub use all_reduce::MpiAllReduce;
 pub use communicator::MpiWorld;
+pub use folds::SCATTER_MIN_BYTES;
 #[cfg(feature = "nccl")]
 pub use nccl_id::nccl_for_mpi_world;

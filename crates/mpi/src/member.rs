@@ -1,8 +1,8 @@
 //! [`MpiMember`]: one local replica's handle, its member of the local group and the backend's
 //! cross-process step, made by local replica 0's thread.
-use crate::all_reduce::Inner;
-use crate::all_reduce::gather_layout;
+use crate::communicator::gather_layout;
 use crate::folds::local_op;
+use crate::shared::Shared;
 use distribute_collectives::backend::{Call, Member, Record, Status};
 use distribute_collectives::{CollectiveError, FusionPlan, ReplicaCollectives};
 use distribute_tensor::{Element, Tensor};
@@ -19,14 +19,14 @@ use std::sync::Arc;
 #[derive(Debug)]
 pub(crate) struct MpiMember {
     pub(crate) member: Member,
-    pub(crate) inner: Arc<Inner>,
+    pub(crate) shared: Arc<Shared>,
     /// This replica's device, for results of calls it passed no tensor to.
     pub(crate) device: String,
 }
 
 impl MpiMember {
     fn local_replicas(&self) -> usize {
-        self.inner.group.num_replicas()
+        self.shared.group.num_replicas()
     }
 
     /// Runs `cross` on local replica 0's thread and hands its `count` tensors to every local
@@ -42,7 +42,7 @@ impl MpiMember {
             return cross();
         }
         if self.member.replica() == 0 {
-            let results = cross().inspect_err(|e| self.inner.group.abort(e.to_string()))?;
+            let results = cross().inspect_err(|e| self.shared.group.abort(e.to_string()))?;
             for t in &results {
                 self.member.broadcast(0, Some(t))?;
             }
@@ -89,9 +89,9 @@ impl ReplicaCollectives for MpiMember {
             check_op(op, t.dtype())?;
         }
         let local = self.local_batch(local_op(op), tensors)?;
-        let inner = &self.inner;
-        let plan = FusionPlan::new(&local, inner.bytes_per_pack);
-        let total = inner.workers() * self.local_replicas();
+        let shared = &self.shared;
+        let plan = FusionPlan::new(&local, shared.bytes_per_pack);
+        let total = shared.workers() * self.local_replicas();
         let device = tensors.first().map_or("", |t| t.device());
         // One tensor is its own bucket: no packing, no unpacking (a copy each way saved).
         let single = local.len() == 1;
@@ -99,8 +99,8 @@ impl ReplicaCollectives for MpiMember {
             let refs: Vec<&Tensor> = local.iter().collect();
             let record = Record::of(Call::AllReduce, Some(op), &refs);
             match single {
-                true => inner.reduce_across(record, op, total, &local),
-                false => inner.reduce_across(record, op, total, &plan.pack(&local)?),
+                true => shared.reduce_across(record, op, total, &local),
+                false => shared.reduce_across(record, op, total, &plan.pack(&local)?),
             }
         })?;
         let reduced = match single {
@@ -120,9 +120,9 @@ impl ReplicaCollectives for MpiMember {
         } else {
             self.member.all_gather(tensor)?.to_host()?
         };
-        let inner = &self.inner;
+        let shared = &self.shared;
         let mut out = self.via_leader(1, tensor.device(), || {
-            let records = inner.agree(Record::of(Call::AllGather, None, &[&local]), "")?;
+            let records = shared.agree(Record::of(Call::AllGather, None, &[&local]), "")?;
             if local.rank() == 0 {
                 return Err(CollectiveError::InvalidArgument(
                     "all_gather concatenates along the first axis: a scalar has none; reshape \
@@ -130,7 +130,7 @@ impl ReplicaCollectives for MpiMember {
                         .into(),
                 ));
             }
-            if inner.workers() == 1 {
+            if shared.workers() == 1 {
                 return Ok(vec![local.clone()]);
             }
             let row: usize = local.shape()[1..].iter().product();
@@ -143,12 +143,12 @@ impl ReplicaCollectives for MpiMember {
             with_dtype!(local.dtype(), T => {
                 let mine: Vec<T> = local.to_vec::<T>()?;
                 let mut all = vec![T::zero(); total_rows * row];
-                inner.world.all_gather_varcount(
+                shared.world.all_gather_varcount(
                     as_bytes(&mine),
                     as_bytes_mut(&mut all),
                     &counts,
                     &displs,
-                    inner.deadline,
+                    shared.deadline,
                     &|| format!("the all_gather of {local}"),
                 );
                 Ok(vec![Tensor::from_vec(tensor.device(), &shape, all)?])
@@ -159,7 +159,7 @@ impl ReplicaCollectives for MpiMember {
 
     fn reduce_scatter(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
         let reduced = self.all_reduce(op, tensor)?;
-        let n = self.inner.workers() * self.local_replicas();
+        let n = self.shared.workers() * self.local_replicas();
         let rows = reduced.shape().first().copied().unwrap_or(0);
         if rows % n != 0 {
             return Err(CollectiveError::InvalidArgument(format!(
@@ -168,23 +168,23 @@ impl ReplicaCollectives for MpiMember {
             )));
         }
         let part = rows / n;
-        let global = self.inner.world.rank() * self.local_replicas() + self.member.replica();
+        let global = self.shared.world.rank() * self.local_replicas() + self.member.replica();
         Ok(reduced.slice_rows(global * part..(global + 1) * part)?)
     }
 
     fn broadcast(&self, root: usize, tensor: Option<&Tensor>) -> Result<Tensor, CollectiveError> {
-        let inner = &self.inner;
+        let shared = &self.shared;
         let r = self.local_replicas();
-        if root >= inner.workers() * r {
+        if root >= shared.workers() * r {
             return Err(CollectiveError::InvalidArgument(format!(
                 "broadcast root {root} is out of range for {} replicas ({} workers × {r})",
-                inner.workers() * r,
-                inner.workers()
+                shared.workers() * r,
+                shared.workers()
             )));
         }
         let (root_worker, local_root) = (root / r, root % r);
         let device = tensor.map_or_else(|| self.device.clone(), |t| t.device().to_owned());
-        let local = if inner.world.rank() != root_worker {
+        let local = if shared.world.rank() != root_worker {
             None
         } else if r == 1 {
             Some(
@@ -204,7 +204,7 @@ impl ReplicaCollectives for MpiMember {
                 Some(t) => Record::of(Call::Broadcast, None, &[t]),
                 None => Record::bare(Call::Broadcast, Status::Ok),
             };
-            let records = inner.agree(record.with_extra(root as i64), "")?;
+            let records = shared.agree(record.with_extra(root as i64), "")?;
             let source = &records[root_worker];
             let (Some(dtype), Some(shape)) = (source.single_dtype(), source.shape()) else {
                 return Err(CollectiveError::InvalidArgument(format!(
@@ -212,7 +212,7 @@ impl ReplicaCollectives for MpiMember {
                     distribute_collectives::backend::MAX_DIMS
                 )));
             };
-            if inner.workers() == 1 {
+            if shared.workers() == 1 {
                 return Ok(vec![local.clone().expect("one worker is the root")]);
             }
             with_dtype!(dtype, T => {
@@ -220,9 +220,8 @@ impl ReplicaCollectives for MpiMember {
                     Some(t) => t.to_vec::<T>()?,
                     None => vec![T::zero(); shape.iter().product()],
                 };
-                inner.world.broadcast(root_worker, as_bytes_mut(&mut values), inner.deadline, &|| {
-                    format!("the broadcast from replica {root}")
-                });
+                let what = || format!("the broadcast from replica {root}");
+                shared.world.broadcast(root_worker, as_bytes_mut(&mut values), shared.deadline, &what);
                 Ok(vec![Tensor::from_vec(&device, &shape, values)?])
             })
         })?;

@@ -12,15 +12,15 @@ use distribute_tensor::{bytes::element_bytes_mut as as_bytes_mut, with_dtype};
 
 impl Workers for MpiAllReduce {
     fn rank(&self) -> usize {
-        self.inner.world.rank()
+        self.shared.world.rank()
     }
 
     fn size(&self) -> usize {
-        self.inner.world.size()
+        self.shared.world.size()
     }
 
     fn on_this_host(&self) -> usize {
-        self.inner.world.on_this_host()
+        self.shared.world.on_this_host()
     }
 
     /// The end-of-step agreement: every worker calls it once after each step, with its step's
@@ -31,7 +31,7 @@ impl Workers for MpiAllReduce {
     fn finish_step(&self, failure: Option<&str>) -> Result<(), CollectiveError> {
         let status = match failure {
             None => Status::Ok,
-            Some(_) if lock(&self.inner.remote_failure).is_some() => Status::FailedAsConsequence,
+            Some(_) if lock(&self.shared.remote_failure).is_some() => Status::FailedAsConsequence,
             Some(_) => Status::Failed,
         };
         let message = failure.unwrap_or("");
@@ -39,7 +39,7 @@ impl Workers for MpiAllReduce {
             let Gathered {
                 verdict, failed, ..
             } = self
-                .inner
+                .shared
                 .agree_raw(Record::bare(Call::EndStep, status), message, &[]);
             match verdict {
                 Verdict::AllEnded => return Ok(()),
@@ -61,16 +61,16 @@ impl Workers for MpiAllReduce {
     /// calls on every worker.
     fn exchange(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, CollectiveError> {
         let record = Record::bare(Call::Exchange, Status::Ok).with_extra(bytes.len() as i64);
-        let inner = &self.inner;
-        inner.agree(record, "")?;
-        let mut all = vec![0u8; bytes.len() * inner.world.size()];
-        inner
+        let shared = &self.shared;
+        shared.agree(record, "")?;
+        let mut all = vec![0u8; bytes.len() * shared.world.size()];
+        shared
             .world
-            .all_gather(bytes, &mut all, inner.deadline, &|| {
+            .all_gather(bytes, &mut all, shared.deadline, &|| {
                 "an exchange".to_owned()
             });
         if bytes.is_empty() {
-            return Ok(vec![Vec::new(); inner.world.size()]);
+            return Ok(vec![Vec::new(); shared.world.size()]);
         }
         Ok(all.chunks(bytes.len()).map(<[u8]>::to_vec).collect())
     }
@@ -79,9 +79,9 @@ impl Workers for MpiAllReduce {
     /// dtypes and shapes): how variables start identical although initialisers differ.
     fn tensors_from_chief(&self, tensors: &[Tensor]) -> Result<Vec<Tensor>, CollectiveError> {
         let refs: Vec<&Tensor> = tensors.iter().collect();
-        let inner = &self.inner;
-        inner.agree(Record::of(Call::ChiefValues, None, &refs), "")?;
-        if inner.world.size() == 1 {
+        let shared = &self.shared;
+        shared.agree(Record::of(Call::ChiefValues, None, &refs), "")?;
+        if shared.world.size() == 1 {
             return Ok(tensors.to_vec());
         }
         tensors
@@ -90,7 +90,7 @@ impl Workers for MpiAllReduce {
                 let t = t.to_host()?;
                 with_dtype!(t.dtype(), T => {
                     let mut values: Vec<T> = t.to_vec::<T>()?;
-                    inner.world.broadcast(0, as_bytes_mut(&mut values), inner.deadline, &|| {
+                    shared.world.broadcast(0, as_bytes_mut(&mut values), shared.deadline, &|| {
                         "the chief's values".to_owned()
                     });
                     Ok(Tensor::from_vec(t.device(), t.shape(), values)?)
@@ -103,14 +103,16 @@ impl Workers for MpiAllReduce {
     /// variable of any [`VariableValue`](distribute_values::VariableValue) type starts with the
     /// chief's initial value.
     fn bytes_from_chief(&self, bytes: &[u8]) -> Result<Vec<u8>, CollectiveError> {
-        let inner = &self.inner;
+        let shared = &self.shared;
         let record = Record::bare(Call::ChiefValues, Status::Ok).with_extra(bytes.len() as i64);
-        inner.agree(record, "")?;
+        shared.agree(record, "")?;
         let mut buffer = bytes.to_vec();
-        if inner.world.size() > 1 {
-            inner.world.broadcast(0, &mut buffer, inner.deadline, &|| {
-                "the chief's values".to_owned()
-            });
+        if shared.world.size() > 1 {
+            shared
+                .world
+                .broadcast(0, &mut buffer, shared.deadline, &|| {
+                    "the chief's values".to_owned()
+                });
         }
         Ok(buffer)
     }

@@ -72,11 +72,12 @@
 //!
 //! # Files
 //!
-//! This file holds the entry points ([`exchange_unique_id`] and its two variants); `rank` numbers
-//! the tasks ([`nccl_rank`]), `roster` lists a cluster's ranks and checks who may join, `wire`
-//! encodes the messages, `leader` and `client` are the two sides of the conversation, `deadline`
-//! bounds their waits, `auth` holds the cluster key and the HMAC handshake, and `all_reduce`
-//! (feature `nccl`) builds the NCCL backend on the exchange.
+//! This file holds the entry points ([`exchange_unique_id`] and its two variants); `unique_id`
+//! says what they move ([`UNIQUE_ID_BYTES`]), `rank` numbers the tasks ([`nccl_rank`]), `roster`
+//! lists a cluster's ranks and checks who may join, `wire` encodes the messages, `leader` and
+//! `client` are the two sides of the conversation, `deadline` bounds their waits, `auth` holds
+//! the cluster key and the HMAC handshake, and `all_reduce` (feature `nccl`) builds the NCCL
+//! backend on the exchange.
 
 mod auth;
 mod client;
@@ -85,6 +86,7 @@ mod error;
 mod leader;
 mod rank;
 mod roster;
+mod unique_id;
 mod wire;
 
 #[cfg(feature = "nccl")]
@@ -102,13 +104,10 @@ pub use auth::{
 };
 pub use error::ExchangeError;
 pub use rank::{NcclRank, nccl_rank};
+pub use unique_id::UNIQUE_ID_BYTES;
 
 use crate::deadline::Deadline;
 use crate::roster::{Roster, parse_address};
-
-/// The 128 bytes every rank of an NCCL communicator must share (`NCCL_UNIQUE_ID_BYTES`; with
-/// feature `nccl`, checked at compile time to equal collectives' `NcclAllReduce::UNIQUE_ID_BYTES`).
-pub const UNIQUE_ID_BYTES: usize = 128;
 
 /// Sends the leader's unique id to every other chief and worker task of `cluster`, or receives
 /// it: every task calls this with the same cluster spec and gets the leader's id back.

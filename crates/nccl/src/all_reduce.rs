@@ -11,6 +11,7 @@ use distribute_values::{Leaf, ReduceOp};
 
 use crate::communicator::{Communicator, nccl_error, non_blocking_config};
 use crate::member::NcclMember;
+use crate::shared::Shared;
 use distribute_collectives::backend::{lock_ignoring_poison, reduce_and_deliver};
 use distribute_tensor::cuda::Gpu;
 
@@ -32,25 +33,19 @@ pub(super) enum Setup {
     },
 }
 
-pub(super) struct Shared {
-    pub(super) gpus: Vec<usize>,
-    pub(super) setup: Setup,
-    pub(super) aborted: AtomicBool,
-    pub(super) reason: Mutex<String>,
-    pub(super) deadline: Duration,
-}
-
 /// The NCCL backend (TF's `NcclAllReduce`): replica threads reduce GPU tensors with NCCL; values
 /// reduced in cross-replica context go through the reduction kernel on the destination GPU, as
 /// with [`ReductionToOneDevice`](distribute_collectives::ReductionToOneDevice).
 pub struct NcclAllReduce {
+    gpus: Vec<usize>,
+    setup: Setup,
     shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for NcclAllReduce {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NcclAllReduce")
-            .field("gpus", &self.shared.gpus)
+            .field("gpus", &self.gpus)
             .finish_non_exhaustive()
     }
 }
@@ -146,9 +141,9 @@ impl NcclAllReduce {
 
     fn with_setup(gpus: &[usize], setup: Setup, deadline: Duration) -> NcclAllReduce {
         NcclAllReduce {
+            gpus: gpus.to_vec(),
+            setup,
             shared: Arc::new(Shared {
-                gpus: gpus.to_vec(),
-                setup,
                 aborted: AtomicBool::new(false),
                 reason: Mutex::new(String::new()),
                 deadline,
@@ -184,13 +179,13 @@ impl CrossDeviceOps for NcclAllReduce {
         replica: usize,
     ) -> Result<Box<dyn ReplicaCollectives>, CollectiveError> {
         let shared = &self.shared;
-        let Some(&ordinal) = shared.gpus.get(replica) else {
+        let Some(&ordinal) = self.gpus.get(replica) else {
             return Err(CollectiveError::InvalidArgument(format!(
                 "replica {replica} is out of range for {} replicas",
-                shared.gpus.len()
+                self.gpus.len()
             )));
         };
-        let comm = match &shared.setup {
+        let comm = match &self.setup {
             Setup::Local(slots) => lock_ignoring_poison(slots)
                 .get_mut(replica)
                 .and_then(Option::take)
@@ -248,7 +243,7 @@ impl CrossDeviceOps for NcclAllReduce {
     }
 
     fn num_replicas(&self) -> Option<usize> {
-        Some(self.shared.gpus.len())
+        Some(self.gpus.len())
     }
 }
 

@@ -35,14 +35,16 @@
 //! on GPUs where bits matter more than bandwidth.
 //!
 //! Files, named by role as in every backend: `all_reduce` (the backend), `communicator` (RAII
-//! over an NCCL communicator, and its collectives: every `unsafe` NCCL call of a replica) and
+//! over an NCCL communicator, and its collectives: every `unsafe` NCCL call of a replica),
 //! `member` (a replica thread's handle, which gathers the one agreement record,
-//! `distribute_collectives::backend::Record`, before each call).
+//! `distribute_collectives::backend::Record`, before each call) and `shared` (what the backend
+//! and the handles share: the abort and the deadline).
 
 mod all_reduce;
 mod communicator;
 mod member;
 mod probe;
+mod shared;
 
 pub use all_reduce::{NcclAllReduce, nccl_backend};
 pub use probe::{nccl_available, require_nccl};

@@ -17,8 +17,8 @@ use distribute_tensor::cuda::{Gpu, GpuArray, driver_error};
 use distribute_tensor::kernel::check_op;
 use distribute_tensor::{DType, Placement, Tensor};
 
-use crate::all_reduce::Shared;
 use crate::communicator::{Backoff, Communicator, nccl_error};
+use crate::shared::Shared;
 
 /// A replica's NCCL handle: its communicator and stream.
 pub(super) struct NcclMember {

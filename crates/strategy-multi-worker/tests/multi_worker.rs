@@ -16,7 +16,7 @@ use distribute_multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
 use distribute_strategy::{
     CheckpointOptions, CheckpointVariable, Checkpoints, Strategy, StrategyError, VariableOptions,
 };
-use distribute_tensor::{DType, Tensor};
+use distribute_tensor::{DType, Fnv, Tensor};
 use distribute_values::{DistributedValues, Leaf, PerReplica, ReduceOp};
 
 const SCENARIO: &str = "DISTRIBUTE_MW_SCENARIO";
@@ -454,12 +454,9 @@ fn mixed(g: usize, i: usize) -> f32 {
 
 /// The bits of a tensor, hashed (FNV-1a over the element bits), with its dtype and shape.
 fn fingerprint(t: &Tensor) -> String {
-    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    let mut hash = Fnv::new();
     let mut eat = |bits: u64| {
-        for b in bits.to_le_bytes() {
-            hash ^= u64::from(b);
-            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+        hash.bytes(&bits.to_le_bytes());
     };
     match t.dtype() {
         DType::F32 => t
@@ -484,7 +481,7 @@ fn fingerprint(t: &Tensor) -> String {
             .for_each(|&x| eat(u64::from(x as u32))),
         other => panic!("no fingerprint for {other}"),
     }
-    format!("{} {:?} {hash:016x}", t.dtype(), t.shape())
+    format!("{} {:?} {:016x}", t.dtype(), t.shape(), hash.0)
 }
 
 /// Fails unless `got` is within rounding of the f64 `reference`.

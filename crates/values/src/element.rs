@@ -1,12 +1,13 @@
 //! [`VariableValue`]: the arithmetic that distributed variables need from their element type,
-//! and [`UpdateOp`], the three updates TensorFlow variables support.
+//! and how [`UpdateOp`], the three updates TensorFlow variables support (`update`), applies to
+//! one.
 //!
 //! Scalars implement it here; the collectives layer implements it for its tensors. Nothing here
 //! knows where the values live.
 
 use std::fmt;
 
-use crate::ValuesError;
+use crate::{UpdateOp, ValuesError};
 
 /// The value of a distributed variable: what aggregation (Sum, Mean) and updates (add, subtract)
 /// need. Errors (overflow, mismatched shapes) are `ValuesError::Arithmetic`.
@@ -164,25 +165,6 @@ int_impls!(
     i8, i16, i32, i64, i128, isize, u8, u16, u32, u64, u128, usize
 );
 
-/// An update of a variable's value: TF's `assign`, `assign_add` and `assign_sub`.
-///
-/// ```
-/// use distribute_values::UpdateOp;
-///
-/// assert_eq!(UpdateOp::AssignSub.apply(&5, &2)?, 3);
-/// assert_eq!(UpdateOp::AssignSub.to_string(), "assign_sub");
-/// # Ok::<(), distribute_values::ValuesError>(())
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum UpdateOp {
-    /// Replace the value.
-    Assign,
-    /// Add to the value.
-    AssignAdd,
-    /// Subtract from the value.
-    AssignSub,
-}
-
 impl UpdateOp {
     /// The new value after applying this update with `value` to `current`.
     pub fn apply<T: VariableValue>(self, current: &T, value: &T) -> Result<T, ValuesError> {
@@ -191,16 +173,6 @@ impl UpdateOp {
             UpdateOp::AssignAdd => current.try_add(value),
             UpdateOp::AssignSub => current.try_sub(value),
         }
-    }
-}
-
-impl fmt::Display for UpdateOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            UpdateOp::Assign => "assign",
-            UpdateOp::AssignAdd => "assign_add",
-            UpdateOp::AssignSub => "assign_sub",
-        })
     }
 }
 

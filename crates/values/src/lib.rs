@@ -60,6 +60,7 @@ mod element;
 mod error;
 mod nest;
 mod regroup;
+mod update;
 mod variable;
 
 pub use aggregation::{ReduceOp, SyncKind, VariableAggregation, VariableSynchronization};
@@ -67,7 +68,7 @@ pub use checkpoint::SavedValue;
 pub use containers::RegroupedOption;
 pub use device_map::ReplicaDeviceMap;
 pub use distributed::{DistributedValues, Mirrored, PerReplica};
-pub use element::{UpdateOp, VariableValue};
+pub use element::VariableValue;
 pub use error::{ErrorKind, ValuesError};
 pub use nest::{LeafMapper, LeafVisitor, LeafZipper, Nest, Path, leaf_as};
 pub use regroup::{
@@ -75,6 +76,7 @@ pub use regroup::{
     regroup, regroup_with, select_device_mirrored, select_replica, select_replica_mirrored,
     update_regroup,
 };
+pub use update::UpdateOp;
 pub use variable::{DistributedVariable, MirroredVariable, SyncOnReadVariable, VariableComponent};
 
 /// `#[derive(Nest)]`: walk, regroup and select a struct field by field, so that it can be a

@@ -30,20 +30,14 @@ const SINGLES: &[Single] = &[
         home: "crates/tensor/src/fnv.rs",
         instead: "use distribute_tensor::Fnv",
         holds: holds_fnv,
-        copies_today: &[
-            "crates/collectives/tests/gpu.rs",
-            "crates/strategy-multi-worker/tests/multi_worker.rs",
-        ],
+        copies_today: &[],
     },
     Single {
         what: "dtype dispatch macro (a `macro_rules!` named with_dtype or matching DType's variants)",
         home: "crates/tensor/src/dtype.rs",
         instead: "use distribute_tensor::with_dtype",
         holds: holds_dtype_macro,
-        copies_today: &[
-            "crates/collectives/tests/gpu.rs",
-            "crates/input/tests/input/row_copies.rs",
-        ],
+        copies_today: &[],
     },
 ];
 

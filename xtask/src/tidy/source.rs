@@ -237,8 +237,14 @@ impl Parsed {
         let t = &tokens;
         let mut parsed = Parsed::default();
         let (mut path_attr, mut export) = (None, false);
+        // The inline modules around `i` (name, index after its body), outermost first.
+        let mut inline: Vec<(String, usize)> = Vec::new();
         let mut i = 0;
         while i < t.len() {
+            while inline.last().is_some_and(|&(_, end)| i >= end) {
+                inline.pop();
+            }
+            let around: Vec<String> = inline.iter().map(|(name, _)| name.clone()).collect();
             let ident = match &t[i] {
                 Token::Ident(ident) => ident.as_str(),
                 Token::Punct('#') if is_punct(t.get(i + 1), '[') => {
@@ -260,18 +266,25 @@ impl Parsed {
             match ident {
                 "use" => {
                     let public = is_public(t, i);
+                    let first = parsed.uses.len();
                     i = use_tree(t, i + 1, &[], public, &mut parsed.uses);
+                    for u in &mut parsed.uses[first..] {
+                        u.path = from_file(std::mem::take(&mut u.path), &around);
+                    }
                     continue;
                 }
                 "mod" => {
                     if let Some(Token::Ident(name)) = t.get(i + 1) {
-                        let inline = is_punct(t.get(i + 2), '{');
+                        let body = is_punct(t.get(i + 2), '{');
                         let path = path_attr.take();
                         parsed.mods.push(ModDecl {
                             name: name.clone(),
-                            inline,
+                            inline: body,
                             path,
                         });
+                        if body {
+                            inline.push((name.clone(), after_group(t, i + 2)));
+                        }
                     }
                     // A declaration names no module in code.
                     i += 2;
@@ -305,7 +318,7 @@ impl Parsed {
                     j += 2;
                 }
                 if path.len() > 1 {
-                    parsed.paths.push(path);
+                    parsed.paths.push(from_file(path, &around));
                 }
             }
             i += 1;
@@ -318,6 +331,28 @@ impl Parsed {
     pub(super) fn is_root(&self) -> bool {
         self.mods.iter().any(|m| !m.inline)
     }
+}
+
+/// `path`, written inside the inline modules `inline` (outermost first) of a file, as seen from
+/// the file's own module: there `self` is the innermost inline module and `super` its parent
+/// (`mod x86 { use super::f; }` names the file's own `f`).
+fn from_file(path: Vec<String>, inline: &[String]) -> Vec<String> {
+    let ups = path.iter().take_while(|s| *s == "super").count();
+    let head = path.first().map(String::as_str);
+    if inline.is_empty() || (ups == 0 && head != Some("self")) {
+        return path;
+    }
+    let rest = &path[ups.max(1)..];
+    let (start, down): (Vec<String>, &[String]) = if ups > inline.len() {
+        (vec!["super".to_owned(); ups - inline.len()], &[])
+    } else {
+        (vec!["self".to_owned()], &inline[..inline.len() - ups])
+    };
+    start
+        .into_iter()
+        .chain(down.iter().cloned())
+        .chain(rest.iter().cloned())
+        .collect()
 }
 
 /// Whether the item whose keyword is at `i` is `pub` or `pub(…)`.
@@ -483,6 +518,18 @@ mod tests {
                 (false, "f".to_owned(), Some("f")),
             ]
         );
+    }
+
+    #[test]
+    fn self_and_super_in_an_inline_module_start_from_it() {
+        let text = "mod simd {\n    use super::{Sums, gradients};\n    fn f() { self::g(); }\n\
+                    mod deeper { fn h() { super::super::super::x::y(); } }\n}\n\
+                    fn k() { super::z(); }\n";
+        let parsed = Parsed::of(&tokens(text));
+        let uses: Vec<String> = parsed.uses.iter().map(|u| u.path.join("::")).collect();
+        assert_eq!(uses, ["self::Sums", "self::gradients"]);
+        let paths: Vec<String> = parsed.paths.iter().map(|p| p.join("::")).collect();
+        assert_eq!(paths, ["self::simd::g", "super::x::y", "super::z"]);
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! [`Member`]: one replica's handle on a [`CollectiveGroup`], through which it makes every call.
-//! A call publishes the replica's request and waits for the others; then the replica reads the
-//! outcome the last arriver planned, sharing its result or first reducing pieces of the sliced
-//! work with the others. A member dropped while its thread panics aborts the group.
+//! [`Member`]: one replica's handle on a [`CollectiveGroup`] ([`CollectiveGroup::member`]),
+//! through which it makes every call. A call publishes the replica's request and waits for the
+//! others; then the replica reads the outcome the last arriver planned, sharing its result or
+//! first reducing pieces of the sliced work with the others. A member dropped while its thread
+//! panics aborts the group.
 
 use std::fmt;
 use std::sync::Arc;
@@ -11,7 +12,8 @@ use distribute_values::ReduceOp;
 
 use super::CollectiveGroup;
 use super::call::Request;
-use super::plan::{Outcome, contiguous};
+use super::outcome::Outcome;
+use super::plan::contiguous;
 use crate::rendezvous::lock_ignoring_poison as lock;
 use crate::{CollectiveError, FusionPlan, ReplicaCollectives};
 use distribute_tensor::Tensor;
@@ -24,6 +26,32 @@ use distribute_tensor::kernel;
 pub struct Member {
     pub(super) group: CollectiveGroup,
     pub(super) replica: usize,
+}
+
+impl CollectiveGroup {
+    /// The handle replica `replica` makes its calls through. If the thread holding it panics,
+    /// dropping it aborts the group so the other replicas fail instead of waiting.
+    ///
+    /// A replica has at most one live handle: asking again while it exists is an error (two
+    /// strategies cannot share one backend's replicas).
+    pub fn member(&self, replica: usize) -> Result<Member, CollectiveError> {
+        if replica >= self.shared.num_replicas {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "replica {replica} is out of range for a group of {} replicas",
+                self.shared.num_replicas
+            )));
+        }
+        if self.shared.claimed[replica].swap(true, Ordering::SeqCst) {
+            return Err(CollectiveError::InvalidArgument(format!(
+                "replica {replica} of this collective group is already in use: a group (and the \
+                 cross-device ops holding it) serves one strategy; build one per strategy"
+            )));
+        }
+        Ok(Member {
+            group: self.clone(),
+            replica,
+        })
+    }
 }
 
 impl fmt::Debug for Member {

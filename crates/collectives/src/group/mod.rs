@@ -19,18 +19,21 @@
 //! a mismatched call, or a replica that panics (its `Member` is dropped while unwinding) fails
 //! the others with an error naming the replicas — never a hang.
 //!
-//! - this file: [`CollectiveGroup`], its settings ([`GroupConfig`]) and the state its replicas
-//!   share.
+//! - this file: [`CollectiveGroup`], its settings ([`GroupConfig`], [`ReducePlan`]) and the
+//!   state its replicas share.
 //! - `call`: what one replica asks for, and the call's name that every replica must agree on
 //!   (checked by the last to arrive, with the tensors' dtypes and shapes).
-//! - `plan`: how the last arriver plans an agreed call ([`ReducePlan`]): the outcome every
-//!   replica reads, on the host or a GPU, into outputs reused from call to call.
+//! - `plan`: how the last arriver plans an agreed call (as the [`ReducePlan`] says), on the host
+//!   or a GPU, into outputs reused from call to call.
+//! - `outcome`: what it planned, which every replica reads.
 //! - `sliced`: a large reduction's outputs, cut into pieces the replicas claim one at a time,
 //!   and the fold that reduces a range of elements in replica order.
-//! - `member`: [`Member`], a replica's handle, through which it makes its calls.
+//! - `member`: [`Member`], a replica's handle ([`CollectiveGroup::member`]), through which it
+//!   makes its calls.
 
 mod call;
 mod member;
+mod outcome;
 mod plan;
 mod sliced;
 
@@ -43,10 +46,9 @@ use crate::CollectiveError;
 use crate::rendezvous::{Rendezvous, lock_ignoring_poison as lock};
 use call::Request;
 use distribute_tensor::Tensor;
-use plan::Outcome;
+use outcome::Outcome;
 
 pub use member::Member;
-pub use plan::ReducePlan;
 
 /// Settings of a [`CollectiveGroup`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +73,21 @@ impl Default for GroupConfig {
             bytes_per_pack: 4 << 20,
         }
     }
+}
+
+/// How a [`CollectiveGroup`] reduces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReducePlan {
+    /// One replica (the last to arrive) reduces everything, then every replica shares the result:
+    /// TF's `ReductionToOneDevice` in host memory.
+    OneReducer,
+    /// Tensors of at least `min_bytes` are split into N slices that the N replicas reduce in
+    /// parallel; smaller ones are reduced by one replica, where a second barrier would cost more
+    /// than the work.
+    Sliced {
+        /// The size from which the work is split.
+        min_bytes: usize,
+    },
 }
 
 /// How many of the last outputs a group keeps for reuse.
@@ -171,30 +188,6 @@ impl CollectiveGroup {
     /// The settings.
     pub fn config(&self) -> GroupConfig {
         self.shared.config
-    }
-
-    /// The handle replica `replica` makes its calls through. If the thread holding it panics,
-    /// dropping it aborts the group so the other replicas fail instead of waiting.
-    ///
-    /// A replica has at most one live handle: asking again while it exists is an error (two
-    /// strategies cannot share one backend's replicas).
-    pub fn member(&self, replica: usize) -> Result<Member, CollectiveError> {
-        if replica >= self.shared.num_replicas {
-            return Err(CollectiveError::InvalidArgument(format!(
-                "replica {replica} is out of range for a group of {} replicas",
-                self.shared.num_replicas
-            )));
-        }
-        if self.shared.claimed[replica].swap(true, Ordering::SeqCst) {
-            return Err(CollectiveError::InvalidArgument(format!(
-                "replica {replica} of this collective group is already in use: a group (and the \
-                 cross-device ops holding it) serves one strategy; build one per strategy"
-            )));
-        }
-        Ok(Member {
-            group: self.clone(),
-            replica,
-        })
     }
 
     /// Fails every current and future call with `reason` until [`CollectiveGroup::reset`].

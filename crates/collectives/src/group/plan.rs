@@ -1,8 +1,8 @@
-//! How the last replica to arrive plans a call the replicas agree on: the [`ReducePlan`] that
-//! says who reduces, and the `Outcome` every replica then reads (a result shared without
-//! copying, an error, the sliced work they reduce together, or their rows of a reduce-scatter).
-//! A call with GPU tensors is reduced on a GPU; host outputs are reused from call to call once
-//! no one holds them any more.
+//! How the last replica to arrive plans a call the replicas agree on: the group's [`ReducePlan`]
+//! says who reduces, and the plan is the `Outcome` (`outcome`) every replica then reads (a result
+//! shared without copying, an error, the sliced work they reduce together, or their rows of a
+//! reduce-scatter). A call with GPU tensors is reduced on a GPU; host outputs are reused from
+//! call to call once no one holds them any more.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -10,50 +10,14 @@ use distribute_values::ReduceOp;
 use ndarray::{Array, IxDyn};
 
 use super::call::{Request, check_agreement};
-use super::sliced::{Output, Piece, SlicedWork, reduce_into};
-use super::{SPARES, Shared};
+use super::outcome::Outcome;
+use super::sliced::{Output, SlicedWork, pieces, reduce_into};
+use super::{ReducePlan, SPARES, Shared};
 use crate::rendezvous::lock_ignoring_poison as lock;
 use crate::{CollectiveError, FusionPlan};
 use distribute_tensor::kernel::{self, Arith, Stores};
 use distribute_tensor::with_dtype;
 use distribute_tensor::{DType, Tensor};
-
-/// How a [`CollectiveGroup`](super::CollectiveGroup) reduces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReducePlan {
-    /// One replica (the last to arrive) reduces everything, then every replica shares the result:
-    /// TF's `ReductionToOneDevice` in host memory.
-    OneReducer,
-    /// Tensors of at least `min_bytes` are split into N slices that the N replicas reduce in
-    /// parallel; smaller ones are reduced by one replica, where a second barrier would cost more
-    /// than the work.
-    Sliced {
-        /// The size from which the work is split.
-        min_bytes: usize,
-    },
-}
-
-/// The result of a call, computed by the last replica to arrive.
-pub(super) enum Outcome {
-    /// Every replica returns these, one entry per tensor of the call.
-    Shared(Vec<Tensor>),
-    /// Every replica returns this error.
-    Failed(CollectiveError),
-    /// The replicas reduce the pieces of every output, each claiming the next unclaimed one,
-    /// then all wait, then all share the outputs.
-    Sliced {
-        works: Vec<SlicedWork>,
-        pieces: Vec<Piece>,
-        /// The next piece to claim.
-        next: AtomicUsize,
-    },
-    /// Each replica reduces its own rows of the inputs.
-    Scatter {
-        op: ReduceOp,
-        inputs: Vec<Tensor>,
-        rows_per_replica: usize,
-    },
-}
 
 impl Shared {
     /// Runs on the last arriver: checks that every replica made the same call, then plans it.
@@ -155,7 +119,7 @@ impl Shared {
             .map(|w| w.len * w.result.dtype().size_in_bytes())
             .sum();
         if self.splits(bytes) {
-            let pieces = self.pieces(&works);
+            let pieces = pieces(&works, self.num_replicas);
             return Outcome::Sliced {
                 works,
                 pieces,

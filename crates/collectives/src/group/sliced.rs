@@ -5,7 +5,6 @@
 
 use distribute_values::ReduceOp;
 
-use super::Shared;
 use distribute_tensor::kernel::{self, Arith, ExactInt, Stores};
 use distribute_tensor::with_dtype;
 use distribute_tensor::{DType, Tensor};
@@ -37,30 +36,28 @@ pub(super) struct Piece {
 /// back mid-piece delays the others by little.
 const PIECE_BYTES: usize = 512 << 10;
 
-impl Shared {
-    /// Cuts the outputs of `works` into pieces of at most [`PIECE_BYTES`], at least one per
-    /// replica for each output, each a whole number of cache lines (of the output's elements) so
-    /// that two replicas rarely write one line.
-    pub(super) fn pieces(&self, works: &[SlicedWork]) -> Vec<Piece> {
-        let mut pieces = Vec::new();
-        for (w, work) in works.iter().enumerate() {
-            let len = work.len;
-            let size = work.result.dtype().size_in_bytes();
-            let line = (64 / size).max(1);
-            let piece = len
-                .div_ceil(self.num_replicas)
-                .min(PIECE_BYTES / size)
-                .div_ceil(line)
-                .max(1)
-                * line;
-            pieces.extend((0..len).step_by(piece).map(|start| Piece {
-                work: w,
-                start,
-                end: (start + piece).min(len),
-            }));
-        }
-        pieces
+/// Cuts the outputs of `works` into pieces of at most [`PIECE_BYTES`], at least one per
+/// replica (of `num_replicas`) for each output, each a whole number of cache lines (of the
+/// output's elements) so that two replicas rarely write one line.
+pub(super) fn pieces(works: &[SlicedWork], num_replicas: usize) -> Vec<Piece> {
+    let mut pieces = Vec::new();
+    for (w, work) in works.iter().enumerate() {
+        let len = work.len;
+        let size = work.result.dtype().size_in_bytes();
+        let line = (64 / size).max(1);
+        let piece = len
+            .div_ceil(num_replicas)
+            .min(PIECE_BYTES / size)
+            .div_ceil(line)
+            .max(1)
+            * line;
+        pieces.extend((0..len).step_by(piece).map(|start| Piece {
+            work: w,
+            start,
+            end: (start + piece).min(len),
+        }));
     }
+    pieces
 }
 
 impl SlicedWork {
@@ -222,7 +219,7 @@ mod tests {
                     .unwrap(),
                 group.shared.plan_sliced(ReduceOp::Sum, inputs).unwrap(),
             ];
-            let pieces = group.shared.pieces(&works);
+            let pieces = pieces(&works, 3);
             for w in 0..2 {
                 let mine: Vec<&Piece> = pieces.iter().filter(|p| p.work == w).collect();
                 assert!(mine.len() >= 3.min(len.div_ceil(16)), "len {len}");

@@ -5,7 +5,7 @@
 use distribute_input::{
     Batch, BoxIter, Dataset, DistributedDataset, InputOptions, PartialBatch, Source, split_sizes,
 };
-use distribute_tensor::{DType, Element, Tensor};
+use distribute_tensor::{DType, Element, Tensor, with_dtype};
 use distribute_values::DistributedValues;
 use ndarray::{ArcArray, Axis, IxDyn};
 use proptest::prelude::*;
@@ -32,20 +32,6 @@ fn tensor(dtype: DType, shape: &[usize], bits: &[u64]) -> Tensor {
     }
 }
 
-/// Calls `f::<T>` with the element type of `dtype`.
-macro_rules! typed {
-    ($dtype:expr, $f:ident($($arg:expr),*)) => {
-        match $dtype {
-            DType::F16 => $f::<half::f16>($($arg),*),
-            DType::BF16 => $f::<half::bf16>($($arg),*),
-            DType::F32 => $f::<f32>($($arg),*),
-            DType::F64 => $f::<f64>($($arg),*),
-            DType::I32 => $f::<i32>($($arg),*),
-            DType::I64 => $f::<i64>($($arg),*),
-        }
-    };
-}
-
 /// ndarray's `select`: the simple gather the fast one must match.
 fn select<T: Element>(t: &Tensor, indices: &[usize]) -> Tensor {
     Tensor::from_array("/cpu:0", t.array::<T>().unwrap().select(Axis(0), indices))
@@ -63,7 +49,7 @@ fn strided(t: &Tensor, bits: &[u64]) -> Tensor {
     let interleaved: Vec<usize> = (0..2 * n)
         .map(|i| if i % 2 == 0 { i / 2 } else { n + i })
         .collect();
-    let interleaved = typed!(t.dtype(), select(&rows, &interleaved));
+    let interleaved = with_dtype!(t.dtype(), T => select::<T>(&rows, &interleaved));
     let s = interleaved.stride_rows(0, 2).unwrap();
     assert_eq!(s.shape(), t.shape());
     s
@@ -101,10 +87,10 @@ proptest! {
             picks.iter().map(|p| p.index(shape[0])).collect()
         };
         let got = t.select_rows(&indices).unwrap();
-        let want = typed!(dtype, select(&t, &indices));
+        let want = with_dtype!(dtype, T => select::<T>(&t, &indices));
         prop_assert!(got.bitwise_eq(&want), "{got:?} != {want:?}");
         prop_assert_eq!(got.device(), t.device());
-        prop_assert!(typed!(dtype, is_standard(&got)));
+        prop_assert!(with_dtype!(dtype, T => is_standard::<T>(&got)));
     }
 
     #[test]
