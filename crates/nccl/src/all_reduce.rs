@@ -3,13 +3,11 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cudarc::nccl::result::{self as nccl};
-use cudarc::nccl::sys;
 use distribute_values::{Leaf, ReduceOp};
 
-use crate::communicator::{Communicator, nccl_error, non_blocking_config};
+use crate::communicator::{self, Communicator};
 use crate::member::NcclMember;
 use crate::shared::Shared;
 use distribute_collectives::backend::{lock_ignoring_poison, reduce_and_deliver};
@@ -54,7 +52,7 @@ impl NcclAllReduce {
     /// The bytes of an NCCL unique id (`NCCL_UNIQUE_ID_BYTES`), which every rank of a
     /// communicator must share: what [`NcclAllReduce::new_unique_id`] makes and
     /// [`NcclAllReduce::from_unique_id`] takes.
-    pub const UNIQUE_ID_BYTES: usize = 128;
+    pub const UNIQUE_ID_BYTES: usize = communicator::UNIQUE_ID_BYTES;
 
     /// One replica per GPU of `gpus` (indices), all in this process: the communicators are made
     /// now with `ncclCommInitAll`. NCCL before 2.30 refuses the same GPU twice.
@@ -69,26 +67,9 @@ impl NcclAllReduce {
             .iter()
             .map(|&g| Gpu::open(g)?.with_new_stream())
             .collect::<Result<Vec<_>, _>>()?;
-        let ordinals: Vec<i32> = gpus.iter().map(|&g| g as i32).collect();
-        let mut comms = vec![std::ptr::null_mut(); gpus.len()];
-        // SAFETY: `comms` has room for one communicator per listed device.
-        unsafe { nccl::comm_init_all(comms.as_mut_ptr(), gpus.len() as i32, ordinals.as_ptr()) }
-            .map_err(|e| nccl_error("ncclCommInitAll", e))?;
-        let world = gpus.len();
-        let communicators = comms
+        let communicators = Communicator::init_all(handles, deadline)?
             .into_iter()
-            .zip(handles)
-            .enumerate()
-            .map(|(rank, (comm, gpu))| {
-                Some(Communicator {
-                    comm,
-                    gpu,
-                    rank,
-                    world,
-                    aborted: AtomicBool::new(false),
-                    deadline,
-                })
-            })
+            .map(Some)
             .collect();
         Ok(NcclAllReduce::with_setup(
             gpus,
@@ -100,8 +81,7 @@ impl NcclAllReduce {
     /// A fresh NCCL unique id, made by the one task (the leader) that hands it to the others.
     pub fn new_unique_id() -> Result<[u8; Self::UNIQUE_ID_BYTES], CollectiveError> {
         require_nccl()?;
-        let id = nccl::get_uniqueid().map_err(|e| nccl_error("ncclGetUniqueId", e))?;
-        Ok(id.internal.map(|c| c as u8))
+        Ok(Communicator::unique_id()?)
     }
 
     /// This process's replicas in a world of `world` ranks: local replica `r` runs on GPU
@@ -154,7 +134,7 @@ impl NcclAllReduce {
     /// The NCCL library's version, e.g. 22809 for 2.28.9.
     pub fn nccl_version() -> Result<i32, CollectiveError> {
         require_nccl()?;
-        Ok(nccl::get_nccl_version().map_err(|e| nccl_error("ncclGetVersion", e))?)
+        Ok(Communicator::version()?)
     }
 }
 
@@ -200,39 +180,10 @@ impl CrossDeviceOps for NcclAllReduce {
                 world,
                 first_rank,
             } => {
-                let gpu = Gpu::open(ordinal)?.with_new_stream()?;
-                gpu.bind_to_thread()?;
-                let rank = first_rank + replica;
-                let mut comm = std::ptr::null_mut();
-                let id = sys::ncclUniqueId {
-                    internal: id.map(|b| b as std::ffi::c_char),
-                };
                 // Non-blocking: the setup waits for every other rank, which a frozen process
                 // never is; it is polled against the deadline instead.
-                let mut config = non_blocking_config();
-                let start = Instant::now();
-                // SAFETY: `comm` receives the new communicator; the id is the world's; the
-                // config is a valid NCCL_CONFIG_INITIALIZER-style value NCCL copies.
-                unsafe {
-                    nccl::comm_init_rank_config(
-                        &mut comm,
-                        *world as i32,
-                        id,
-                        rank as i32,
-                        &mut config,
-                    )
-                }
-                .map_err(|e| nccl_error("ncclCommInitRankConfig", e))?;
-                let communicator = Communicator {
-                    comm,
-                    gpu,
-                    rank,
-                    world: *world,
-                    aborted: AtomicBool::new(false),
-                    deadline: shared.deadline,
-                };
-                communicator.settle("communicator setup", start, shared.deadline, &|| None)?;
-                communicator
+                let gpu = Gpu::open(ordinal)?.with_new_stream()?;
+                Communicator::init_rank(gpu, *id, *world, first_rank + replica, shared.deadline)?
             }
         };
         Ok(Box::new(NcclMember {

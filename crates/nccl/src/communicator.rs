@@ -22,7 +22,11 @@ use distribute_collectives::CollectiveError;
 use distribute_tensor::cuda::{Gpu, GpuArray};
 use distribute_tensor::{DType, GpuError};
 
-pub(super) fn nccl_error(what: &str, e: NcclError) -> GpuError {
+/// The bytes of an NCCL unique id (`NCCL_UNIQUE_ID_BYTES`).
+pub(super) const UNIQUE_ID_BYTES: usize = 128;
+
+/// NCCL's failed `what` as this crate reports it, in NCCL's words.
+fn nccl_error(what: &str, e: NcclError) -> GpuError {
     // SAFETY: ncclGetErrorString returns a static C string for every result code.
     let text = unsafe { CStr::from_ptr(sys::ncclGetErrorString(e.0)) };
     GpuError::Nccl(format!("{what}: {} ({:?})", text.to_string_lossy(), e.0))
@@ -61,7 +65,7 @@ const CONFIG_VERSION: std::ffi::c_uint = 21700;
 /// `NCCL_CONFIG_INITIALIZER` with `blocking = 0`: a communicator whose calls return at once
 /// (`ncclInProgress`) and are polled. Every other field is NCCL's choice (undefined); the
 /// `size` and `version` fields let any NCCL from 2.17 on read it.
-pub(super) fn non_blocking_config() -> sys::ncclConfig_t {
+fn non_blocking_config() -> sys::ncclConfig_t {
     sys::ncclConfig_t {
         size: std::mem::size_of::<sys::ncclConfig_t>(),
         magic: 0xcafe_beef,
@@ -118,20 +122,107 @@ fn holds<T>(buffer: &CudaSlice<T>, bytes: usize) -> Result<(), NcclError> {
 /// An NCCL communicator and the GPU stream its calls are queued to. Aborted (never blocking)
 /// when dropped.
 pub(super) struct Communicator {
-    pub(super) comm: sys::ncclComm_t,
+    comm: sys::ncclComm_t,
     pub(super) gpu: Gpu,
     pub(super) rank: usize,
     pub(super) world: usize,
     /// Set once `comm` was aborted (released).
-    pub(super) aborted: AtomicBool,
+    aborted: AtomicBool,
     /// How long [`Communicator::settle`] waits when finalizing on drop.
-    pub(super) deadline: Duration,
+    deadline: Duration,
 }
 
 // SAFETY: an NCCL communicator may be used from any thread as long as no two threads use it at
 // once. A Communicator moves to exactly one replica thread, which alone uses it from then on (the
 // `ReplicaCollectives` handle that owns it is not Send).
 unsafe impl Send for Communicator {}
+
+/// Making communicators: every NCCL call that creates one is a method here, so no other file of
+/// the crate calls NCCL.
+impl Communicator {
+    /// One communicator per GPU of `gpus` (their handles, in rank order) in this process, made
+    /// together with `ncclCommInitAll` (blocking: there is no other process to wait for).
+    pub(super) fn init_all(
+        gpus: Vec<Gpu>,
+        deadline: Duration,
+    ) -> Result<Vec<Communicator>, GpuError> {
+        let ordinals: Vec<i32> = gpus.iter().map(|g| g.ordinal() as i32).collect();
+        let mut comms = vec![std::ptr::null_mut(); gpus.len()];
+        // SAFETY: `comms` has room for one communicator per listed device.
+        unsafe { nccl::comm_init_all(comms.as_mut_ptr(), gpus.len() as i32, ordinals.as_ptr()) }
+            .map_err(|e| nccl_error("ncclCommInitAll", e))?;
+        let world = gpus.len();
+        Ok(comms
+            .into_iter()
+            .zip(gpus)
+            .enumerate()
+            .map(|(rank, (comm, gpu))| Communicator::owning(comm, gpu, rank, world, deadline))
+            .collect())
+    }
+
+    /// A fresh NCCL unique id (`ncclGetUniqueId`), made by the one rank that hands it to the
+    /// others.
+    pub(super) fn unique_id() -> Result<[u8; UNIQUE_ID_BYTES], GpuError> {
+        let id = nccl::get_uniqueid().map_err(|e| nccl_error("ncclGetUniqueId", e))?;
+        Ok(id.internal.map(|c| c as u8))
+    }
+
+    /// Rank `rank` of a world of `world` ranks that share `id`, on `gpu` (bound to the calling
+    /// thread), in non-blocking mode: the setup, which waits for every other rank, is polled
+    /// against `deadline` and aborted past it.
+    pub(super) fn init_rank(
+        gpu: Gpu,
+        id: [u8; UNIQUE_ID_BYTES],
+        world: usize,
+        rank: usize,
+        deadline: Duration,
+    ) -> Result<Communicator, CollectiveError> {
+        gpu.bind_to_thread()?;
+        let mut comm = std::ptr::null_mut();
+        let id = sys::ncclUniqueId {
+            internal: id.map(|b| b as std::ffi::c_char),
+        };
+        let mut config = non_blocking_config();
+        let start = Instant::now();
+        // SAFETY: `comm` receives the new communicator; the id is the world's; the config is a
+        // valid NCCL_CONFIG_INITIALIZER-style value NCCL copies.
+        unsafe {
+            nccl::comm_init_rank_config(&mut comm, world as i32, id, rank as i32, &mut config)
+        }
+        .map_err(|e| nccl_error("ncclCommInitRankConfig", e))?;
+        let communicator = Communicator::owning(comm, gpu, rank, world, deadline);
+        communicator.settle("communicator setup", start, deadline, &|| None)?;
+        Ok(communicator)
+    }
+
+    /// The owner of `comm`, which NCCL just made.
+    fn owning(
+        comm: sys::ncclComm_t,
+        gpu: Gpu,
+        rank: usize,
+        world: usize,
+        deadline: Duration,
+    ) -> Communicator {
+        Communicator {
+            comm,
+            gpu,
+            rank,
+            world,
+            aborted: AtomicBool::new(false),
+            deadline,
+        }
+    }
+
+    /// NCCL's failed `what` as this crate reports it, in NCCL's words.
+    pub(super) fn error(what: &str, e: NcclError) -> GpuError {
+        nccl_error(what, e)
+    }
+
+    /// The linked NCCL's version code (`ncclGetVersion`).
+    pub(super) fn version() -> Result<i32, GpuError> {
+        nccl::get_nccl_version().map_err(|e| nccl_error("ncclGetVersion", e))
+    }
+}
 
 impl Communicator {
     /// Aborts the communicator (frees it, and ends NCCL kernels still waiting for peers); later

@@ -17,7 +17,7 @@ use distribute_tensor::cuda::{Gpu, GpuArray, driver_error};
 use distribute_tensor::kernel::check_op;
 use distribute_tensor::{DType, Placement, Tensor};
 
-use crate::communicator::{Backoff, Communicator, nccl_error};
+use crate::communicator::{Backoff, Communicator};
 use crate::shared::Shared;
 
 /// A replica's NCCL handle: its communicator and stream.
@@ -78,7 +78,7 @@ impl NcclMember {
         if let Err(e) = enqueue() {
             // A failed enqueue may leave the communicator half way through a call.
             self.comm.abort();
-            return Err(nccl_error(what, e).into());
+            return Err(Communicator::error(what, e).into());
         }
         // A non-blocking communicator may still be queuing the call (its first calls connect to
         // the peers, which a frozen one never answers): only once it is queued does an event
@@ -98,7 +98,7 @@ impl NcclMember {
                 return Ok(());
             }
             let failure = if let Err(e) = self.comm.in_progress() {
-                Some(CollectiveError::from(nccl_error(what, e)))
+                Some(CollectiveError::from(Communicator::error(what, e)))
             } else if self.shared.aborted.load(Ordering::SeqCst) {
                 Some(self.backend_aborted())
             } else if start.elapsed() >= self.shared.deadline {
