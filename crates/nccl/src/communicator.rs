@@ -29,7 +29,10 @@ pub(super) const UNIQUE_ID_BYTES: usize = 128;
 fn nccl_error(what: &str, e: NcclError) -> GpuError {
     // SAFETY: ncclGetErrorString returns a static C string for every result code.
     let text = unsafe { CStr::from_ptr(sys::ncclGetErrorString(e.0)) };
-    GpuError::Nccl(format!("{what}: {} ({:?})", text.to_string_lossy(), e.0))
+    GpuError::LibraryCall {
+        library: "NCCL",
+        message: format!("{what}: {} ({:?})", text.to_string_lossy(), e.0),
+    }
 }
 
 fn nccl_dtype(dtype: DType) -> sys::ncclDataType_t {

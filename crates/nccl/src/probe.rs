@@ -14,7 +14,7 @@ pub fn nccl_available() -> bool {
     *PRESENT.get_or_init(|| unsafe { cudarc::nccl::sys::is_culib_present() })
 }
 
-/// Fails with [`GpuError::NoNccl`] unless NCCL loads; the error says where a pip-installed copy
+/// Fails with [`GpuError::MissingLibrary`] unless NCCL loads; the error says where a pip-installed copy
 /// (`libnccl.so.2`, a name cudarc does not try) was found and how to make it loadable.
 pub fn require_nccl() -> Result<(), GpuError> {
     if nccl_available() {
@@ -32,7 +32,10 @@ pub fn require_nccl() -> Result<(), GpuError> {
                  nvidia/nccl/lib/libnccl.so.2 on LD_LIBRARY_PATH) or the libnccl2 package"
             .to_owned(),
     };
-    Err(GpuError::NoNccl { hint })
+    Err(GpuError::MissingLibrary {
+        library: "NCCL",
+        hint: format!("cudarc looks for libnccl.so; {hint}"),
+    })
 }
 
 /// `libnccl.so.2` from the nvidia-nccl-cu13/-cu12 wheels: `$NCCL_LIB_DIR`, then the Python that

@@ -52,15 +52,6 @@ pub enum TensorError {
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
 pub enum GpuError {
-    /// This build was made without the GPU feature.
-    #[error(
-        "this build has no GPU support: build with the cargo feature \
-         `{feature}`"
-    )]
-    FeatureDisabled {
-        /// The feature to enable: `cuda` or `nccl`.
-        feature: &'static str,
-    },
     /// The CUDA driver library (libcuda.so.1) could not be loaded.
     #[error(
         "no NVIDIA driver: libcuda.so.1 could not be loaded. Install the NVIDIA driver (it \
@@ -85,9 +76,12 @@ pub enum GpuError {
          the folder holding libnvrtc.so.13 on LD_LIBRARY_PATH"
     )]
     NoNvrtc,
-    /// NCCL could not be loaded; `hint` says where a pip-installed copy was found, if any.
-    #[error("NCCL could not be loaded (cudarc looks for libnccl.so): {hint}")]
-    NoNccl {
+    /// A GPU library that a backend loads itself (NCCL, for the NCCL backend of
+    /// `distribute-nccl`) could not be loaded; `hint` says what to install or link.
+    #[error("{library} could not be loaded: {hint}")]
+    MissingLibrary {
+        /// The library, e.g. `NCCL`.
+        library: &'static str,
         /// What to do: install it, or link the copy that was found.
         hint: String,
     },
@@ -97,7 +91,12 @@ pub enum GpuError {
     /// NVRTC refused the kernel source (the log is included).
     #[error("NVRTC could not compile the reduction kernels: {0}")]
     Compile(String),
-    /// An NCCL call failed.
-    #[error("NCCL call failed: {0}")]
-    Nccl(String),
+    /// A call into such a library failed.
+    #[error("{library} call failed: {message}")]
+    LibraryCall {
+        /// The library, e.g. `NCCL`.
+        library: &'static str,
+        /// The call and the library's own words.
+        message: String,
+    },
 }
