@@ -1,7 +1,7 @@
 //! The exchange of NCCL's unique id across processes: the leader task hands the 128 bytes of its
 //! `ncclUniqueId` to every other chief and worker task of the [`ClusterSpec`] over TCP,
 //! authenticated with the cluster key ([`ClusterKey`]). With feature `nccl`,
-//! `nccl_all_reduce_for_cluster` builds `distribute-collectives`' `NcclAllReduce` across the
+//! `nccl_all_reduce_for_cluster` builds `distribute-nccl`'s `NcclAllReduce` across the
 //! processes on it.
 //!
 //! A layer above `distribute-collectives`, with its own [`ExchangeError`]: the transport of

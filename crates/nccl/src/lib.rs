@@ -2,9 +2,9 @@
 //! NCCL group call), all-gather, reduce-scatter and broadcast between GPU replicas.
 //!
 //! Layer: a backend beside the in-process ones of `distribute-collectives`, built from its
-//! published kit (`distribute_collectives::backend`, and its `cuda` module's GPU memory) and
-//! nothing else of it. Knows nothing about strategies, MPI or how a unique id travels between
-//! processes. Building it enables collectives' feature `cuda` (CUDA and NCCL are loaded at run
+//! published kit (`distribute_collectives::backend`) and nothing else of it, and from
+//! `distribute-tensor`'s GPU memory (`distribute_tensor::cuda`). Knows nothing about strategies, MPI or how a unique id travels between
+//! processes. Building it enables the tensor crate's feature `cuda` (CUDA and NCCL are loaded at run
 //! time, so it builds without them); a strategy takes it behind its feature `nccl`. Two ways to
 //! build the backend:
 //! - one process driving several GPUs (`NcclAllReduce::new`): the communicators are made

@@ -11,6 +11,11 @@
 //!   thread-local modes).
 //! - [`DefaultStrategy`]: one replica on the host, TF's identity semantics.
 //!
+//! [`Strategy::run_each`] gives back each replica's own value with the step's own error type
+//! ([`RunError`]), what adapters such as `distribute-candle` build on; [`Strategy::run`] regroups
+//! the values. Who a process is in a job (worker index, chief, replica ids) is derived from
+//! [`StrategyExtended::workers`] alone, the one seam to the other workers.
+//!
 //! [`Checkpoints`] writes the variables and the input position every N steps (the chief
 //! alone, atomically, checksummed) and restores the newest good checkpoint on any replica and
 //! worker count, so a job that died resumes where it stopped.
@@ -18,8 +23,8 @@
 //! Datasets reach the replicas through [`Strategy::distribute_dataset`] (the input crate's
 //! `DistributedDataset` over the strategy's devices), whose steps are `run`'s inputs.
 //!
-//! This crate knows devices, values, collectives and input pipelines (the layers below). It knows nothing about
-//! how a strategy runs its replicas: threads are `distribute-mirrored`'s business, compiled
+//! This crate knows devices, values, tensors, collectives and input pipelines (the layers below).
+//! It knows nothing about how a strategy runs its replicas: threads are `distribute-mirrored`'s business, compiled
 //! programs `distribute-tpu`'s.
 
 mod checkpoint;
