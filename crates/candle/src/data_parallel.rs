@@ -204,6 +204,10 @@ where
             ) -> Result<T, StepError>
             + Sync,
     {
+        // Every strategy refuses a step inside a step; refused here, it is refused before this
+        // thread could wait for its own replica's copy (the default strategy runs the step on
+        // the caller's thread).
+        outside_step("run")?;
         let first = self.strategy.extended().first_replica_id();
         let manifest = &self.manifest;
         let outputs = self

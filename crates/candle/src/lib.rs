@@ -15,7 +15,8 @@
 //! candle's CUDA device `N` (gradients reduced through host memory).
 //!
 //! The same program runs on `MirroredStrategy` and, under `mpirun`, on
-//! `MultiWorkerMirroredStrategy`: the crate knows strategies only through the `Strategy` trait.
+//! `MultiWorkerMirroredStrategy`: the crate knows strategies only through the strategy layer's
+//! traits (`Strategy`, `StrategyExtended`, `CheckpointVariable`) and the `Workers` seam.
 //! It knows nothing of particular strategies, of MPI or of how collectives move bytes.
 
 mod convert;

@@ -12,7 +12,7 @@ use distribute_candle::{Config, DataParallel, Error, StepError};
 use distribute_device_spec::LocalDevices;
 use distribute_input::InputPosition;
 use distribute_mirrored::MirroredStrategy;
-use distribute_strategy::{CheckpointOptions, Checkpoints, StrategyError};
+use distribute_strategy::{CheckpointOptions, Checkpoints, DefaultStrategy, StrategyError};
 use distribute_values::ReduceOp;
 
 fn strategy(replicas: usize) -> MirroredStrategy {
@@ -405,7 +405,7 @@ fn model_methods_called_inside_a_step_are_refused_instead_of_waiting_forever() {
             for error in refused {
                 assert!(matches!(error, Some(Error::InStep { .. })), "{error:?}");
             }
-            // A model's run inside a step is refused by the strategy, on this replica.
+            // So is a model's run inside a step.
             if replica.replica_id() == 1 {
                 model.run(&(), |_, ()| Ok(()))?;
             }
@@ -414,8 +414,18 @@ fn model_methods_called_inside_a_step_are_refused_instead_of_waiting_forever() {
         .unwrap_err();
     assert!(
         matches!(&err, Error::Replica { replica: 1, source }
-            if source.to_string().contains("from inside a replica's step")),
+            if source.to_string().contains("DataParallel::run was called from inside a step")),
         "{err:?}"
+    );
+    // On the default strategy too, which runs the step on the caller's thread.
+    let default = DefaultStrategy::new().unwrap();
+    let alone = DataParallel::new(&default, Config::default(), linear, sgd).unwrap();
+    let err = alone
+        .run(&(), |_, ()| Ok(alone.run(&(), |_, ()| Ok(()))?))
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("DataParallel::run was called"),
+        "{err}"
     );
     // Between steps they work.
     model.check_in_sync().unwrap();

@@ -1,8 +1,9 @@
 //! `distribute-mpi`: the reductions of a multi-worker run across the worker processes of an MPI
 //! job (Open MPI through the `mpi` crate), and the cross-worker seam over MPI.
 //!
-//! Layer: a backend beside the in-process ones of `distribute-collectives`, built from its
-//! published kit (`distribute_collectives::backend`) and nothing else of it. Knows nothing about
+//! Layer: a backend beside the in-process ones of `distribute-collectives`, built from its root
+//! traits and errors and its published kit (`distribute_collectives::backend`), with tensors,
+//! their bytes and the fold kernel from `distribute-tensor`. Knows nothing about
 //! strategies, replica threads' scheduling, input pipelines or step functions: a strategy
 //! drives it through `CrossDeviceOps`, `StepLifecycle` and [`Workers`](distribute_collectives::Workers).
 //! Building it needs MPI (`mpicc` and libclang for the `mpi` crate's bindings), so nothing that

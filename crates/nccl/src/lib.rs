@@ -1,14 +1,14 @@
 //! `distribute-nccl`: [`NcclAllReduce`], the NCCL backend — all-reduce, batched all-reduce (one
 //! NCCL group call), all-gather, reduce-scatter and broadcast between GPU replicas.
 //!
-//! Layer: a backend beside the in-process ones of `distribute-collectives`, built from its
-//! published kit (`distribute_collectives::backend`) and nothing else of it, and from
-//! `distribute-tensor`'s GPU memory (`distribute_tensor::cuda`). Knows nothing about strategies, MPI or how a unique id travels between
-//! processes. Building it enables the tensor crate's feature `cuda` (CUDA and NCCL are loaded at run
+//! Layer: a backend beside the in-process ones of `distribute-collectives`, built from its root
+//! traits and errors and its published kit (`distribute_collectives::backend`), and from
+//! `distribute-tensor`'s GPU memory (`distribute_tensor::cuda`). Knows nothing about strategies,
+//! MPI or how a unique id travels between processes. Building it enables the tensor crate's feature `cuda` (CUDA and NCCL are loaded at run
 //! time, so it builds without them); a strategy takes it behind its feature `nccl`. Two ways to
 //! build the backend:
 //! - one process driving several GPUs (`NcclAllReduce::new`): the communicators are made
-//!   together with `ncclCommInitAll` (cudarc's `Comm::from_devices`), and each replica thread
+//!   together with `ncclCommInitAll` (`Communicator::init_all`), and each replica thread
 //!   takes its own;
 //! - one rank per process or per GPU across machines ([`NcclAllReduce::from_unique_id`]), every
 //!   process given the same NCCL unique id: `distribute-nccl-exchange` hands it from a cluster's

@@ -7,7 +7,7 @@
 //! and the input pipeline's [`InputPosition`]. The chief alone writes it, atomically: a
 //! temporary file, `fsync`, `rename`, then an `fsync` of the directory, so a crash leaves either
 //! the whole new file or none. A checksum over the header and the payload (64-bit FNV-1a, the
-//! workspace's one hash: no cryptography, whose guarantees against a chosen input a checkpoint
+//! workspace's one FNV: no cryptography, whose guarantees against a chosen input a checkpoint
 //! does not need) catches a torn or corrupted file on restore, which then falls back to the previous checkpoint with a warning.
 //! Restoring, the chief reads the file and sends its bytes to every worker, so workers on other
 //! machines need no shared disk.

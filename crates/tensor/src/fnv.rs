@@ -2,8 +2,10 @@
 
 /// A running 64-bit FNV-1a hash, for values that processes compare with each other: stable across
 /// processes, builds and platforms, unlike `std`'s hasher. Not a defence against anyone choosing
-/// inputs. The NCCL backend hashes a call's dtypes and shapes with it, and the NCCL unique-id
-/// exchange its cluster, so that tasks of different clusters refuse each other.
+/// inputs. The agreement record every cross-process backend gathers (MPI's, NCCL's) hashes a
+/// call's shape with it, the NCCL unique-id exchange its cluster (so that tasks of different
+/// clusters refuse each other), checkpoints their contents, and distribute-candle the model
+/// copies it compares across workers.
 ///
 /// ```
 /// use distribute_tensor::Fnv;
