@@ -6,8 +6,8 @@
 //! [`fetch`] (`fetch-pjrt`, `fetch-nvrtc`), [`bench`](mod@bench), [`demo`], [`launch`]. What
 //! several commands share is in [`cargo`], [`packages`] and [`mpirun`]; what they fetch or find
 //! on the machine is in [`provision`]. The tidy tests (layering, module headers, the
-//! architecture doc's invariants, licences, cycles between files, single copies) live in `tidy`
-//! (compiled for tests only).
+//! architecture doc's invariants, licences, cycles between files, single copies, the poison
+//! policy) live in `tidy` (compiled for tests only).
 
 use std::process::ExitCode;
 

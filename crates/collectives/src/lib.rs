@@ -51,5 +51,5 @@ pub mod backend {
     pub use crate::agreement::{Call, MAX_DIMS, Record, Status, Verdict, judge};
     pub use crate::cross_replica::{deliver, reduce_and_deliver};
     pub use crate::group::{CollectiveGroup, Member, ReducePlan};
-    pub use crate::rendezvous::{Rendezvous, lock_ignoring_poison};
+    pub use crate::rendezvous::Rendezvous;
 }

@@ -10,9 +10,11 @@
 //! then aborted, naming the replicas that never came), when the group is aborted (a replica
 //! failed), or when a replica that has not arrived has already finished its step (it never will).
 
+use std::sync::Condvar;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+use distribute_values::Lock;
 
 use crate::CollectiveError;
 
@@ -54,11 +56,11 @@ pub struct Rendezvous {
     /// Replicas that have finished their step and will arrive at no further barrier this step.
     finished: Box<[AtomicBool]>,
     /// Why it was aborted; locked while the aborted flag is set, so anyone who sees the flag
-    /// finds the reason.
-    abort_reason: Mutex<Option<String>>,
+    /// finds the reason. Only ever replaced whole, and cleared by `reset` before the next step.
+    abort_reason: Lock<Option<String>>,
     /// Barriers completed, for messages.
     sleepers: AtomicUsize,
-    sleep_lock: Mutex<()>,
+    sleep_lock: Lock<()>,
     wake: Condvar,
     /// Busy-wait only when every replica can have a core; otherwise spinning steals the core
     /// from the replica everyone waits for. Even then only briefly: the cores may be shared with
@@ -72,15 +74,6 @@ pub struct Rendezvous {
     /// 2-core VM under load, 256 spins with `pause` made a 4 KiB all-reduce 19 µs, the same spins
     /// without it 4.8 µs (`cargo xtask bench collectives`, same run).
     spin_limit: u32,
-}
-
-/// Locks a mutex whose data stays consistent even if a holder panicked. Replica threads share
-/// such mutexes (abort reasons, slots, handles): an abort flag, not lock poisoning, is what tells
-/// them a peer failed, so one replica's panic must not make every later lock panic too.
-pub fn lock_ignoring_poison<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 const ARRIVED: u64 = 0xFFFF_FFFF;
@@ -126,9 +119,9 @@ impl Rendezvous {
             state: AtomicU64::new(0),
             progress: (0..num_replicas).map(|_| AtomicU64::new(0)).collect(),
             finished: (0..num_replicas).map(|_| AtomicBool::new(false)).collect(),
-            abort_reason: Mutex::new(None),
+            abort_reason: Lock::new(None),
             sleepers: AtomicUsize::new(0),
-            sleep_lock: Mutex::new(()),
+            sleep_lock: Lock::new(()),
             wake: Condvar::new(),
             spin_limit: if num_replicas <= cores { 256 } else { 64 },
         })
@@ -231,7 +224,7 @@ impl Rendezvous {
             what()
         );
         {
-            let mut current = lock_ignoring_poison(&self.abort_reason);
+            let mut current = self.abort_reason.lock();
             current.get_or_insert_with(|| reason.clone());
             let _ = self
                 .state
@@ -254,7 +247,7 @@ impl Rendezvous {
     /// reason given is kept. A barrier every replica has already reached still completes.
     pub fn abort(&self, reason: impl Into<String>) {
         {
-            let mut current = lock_ignoring_poison(&self.abort_reason);
+            let mut current = self.abort_reason.lock();
             current.get_or_insert_with(|| reason.into());
             self.state.fetch_or(ABORTED, Ordering::SeqCst);
         }
@@ -263,7 +256,7 @@ impl Rendezvous {
 
     /// Why the rendezvous was aborted, if it was.
     pub fn abort_reason(&self) -> Option<String> {
-        lock_ignoring_poison(&self.abort_reason).clone()
+        self.abort_reason.lock().clone()
     }
 
     /// True once aborted, until reset.
@@ -274,7 +267,7 @@ impl Rendezvous {
     /// Makes an aborted rendezvous usable again. Call it only when no replica is waiting (a
     /// strategy does, after every replica has finished its step).
     pub fn reset(&self) {
-        let mut reason = lock_ignoring_poison(&self.abort_reason);
+        let mut reason = self.abort_reason.lock();
         let generation = generation_of(self.state.load(Ordering::SeqCst));
         self.state
             .store(generation << GENERATION_SHIFT, Ordering::SeqCst);
@@ -287,7 +280,7 @@ impl Rendezvous {
     /// completed or is completing (every replica arrived); setting the aborted flag in the same
     /// atomic step makes sure no late arrival can complete the barrier afterwards.
     fn give_up(&self, generation: u64, error: &CollectiveError) -> Give {
-        let mut reason = lock_ignoring_poison(&self.abort_reason);
+        let mut reason = self.abort_reason.lock();
         let mut state = self.state.load(Ordering::SeqCst);
         loop {
             if generation_of(state) != generation {
@@ -318,7 +311,7 @@ impl Rendezvous {
 
     fn wake_all(&self) {
         if self.sleepers.load(Ordering::SeqCst) > 0 {
-            let _guard = lock_ignoring_poison(&self.sleep_lock);
+            let _guard = self.sleep_lock.lock();
             self.wake.notify_all();
         }
     }
@@ -404,17 +397,14 @@ impl Rendezvous {
                 std::thread::yield_now();
                 continue;
             }
-            let guard = lock_ignoring_poison(&self.sleep_lock);
+            let guard = self.sleep_lock.lock();
             self.sleepers.fetch_add(1, Ordering::SeqCst);
             if !released() && !self.is_aborted() {
                 let nap = self
                     .deadline
                     .saturating_sub(waited)
                     .min(Duration::from_millis(10));
-                let _ = self
-                    .wake
-                    .wait_timeout(guard, nap)
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                let _ = self.sleep_lock.wait_timeout(guard, &self.wake, nap);
             }
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
         }

@@ -38,9 +38,9 @@ mod pipeline;
 mod position;
 mod steps;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use distribute_values::ReplicaDeviceMap;
+use distribute_values::{Lock, ReplicaDeviceMap};
 
 use agreement::{Agreement, AgreementConfig};
 pub use agreement::{DEFAULT_AGREEMENT_WINDOW, SumAcrossProcesses};
@@ -91,7 +91,7 @@ pub struct DistributedDataset<B: Batch> {
     agreement: Option<AgreementConfig>,
     /// Where the next iteration starts, set by [`resume_from`](Self::resume_from) and taken
     /// by that iteration.
-    resume: Mutex<Option<InputPosition>>,
+    resume: Lock<Option<InputPosition>>,
 }
 
 impl<B: Batch> DistributedDataset<B> {
@@ -195,7 +195,7 @@ impl<B: Batch> DistributedDataset<B> {
             same_stream: !applied.contains(&AutoShardPolicy::File),
             applied,
             agreement: None,
-            resume: Mutex::new(None),
+            resume: Lock::new(None),
         })
     }
 
@@ -265,7 +265,7 @@ impl<B: Batch> DistributedDataset<B> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn resume_from(self, position: InputPosition) -> Self {
-        *self.resume.lock().unwrap_or_else(|e| e.into_inner()) = Some(position);
+        *self.resume.lock() = Some(position);
         self
     }
 
@@ -335,7 +335,7 @@ impl<B: Batch> DistributedDataset<B> {
 
     /// A new iteration's steps, and how many of them to skip (a resumed iteration's).
     fn steps(&self) -> (Steps<B>, u64) {
-        let resume = self.resume.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let resume = self.resume.lock().take();
         if let Some(position) = resume {
             for plan in &self.plans {
                 plan.dataset.set_next_epoch(position.epoch);
@@ -476,7 +476,7 @@ where
         partial: options.partial_batch,
         same_stream: false,
         agreement: None,
-        resume: Mutex::new(None),
+        resume: Lock::new(None),
     })
 }
 

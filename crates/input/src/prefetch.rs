@@ -15,8 +15,10 @@
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar};
 use std::thread::JoinHandle;
+
+use distribute_values::Lock;
 
 use crate::InputError;
 
@@ -39,22 +41,12 @@ struct QueueState<T> {
 }
 
 struct Shared<T> {
-    source: Mutex<SourceState<T>>,
-    queue: Mutex<QueueState<T>>,
+    /// The source's panics are caught inside its lock (`make`), which ends it.
+    source: Lock<SourceState<T>>,
+    /// Nothing panics while holding the queue's lock.
+    queue: Lock<QueueState<T>>,
     not_full: Condvar,
     buffer: usize,
-}
-
-impl<T> Shared<T> {
-    fn queue(&self) -> MutexGuard<'_, QueueState<T>> {
-        // Nothing panics while holding the queue lock; recover the data if something did.
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn source(&self) -> MutexGuard<'_, SourceState<T>> {
-        // The source's panics are caught inside the lock, so it is never poisoned by them.
-        self.source.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 /// Makes the next item; a panic in the iterator becomes an error and ends the source.
@@ -120,11 +112,11 @@ impl<T: Send + 'static> Prefetch<T> {
         I: Iterator<Item = Item<T>> + Send + 'static,
     {
         let shared = Arc::new(Shared {
-            source: Mutex::new(SourceState {
+            source: Lock::new(SourceState {
                 iter: Box::new(iter),
                 done: false,
             }),
-            queue: Mutex::new(QueueState {
+            queue: Lock::new(QueueState {
                 // The buffer is a bound, not a size: a queue sized for `prefetch: 1 << 40`
                 // up front would abort in the allocator before the first item.
                 items: VecDeque::with_capacity(buffer.clamp(1, MAX_PREALLOCATED)),
@@ -144,25 +136,22 @@ impl<T: Send + 'static> Prefetch<T> {
 fn produce<T>(shared: &Shared<T>) {
     loop {
         {
-            let mut queue = shared.queue();
+            let mut queue = shared.queue.lock();
             while queue.items.len() >= shared.buffer && !queue.stop {
                 queue.producer_waiting = true;
-                queue = shared
-                    .not_full
-                    .wait(queue)
-                    .unwrap_or_else(|e| e.into_inner());
+                queue = shared.queue.wait(queue, &shared.not_full);
             }
             queue.producer_waiting = false;
             if queue.stop {
                 return;
             }
         }
-        let mut source = shared.source();
+        let mut source = shared.source.lock();
         let Some(item) = make(&mut source) else {
             return;
         };
         // Queued before the source is released, so queue order is production order.
-        shared.queue().items.push_back(item);
+        shared.queue.lock().items.push_back(item);
         if source.done {
             return;
         }
@@ -178,7 +167,7 @@ impl<T: Send + 'static> Iterator for Prefetch<T> {
         }
         // Nothing ready: take the source (waiting at most for the item being made) and check
         // again, since the producer may have queued it meanwhile; else make it here.
-        let mut source = self.shared.source();
+        let mut source = self.shared.source.lock();
         if let Some(item) = self.pop() {
             return Some(item);
         }
@@ -188,7 +177,7 @@ impl<T: Send + 'static> Iterator for Prefetch<T> {
 
 impl<T: Send + 'static> Prefetch<T> {
     fn pop(&self) -> Option<Item<T>> {
-        let mut queue = self.shared.queue();
+        let mut queue = self.shared.queue.lock();
         let item = queue.items.pop_front()?;
         if queue.producer_waiting && queue.items.len() <= self.shared.buffer / 2 {
             queue.producer_waiting = false;
@@ -200,7 +189,7 @@ impl<T: Send + 'static> Prefetch<T> {
 
 impl<T: Send + 'static> Drop for Prefetch<T> {
     fn drop(&mut self) {
-        self.shared.queue().stop = true;
+        self.shared.queue.lock().stop = true;
         self.shared.not_full.notify_one();
         if let Some(handle) = self.handle.take() {
             // The producer catches the source's panics, so joining cannot fail on them.
@@ -244,7 +233,7 @@ mod tests {
         // Without a producer thread nothing is queued, so what is reserved is the pre-allocation.
         let refuse: Spawn = |_| Err(std::io::Error::other("no thread, to look at the queue"));
         let idle = Prefetch::with_spawn((0..10i64).map(Ok), 1 << 40, refuse);
-        assert!(idle.shared.queue().items.capacity() <= MAX_PREALLOCATED * 2);
+        assert!(idle.shared.queue.lock().items.capacity() <= MAX_PREALLOCATED * 2);
         // With one, the producer runs as far ahead as the data goes; the queue grows as needed.
         let ahead = Prefetch::new((0..1000i64).map(Ok), 1 << 40);
         let got: Vec<i64> = ahead.collect::<Result<_, _>>().unwrap();

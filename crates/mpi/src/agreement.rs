@@ -3,7 +3,7 @@
 //! payload), judged alike on every worker, and the failed worker's message when one failed.
 use crate::shared::Shared;
 use distribute_collectives::CollectiveError;
-use distribute_collectives::backend::{Record, Verdict, judge, lock_ignoring_poison as lock};
+use distribute_collectives::backend::{Record, Verdict, judge};
 use distribute_tensor::bytes::element_bytes_mut as as_bytes_mut;
 
 /// The payload an agreement carries: a reduction this small travels with it.
@@ -128,7 +128,7 @@ impl Shared {
             Verdict::Agreed | Verdict::AllEnded => Ok((records, slots)),
             Verdict::WorkerFailed { .. } => {
                 let (worker, message) = failed.expect("a failure carries its message");
-                *lock(&self.remote_failure) = Some(worker);
+                *self.remote_failure.lock() = Some(worker);
                 Err(CollectiveError::WorkerFailed { worker, message })
             }
             Verdict::Disagree(description) => Err(CollectiveError::WorkersDisagree(description)),

@@ -31,9 +31,7 @@ use crate::communicator::{MpiWorld, gather_layout};
 use crate::folds::local_op;
 use crate::member::MpiMember;
 use crate::shared::Shared;
-use distribute_collectives::backend::{
-    Call, CollectiveGroup, Record, Status, deliver, lock_ignoring_poison as lock,
-};
+use distribute_collectives::backend::{Call, CollectiveGroup, Record, Status, deliver};
 use distribute_collectives::{
     CollectiveError, CrossDeviceOps, Destinations, FusionPlan, GroupConfig, ReplicaCollectives,
     StepLifecycle,
@@ -44,8 +42,8 @@ use distribute_tensor::{
     kernel::{check_op, reduce_tensors},
     with_dtype,
 };
-use distribute_values::{Leaf, ReduceOp};
-use std::sync::{Arc, Mutex};
+use distribute_values::{Leaf, Lock, ReduceOp};
+use std::sync::Arc;
 
 /// The hierarchical all-reduce across the worker processes of an MPI job (see the module docs):
 /// reductions span every local replica of every worker, and every replica of every worker gets
@@ -92,9 +90,9 @@ impl MpiAllReduce {
                 world,
                 deadline: config.deadline,
                 bytes_per_pack: config.bytes_per_pack,
-                remote_failure: Mutex::new(None),
-                scratch: Mutex::new(Vec::new()),
-                kept_outputs: Mutex::new(Vec::new()),
+                remote_failure: Lock::new(None),
+                scratch: Lock::new(Vec::new()),
+                kept_outputs: Lock::new(Vec::new()),
             }),
         };
         // Every worker checks that all have the same local replica count before any step.
@@ -323,7 +321,7 @@ impl StepLifecycle for MpiAllReduce {
 
     fn reset(&self) {
         self.shared.group.reset();
-        *lock(&self.shared.remote_failure) = None;
+        *self.shared.remote_failure.lock() = None;
     }
 
     fn begin_step(&self) {

@@ -30,8 +30,8 @@
 //! the data collective it agreed on, the one place a test cannot reach from a step function.
 
 use std::io::Write;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use mpi::Threading;
@@ -40,7 +40,7 @@ use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::*;
 
 use distribute_collectives::CollectiveError;
-use distribute_collectives::backend::lock_ignoring_poison as lock;
+use distribute_values::Lock;
 
 /// This process in the MPI world: initialised on first use, finalised when the process exits.
 #[derive(Debug)]
@@ -49,8 +49,9 @@ pub struct MpiWorld {
     size: usize,
     /// Processes of the world on this machine (sharing its memory), this one included.
     on_this_host: usize,
-    /// One MPI call at a time (`MPI_THREAD_SERIALIZED`).
-    calls: Mutex<()>,
+    /// One MPI call at a time (`MPI_THREAD_SERIALIZED`). It guards no data: a call that panics
+    /// fails its step, and a worker stuck in MPI ends the job at the deadline.
+    calls: Lock<()>,
     /// Nanoseconds spent in cross-process calls, for [`Self::time_in_calls`].
     busy_nanos: AtomicU64,
     /// The fault injection of the module docs: stop after this many agreements.
@@ -126,7 +127,7 @@ impl MpiWorld {
                     rank,
                     size: world.size() as usize,
                     on_this_host,
-                    calls: Mutex::new(()),
+                    calls: Lock::new(()),
                     busy_nanos: AtomicU64::new(0),
                     stop_after_agreement: stop_after_agreement(
                         std::env::var(MpiWorld::STOP_AFTER_AGREEMENT)
@@ -188,7 +189,7 @@ impl MpiWorld {
         deadline: Duration,
         what: &dyn Fn() -> String,
     ) {
-        let _one = lock(&self.calls);
+        let _one = self.calls.lock();
         let _busy = Busy::start(&self.busy_nanos);
         let world = SimpleCommunicator::world();
         if !self.point_to_point() {
@@ -221,7 +222,7 @@ impl MpiWorld {
         deadline: Duration,
         what: &dyn Fn() -> String,
     ) {
-        let _one = lock(&self.calls);
+        let _one = self.calls.lock();
         let _busy = Busy::start(&self.busy_nanos);
         let world = SimpleCommunicator::world();
         if !self.point_to_point() {
@@ -254,7 +255,7 @@ impl MpiWorld {
         deadline: Duration,
         what: &dyn Fn() -> String,
     ) {
-        let _one = lock(&self.calls);
+        let _one = self.calls.lock();
         let _busy = Busy::start(&self.busy_nanos);
         let world = SimpleCommunicator::world();
         if !self.point_to_point() {
@@ -285,7 +286,7 @@ impl MpiWorld {
         deadline: Duration,
         what: &dyn Fn() -> String,
     ) {
-        let _one = lock(&self.calls);
+        let _one = self.calls.lock();
         let _busy = Busy::start(&self.busy_nanos);
         let world = SimpleCommunicator::world();
         self.exchange_pairs(&world, sends, receives, tag, deadline, what);
@@ -293,7 +294,7 @@ impl MpiWorld {
 
     /// A plain blocking `MPI_Allreduce` (f32 sum), the reference a benchmark compares with.
     pub fn raw_all_reduce_sum_f32(&self, send: &[f32], recv: &mut [f32]) {
-        let _one = lock(&self.calls);
+        let _one = self.calls.lock();
         SimpleCommunicator::world().all_reduce_into(
             send,
             recv,
@@ -562,7 +563,7 @@ mod tests {
             rank,
             size,
             on_this_host: size,
-            calls: Mutex::new(()),
+            calls: Lock::new(()),
             busy_nanos: AtomicU64::new(0),
             stop_after_agreement: None,
             agreements: AtomicU64::new(0),

@@ -4,7 +4,7 @@
 use crate::agreement::{INLINE_BYTES, SLOT_WORDS};
 use crate::shared::Shared;
 use distribute_collectives::CollectiveError;
-use distribute_collectives::backend::{Record, lock_ignoring_poison as lock};
+use distribute_collectives::backend::Record;
 use distribute_tensor::{Element, Tensor};
 use distribute_tensor::{
     bytes::{element_bytes as as_bytes, element_bytes_mut as as_bytes_mut, tensor_bytes},
@@ -164,7 +164,7 @@ impl Shared {
         what: &dyn Fn() -> String,
     ) {
         let (w, n) = (self.workers(), data.len());
-        let mut scratch = lock(&self.scratch);
+        let mut scratch = self.scratch.lock();
         let received = scratch_of::<T>(&mut scratch, n * w);
         self.world
             .all_gather(as_bytes(data), as_bytes_mut(received), self.deadline, what);
@@ -191,7 +191,7 @@ impl Shared {
         let range = |p: usize| (p * part).min(n)..((p + 1) * part).min(n);
         let mine = range(me);
         let peers = || (0..w).filter(move |&p| p != me);
-        let mut scratch = lock(&self.scratch);
+        let mut scratch = self.scratch.lock();
         let received = scratch_of::<T>(&mut scratch, mine.len() * (w - 1));
         let sends: Vec<(usize, &[u8])> = peers().map(|p| (p, as_bytes(&data[range(p)]))).collect();
         let receives = peers()
@@ -235,7 +235,7 @@ impl Shared {
     /// earlier result that no one holds any more, else a fresh one.
     pub(crate) fn output<T: Element>(&self, like: &Tensor) -> Result<Tensor, CollectiveError> {
         if like.size_in_bytes() >= REUSE_MIN_BYTES {
-            let mut kept = lock(&self.kept_outputs);
+            let mut kept = self.kept_outputs.lock();
             let free = kept.iter().position(|t| {
                 t.shape() == like.shape() && t.array::<T>().is_ok_and(ArcArray::is_unique)
             });
@@ -257,7 +257,7 @@ impl Shared {
         if result.size_in_bytes() < REUSE_MIN_BYTES {
             return;
         }
-        let mut kept = lock(&self.kept_outputs);
+        let mut kept = self.kept_outputs.lock();
         if kept.len() == KEPT_OUTPUTS {
             kept.remove(0);
         }

@@ -3,9 +3,7 @@
 //! the chief's tensors), each agreed on before its bytes move.
 use crate::agreement::Gathered;
 use crate::all_reduce::MpiAllReduce;
-use distribute_collectives::backend::{
-    Call, Record, Status, Verdict, lock_ignoring_poison as lock,
-};
+use distribute_collectives::backend::{Call, Record, Status, Verdict};
 use distribute_collectives::{CollectiveError, Workers};
 use distribute_tensor::Tensor;
 use distribute_tensor::{bytes::element_bytes_mut as as_bytes_mut, with_dtype};
@@ -31,7 +29,7 @@ impl Workers for MpiAllReduce {
     fn finish_step(&self, failure: Option<&str>) -> Result<(), CollectiveError> {
         let status = match failure {
             None => Status::Ok,
-            Some(_) if lock(&self.shared.remote_failure).is_some() => Status::FailedAsConsequence,
+            Some(_) if self.shared.remote_failure.lock().is_some() => Status::FailedAsConsequence,
             Some(_) => Status::Failed,
         };
         let message = failure.unwrap_or("");

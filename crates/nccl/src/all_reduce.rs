@@ -1,16 +1,16 @@
 //! [`NcclAllReduce`]: how communicators are made (all in this process, or one rank per process
 //! from a shared unique id), and the cross-replica side of the backend.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distribute_values::{Leaf, ReduceOp};
+use distribute_values::{Leaf, Lock, ReduceOp};
 
 use crate::communicator::{self, Communicator};
 use crate::member::NcclMember;
 use crate::shared::Shared;
-use distribute_collectives::backend::{lock_ignoring_poison, reduce_and_deliver};
+use distribute_collectives::backend::reduce_and_deliver;
 use distribute_tensor::cuda::Gpu;
 
 use crate::probe::require_nccl;
@@ -21,8 +21,9 @@ use distribute_tensor::AnyTensor;
 
 /// How replica threads get their communicators.
 pub(super) enum Setup {
-    /// Made together on construction; replica `r` takes slot `r`.
-    Local(Mutex<Vec<Option<Communicator>>>),
+    /// Made together on construction; replica `r` takes slot `r` (a `take`, which cannot leave
+    /// a slot half taken).
+    Local(Lock<Vec<Option<Communicator>>>),
     /// Each replica thread joins the world with its rank.
     Ranked {
         id: [u8; NcclAllReduce::UNIQUE_ID_BYTES],
@@ -73,7 +74,7 @@ impl NcclAllReduce {
             .collect();
         Ok(NcclAllReduce::with_setup(
             gpus,
-            Setup::Local(Mutex::new(communicators)),
+            Setup::Local(Lock::new(communicators)),
             deadline,
         ))
     }
@@ -125,7 +126,7 @@ impl NcclAllReduce {
             setup,
             shared: Arc::new(Shared {
                 aborted: AtomicBool::new(false),
-                reason: Mutex::new(String::new()),
+                reason: Lock::new(String::new()),
                 deadline,
             }),
         }
@@ -166,7 +167,8 @@ impl CrossDeviceOps for NcclAllReduce {
             )));
         };
         let comm = match &self.setup {
-            Setup::Local(slots) => lock_ignoring_poison(slots)
+            Setup::Local(slots) => slots
+                .lock()
                 .get_mut(replica)
                 .and_then(Option::take)
                 .ok_or_else(|| {
@@ -200,7 +202,7 @@ impl CrossDeviceOps for NcclAllReduce {
 
 impl StepLifecycle for NcclAllReduce {
     fn abort(&self, reason: &str) {
-        *lock_ignoring_poison(&self.shared.reason) = reason.to_owned();
+        *self.shared.reason.lock() = reason.to_owned();
         self.shared.aborted.store(true, Ordering::SeqCst);
     }
 

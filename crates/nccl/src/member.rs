@@ -11,7 +11,7 @@ use cudarc::driver::CudaSlice;
 use cudarc::nccl::result::NcclError;
 use distribute_values::ReduceOp;
 
-use distribute_collectives::backend::{Call, Record, Status, lock_ignoring_poison};
+use distribute_collectives::backend::{Call, Record, Status};
 use distribute_collectives::{CollectiveError, ReplicaCollectives};
 use distribute_tensor::cuda::{Gpu, GpuArray, driver_error};
 use distribute_tensor::kernel::check_op;
@@ -60,7 +60,7 @@ impl NcclMember {
     /// The error of a backend another replica aborted, with its reason.
     fn backend_aborted(&self) -> CollectiveError {
         CollectiveError::Aborted {
-            reason: lock_ignoring_poison(&self.shared.reason).clone(),
+            reason: self.shared.reason.lock().clone(),
         }
     }
 

@@ -40,6 +40,10 @@
 //! This crate knows nothing of strategies, replicas' Rust threads or distributed values: it is a
 //! binding and a program builder. `distribute-tpu` builds the strategy on top.
 
+// Poisoned locks are taken as they are (`PoisonError::into_inner`): the workspace's one policy,
+// which `distribute_values::Lock` is everywhere else and this leaf crate cannot depend on. Sound
+// for each: `Plugin::probing` and a buffer's `in_place_read` guard no data, and the loaded
+// plugins and a client's in-flight completions change by one whole entry at a time.
 mod api;
 mod error;
 mod offer;

@@ -5,13 +5,14 @@
 //! shared result. A replica that finishes its step without the merge the others wait in, a replica
 //! that fails, or one that never comes (deadline) ends the wait with an error.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distribute_collectives::CollectiveError;
-use distribute_collectives::backend::{Rendezvous, lock_ignoring_poison as lock};
+use distribute_collectives::backend::Rendezvous;
 use distribute_strategy::{MergeArgs, MergeResult, StrategyError};
+use distribute_values::Lock;
 
 use crate::first_failure::FirstFailure;
 
@@ -20,8 +21,10 @@ type Outcome = Result<MergeResult, ()>;
 
 pub(crate) struct MergeRendezvous {
     rendezvous: Rendezvous,
-    slots: Box<[Mutex<Option<MergeArgs>>]>,
-    outcome: Mutex<Option<Outcome>>,
+    /// Each replica's arguments, and replica 0's outcome: cleared by `reset` before the step
+    /// after a failed one.
+    slots: Box<[Lock<Option<MergeArgs>>]>,
+    outcome: Lock<Option<Outcome>>,
     /// Replicas that have read the current outcome; the last one clears it.
     consumed: AtomicUsize,
     /// Merge calls each replica has made in the current step.
@@ -50,8 +53,8 @@ impl MergeRendezvous {
     ) -> Result<Self, StrategyError> {
         Ok(MergeRendezvous {
             rendezvous: Rendezvous::new(num_replicas, deadline)?,
-            slots: (0..num_replicas).map(|_| Mutex::new(None)).collect(),
-            outcome: Mutex::new(None),
+            slots: (0..num_replicas).map(|_| Lock::new(None)).collect(),
+            outcome: Lock::new(None),
             consumed: AtomicUsize::new(0),
             calls: (0..num_replicas).map(|_| AtomicU64::new(0)).collect(),
             merging: AtomicBool::new(false),
@@ -82,9 +85,9 @@ impl MergeRendezvous {
     /// Ready for the next step after a failed one; only when no replica is inside a merge.
     pub(crate) fn reset(&self) {
         for slot in self.slots.iter() {
-            lock(slot).take();
+            slot.lock().take();
         }
-        lock(&self.outcome).take();
+        self.outcome.lock().take();
         self.consumed.store(0, Ordering::SeqCst);
         self.merging.store(false, Ordering::SeqCst);
         self.rendezvous.reset();
@@ -105,7 +108,7 @@ impl MergeRendezvous {
             ));
         }
         let call = self.calls[replica].fetch_add(1, Ordering::SeqCst);
-        *lock(&self.slots[replica]) = Some(args);
+        *self.slots[replica].lock() = Some(args);
         let what = || format!("merge_call #{call}");
         self.rendezvous
             .arrive(replica, &what, || {})
@@ -116,7 +119,7 @@ impl MergeRendezvous {
                 .slots
                 .iter()
                 .map(|slot| {
-                    lock(slot)
+                    slot.lock()
                         .take()
                         .expect("every replica deposited arguments")
                 })
@@ -134,14 +137,14 @@ impl MergeRendezvous {
                     Err(())
                 }
             };
-            *lock(&self.outcome) = Some(outcome);
+            *self.outcome.lock() = Some(outcome);
         }
         let waiting = || format!("merge_call #{call} (waiting for replica 0's merge function)");
         self.rendezvous
             .arrive(replica, &waiting, || {})
             .map_err(|e| self.explain(e, replica))?;
         let outcome = {
-            let mut slot = lock(&self.outcome);
+            let mut slot = self.outcome.lock();
             let outcome = slot.clone().expect("replica 0 stored the merge outcome");
             if self.consumed.fetch_add(1, Ordering::SeqCst) + 1 == self.slots.len() {
                 self.consumed.store(0, Ordering::SeqCst);

@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use distribute_collectives::{
@@ -13,7 +13,7 @@ use distribute_device_spec::{DeviceSpecError, LocalDevices};
 use distribute_strategy::{
     MergeArgs, MergeResult, ReplicaContext, RunError, Strategy, StrategyError, StrategyExtended,
 };
-use distribute_values::{Distributed, ReplicaDeviceMap, select_replica};
+use distribute_values::{Distributed, Lock, ReplicaDeviceMap, select_replica};
 
 use crate::choose::choose_the_best;
 use crate::first_failure::FirstFailure;
@@ -195,7 +195,7 @@ pub struct MirroredStrategy {
     /// Why `ops` were chosen, for `Debug` and logs.
     ops_reason: String,
     /// One `run` at a time, so a failed step's cleanup cannot race the next step.
-    running: Mutex<()>,
+    running: Lock<()>,
 }
 
 impl fmt::Debug for MirroredStrategy {
@@ -295,7 +295,7 @@ impl MirroredStrategy {
             ops,
             pool,
             ops_reason,
-            running: Mutex::new(()),
+            running: Lock::new(()),
         })
     }
 
@@ -368,7 +368,7 @@ impl Strategy for MirroredStrategy {
 }
 
 /// Where a replica's thread leaves its step's outcome for `run_replicas`.
-type Slot<T, E> = Mutex<Option<Result<T, Failed<E>>>>;
+type Slot<T, E> = Lock<Option<Result<T, Failed<E>>>>;
 
 /// How one replica's step failed.
 enum Failed<E> {
@@ -404,9 +404,9 @@ impl MirroredStrategy {
                     .into(),
             )));
         }
-        let _one_at_a_time = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let _one_at_a_time = self.running.lock();
         let n = self.devices.num_replicas();
-        let outputs: Vec<Slot<T, E>> = (0..n).map(|_| Mutex::new(None)).collect();
+        let outputs: Vec<Slot<T, E>> = (0..n).map(|_| Lock::new(None)).collect();
         // Every replica is idle here, so the rendezvous can be cleared unconditionally: a step
         // that swallowed a collective error (which aborts the group) must not poison the next.
         self.ops.reset();
@@ -436,7 +436,7 @@ impl MirroredStrategy {
             }
             self.ops.replica_finished(replica);
             self.merge.finish(replica);
-            *outputs[replica].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+            *outputs[replica].lock() = Some(result);
         };
         self.pool.execute(&job)?;
         let mut results: Vec<Result<T, Failed<E>>> = outputs
@@ -444,7 +444,6 @@ impl MirroredStrategy {
             .enumerate()
             .map(|(replica, slot)| {
                 slot.into_inner()
-                    .unwrap_or_else(|p| p.into_inner())
                     // The job panicked after the step (in a cross-device ops hook) before storing.
                     .unwrap_or_else(|| {
                         Err(Failed::Strategy(StrategyError::ReplicaPanicked {

@@ -21,15 +21,15 @@
 
 use std::cell::Cell;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-use distribute_collectives::backend::lock_ignoring_poison as lock;
 use distribute_collectives::{CrossDeviceOps, ReplicaCollectives};
 use distribute_device_spec::{LocalDevice, LocalDevices};
 use distribute_strategy::StrategyError;
+use distribute_values::Lock;
 
 /// Work for every replica: called once per replica thread with its id and collectives.
 pub(crate) type Job<'a> = dyn Fn(usize, &dyn ReplicaCollectives) + Sync + 'a;
@@ -49,11 +49,11 @@ thread_local! {
 struct Shared {
     /// Jobs started; a thread runs a job when this moves past the last one it ran.
     epoch: AtomicU64,
-    job: Mutex<Option<JobRef>>,
+    job: Lock<Option<JobRef>>,
     /// Replica threads still running the current job.
     remaining: AtomicUsize,
     /// The thread waiting in `execute`, woken by the last replica to finish.
-    caller: Mutex<Option<Thread>>,
+    caller: Lock<Option<Thread>>,
     shutdown: AtomicBool,
     idle_spin: Duration,
 }
@@ -97,10 +97,12 @@ pub(crate) struct ReplicaPool {
     /// The threads of replicas `first_threaded..`, in replica order.
     threads: Vec<JoinHandle<()>>,
     /// Replica 0's collectives when the thread calling `execute` runs replica 0 itself; locked
-    /// for the whole job, which `running` already makes exclusive.
-    caller_replica: Option<Mutex<Box<dyn ReplicaCollectives + Send>>>,
+    /// for the whole job, which `running` already makes exclusive. The job's panics are caught
+    /// inside the lock (`run_caught`), and the backend behind the handle is reset before every
+    /// step.
+    caller_replica: Option<Lock<Box<dyn ReplicaCollectives + Send>>>,
     /// One `run` at a time: the threads serve one job.
-    running: Mutex<()>,
+    running: Lock<()>,
 }
 
 impl ReplicaPool {
@@ -120,7 +122,7 @@ impl ReplicaPool {
     ) -> Result<ReplicaPool, StrategyError> {
         let caller_replica = match devices.iter().next() {
             Some(first) if caller_runs_replica_0 && first.gpu_index().is_none() => {
-                movable_handle(ops.as_ref())?.map(Mutex::new)
+                movable_handle(ops.as_ref())?.map(Lock::new)
             }
             _ => None,
         };
@@ -128,9 +130,9 @@ impl ReplicaPool {
         let num_threads = devices.len() - first_threaded;
         let shared = Arc::new(Shared {
             epoch: AtomicU64::new(0),
-            job: Mutex::new(None),
+            job: Lock::new(None),
             remaining: AtomicUsize::new(0),
-            caller: Mutex::new(None),
+            caller: Lock::new(None),
             shutdown: AtomicBool::new(false),
             idle_spin,
         });
@@ -140,7 +142,7 @@ impl ReplicaPool {
             shared,
             threads: Vec::with_capacity(num_threads),
             caller_replica,
-            running: Mutex::new(()),
+            running: Lock::new(()),
         };
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         for (replica, device) in devices.iter().enumerate().skip(first_threaded) {
@@ -190,7 +192,7 @@ impl ReplicaPool {
                     .into(),
             ));
         }
-        let _one_at_a_time = lock(&self.running);
+        let _one_at_a_time = self.running.lock();
         let shared = &*self.shared;
         let finish = if self.threads.is_empty() {
             None
@@ -200,8 +202,8 @@ impl ReplicaPool {
             // replica thread has finished the job (`remaining` reaches 0) and then clears it.
             let erased: *const Job<'static> =
                 unsafe { std::mem::transmute::<*const Job<'_>, *const Job<'static>>(job) };
-            *lock(&shared.job) = Some(JobRef(erased));
-            *lock(&shared.caller) = Some(std::thread::current());
+            *shared.job.lock() = Some(JobRef(erased));
+            *shared.caller.lock() = Some(std::thread::current());
             shared.remaining.store(self.threads.len(), Ordering::SeqCst);
             shared.epoch.fetch_add(1, Ordering::SeqCst);
             let finish = Finish { shared };
@@ -212,7 +214,7 @@ impl ReplicaPool {
             Some(finish)
         };
         if let Some(collectives) = &self.caller_replica {
-            let collectives = lock(collectives);
+            let collectives = collectives.lock();
             let _on_replica = OnReplicaThread::enter();
             run_caught(|| job(0, collectives.as_ref()));
         }
@@ -281,7 +283,7 @@ impl Drop for Finish<'_> {
             shared.idle_spin,
             Some(Duration::from_millis(10)),
         );
-        *lock(&shared.job) = None;
+        *shared.job.lock() = None;
     }
 }
 
@@ -364,7 +366,7 @@ fn replica_thread(
             return;
         }
         seen = shared.epoch.load(Ordering::SeqCst);
-        let job = *lock(&shared.job);
+        let job = *shared.job.lock();
         if let Some(JobRef(job)) = job {
             let collectives = collectives.as_ref();
             // SAFETY: `execute` keeps the job alive until `remaining` reaches 0, which cannot
@@ -372,7 +374,7 @@ fn replica_thread(
             run_caught(|| unsafe { (*job)(replica, collectives) });
         }
         if shared.remaining.fetch_sub(1, Ordering::SeqCst) == 1
-            && let Some(caller) = lock(&shared.caller).as_ref()
+            && let Some(caller) = shared.caller.lock().as_ref()
         {
             caller.unpark();
         }

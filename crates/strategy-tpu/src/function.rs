@@ -4,12 +4,12 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 
 use distribute_pjrt::stablehlo::{Builder, TensorType, Value};
 use distribute_pjrt::{Buffer, CompileOptions, LoadedExecutable, PjrtError};
-use distribute_values::DistributedValues;
+use distribute_values::{DistributedValues, Lock};
 
 use crate::TpuError;
 use crate::device_value::{DeviceValue, StepInput, tensor_type, upload};
@@ -30,7 +30,9 @@ enum ProgramKind {
 pub struct TpuFunction<'s, F> {
     replicas: &'s Replicas,
     step: F,
-    cache: Mutex<ProgramCache>,
+    /// Held while a program is traced and compiled; a panicking trace leaves at most an empty
+    /// list of signatures behind, since a program goes in only once compiled.
+    cache: Lock<ProgramCache>,
     compilations: AtomicUsize,
 }
 
@@ -56,7 +58,7 @@ where
         TpuFunction {
             replicas,
             step,
-            cache: Mutex::new(HashMap::new()),
+            cache: Lock::new(HashMap::new()),
             compilations: AtomicUsize::new(0),
         }
     }
@@ -268,10 +270,7 @@ where
         types: &[Cow<'_, TensorType>],
         trace: impl FnOnce(&mut Builder, &[Value]) -> StepResult,
     ) -> Result<Arc<Program>, TpuError> {
-        let mut cache = self
-            .cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut cache = self.cache.lock();
         let signatures = cache.entry(kind).or_default();
         let same = |traced: &[TensorType]| {
             traced.len() == types.len() && traced.iter().zip(types).all(|(a, b)| a == b.as_ref())

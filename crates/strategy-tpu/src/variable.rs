@@ -10,14 +10,14 @@
 //! Components are named as TF names them (TPU-24): replica 0's is the variable's name, replica
 //! `i`'s `<name>/replica_i`. The initial value is computed once and copied to every device.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use distribute_pjrt::stablehlo::TensorType;
 use distribute_strategy::{VariableOptions, create_distributed_variable, replica_variable_name};
 use distribute_tensor::Tensor;
 use distribute_values::{
-    DistributedValues, Leaf, PerReplica, SyncKind, UpdateOp, ValuesError, VariableAggregation,
-    VariableValue,
+    DistributedValues, Leaf, Lock, PerReplica, SyncKind, UpdateOp, ValuesError,
+    VariableAggregation, VariableValue,
 };
 
 use crate::TpuError;
@@ -54,7 +54,7 @@ pub struct TpuVariable {
     client: distribute_pjrt::Client,
     device_map: Arc<distribute_values::ReplicaDeviceMap>,
     /// The current buffers; replaced whole by every update.
-    value: Mutex<Arc<DeviceValue>>,
+    value: Lock<Arc<DeviceValue>>,
 }
 
 impl std::fmt::Debug for TpuVariable {
@@ -108,7 +108,7 @@ impl TpuVariable {
             strategy_devices: devices.to_vec(),
             client: replicas.client.clone(),
             device_map: Arc::clone(map),
-            value: Mutex::new(Arc::new(value)),
+            value: Lock::new(Arc::new(value)),
         })
     }
 
@@ -153,7 +153,7 @@ impl TpuVariable {
     /// The current buffers, to pass to a step as [`crate::StepInput::Device`] (reading only;
     /// steps that update the variable go through [`crate::TpuFunction::run_updating`]).
     pub fn device_value(&self) -> Arc<DeviceValue> {
-        Arc::clone(&self.value.lock().unwrap_or_else(|p| p.into_inner()))
+        Arc::clone(&self.value.lock())
     }
 
     /// Replica `replica`'s copy, on the host (waits for the steps that compute it).
@@ -299,6 +299,6 @@ impl TpuVariable {
 
     /// Makes `value` the variable's buffers.
     pub(crate) fn replace(&self, value: DeviceValue) {
-        *self.value.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(value);
+        *self.value.lock() = Arc::new(value);
     }
 }

@@ -6,10 +6,12 @@
 //! across replicas with [`regroup`] / [`select_replica`] / [`select_device_mirrored`] /
 //! [`update_regroup`], named from their regrouped side with [`Distributed`], and
 //! `#[derive(Nest)]` for users' structs — the distributed variables [`MirroredVariable`] and
-//! [`SyncOnReadVariable`], and their checkpoint values.
+//! [`SyncOnReadVariable`], and their checkpoint values. And [`Lock`], the workspace's one mutex
+//! policy (a panicking holder poisons nothing), here because every crate with threads depends on
+//! this one.
 //!
-//! Element types are generic. This crate knows nothing about device memory, threads or
-//! collectives: device names are opaque strings, reductions of tensors belong to
+//! Element types are generic. This crate starts no threads and knows nothing about device memory
+//! or collectives: device names are opaque strings, reductions of tensors belong to
 //! distribute-collectives, and replica vs cross-replica context is the strategy layer's typed
 //! context, which calls the explicit `*_local` / `*_cross_replica` methods here.
 //!
@@ -58,6 +60,7 @@ mod device_map;
 mod distributed;
 mod element;
 mod error;
+mod lock;
 mod nest;
 mod regroup;
 mod update;
@@ -70,6 +73,7 @@ pub use device_map::ReplicaDeviceMap;
 pub use distributed::{DistributedValues, Mirrored, PerReplica};
 pub use element::VariableValue;
 pub use error::{ErrorKind, ValuesError};
+pub use lock::Lock;
 pub use nest::{LeafMapper, LeafVisitor, LeafZipper, Nest, Path, leaf_as};
 pub use regroup::{
     Distributed, Leaf, Regroup, RegroupContext, RegroupOptions, Selection, UpdateGrouping, Wrap,

@@ -9,12 +9,12 @@
 //! concurrently; this module itself starts no threads.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 
 use crate::regroup::{RegroupContext, Selection};
 use crate::{
-    Distributed, DistributedValues, Leaf, LeafMapper, LeafVisitor, LeafZipper, Mirrored, Nest,
-    Path, PerReplica, Regroup, ReplicaDeviceMap, SyncKind, UpdateOp, ValuesError,
+    Distributed, DistributedValues, Leaf, LeafMapper, LeafVisitor, LeafZipper, Lock, Mirrored,
+    Nest, Path, PerReplica, Regroup, ReplicaDeviceMap, SyncKind, UpdateOp, ValuesError,
     VariableAggregation, VariableValue,
 };
 
@@ -29,17 +29,11 @@ struct VarCore<T> {
 struct ComponentCell<T> {
     replica: usize,
     device: String,
-    value: Mutex<T>,
+    /// Updates compute the new value first and then replace it whole, so a panic cannot leave a
+    /// half-written value behind the lock.
+    value: Lock<T>,
     /// Weak, as in TF: a component outlives a dropped container and then stands alone (VAL-17).
     container: Weak<VarCore<T>>,
-}
-
-impl<T> ComponentCell<T> {
-    fn lock(&self) -> MutexGuard<'_, T> {
-        // Updates replace the value whole after computing it, so a panic elsewhere cannot leave
-        // a half-written value behind the lock; the value is still consistent.
-        self.value.lock().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 impl<T> VarCore<T> {
@@ -62,7 +56,7 @@ impl<T> VarCore<T> {
             .entries(
                 self.components
                     .iter()
-                    .map(|c| (ComponentLabel(c.replica, &c.device), c.lock())),
+                    .map(|c| (ComponentLabel(c.replica, &c.device), c.value.lock())),
             )
             .finish()
     }
@@ -92,7 +86,7 @@ impl<T: VariableValue> VarCore<T> {
                     Arc::new(ComponentCell {
                         replica,
                         device: device.to_owned(),
-                        value: Mutex::new(initial.clone()),
+                        value: Lock::new(initial.clone()),
                         container: container.clone(),
                     })
                 })
@@ -102,15 +96,18 @@ impl<T: VariableValue> VarCore<T> {
     }
 
     fn read(&self, replica: usize) -> Result<T, ValuesError> {
-        Ok(self.cell(replica)?.lock().clone())
+        Ok(self.cell(replica)?.value.lock().clone())
     }
 
     fn values(&self) -> Vec<T> {
-        self.components.iter().map(|c| c.lock().clone()).collect()
+        self.components
+            .iter()
+            .map(|c| c.value.lock().clone())
+            .collect()
     }
 
     fn update_one(&self, replica: usize, op: UpdateOp, value: &T) -> Result<T, ValuesError> {
-        let mut guard = self.cell(replica)?.lock();
+        let mut guard = self.cell(replica)?.value.lock();
         let new = op.apply(&*guard, value)?;
         *guard = new.clone();
         Ok(new)
@@ -120,7 +117,7 @@ impl<T: VariableValue> VarCore<T> {
     /// while every lock was held; all new values are computed before any is stored, so a
     /// failing update changes nothing.
     fn update_each(&self, op: UpdateOp, values: &[&T]) -> Result<Vec<T>, ValuesError> {
-        let mut guards: Vec<_> = self.components.iter().map(|c| c.lock()).collect();
+        let mut guards: Vec<_> = self.components.iter().map(|c| c.value.lock()).collect();
         let new: Vec<T> = guards
             .iter()
             .zip(values)
@@ -364,7 +361,7 @@ macro_rules! shared_variable_api {
 
             /// Replica 0's value.
             pub fn primary(&self) -> T {
-                self.0.components[0].lock().clone()
+                self.0.components[0].value.lock().clone()
             }
 
             /// Applies `op` to component `i` with `values[i]`: the strategy's
@@ -521,7 +518,7 @@ impl<T: VariableValue> MirroredVariable<T> {
         let replica = current_device
             .and_then(|d| self.0.devices.replica_for_device(d))
             .unwrap_or(0);
-        self.0.components[replica].lock().clone()
+        self.0.components[replica].value.lock().clone()
     }
 
     /// The components' current values as a [`Mirrored`] value.
@@ -625,11 +622,11 @@ impl<T: VariableValue> DistributedVariable<T> {
         let core = self.core();
         let mut updated = Vec::with_capacity(core.components.len());
         for cell in core.components.iter() {
-            let current = cell.lock().clone();
+            let current = cell.value.lock().clone();
             updated.push(f(cell.replica, &cell.device, &current)?);
         }
         // Stored with every lock held, so no reader sees some copies new and others old.
-        let mut guards: Vec<_> = core.components.iter().map(|c| c.lock()).collect();
+        let mut guards: Vec<_> = core.components.iter().map(|c| c.value.lock()).collect();
         for (guard, value) in guards.iter_mut().zip(updated) {
             **guard = value;
         }
@@ -721,14 +718,14 @@ impl<T> VariableComponent<T> {
 impl<T: Clone> VariableComponent<T> {
     /// The component's value.
     pub fn read(&self) -> T {
-        self.0.lock().clone()
+        self.0.value.lock().clone()
     }
 
     /// Overwrites the component's value alone, bypassing aggregation (what TF's tests do with
     /// `v.values[i].assign(x)`; mirrored variables' copies may then differ until the next
     /// cross-replica update).
     pub fn assign(&self, value: T) {
-        *self.0.lock() = value;
+        *self.0.value.lock() = value;
     }
 }
 
@@ -739,7 +736,7 @@ impl<T: fmt::Debug> fmt::Debug for VariableComponent<T> {
             "VariableComponent {} {}: {:?}",
             self.0.replica,
             self.0.device,
-            &*self.0.lock()
+            &*self.0.value.lock()
         )
     }
 }

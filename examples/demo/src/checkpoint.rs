@@ -15,12 +15,11 @@
 //! The optimizer is candle's plain `SGD`: it has no state besides the learning rate, so nothing
 //! of it is stored.
 
-use std::sync::Mutex;
-
 use anyhow::{Context, Result, anyhow, ensure};
 use candle_nn::Optimizer;
 use distribute::prelude::{Checkpoints, InputPosition, Strategy, StrategyError};
 use distribute::strategy::{CheckpointVariable, StrategyExtended};
+use distribute::values::Lock;
 use distribute_candle::DataParallel;
 
 use crate::Config;
@@ -30,7 +29,7 @@ struct Entry {
     name: String,
     signature: String,
     bytes: Vec<u8>,
-    restored: Mutex<Option<Vec<u8>>>,
+    restored: Lock<Option<Vec<u8>>>,
 }
 
 impl Entry {
@@ -39,7 +38,7 @@ impl Entry {
             name: name.into(),
             signature: signature.into(),
             bytes,
-            restored: Mutex::new(None),
+            restored: Lock::new(None),
         }
     }
 
@@ -47,7 +46,6 @@ impl Entry {
     fn take(&self) -> Result<Vec<u8>> {
         self.restored
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .take()
             .ok_or_else(|| anyhow!("the checkpoint restored nothing into {}", self.name))
     }
@@ -71,7 +69,7 @@ impl CheckpointVariable for Entry {
         _extended: &dyn StrategyExtended,
         bytes: &[u8],
     ) -> Result<(), StrategyError> {
-        *self.restored.lock().unwrap_or_else(|e| e.into_inner()) = Some(bytes.to_vec());
+        *self.restored.lock() = Some(bytes.to_vec());
         Ok(())
     }
 }

@@ -23,11 +23,11 @@
 //! are the same bits as [`crate::mirrored::train`]'s; the bench checks that.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
 use anyhow::{Result, anyhow, ensure};
 use distribute::input::split_sizes;
+use distribute::values::Lock;
 use ndarray::{ArrayView1, ArrayView2, s};
 
 use crate::Config;
@@ -151,10 +151,11 @@ pub fn train_hand_rolled(config: &Config, data: &WineData) -> Result<HandRolled>
     let init = Params::init(config.hidden, mean_score, config.seed);
     let sums_len = init.flat().len() + 2;
     // Two sets of slots, used by alternate steps: a replica may deposit step s + 1's sums
-    // while a slower one still reads step s's, never further ahead (the barrier sees to it).
-    let slots: [Vec<Mutex<Vec<f64>>>; 2] = std::array::from_fn(|_| {
+    // while a slower one still reads step s's, never further ahead (the barrier sees to it). A
+    // replica that panics mid-deposit fails the barrier, so no one reads its half-written slot.
+    let slots: [Vec<Lock<Vec<f64>>>; 2] = std::array::from_fn(|_| {
         (0..replicas)
-            .map(|_| Mutex::new(vec![0.0; sums_len]))
+            .map(|_| Lock::new(vec![0.0; sums_len]))
             .collect()
     });
     let barrier = SpinBarrier::new(replicas);
@@ -211,7 +212,7 @@ fn replica_loop(
     config: &Config,
     init: &Params,
     steps: &[Vec<Rows>],
-    slots: &[Vec<Mutex<Vec<f64>>>; 2],
+    slots: &[Vec<Lock<Vec<f64>>>; 2],
     barrier: &SpinBarrier,
 ) -> Result<(Params, f64)> {
     let hidden = config.hidden;
@@ -229,9 +230,7 @@ fn replica_loop(
         let x = ArrayView2::from_shape((rows.y.len(), FEATURES), &rows.x)?;
         let (grads, squared_error) = params.gradient_sums(x, ArrayView1::from(&rows.y))?;
         {
-            let mut slot = slots[step % 2][replica]
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut slot = slots[step % 2][replica].lock();
             let parts = [&grads.w1[..], &grads.b1, &grads.w2, &[grads.b2]];
             for (to, from) in slot.iter_mut().zip(parts.into_iter().flatten()) {
                 *to = *from;
@@ -242,7 +241,7 @@ fn replica_loop(
         ensure!(barrier.wait(), PEER_FAILED);
         // Added in replica order, as the strategy's all-reduce adds them.
         for (r, slot) in slots[step % 2].iter().enumerate() {
-            let slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+            let slot = slot.lock();
             if r == 0 {
                 total.copy_from_slice(&slot);
             } else {

@@ -1,8 +1,8 @@
 //! Rust source read lexically, for the tidy checks that look at code ([`super::cycles`],
-//! [`super::single_copies`]): [`tokens`] drops comments and keeps literals whole, [`Parsed`]
-//! finds what a file declares (`mod`, `use`, items, exported macros) and the paths its code
-//! names, outside the items under `#[cfg(test)]`. No parser of Rust's grammar: what the checks
-//! need is names and paths, which the tokens give.
+//! [`super::single_copies`], [`super::poison`]): [`tokens`] drops comments and keeps literals
+//! whole, [`Parsed`] finds what a file declares (`mod`, `use`, items, exported macros) and the
+//! paths its code names, outside the items under `#[cfg(test)]`. No parser of Rust's grammar:
+//! what the checks need is names and paths, which the tokens give.
 
 use std::collections::BTreeSet;
 

@@ -14,7 +14,6 @@ use super::CollectiveGroup;
 use super::call::Request;
 use super::outcome::Outcome;
 use super::plan::contiguous;
-use crate::rendezvous::lock_ignoring_poison as lock;
 use crate::{CollectiveError, FusionPlan, ReplicaCollectives};
 use distribute_tensor::Tensor;
 use distribute_tensor::kernel;
@@ -171,13 +170,13 @@ impl Member {
         let name = request.name();
         let call = shared.calls.load(Ordering::SeqCst);
         let what = || format!("{} #{call}", name.signature());
-        *lock(&shared.slots[self.replica]) = Some(request);
+        *shared.slots[self.replica].lock() = Some(request);
         shared.rendezvous.arrive(self.replica, &what, || {
             let outcome = shared.plan();
-            *lock(&shared.outcome) = Some(Arc::new(outcome));
+            *shared.outcome.lock() = Some(Arc::new(outcome));
         })?;
         let outcome = {
-            let mut slot = lock(&shared.outcome);
+            let mut slot = shared.outcome.lock();
             let outcome = slot.clone().expect("the last arriver stored an outcome");
             if shared.consumed.fetch_add(1, Ordering::SeqCst) + 1 == shared.num_replicas {
                 shared.consumed.store(0, Ordering::SeqCst);

@@ -38,14 +38,15 @@ mod plan;
 mod sliced;
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::CollectiveError;
-use crate::rendezvous::{Rendezvous, lock_ignoring_poison as lock};
+use crate::rendezvous::Rendezvous;
 use call::Request;
 use distribute_tensor::Tensor;
+use distribute_values::Lock;
 use outcome::Outcome;
 
 pub use member::Member;
@@ -97,11 +98,13 @@ struct Shared {
     num_replicas: usize,
     config: GroupConfig,
     rendezvous: Rendezvous,
-    /// What each replica published for the current call.
-    slots: Box<[Mutex<Option<Request>>]>,
+    /// What each replica published for the current call. This and `outcome` are cleared by
+    /// `reset` before the step after a failed one; every other lock of the group guards data
+    /// that is whole after any panic (a list of spares).
+    slots: Box<[Lock<Option<Request>>]>,
     /// The current call's outcome, set by its last arriver and cleared by the last replica to
     /// read it, so no input or output buffer stays referenced after the call.
-    outcome: Mutex<Option<Arc<Outcome>>>,
+    outcome: Lock<Option<Arc<Outcome>>>,
     /// Replicas that have read the current outcome.
     consumed: AtomicUsize,
     /// Collective calls completed, for messages.
@@ -109,7 +112,7 @@ struct Shared {
     /// The last outputs, each reused by a later call of its dtype and shape once no one holds it
     /// any more: 64 MiB of fresh pages per call would cost more than the reduction, and even a
     /// small output's allocation is a good part of a 4 KiB all-reduce.
-    spares: Mutex<Vec<Tensor>>,
+    spares: Lock<Vec<Tensor>>,
     /// Which replicas have a live [`Member`]: two handles for one replica (two strategies
     /// sharing a backend) would meet the wrong peers and silently mix their sums.
     claimed: Box<[AtomicBool]>,
@@ -170,11 +173,11 @@ impl CollectiveGroup {
                 num_replicas,
                 config,
                 rendezvous: Rendezvous::new(num_replicas, config.deadline)?,
-                slots: (0..num_replicas).map(|_| Mutex::new(None)).collect(),
-                outcome: Mutex::new(None),
+                slots: (0..num_replicas).map(|_| Lock::new(None)).collect(),
+                outcome: Lock::new(None),
                 consumed: AtomicUsize::new(0),
                 calls: AtomicU64::new(0),
-                spares: Mutex::new(Vec::with_capacity(SPARES)),
+                spares: Lock::new(Vec::with_capacity(SPARES)),
                 claimed: (0..num_replicas).map(|_| AtomicBool::new(false)).collect(),
             }),
         })
@@ -210,9 +213,9 @@ impl CollectiveGroup {
     pub fn reset(&self) {
         let shared = &self.shared;
         for slot in shared.slots.iter() {
-            lock(slot).take();
+            slot.lock().take();
         }
-        lock(&shared.outcome).take();
+        shared.outcome.lock().take();
         shared.consumed.store(0, Ordering::SeqCst);
         shared.rendezvous.reset();
     }

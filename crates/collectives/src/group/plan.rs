@@ -13,7 +13,6 @@ use super::call::{Request, check_agreement};
 use super::outcome::Outcome;
 use super::sliced::{Output, SlicedWork, pieces, reduce_into};
 use super::{ReducePlan, SPARES, Shared};
-use crate::rendezvous::lock_ignoring_poison as lock;
 use crate::{CollectiveError, FusionPlan};
 use distribute_tensor::kernel::{self, Arith, Stores};
 use distribute_tensor::with_dtype;
@@ -26,7 +25,7 @@ impl Shared {
             .slots
             .iter()
             .map(|slot| {
-                lock(slot)
+                slot.lock()
                     .take()
                     .expect("every replica published a request")
             })
@@ -216,7 +215,7 @@ impl Shared {
     /// A writable output of `dtype` shaped and labelled like `like`: a spare of that dtype and
     /// shape that no one else holds, else a new one, which becomes a spare.
     fn output_buffer(&self, dtype: DType, shape: &[usize], like: &Tensor) -> (Tensor, usize) {
-        let mut spares = lock(&self.spares);
+        let mut spares = self.spares.lock();
         let found = spares
             .iter()
             .position(|t| t.dtype() == dtype && t.shape() == shape && t.is_sole_holder());

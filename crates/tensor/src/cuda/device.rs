@@ -1,10 +1,11 @@
 //! [`Gpu`]: a CUDA device and the stream work on it is queued to.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream, DriverError, sys};
 use distribute_device_spec::{DeviceKind, DeviceSpec};
+use distribute_values::Lock;
 
 use super::probe::gpu_count;
 use crate::{GpuError, TensorError};
@@ -32,15 +33,13 @@ impl Gpu {
     /// The first open of a device makes its memory pool keep what is freed rather than return it
     /// to the driver at each synchronize, as TensorFlow's and PyTorch's allocators keep theirs.
     pub fn open(ordinal: usize) -> Result<Gpu, GpuError> {
-        static OPENED: OnceLock<Mutex<Vec<Option<Gpu>>>> = OnceLock::new();
+        // A GPU goes in once opened: a panic while opening one leaves the list as it was.
+        static OPENED: Lock<Vec<Option<Gpu>>> = Lock::new(Vec::new());
         let count = gpu_count()?;
         if ordinal >= count {
             return Err(GpuError::NoSuchGpu { ordinal, count });
         }
-        let mut opened = OPENED
-            .get_or_init(|| Mutex::new(Vec::new()))
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut opened = OPENED.lock();
         if opened.len() <= ordinal {
             opened.resize(ordinal + 1, None);
         }

@@ -7,13 +7,13 @@
 //! CPU backend for every non-NaN result (a NaN stays NaN; its payload may differ).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{
     CudaModule, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
-use distribute_values::ReduceOp;
+use distribute_values::{Lock, ReduceOp};
 
 use super::device::{Gpu, driver_error};
 use super::memory::GpuArray;
@@ -271,22 +271,17 @@ struct Loaded {
 /// The loaded kernels of `gpu`, compiled to a CUBIN for its architecture (once per architecture;
 /// see [`compile_reduction_cubin`]) and loaded (once per device) on first use.
 fn loaded(gpu: &Gpu) -> Result<Arc<Loaded>, GpuError> {
-    static CUBINS: OnceLock<Mutex<HashMap<String, Vec<u8>>>> = OnceLock::new();
-    static MODULES: OnceLock<Mutex<HashMap<usize, Arc<Loaded>>>> = OnceLock::new();
-    let modules = MODULES.get_or_init(Default::default);
-    let mut modules = modules
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Entries go in whole, once made: a panic while making one leaves the caches as they were.
+    static CUBINS: OnceLock<Lock<HashMap<String, Vec<u8>>>> = OnceLock::new();
+    static MODULES: OnceLock<Lock<HashMap<usize, Arc<Loaded>>>> = OnceLock::new();
+    let mut modules = MODULES.get_or_init(Default::default).lock();
     if let Some(loaded) = modules.get(&gpu.ordinal()) {
         return Ok(loaded.clone());
     }
     let (major, minor) = gpu.compute_capability()?;
     let arch = format!("sm_{major}{minor}");
     let cubin = {
-        let mut cache = CUBINS
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cache = CUBINS.get_or_init(Default::default).lock();
         match cache.get(&arch) {
             Some(cubin) => cubin.clone(),
             None => {
