@@ -71,8 +71,9 @@ impl fmt::Display for DType {
 /// use distribute_tensor::{Tensor, with_dtype};
 ///
 /// let t = Tensor::from_vec("/cpu:0", &[2], vec![1.5f32, 2.5])?;
-/// let sum = with_dtype!(t.dtype(), T => t.to_vec::<T>()?.iter().map(|x| f64::from(*x)).sum::<f64>());
-/// assert_eq!(sum, 4.0);
+/// // The body is compiled once per dtype, with `T` the element type of that arm.
+/// let bytes = with_dtype!(t.dtype(), T => t.to_vec::<T>()?.len() * std::mem::size_of::<T>());
+/// assert_eq!(bytes, 8);
 /// # Ok::<(), distribute_tensor::TensorError>(())
 /// ```
 #[macro_export]
