@@ -51,6 +51,11 @@ struct Replica<M, O> {
     device: Device,
     /// Gradients summed over micro-batches since the last update, name order.
     accumulated: Option<Vec<Option<Tensor>>>,
+    /// The last step's gradient buckets (one per dtype), written over by the next step's when
+    /// nothing else holds them: a step then allocates no bucket of its own (a large buffer
+    /// allocated and freed every step makes the allocator hand memory back to the system and
+    /// fault it in again).
+    buckets: Vec<Option<distribute_tensor::Tensor>>,
 }
 
 /// How one replica's step failed: the user's step returned its error, or this crate's own part
@@ -623,6 +628,7 @@ where
             vars,
             device,
             accumulated: None,
+            buckets: Vec::new(),
         });
         manifests.push(manifest);
     }
@@ -784,8 +790,14 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
     }
 
     fn reduce(&mut self, local: &[Option<Tensor>], op: ReduceOp) -> Result<GradStore, Error> {
-        let reduced =
-            gradients::all_reduce(self.ctx, op, self.manifest, local, &self.replica.device)?;
+        let reduced = gradients::all_reduce(
+            self.ctx,
+            op,
+            self.manifest,
+            local,
+            &self.replica.device,
+            &mut self.replica.buckets,
+        )?;
         Ok(gradients::into_store(&self.replica.vars, reduced))
     }
 }

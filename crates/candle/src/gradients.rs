@@ -14,13 +14,15 @@ use crate::variables::VarInfo;
 /// `device`; `None` for a variable that had a gradient on no replica, which an optimizer then
 /// leaves alone (no weight decay, no moments), as candle's own step does. Variables of one
 /// dtype share a bucket; all buckets, and one flag per variable saying whether this replica
-/// had its gradient, travel in one `all_reduce`.
+/// had its gradient, travel in one `all_reduce`. `spares` holds the last step's buckets, which
+/// this one writes over where nothing else holds them.
 pub(crate) fn all_reduce(
     ctx: &ReplicaContext<'_>,
     op: ReduceOp,
     manifest: &[VarInfo],
     grads: &[Option<Tensor>],
     device: &Device,
+    spares: &mut Vec<Option<distribute_tensor::Tensor>>,
 ) -> Result<Vec<Option<Tensor>>, Error> {
     if !matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
         return Err(Error::InvalidArgument(format!(
@@ -49,9 +51,15 @@ pub(crate) fn all_reduce(
         }
         return Ok(grads.to_vec());
     }
+    spares.resize(dtypes.len(), None);
     let buckets = dtypes
         .iter()
-        .map(|&dtype| pack(dtype, manifest, grads, label, device))
+        .zip(spares.iter_mut())
+        .map(|(&dtype, spare)| {
+            let bucket = pack(dtype, manifest, grads, label, device, spare.take())?;
+            *spare = Some(bucket.clone());
+            Ok(bucket)
+        })
         .collect::<Result<Vec<_>, Error>>()?;
     let present: Vec<f32> = grads
         .iter()
@@ -102,8 +110,9 @@ fn check_gradient(var: &VarInfo, grad: &Tensor) -> Result<(), Error> {
     Ok(())
 }
 
-/// The gradients of variables of `dtype` flattened into one host tensor, manifest order. On a
-/// GPU replica they are first joined on the GPU, so the bucket comes to the host in one copy
+/// The gradients of variables of `dtype` flattened into one host tensor, manifest order: into
+/// `spare` (the last step's bucket) where it fits and nothing else holds it, else a new one. On
+/// a GPU replica they are first joined on the GPU, so the bucket comes to the host in one copy
 /// rather than one per variable.
 fn pack(
     dtype: DType,
@@ -111,6 +120,7 @@ fn pack(
     grads: &[Option<Tensor>],
     label: &str,
     device: &Device,
+    spare: Option<distribute_tensor::Tensor>,
 ) -> Result<distribute_tensor::Tensor, Error> {
     supported(dtype, manifest)?;
     let of_dtype = || {
@@ -136,8 +146,31 @@ fn pack(
             .collect::<candle_core::Result<Vec<_>>>()?;
         Some(Tensor::cat(&parts, 0)?)
     };
+    let reusable = spare.filter(|s| {
+        joined.is_none()
+            && s.is_sole_holder()
+            && s.is_contiguous()
+            && s.shape() == [len]
+            && s.device() == label
+    });
     macro_rules! pack_as {
         ($ty:ty) => {{
+            if let Some(mut bucket) = reusable {
+                let flat = bucket
+                    .array_mut::<$ty>()?
+                    .as_slice_mut()
+                    .expect("a contiguous bucket is a slice");
+                let mut at = 0;
+                for (var, grad) in of_dtype() {
+                    let n = var.elem_count();
+                    match grad {
+                        Some(grad) => write_into(&mut flat[at..at + n], grad)?,
+                        None => flat[at..at + n].fill(<$ty>::default()),
+                    }
+                    at += n;
+                }
+                return Ok(bucket);
+            }
             let flat: Vec<$ty> = match &joined {
                 Some(joined) => joined.to_vec1::<$ty>()?,
                 None => {
@@ -221,6 +254,22 @@ fn extend_from<T: candle_core::WithDType>(flat: &mut Vec<T>, grad: &Tensor) -> R
         }
     }
     flat.extend(grad.flatten_all()?.to_vec1::<T>()?);
+    Ok(())
+}
+
+/// Writes `grad`'s elements (row-major) into `out`, which has room for exactly them: straight
+/// from candle's host buffer when the tensor is contiguous there, else through `to_vec1`.
+fn write_into<T: candle_core::WithDType>(out: &mut [T], grad: &Tensor) -> Result<(), Error> {
+    {
+        let (storage, layout) = grad.storage_and_layout();
+        if let (candle_core::Storage::Cpu(cpu), Some((start, end))) =
+            (&*storage, layout.contiguous_offsets())
+        {
+            out.copy_from_slice(&cpu.as_slice::<T>()?[start..end]);
+            return Ok(());
+        }
+    }
+    out.copy_from_slice(&grad.flatten_all()?.to_vec1::<T>()?);
     Ok(())
 }
 
