@@ -4,7 +4,9 @@
 //! bit-identical to the other copies, GPU or CPU.
 //!
 //! The executable links CUDA (candle's backend does), so it starts only where libcuda,
-//! cuBLAS and cuRAND are found. With them but without a GPU the tests say why and pass, unless
+//! cuBLAS, cuRAND, NVRTC and NCCL are found; the workspace's own GPU code (GPU tensors, the
+//! NVRTC kernels, the NCCL backend) runs in it beside candle's, through the same linked
+//! libraries (one binary). With them but without a GPU the tests say why and pass, unless
 //! `DISTRIBUTE_REQUIRE_GPU=1` (set by `cargo xtask test-gpu`).
 
 use std::collections::HashMap;
@@ -260,4 +262,57 @@ fn what_a_step_returns_is_read_after_the_step_s_gpu_work() {
         drop(t);
         model.check_in_sync().unwrap();
     }
+}
+
+#[test]
+fn one_executable_holds_candle_s_cuda_backend_and_the_nccl_collectives() {
+    use distribute_mirrored::{CrossDeviceOpsChoice, MirroredConfig};
+    use distribute_tensor::cuda::{Gpu, gpu_count, library_present};
+
+    // Linked, not loaded: the probes find the libraries in the program itself.
+    for (library, symbol) in [
+        ("cuda", "cuInit"),
+        ("nvrtc", "nvrtcVersion"),
+        ("nccl", "ncclGetVersion"),
+    ] {
+        assert!(
+            library_present(library, symbol),
+            "{library} is linked into this executable"
+        );
+    }
+    let Some(_) = gpus_or_skip(1) else { return };
+    assert!(gpu_count().unwrap() >= 1);
+    distribute_nccl::require_nccl().unwrap();
+    // One rank on GPU 0: NCCL's communicator beside candle's context on the same device.
+    let deadline = std::time::Duration::from_secs(60);
+    let nccl = distribute_nccl::NcclAllReduce::new(&[0], deadline).unwrap();
+    let strategy = MirroredStrategy::with_config(
+        &["/gpu:0"],
+        MirroredConfig {
+            cross_device_ops: CrossDeviceOpsChoice::Given(std::sync::Arc::new(nccl)),
+            ..MirroredConfig::default()
+        },
+    )
+    .unwrap();
+    let model = DataParallel::new(&strategy, Config::default(), mlp, sgd).unwrap();
+    let gpu = Gpu::open(0).unwrap();
+    let sums = model
+        .run(&(), |replica, ()| {
+            let (x, y) = batch(0, 0, replica.device())?;
+            let loss = (replica.model().forward(&x)? - y)?.sqr()?.mean_all()?;
+            replica.backward_step(&loss, ReduceOp::Mean)?;
+            // The step's loss through NCCL, from GPU memory: one rank sums to itself.
+            let mine = distribute_tensor::Tensor::scalar("/gpu:0", loss.to_scalar::<f32>()?)
+                .to_gpu(&gpu)?;
+            let summed = replica.context().all_reduce(ReduceOp::Sum, &mine)?;
+            Ok((loss.to_scalar::<f32>()?, summed.to_vec::<f32>()?[0]))
+        })
+        .unwrap();
+    let (loss, summed) = sums[0];
+    assert_eq!(
+        loss.to_bits(),
+        summed.to_bits(),
+        "NCCL summed one rank to itself"
+    );
+    model.check_in_sync().unwrap();
 }

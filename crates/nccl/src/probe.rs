@@ -6,16 +6,19 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use distribute_tensor::GpuError;
+use distribute_tensor::cuda::library_present;
 
-/// True when NCCL loads under one of the names cudarc looks for (`libnccl.so`, …).
+/// True when NCCL is there for cudarc: linked into the program (a build with candle's CUDA
+/// backend links it), or loadable under one of the names cudarc's dynamic loading tries
+/// (`libnccl.so`, …; see `distribute_tensor::cuda::library_present`).
 pub fn nccl_available() -> bool {
     static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: only tries to dlopen the library; no NCCL function is called.
-    *PRESENT.get_or_init(|| unsafe { cudarc::nccl::sys::is_culib_present() })
+    *PRESENT.get_or_init(|| library_present("nccl", "ncclGetVersion"))
 }
 
-/// Fails with [`GpuError::MissingLibrary`] unless NCCL loads; the error says where a pip-installed copy
-/// (`libnccl.so.2`, a name cudarc does not try) was found and how to make it loadable.
+/// Fails with [`GpuError::MissingLibrary`] unless NCCL is there; the error says where a
+/// pip-installed copy (`libnccl.so.2`, a name cudarc's loading does not try) was found and how
+/// to make it loadable.
 pub fn require_nccl() -> Result<(), GpuError> {
     if nccl_available() {
         return Ok(());

@@ -84,6 +84,15 @@ pub(crate) const STUBS: &[Stub] = &[
         // CURAND_STATUS_NOT_INITIALIZED
         status: 201,
     },
+    // The workspace's NCCL backend, linked beside candle's CUDA backend in one executable
+    // (cudarc's `dynamic-linking` links every library it is built with).
+    Stub {
+        soname: "libnccl.so.2",
+        link_name: "libnccl.so",
+        module: "nccl",
+        // ncclSystemError
+        status: 2,
+    },
 ];
 
 /// The CUDA runtime that candle-kernels' static library links (the real one, 0.7 MB, from the

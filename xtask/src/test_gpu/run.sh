@@ -169,7 +169,11 @@ else
     esac
   done
 fi
-echo "run.sh: cuBLAS/cuRAND/cudart for the cuda-linked suites: ${linked_path:-none found}" \
+# They link NCCL too (the workspace's NCCL backend in the same executable): its own soname.
+if [ -n "$nccl_dir" ] && [ -z "${DISTRIBUTE_CUDA_LINKED_LIBS:-}" ]; then
+  linked_path="${linked_path:+$linked_path:}$nccl_dir"
+fi
+echo "run.sh: cuBLAS/cuRAND/cudart/NCCL for the cuda-linked suites: ${linked_path:-none found}" \
   "(nvidia-cublas $(wheel_version nvidia-cublas), nvidia-curand $(wheel_version nvidia-curand))"
 
 if [ -n "${PJRT_PLUGIN:-}" ]; then
@@ -259,7 +263,7 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$here/$nam
           return 0
         fi
         LD_LIBRARY_PATH="${linked_path:+$linked_path:}$LD_LIBRARY_PATH" ldd "$exe" \
-          | grep -E 'libcuda|libcublas|libcurand|libnvrtc' | sed "s/^[[:space:]]*/run.sh: $name links /"
+          | grep -E 'libcuda|libcublas|libcurand|libnvrtc|libnccl' | sed "s/^[[:space:]]*/run.sh: $name links /"
       fi
       ;;
     cuda-pjrt)

@@ -34,5 +34,5 @@ pub use device::{Gpu, driver_error};
 pub(crate) use kernels::reduce_if_on_gpu;
 pub use kernels::{compile_reduction_cubin, compile_reduction_kernels, kernel_source};
 pub use memory::GpuArray;
-pub use probe::{gpu_count, nvrtc_available, require_nvrtc};
+pub use probe::{gpu_count, library_present, nvrtc_available, require_nvrtc};
 pub use upload::PinnedUploader;
