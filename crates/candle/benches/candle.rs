@@ -40,7 +40,9 @@ use distribute_input::{Dataset, InputOptions};
 use distribute_mirrored::MirroredStrategy;
 use distribute_strategy::Strategy;
 use distribute_tensor::Tensor as HostTensor;
-use distribute_test_support::candle_mlp::{FEATURES, GLOBAL_BATCH, LEARNING_RATE, ROWS, rows};
+use distribute_test_support::candle_mlp::{
+    FEATURES, GLOBAL_BATCH, HIDDEN, LEARNING_RATE, ROWS, rows,
+};
 use distribute_values::ReduceOp;
 use example::Mlp;
 use indicatif::{ProgressBar, ProgressDrawTarget};
@@ -207,9 +209,12 @@ fn ours(
         threads: threads.map_or(CpuThreads::Auto, CpuThreads::PerReplica),
         ..Config::default()
     };
-    let model = DataParallel::new(&strategy, config, Mlp::new, |vars| {
-        SGD::new(vars, LEARNING_RATE)
-    })?;
+    let model = DataParallel::new(
+        &strategy,
+        config,
+        |vb| Mlp::new(vb, HIDDEN),
+        |vars| SGD::new(vars, LEARNING_RATE),
+    )?;
     let (x, labels) = rows();
     let total = steps + WARMUP;
     let dataset = Dataset::from_tensors((
@@ -276,11 +281,10 @@ fn ours(
 /// threads), the whole global batch per step, no library.
 fn plain(steps: usize) -> Result<Measured, Box<dyn Error>> {
     let varmap = VarMap::new();
-    let model = Mlp::new(VarBuilder::from_varmap(
-        &varmap,
-        candle_core::DType::F32,
-        &Device::Cpu,
-    ))?;
+    let model = Mlp::new(
+        VarBuilder::from_varmap(&varmap, candle_core::DType::F32, &Device::Cpu),
+        HIDDEN,
+    )?;
     let mut sgd = SGD::new(varmap.all_vars(), LEARNING_RATE)?;
     let (x, labels) = rows();
     let x = Tensor::from_vec(x, (ROWS, FEATURES), &Device::Cpu)?;

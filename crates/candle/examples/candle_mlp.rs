@@ -8,7 +8,18 @@
 //! cargo run --release -p distribute-candle --example candle_mlp -- --replicas 2
 //! cargo run --release -p distribute-candle --example candle_mlp -- --save-init init.safetensors --steps 0
 //! cargo run --release -p distribute-candle --example candle_mlp -- --init init.safetensors --json
+//! cargo run --release -p distribute-candle --example candle_mlp -- --optimizer adamw --lr 1e-3 \
+//!     --warmup 20 --clip-norm 1.0 --checkpoint-dir ckpt --checkpoint-every 50
 //! ```
+//!
+//! A real run's options: `--optimizer sgd|adamw` (AdamW with PyTorch's defaults: betas 0.9 and
+//! 0.999, eps 1e-8, weight decay 0.01; SGD's rate defaults to 0.05, AdamW's to 1e-3), `--lr`,
+//! `--weight-decay`, `--warmup W` (a linear warmup over W updates, then cosine decay to zero at
+//! `--steps`; 0, the default, keeps the rate constant), `--clip-norm X` (clip by the global
+//! gradient norm), `--hidden H` (both hidden layers), and `--checkpoint-dir DIR` with
+//! `--checkpoint-every N`: a checkpoint of the model, its optimizer's state and the input
+//! position every N steps, from which a restarted run resumes on the bits of one that never
+//! stopped.
 //!
 //! Built with the feature `mpi` and started by `mpirun`, it trains with
 //! `MultiWorkerMirroredStrategy`: every process is a worker with `--replicas` local replicas, and
@@ -23,12 +34,15 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::{D, Tensor};
-use candle_nn::{Linear, Module, Optimizer, SGD, VarBuilder};
-use distribute_candle::{Config, CpuThreads, DataParallel};
+use candle_nn::{Linear, Module, Optimizer, ParamsAdamW, VarBuilder};
+use distribute_candle::{
+    AdamW, Config, CpuThreads, DataParallel, Decay, OptimizerState, ParamsSgd, Schedule, Sgd,
+    StateTensor,
+};
 use distribute_device_spec::LocalDevices;
-use distribute_input::{Dataset, InputOptions};
+use distribute_input::{Dataset, InputOptions, InputPosition};
 use distribute_mirrored::MirroredStrategy;
-use distribute_strategy::Strategy;
+use distribute_strategy::{CheckpointOptions, Checkpoints, Strategy};
 use distribute_tensor::Tensor as HostTensor;
 use distribute_test_support::candle_mlp::{
     CLASSES, FEATURES, GLOBAL_BATCH, HIDDEN, LEARNING_RATE, ROWS, STEPS, rows,
@@ -43,13 +57,97 @@ pub(crate) struct Mlp {
 }
 
 impl Mlp {
-    /// The model's layers from `vb` (candle's default initialisers).
-    pub(crate) fn new(vb: VarBuilder) -> candle_core::Result<Mlp> {
+    /// The model's layers from `vb` (candle's default initialisers), `hidden` units in each
+    /// hidden layer.
+    pub(crate) fn new(vb: VarBuilder, hidden: usize) -> candle_core::Result<Mlp> {
         Ok(Mlp {
-            l1: candle_nn::linear(FEATURES, HIDDEN, vb.pp("l1"))?,
-            l2: candle_nn::linear(HIDDEN, HIDDEN, vb.pp("l2"))?,
-            l3: candle_nn::linear(HIDDEN, CLASSES, vb.pp("l3"))?,
+            l1: candle_nn::linear(FEATURES, hidden, vb.pp("l1"))?,
+            l2: candle_nn::linear(hidden, hidden, vb.pp("l2"))?,
+            l3: candle_nn::linear(hidden, CLASSES, vb.pp("l3"))?,
         })
+    }
+}
+
+/// Which optimizer trains the model (`--optimizer`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum OptimizerKind {
+    /// Plain SGD (with `--weight-decay`, PyTorch's coupled decay).
+    Sgd,
+    /// AdamW with PyTorch's defaults.
+    AdamW,
+}
+
+/// The optimizer a run chose, one type for [`DataParallel`]: its state goes into checkpoints.
+pub(crate) enum TrainOptimizer {
+    /// `--optimizer sgd`.
+    Sgd(Sgd),
+    /// `--optimizer adamw`.
+    AdamW(AdamW),
+}
+
+impl Optimizer for TrainOptimizer {
+    /// Which, the learning rate, the weight decay.
+    type Config = (OptimizerKind, f64, f64);
+
+    fn new(
+        vars: Vec<candle_core::Var>,
+        (kind, lr, weight_decay): Self::Config,
+    ) -> candle_core::Result<Self> {
+        Ok(match kind {
+            OptimizerKind::Sgd => TrainOptimizer::Sgd(Sgd::new(
+                vars,
+                ParamsSgd {
+                    lr,
+                    weight_decay,
+                    ..ParamsSgd::default()
+                },
+            )?),
+            OptimizerKind::AdamW => TrainOptimizer::AdamW(AdamW::new(
+                vars,
+                ParamsAdamW {
+                    lr,
+                    weight_decay,
+                    ..ParamsAdamW::default()
+                },
+            )?),
+        })
+    }
+
+    fn step(&mut self, grads: &candle_core::backprop::GradStore) -> candle_core::Result<()> {
+        match self {
+            TrainOptimizer::Sgd(o) => o.step(grads),
+            TrainOptimizer::AdamW(o) => o.step(grads),
+        }
+    }
+
+    fn learning_rate(&self) -> f64 {
+        match self {
+            TrainOptimizer::Sgd(o) => o.learning_rate(),
+            TrainOptimizer::AdamW(o) => o.learning_rate(),
+        }
+    }
+
+    fn set_learning_rate(&mut self, lr: f64) {
+        match self {
+            TrainOptimizer::Sgd(o) => o.set_learning_rate(lr),
+            TrainOptimizer::AdamW(o) => o.set_learning_rate(lr),
+        }
+    }
+}
+
+impl OptimizerState for TrainOptimizer {
+    fn state(&self) -> Vec<StateTensor> {
+        match self {
+            TrainOptimizer::Sgd(o) => o.state(),
+            TrainOptimizer::AdamW(o) => o.state(),
+        }
+    }
+
+    fn set_state(&mut self, values: &[Tensor]) -> candle_core::Result<()> {
+        match self {
+            TrainOptimizer::Sgd(o) => o.set_state(values),
+            TrainOptimizer::AdamW(o) => o.set_state(values),
+        }
     }
 }
 
@@ -76,6 +174,55 @@ pub(crate) struct Options {
     /// How long a replica or worker waits for the others (`--deadline SECS`): across workers, a
     /// frozen one ends the job this long after it stopped, with an error naming it.
     pub(crate) deadline: std::time::Duration,
+    /// `--optimizer`.
+    pub(crate) optimizer: OptimizerKind,
+    /// `--lr` (default: SGD's 0.05, AdamW's 1e-3).
+    pub(crate) lr: Option<f64>,
+    /// `--weight-decay` (default: SGD 0, AdamW 0.01).
+    pub(crate) weight_decay: Option<f64>,
+    /// `--warmup`: 0 keeps the rate constant, else warmup then cosine decay to `steps`.
+    pub(crate) warmup: u64,
+    /// `--clip-norm`.
+    pub(crate) clip_norm: Option<f64>,
+    /// `--hidden`: units of each hidden layer.
+    pub(crate) hidden: usize,
+    /// `--checkpoint-dir` and `--checkpoint-every`.
+    pub(crate) checkpoints: Option<(PathBuf, u64)>,
+    /// `--stop-after N`: stop once step N is done, as if stopped there (the schedule still
+    /// runs to `steps`); a later run resumes from the checkpoints.
+    pub(crate) stop_after: Option<usize>,
+}
+
+impl Options {
+    /// The optimizer's configuration.
+    fn optimizer_config(&self) -> (OptimizerKind, f64, f64) {
+        let (lr, weight_decay) = match self.optimizer {
+            OptimizerKind::Sgd => (LEARNING_RATE, 0.0),
+            OptimizerKind::AdamW => (
+                ParamsAdamW::default().lr,
+                ParamsAdamW::default().weight_decay,
+            ),
+        };
+        (
+            self.optimizer,
+            self.lr.unwrap_or(lr),
+            self.weight_decay.unwrap_or(weight_decay),
+        )
+    }
+
+    /// The learning-rate schedule: none without a warmup.
+    fn schedule(&self) -> Result<Option<Schedule>, Box<dyn Error>> {
+        if self.warmup == 0 {
+            return Ok(None);
+        }
+        let (_, lr, _) = self.optimizer_config();
+        Ok(Some(Schedule::new(
+            lr,
+            self.warmup,
+            self.steps as u64,
+            Decay::Cosine,
+        )?))
+    }
 }
 
 impl Default for Options {
@@ -87,6 +234,14 @@ impl Default for Options {
             save_init: None,
             threads: CpuThreads::Auto,
             deadline: std::time::Duration::from_secs(300),
+            optimizer: OptimizerKind::Sgd,
+            lr: None,
+            weight_decay: None,
+            warmup: 0,
+            clip_norm: None,
+            hidden: HIDDEN,
+            checkpoints: None,
+            stop_after: None,
         }
     }
 }
@@ -96,8 +251,11 @@ impl Default for Options {
 pub(crate) struct Trained {
     /// Every variable's final value, flat, by name.
     pub(crate) weights: BTreeMap<String, Vec<f32>>,
-    /// Each step's loss: the mean cross-entropy over its global batch.
+    /// Each step's loss: the mean cross-entropy over its global batch (the steps this run took,
+    /// from [`first_step`](Self::first_step) on).
     pub(crate) losses: Vec<f32>,
+    /// The step this run started from: 0, or the checkpoint's it resumed from.
+    pub(crate) first_step: usize,
     /// Training steps per second (data generation and model building excluded).
     pub(crate) steps_per_s: f64,
     /// Threads each replica's kernels used.
@@ -162,18 +320,39 @@ pub(crate) fn train_on<S: Strategy>(
 ) -> Result<Trained, Box<dyn Error>> {
     let config = Config {
         threads: options.threads,
+        schedule: options.schedule()?,
+        clip_norm: options.clip_norm,
         ..Config::default()
     };
-    let model = DataParallel::new(strategy, config, Mlp::new, |vars| {
-        SGD::new(vars, LEARNING_RATE)
-    })?;
+    let hidden = options.hidden;
+    let model = DataParallel::new(
+        strategy,
+        config,
+        |vb| Mlp::new(vb, hidden),
+        |vars| TrainOptimizer::new(vars, options.optimizer_config()),
+    )?;
     if let Some(init) = &options.init {
         model.load(init)?;
     }
+    let checkpoints = match &options.checkpoints {
+        Some((dir, every)) => Some(Checkpoints::new(
+            dir,
+            CheckpointOptions {
+                every: *every,
+                keep: 2,
+            },
+        )?),
+        None => None,
+    };
+    let resume = match &checkpoints {
+        Some(checkpoints) => checkpoints.restore(strategy, &[&model])?,
+        None => None,
+    };
+    let first_step = resume.as_ref().map_or(0, |r| r.step as usize);
     if let Some(path) = &options.save_init
         && strategy.extended().should_checkpoint()
     {
-        model.save(path)?;
+        model.save_variables(path)?;
     }
 
     // Step s takes rows (s·512 mod 8192) .. + 512: the rows in order, repeated.
@@ -185,11 +364,17 @@ pub(crate) fn train_on<S: Strategy>(
     ))?
     .repeat(epochs)?
     .batch(GLOBAL_BATCH, false)?;
-    let dataset = strategy.distribute_dataset(dataset, InputOptions::default())?;
+    let dataset = strategy
+        .distribute_dataset(dataset, InputOptions::default())?
+        .resume_from(resume.map_or(InputPosition::at_step(0), |r| r.input));
 
     let mut local_losses = Vec::with_capacity(options.steps);
     let start = Instant::now();
-    for batch in dataset.iter().take(options.steps) {
+    let last = options
+        .stop_after
+        .map_or(options.steps, |s| s.min(options.steps));
+    let todo = last.saturating_sub(first_step);
+    for (step, batch) in (first_step + 1..).zip(dataset.iter().take(todo)) {
         let losses = model.run(&batch?, |replica, (x, y)| {
             let logits = replica.model().forward(&x)?;
             // This replica's share of the mean over the global batch: its rows' summed
@@ -201,6 +386,12 @@ pub(crate) fn train_on<S: Strategy>(
             Ok(loss.to_scalar::<f32>()?)
         })?;
         local_losses.push(losses.iter().sum::<f32>());
+        if let Some(checkpoints) = &checkpoints
+            && checkpoints.is_due(step as u64)
+        {
+            let at = InputPosition::at_step(step as u64);
+            checkpoints.save(strategy, step as u64, &[&model], at)?;
+        }
     }
     let steps_per_s = local_losses.len() as f64 / start.elapsed().as_secs_f64();
 
@@ -227,6 +418,7 @@ pub(crate) fn train_on<S: Strategy>(
     Ok(Trained {
         weights,
         losses: losses.into_iter().next().unwrap_or_default(),
+        first_step,
         steps_per_s,
         threads_per_replica: model.threads_per_replica(),
     })
@@ -242,7 +434,12 @@ fn started_by_mpirun() -> bool {
 /// The command line.
 fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
     const USAGE: &str = "usage: candle_mlp [--replicas R] [--steps N] [--threads T] \
-                         [--init FILE] [--save-init FILE] [--deadline SECS] [--json]";
+                         [--init FILE] [--save-init FILE] [--deadline SECS] [--json] \
+                         [--optimizer sgd|adamw] [--lr X] [--weight-decay X] [--warmup W] \
+                         [--clip-norm X] [--hidden H] [--checkpoint-dir DIR] \
+                         [--checkpoint-every N] [--stop-after N]";
+    let mut checkpoint_dir = None;
+    let mut checkpoint_every = None;
     let mut options = Options::default();
     let mut json = false;
     let mut args = std::env::args().skip(1);
@@ -280,6 +477,54 @@ fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
                     .map(std::time::Duration::from_secs_f64)
                     .ok_or("--deadline needs a number of seconds from 0.1 on")?;
             }
+            "--optimizer" => {
+                options.optimizer = match value("sgd or adamw")?.as_str() {
+                    "sgd" => OptimizerKind::Sgd,
+                    "adamw" => OptimizerKind::AdamW,
+                    other => return Err(format!("--optimizer {other}: sgd or adamw").into()),
+                };
+            }
+            "--lr" | "--weight-decay" | "--clip-norm" => {
+                let x = value("a number")?
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|x| x.is_finite() && *x >= 0.0)
+                    .ok_or_else(|| format!("{arg} needs a finite number ≥ 0"))?;
+                match arg.as_str() {
+                    "--lr" => options.lr = Some(x),
+                    "--weight-decay" => options.weight_decay = Some(x),
+                    _ => options.clip_norm = Some(x),
+                }
+            }
+            "--warmup" => {
+                options.warmup = value("a number of updates")?
+                    .parse()
+                    .map_err(|_| "--warmup needs a number of updates")?;
+            }
+            "--hidden" => {
+                options.hidden = value("a positive number")?
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or("--hidden needs a positive number")?;
+            }
+            "--stop-after" => {
+                options.stop_after = Some(
+                    value("a number of steps")?
+                        .parse()
+                        .map_err(|_| "--stop-after needs a number of steps")?,
+                );
+            }
+            "--checkpoint-dir" => checkpoint_dir = Some(PathBuf::from(value("a directory")?)),
+            "--checkpoint-every" => {
+                checkpoint_every = Some(
+                    value("a positive number")?
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or("--checkpoint-every needs a positive number")?,
+                );
+            }
             "--json" => json = true,
             "--help" | "-h" => {
                 println!("{USAGE}");
@@ -288,6 +533,11 @@ fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
             other => return Err(format!("unknown argument '{other}'; {USAGE}").into()),
         }
     }
+    options.checkpoints = match (checkpoint_dir, checkpoint_every) {
+        (Some(dir), every) => Some((dir, every.unwrap_or(50))),
+        (None, Some(_)) => return Err("--checkpoint-every needs --checkpoint-dir".into()),
+        (None, None) => None,
+    };
     Ok((options, json))
 }
 
@@ -309,7 +559,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 "workers": workers, "replicas": options.replicas, "steps": options.steps,
                 "threads_per_replica": trained.threads_per_replica,
                 "weights": trained.weights, "losses": trained.losses,
-                "steps_per_s": trained.steps_per_s,
+                "steps_per_s": trained.steps_per_s, "first_step": trained.first_step,
             })
         );
     } else {

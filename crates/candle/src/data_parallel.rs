@@ -16,12 +16,15 @@ use distribute_values::{Distributed, ReduceOp};
 
 use crate::error::outside_step;
 use crate::gpu::StepDone;
+use crate::optim::OptimizerState;
+use crate::schedule::Schedule;
 use crate::threads::{self, CpuThreads};
+use crate::training_state::{self, Saved};
 use crate::variables::{self, VarInfo};
-use crate::{Error, StepError, ToCandle, gradients};
+use crate::{Error, StepError, ToCandle, clip, gradients};
 
 /// Settings of a [`DataParallel`] model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Config {
     /// The dtype of the model's variables (the `VarBuilder`'s). Default `F32`.
     pub dtype: DType,
@@ -30,6 +33,18 @@ pub struct Config {
     /// The name the model's values are stored under in a `Checkpoints` file (the model is a
     /// `CheckpointVariable`). Default `"model"`; give two models of one job different names.
     pub name: &'static str,
+    /// The learning rate of each update, set on every replica's optimizer before the update
+    /// ([`ReplicaStep::backward_step`], [`ReplicaStep::step_accumulated`]); its position, the
+    /// number of updates applied, is saved in checkpoints. Default `None`: the optimizer's own
+    /// rate.
+    pub schedule: Option<Schedule>,
+    /// Clip the reduced gradients to this global norm before each update: every gradient is
+    /// multiplied by `min(1, max_norm / (norm + 1e-6))`, with `norm` taken once over all the
+    /// reduced gradients (in f64, in the variables' name order), so every replica and worker
+    /// applies the same factor; PyTorch's `clip_grad_norm_`. Applies to
+    /// [`ReplicaStep::backward_step`], [`ReplicaStep::step_accumulated`] and
+    /// [`ReplicaStep::all_reduce_gradients`]. Default `None`.
+    pub clip_norm: Option<f64>,
 }
 
 impl Default for Config {
@@ -38,6 +53,8 @@ impl Default for Config {
             dtype: DType::F32,
             threads: CpuThreads::Auto,
             name: "model",
+            schedule: None,
+            clip_norm: None,
         }
     }
 }
@@ -56,6 +73,10 @@ struct Replica<M, O> {
     /// allocated and freed every step makes the allocator hand memory back to the system and
     /// fault it in again).
     buckets: Vec<Option<distribute_tensor::Tensor>>,
+    /// Updates applied (the schedule's position, saved in checkpoints).
+    updates: u64,
+    /// The global norm of the last reduced gradients, when clipping took it.
+    grad_norm: Option<f64>,
 }
 
 /// How one replica's step failed: the user's step returned its error, or this crate's own part
@@ -109,6 +130,8 @@ pub struct DataParallel<'s, S, M, O> {
     replicas: Vec<Mutex<Replica<M, O>>>,
     manifest: Vec<VarInfo>,
     threads_per_replica: Option<usize>,
+    schedule: Option<Schedule>,
+    clip_norm: Option<f64>,
 }
 
 impl<'s, S, M, O> DataParallel<'s, S, M, O>
@@ -147,6 +170,13 @@ where
     {
         let extended = strategy.extended();
         let first = extended.first_replica_id();
+        if let Some(max) = config.clip_norm
+            && !(max.is_finite() && max > 0.0)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "Config::clip_norm must be finite and positive, not {max}"
+            )));
+        }
         // Everything this worker does alone, agreed on before the first exchange of values.
         let local = (|| {
             let devices = extended.local_devices();
@@ -176,6 +206,8 @@ where
             replicas: replicas.into_iter().map(Mutex::new).collect(),
             manifest,
             threads_per_replica: plan.per_replica,
+            schedule: config.schedule,
+            clip_norm: config.clip_norm,
         };
         model.copy_from_first_replica()?;
         Ok(model)
@@ -227,6 +259,8 @@ where
                         local: r,
                         replica: &mut replica,
                         manifest,
+                        schedule: self.schedule,
+                        clip_norm: self.clip_norm,
                     };
                     let output = step(&mut view, input).map_err(Failure::Step)?;
                     // A GPU replica's work stays queued on its thread's stream when the step
@@ -286,47 +320,18 @@ where
         variables::fingerprints_agree_across_workers(extended, &self.manifest, &ours)
     }
 
-    /// Writes the model's variables (replica 0's copy, every copy being equal) to `path` as
-    /// safetensors under candle's names, loadable by `VarMap::load` or [`load`](Self::load) with
-    /// any replica or worker count. Every worker writes: in a multi-worker job give each worker its
-    /// own path, or call it on the chief only ([`Strategy::is_chief`]); `Checkpoints` stores the
-    /// model itself (it is a `CheckpointVariable`), written by the chief.
-    pub fn save(&self, path: impl AsRef<Path>) -> Result<(), Error> {
-        outside_step("save")?;
+    /// Writes the model's variables alone (replica 0's copy) to `path` as safetensors under
+    /// candle's names, as `VarMap::save` does: weights for inference, export, or the initial
+    /// values of other runs, whatever the optimizer. [`save`](Self::save) writes the whole
+    /// training state.
+    pub fn save_variables(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        outside_step("save_variables")?;
         let path = path.as_ref();
-        let bytes = self.to_safetensors()?;
+        let bytes = variables::to_safetensors(&self.manifest, &self.lock_settled(0)?.vars)?;
         std::fs::write(path, bytes).map_err(|e| Error::Checkpoint {
             path: path.display().to_string(),
             reason: format!("cannot be written: {e}"),
         })
-    }
-
-    /// Replica 0's values (every copy being equal) as a safetensors buffer.
-    fn to_safetensors(&self) -> Result<Vec<u8>, Error> {
-        variables::to_safetensors(&self.manifest, &self.lock_settled(0)?.vars)
-    }
-
-    /// Sets every copy of every variable from a safetensors file (as [`save`](Self::save) or
-    /// `VarMap::save` write it). The file must hold exactly the model's variables with their
-    /// dtypes and shapes; an error names the first that differs. Every worker reads the file and
-    /// then takes the chief's values, so the copies stay identical; a worker that cannot read it
-    /// fails every worker. Every worker must call it.
-    pub fn load(&self, path: impl AsRef<Path>) -> Result<(), Error> {
-        outside_step("load")?;
-        let path = path.as_ref();
-        let read =
-            candle_core::safetensors::load(path, &Device::Cpu).map_err(|e| Error::Checkpoint {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            });
-        let checked = read.and_then(|tensors| {
-            self.check_values(tensors)
-                .map_err(|reason| Error::Checkpoint {
-                    path: path.display().to_string(),
-                    reason,
-                })
-        });
-        self.assign_checked(checked, "reading a checkpoint")
     }
 
     /// Sets every copy of every variable from `values` (named as candle names the variables,
@@ -369,6 +374,31 @@ where
     /// The strategy the model runs on.
     pub fn strategy(&self) -> &'s S {
         self.strategy
+    }
+
+    /// Updates applied so far ([`ReplicaStep::backward_step`] and
+    /// [`ReplicaStep::step_accumulated`] count; a checkpoint saves and restores it): the
+    /// position of [`Config::schedule`].
+    pub fn updates(&self) -> Result<u64, Error> {
+        outside_step("updates")?;
+        Ok(self.lock(0)?.updates)
+    }
+
+    /// The learning rate of the optimizers (replica 0's; every replica's is the same unless a
+    /// step set them apart).
+    pub fn learning_rate(&self) -> Result<f64, Error> {
+        outside_step("learning_rate")?;
+        Ok(self.lock(0)?.optimizer.learning_rate())
+    }
+
+    /// Sets every local replica's optimizer's learning rate, between steps. With a
+    /// [`Config::schedule`] the next update sets the schedule's rate again.
+    pub fn set_learning_rate(&self, rate: f64) -> Result<(), Error> {
+        outside_step("set_learning_rate")?;
+        for r in 0..self.replicas.len() {
+            self.lock(r)?.optimizer.set_learning_rate(rate);
+        }
+        Ok(())
     }
 
     /// `f` of local replica `replica`'s copy of the model, outside a step: evaluation, inference
@@ -463,7 +493,7 @@ where
                 Ok(())
             });
         };
-        let packed = self.to_safetensors();
+        let packed = variables::to_safetensors(&self.manifest, &self.lock_settled(0)?.vars);
         let bytes = variables::agreed(extended, packed, "reading its model's values")?;
         let chiefs = workers.bytes_from_chief(&bytes)?;
         let values = self
@@ -481,11 +511,11 @@ where
     fn set_replicas(
         &self,
         first: usize,
-        set: impl Fn(usize, &Replica<M, O>) -> Result<(), Error>,
+        set: impl Fn(usize, &mut Replica<M, O>) -> Result<(), Error>,
     ) -> Result<(), Error> {
         for r in first..self.replicas.len() {
-            let replica = self.lock(r)?;
-            set(r, &replica)?;
+            let mut replica = self.lock(r)?;
+            set(r, &mut replica)?;
             // Queued on this thread's stream: done before the replica's thread reads them.
             crate::gpu::settle(&replica.device)?;
         }
@@ -518,10 +548,125 @@ where
     }
 }
 
-/// The model's values in a job's checkpoints: one entry, under [`Config::name`], holding the
-/// variables as safetensors (the format of [`DataParallel::save`]), so `Checkpoints` saves and
-/// restores a candle model beside the job's other variables and its input position, on any
-/// replica and worker count.
+/// Saving and restoring the whole training state: an optimizer that says what its state is.
+impl<S, M, O> DataParallel<'_, S, M, O>
+where
+    S: Strategy,
+    M: Send,
+    O: Optimizer + OptimizerState + Send,
+{
+    /// Writes the model's training state (replica 0's copy, every copy being equal) to `path` as
+    /// safetensors: the variables under candle's names (so `VarMap::load` reads the file too),
+    /// the optimizer's state under `optimizer/<variable>/<slot>` and `optimizer/<slot>`, and
+    /// the number of updates applied under `training/step`; [`load`](Self::load) restores it
+    /// with any replica or worker count. Every worker writes: in a multi-worker job give each
+    /// worker its own path, or call it on the chief only ([`Strategy::is_chief`]);
+    /// `Checkpoints` stores the model itself (it is a `CheckpointVariable`), written by the
+    /// chief.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        outside_step("save")?;
+        let path = path.as_ref();
+        let bytes = self.to_safetensors()?;
+        std::fs::write(path, bytes).map_err(|e| Error::Checkpoint {
+            path: path.display().to_string(),
+            reason: format!("cannot be written: {e}"),
+        })
+    }
+
+    /// Replica 0's training state (every copy being equal) as a safetensors buffer.
+    fn to_safetensors(&self) -> Result<Vec<u8>, Error> {
+        let replica = self.lock_settled(0)?;
+        training_state::to_bytes(
+            &self.manifest,
+            &replica.vars,
+            &replica.optimizer,
+            replica.updates,
+        )
+    }
+
+    /// Sets every copy of the model from a safetensors file: the variables (exactly the
+    /// model's, with their dtypes and shapes), and when the file has them ([`save`](Self::save)
+    /// writes them) the optimizer's state and the number of updates. A file of variables alone
+    /// (`VarMap::save`'s, pretrained weights) sets the variables and leaves the optimizers as
+    /// they are. An error names the first entry that does not fit: a missing variable or
+    /// optimizer slot, another dtype or shape, an entry the model or optimizer does not have.
+    ///
+    /// Every worker reads the file, then all take the chief's contents, so the copies stay
+    /// identical; a worker that cannot read it fails every worker. Every worker must call it.
+    pub fn load(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        outside_step("load")?;
+        let path = path.as_ref();
+        let misfit = |reason: String| Error::Checkpoint {
+            path: path.display().to_string(),
+            reason,
+        };
+        let read = std::fs::read(path).map_err(|e| misfit(format!("cannot be read: {e}")));
+        let extended = self.strategy.extended();
+        let bytes = variables::agreed(extended, read, "reading a checkpoint")?;
+        let bytes = match extended.workers() {
+            Some(workers) => workers.bytes_from_chief(&bytes)?,
+            None => bytes,
+        };
+        let restored = self.restore_state(&bytes, false, misfit);
+        variables::agreed(extended, restored, "loading a checkpoint")
+    }
+
+    /// Sets every local copy from `bytes` (a training state); `misfit` makes the error of a
+    /// state that does not fit the model. With `whole`, a state of variables alone is refused.
+    fn restore_state(
+        &self,
+        bytes: &[u8],
+        whole: bool,
+        misfit: impl Fn(String) -> Error,
+    ) -> Result<(), Error> {
+        let tensors = variables::from_safetensors(bytes).map_err(|e| misfit(e.to_string()))?;
+        let saved = Saved::split(tensors).map_err(&misfit)?;
+        if whole && !saved.has_training_state() {
+            return Err(misfit(format!(
+                "holds the variables of model '{}' but no optimizer state or step (a file of \
+                 variables alone: restore it with DataParallel::load)",
+                self.name
+            )));
+        }
+        let training = saved.has_training_state();
+        let step = saved.step;
+        let optimizer = match training {
+            true => Some(
+                training_state::optimizer_values(
+                    &self.manifest,
+                    &self.lock(0)?.optimizer,
+                    &saved.optimizer,
+                )
+                .map_err(&misfit)?,
+            ),
+            false => None,
+        };
+        let values = self.check_values(saved.variables).map_err(&misfit)?;
+        self.set_replicas(0, |_, replica| {
+            for (var, value) in replica.vars.iter().zip(&values) {
+                var.set(&value.to_device(&replica.device)?)?;
+            }
+            if let Some(state) = &optimizer {
+                let state = state
+                    .iter()
+                    .map(|t| t.to_device(&replica.device))
+                    .collect::<candle_core::Result<Vec<_>>>()?;
+                replica.optimizer.set_state(&state)?;
+            }
+            if let Some(step) = step {
+                replica.updates = step;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The model's training state in a job's checkpoints: one entry, under [`Config::name`],
+/// holding the variables, the optimizer's state and the number of updates as safetensors (the
+/// format of [`DataParallel::save`]), so `Checkpoints` saves and restores a candle model and its
+/// optimizer beside the job's other variables and its input position, on any replica and worker
+/// count. Restoring refuses a state that does not fit, naming the entry (a missing moment,
+/// another shape, another optimizer's slots).
 ///
 /// ```
 /// use candle_nn::{Optimizer, SGD, VarBuilder};
@@ -551,7 +696,7 @@ impl<S, M, O> CheckpointVariable for DataParallel<'_, S, M, O>
 where
     S: Strategy,
     M: Send,
-    O: Optimizer + Send,
+    O: Optimizer + OptimizerState + Send,
 {
     fn checkpoint_name(&self) -> &str {
         self.name
@@ -560,7 +705,7 @@ where
     /// Every candle model is stored alike; what its variables must be is checked on restore,
     /// naming the first that differs.
     fn signature(&self) -> String {
-        "a candle model (safetensors)".into()
+        "a candle model and its optimizer (safetensors)".into()
     }
 
     fn saved_bytes(&self, _extended: &dyn StrategyExtended) -> Result<Vec<u8>, StrategyError> {
@@ -575,17 +720,8 @@ where
     ) -> Result<(), StrategyError> {
         outside_step("restore_bytes").map_err(StrategyError::step)?;
         // Every worker got the chief's bytes: each checks and sets its own copies.
-        let values = variables::from_safetensors(bytes)
-            .and_then(|tensors| {
-                self.check_values(tensors)
-                    .map_err(|reason| Error::ModelMismatch(format!("the checkpoint {reason}")))
-            })
-            .map_err(StrategyError::step)?;
-        self.set_replicas(0, |_, replica| {
-            for (var, value) in replica.vars.iter().zip(&values) {
-                var.set(&value.to_device(&replica.device)?)?;
-            }
-            Ok(())
+        self.restore_state(bytes, true, |reason| {
+            Error::ModelMismatch(format!("the checkpoint {reason}"))
         })
         .map_err(StrategyError::step)
     }
@@ -629,6 +765,8 @@ where
             device,
             accumulated: None,
             buckets: Vec::new(),
+            updates: 0,
+            grad_norm: None,
         });
         manifests.push(manifest);
     }
@@ -668,6 +806,8 @@ pub struct ReplicaStep<'a, 'c, M, O> {
     local: usize,
     replica: &'a mut Replica<M, O>,
     manifest: &'a [VarInfo],
+    schedule: Option<Schedule>,
+    clip_norm: Option<f64>,
 }
 
 impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
@@ -730,6 +870,9 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
     /// replica's, bit for bit), on its device. With more, the returned gradients are views of one
     /// buffer per dtype: candle's optimizers only read them, but an in-place candle call
     /// (`slice_set`, `inplace_op*`) on one would write into its neighbours.
+    ///
+    /// With [`Config::clip_norm`] the reduced gradients are clipped to that global norm
+    /// ([`grad_norm`](Self::grad_norm) then says the norm before clipping).
     pub fn all_reduce_gradients(
         &mut self,
         grads: &GradStore,
@@ -741,15 +884,39 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
             .iter()
             .map(|v| grads.get(v.as_tensor()).cloned())
             .collect();
-        self.reduce(&local, op)
+        let reduced = self.reduce(&local, op)?;
+        Ok(gradients::into_store(&self.replica.vars, reduced))
     }
 
-    /// `loss.backward()`, the gradients' all-reduce with `op`, and this replica's optimizer step:
-    /// one training step's update.
+    /// `loss.backward()`, the gradients' all-reduce with `op` (clipped with
+    /// [`Config::clip_norm`]), the schedule's rate set on this replica's optimizer
+    /// ([`Config::schedule`]) and the optimizer's step: one training step's update.
     pub fn backward_step(&mut self, loss: &Tensor, op: ReduceOp) -> Result<(), Error> {
         let grads = loss.backward()?;
         let reduced = self.all_reduce_gradients(&grads, op)?;
-        self.replica.optimizer.step(&reduced)?;
+        self.update(&reduced)
+    }
+
+    /// The global norm of the last reduced gradients, before clipping; `None` unless
+    /// [`Config::clip_norm`] is set (only clipping takes it) or before the first update. The
+    /// same on every replica and worker.
+    pub fn grad_norm(&self) -> Option<f64> {
+        self.replica.grad_norm
+    }
+
+    /// Updates applied to this replica's copy so far (the schedule's position).
+    pub fn updates(&self) -> u64 {
+        self.replica.updates
+    }
+
+    /// The optimizer's step with `grads`, at the schedule's rate for this update.
+    fn update(&mut self, grads: &GradStore) -> Result<(), Error> {
+        if let Some(schedule) = &self.schedule {
+            let rate = schedule.rate(self.replica.updates);
+            self.replica.optimizer.set_learning_rate(rate);
+        }
+        self.replica.optimizer.step(grads)?;
+        self.replica.updates += 1;
         Ok(())
     }
 
@@ -785,11 +952,16 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
             .take()
             .unwrap_or_else(|| vec![None; self.manifest.len()]);
         let reduced = self.reduce(&sums, op)?;
-        self.replica.optimizer.step(&reduced)?;
-        Ok(())
+        let reduced = gradients::into_store(&self.replica.vars, reduced);
+        self.update(&reduced)
     }
 
-    fn reduce(&mut self, local: &[Option<Tensor>], op: ReduceOp) -> Result<GradStore, Error> {
+    /// `local` all-reduced with `op`, clipped with [`Config::clip_norm`].
+    fn reduce(
+        &mut self,
+        local: &[Option<Tensor>],
+        op: ReduceOp,
+    ) -> Result<Vec<Option<Tensor>>, Error> {
         let reduced = gradients::all_reduce(
             self.ctx,
             op,
@@ -798,7 +970,12 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
             &self.replica.device,
             &mut self.replica.buckets,
         )?;
-        Ok(gradients::into_store(&self.replica.vars, reduced))
+        let Some(max_norm) = self.clip_norm else {
+            return Ok(reduced);
+        };
+        let norm = clip::global_norm(&reduced)?;
+        self.replica.grad_norm = Some(norm);
+        clip::scale(reduced, clip::factor(max_norm, norm))
     }
 }
 

@@ -19,6 +19,7 @@
 //! traits (`Strategy`, `StrategyExtended`, `CheckpointVariable`) and the `Workers` seam.
 //! It knows nothing of particular strategies, of MPI or of how collectives move bytes.
 
+mod clip;
 mod convert;
 mod data_parallel;
 mod error;
@@ -29,11 +30,16 @@ mod gpu;
 #[path = "no_cuda.rs"]
 mod gpu;
 mod gradients;
+mod optim;
+mod schedule;
 mod threads;
+mod training_state;
 mod variables;
 
 pub use convert::{CandleMasked, ToCandle, from_candle, to_candle};
 pub use data_parallel::{Config, DataParallel, ReplicaStep};
 pub use error::{Error, StepError};
+pub use optim::{AdamW, OptimizerState, ParamsSgd, Sgd, StateTensor};
+pub use schedule::{Decay, Schedule};
 pub use threads::CpuThreads;
 pub use variables::VarInfo;

@@ -21,6 +21,7 @@ use distribute::prelude::{Checkpoints, InputPosition, Strategy, StrategyError};
 use distribute::strategy::{CheckpointVariable, StrategyExtended};
 use distribute::values::Lock;
 use distribute_candle::DataParallel;
+use distribute_candle::OptimizerState;
 
 use crate::Config;
 
@@ -155,7 +156,7 @@ fn entries(config: &Config, progress: &Progress) -> Vec<Entry> {
 }
 
 /// The model and `entries`, as `Checkpoints` takes them.
-fn variables<'a, S: Strategy, M: Send, O: Optimizer + Send>(
+fn variables<'a, S: Strategy, M: Send, O: Optimizer + OptimizerState + Send>(
     model: &'a DataParallel<'_, S, M, O>,
     entries: &'a [Entry],
 ) -> Vec<&'a dyn CheckpointVariable> {
@@ -167,7 +168,7 @@ fn variables<'a, S: Strategy, M: Send, O: Optimizer + Send>(
 /// After `step` steps, when `checkpoints` is due: saves the model, the input position and
 /// `progress`, whose `losses` are this worker's replicas' shares (added up over the workers
 /// here). Every worker calls it; the chief writes.
-pub fn save<S: Strategy, M: Send, O: Optimizer + Send>(
+pub fn save<S: Strategy, M: Send, O: Optimizer + OptimizerState + Send>(
     checkpoints: &Checkpoints,
     strategy: &S,
     model: &DataParallel<'_, S, M, O>,
@@ -213,7 +214,7 @@ pub fn save<S: Strategy, M: Send, O: Optimizer + Send>(
 /// Restores the newest good checkpoint of `checkpoints` into every copy of `model` on every
 /// worker, and gives where to go on from; `None` (the model untouched) when there is none.
 /// Every worker calls it.
-pub fn restore<S: Strategy, M: Send, O: Optimizer + Send>(
+pub fn restore<S: Strategy, M: Send, O: Optimizer + OptimizerState + Send>(
     checkpoints: &Checkpoints,
     strategy: &S,
     model: &DataParallel<'_, S, M, O>,
