@@ -191,6 +191,19 @@ pub(crate) struct Options {
     /// `--stop-after N`: stop once step N is done, as if stopped there (the schedule still
     /// runs to `steps`); a later run resumes from the checkpoints.
     pub(crate) stop_after: Option<usize>,
+    /// Called with each step's number (from 1) once the step and its checkpoint are done (the
+    /// tests that include this file kill a worker there).
+    pub(crate) after_step: Option<AfterStep>,
+}
+
+/// A hook run after each step.
+#[derive(Clone)]
+pub(crate) struct AfterStep(pub(crate) std::sync::Arc<dyn Fn(usize) + Send + Sync>);
+
+impl std::fmt::Debug for AfterStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AfterStep")
+    }
 }
 
 impl Options {
@@ -242,6 +255,7 @@ impl Default for Options {
             hidden: HIDDEN,
             checkpoints: None,
             stop_after: None,
+            after_step: None,
         }
     }
 }
@@ -391,6 +405,9 @@ pub(crate) fn train_on<S: Strategy>(
         {
             let at = InputPosition::at_step(step as u64);
             checkpoints.save(strategy, step as u64, &[&model], at)?;
+        }
+        if let Some(AfterStep(hook)) = &options.after_step {
+            hook(step);
         }
     }
     let steps_per_s = local_losses.len() as f64 / start.elapsed().as_secs_f64();

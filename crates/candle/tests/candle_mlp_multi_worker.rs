@@ -16,8 +16,10 @@ use std::time::Duration;
 use distribute_candle::{Config, CpuThreads, DataParallel};
 use distribute_multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
 use distribute_strategy::Strategy;
-use distribute_test_support::mpirun::{run_self, write_result};
-use example::{Options, train, train_multi_worker, write_initial_values};
+use distribute_test_support::mpirun::{
+    CHECKPOINT_DIR_VAR, kill_and_resume, kill_at_step_from_env, run_self, write_result,
+};
+use example::{AfterStep, OptimizerKind, Options, train, train_multi_worker, write_initial_values};
 
 /// The initial values every run loads.
 const INIT: &str = "DISTRIBUTE_TEST_CANDLE_INIT";
@@ -192,4 +194,72 @@ fn workers_start_from_the_chiefs_values_and_drift_is_named() {
     let named = "the model copies are out of sync: variable 'l1.bias' of worker 1 differs from \
                  worker 0's";
     assert_eq!(job.results, [named, named], "stdout:\n{}", job.stdout);
+}
+
+/// Checkpoints of the resumable job: every `EVERY` of `RESUMABLE_STEPS` steps.
+const EVERY: u64 = 5;
+const RESUMABLE_STEPS: usize = 30;
+
+/// AdamW with a warmup-cosine schedule and clipping, on a small model; checkpoints in
+/// [`CHECKPOINT_DIR_VAR`] when set, and worker 1 killed with SIGKILL after the step
+/// `kill_and_resume` names.
+fn resumable_options(init: &str) -> Options {
+    Options {
+        steps: RESUMABLE_STEPS,
+        optimizer: OptimizerKind::AdamW,
+        lr: Some(3e-3),
+        warmup: 5,
+        clip_norm: Some(0.5),
+        hidden: 32,
+        checkpoints: std::env::var(CHECKPOINT_DIR_VAR)
+            .ok()
+            .map(|dir| (dir.into(), EVERY)),
+        after_step: Some(AfterStep(std::sync::Arc::new(kill_at_step_from_env(1)))),
+        ..options(init)
+    }
+}
+
+#[test]
+#[ignore = "a worker process: started by mpirun from a_killed_adamw_job_resumes_on_the_bits_of_one_that_never_stopped"]
+fn resumable_worker() {
+    let init = std::env::var(INIT).expect("started by the launching test");
+    let (trained, _, chief) = train_multi_worker(&resumable_options(&init)).unwrap();
+    if chief {
+        write_result(
+            &serde_json::json!({"weights": trained.weights, "losses": trained.losses,
+                                "first_step": trained.first_step})
+            .to_string(),
+        );
+    }
+}
+
+#[test]
+fn a_killed_adamw_job_resumes_on_the_bits_of_one_that_never_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let init = dir.path().join("init.safetensors");
+    train(&Options {
+        replicas: 1,
+        steps: 0,
+        hidden: 32,
+        save_init: Some(init.clone()),
+        ..Options::default()
+    })
+    .unwrap();
+    let init = init.to_str().unwrap().to_owned();
+    let run = |env: &[(&str, String)]| {
+        let mut env = env.to_vec();
+        env.push((INIT, init.clone()));
+        run_self("resumable_worker", 2, &env, LIMIT)
+    };
+    let parse = |result: &str| serde_json::from_str::<serde_json::Value>(result).unwrap();
+    let first_step = |v: &serde_json::Value| v["first_step"].as_u64().filter(|&s| s > 0);
+    let (resumed, whole) = kill_and_resume(run, (EVERY, RESUMABLE_STEPS), parse, first_step);
+    let from = first_step(&resumed).unwrap() as usize;
+    let losses: Vec<f32> = serde_json::from_value(resumed["losses"].clone()).unwrap();
+    let all: Vec<f32> = serde_json::from_value(whole["losses"].clone()).unwrap();
+    assert_eq!(losses, all[from..], "the losses after step {from}");
+    assert_eq!(
+        resumed["weights"], whole["weights"],
+        "the weights differ from the job that never stopped"
+    );
 }
