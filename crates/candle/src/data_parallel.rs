@@ -17,11 +17,12 @@ use distribute_values::{Distributed, ReduceOp};
 use crate::error::outside_step;
 use crate::gpu::StepDone;
 use crate::optim::OptimizerState;
+use crate::policy::{self, VarPolicy};
 use crate::schedule::Schedule;
 use crate::threads::{self, CpuThreads};
 use crate::training_state::{self, Saved};
 use crate::variables::{self, VarInfo};
-use crate::{Error, StepError, ToCandle, clip, gradients};
+use crate::{Error, StepError, ToCandle, buffers, clip, gradients};
 
 /// Settings of a [`DataParallel`] model.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -45,6 +46,12 @@ pub struct Config {
     /// [`ReplicaStep::backward_step`], [`ReplicaStep::step_accumulated`] and
     /// [`ReplicaStep::all_reduce_gradients`]. Default `None`.
     pub clip_norm: Option<f64>,
+    /// Rules for variables that change outside the optimizer (buffers): `(name, policy)`, where
+    /// `name` is a variable's whole name or its last dotted parts (`"running_mean"` names every
+    /// `….running_mean`); the first rule that names a variable wins, and a rule that names none
+    /// is refused. [`BATCH_NORM_MEAN`](crate::BATCH_NORM_MEAN) averages candle-nn's batch-norm
+    /// statistics. Default: none (every variable [`VarPolicy::Trained`]).
+    pub var_policies: &'static [(&'static str, VarPolicy)],
 }
 
 impl Default for Config {
@@ -55,6 +62,7 @@ impl Default for Config {
             name: "model",
             schedule: None,
             clip_norm: None,
+            var_policies: &[],
         }
     }
 }
@@ -77,6 +85,9 @@ struct Replica<M, O> {
     updates: u64,
     /// The global norm of the last reduced gradients, when clipping took it.
     grad_norm: Option<f64>,
+    /// The last step's buffer buckets (as `buckets`, for [`VarPolicy::Mean`] and
+    /// [`VarPolicy::FirstReplica`] buffers).
+    buffer_buckets: Vec<Option<distribute_tensor::Tensor>>,
 }
 
 /// How one replica's step failed: the user's step returned its error, or this crate's own part
@@ -132,6 +143,8 @@ pub struct DataParallel<'s, S, M, O> {
     threads_per_replica: Option<usize>,
     schedule: Option<Schedule>,
     clip_norm: Option<f64>,
+    /// Each variable's policy, manifest order.
+    policies: Vec<VarPolicy>,
 }
 
 impl<'s, S, M, O> DataParallel<'s, S, M, O>
@@ -198,7 +211,12 @@ where
             let manifest = manifests.into_iter().next().unwrap_or_default();
             Ok((plan, replicas, manifest))
         })();
-        let (plan, replicas, manifest) = variables::agreed(extended, local, "building its model")?;
+        let local = local.and_then(|(plan, replicas, manifest)| {
+            let policies = policy::resolve(&manifest, config.var_policies)?;
+            Ok((plan, replicas, manifest, policies))
+        });
+        let (plan, replicas, manifest, policies) =
+            variables::agreed(extended, local, "building its model")?;
         variables::agree_across_workers(extended, &manifest)?;
         let model = DataParallel {
             strategy,
@@ -208,6 +226,7 @@ where
             threads_per_replica: plan.per_replica,
             schedule: config.schedule,
             clip_norm: config.clip_norm,
+            policies,
         };
         model.copy_from_first_replica()?;
         Ok(model)
@@ -247,6 +266,7 @@ where
         outside_step("run")?;
         let first = self.strategy.extended().first_replica_id();
         let manifest = &self.manifest;
+        let policies = &self.policies;
         let outputs = self
             .strategy
             .run_each(
@@ -263,6 +283,15 @@ where
                         clip_norm: self.clip_norm,
                     };
                     let output = step(&mut view, input).map_err(Failure::Step)?;
+                    buffers::synchronize(
+                        ctx,
+                        manifest,
+                        policies,
+                        &view.replica.vars,
+                        &view.replica.device,
+                        &mut view.replica.buffer_buckets,
+                    )
+                    .map_err(Failure::Ours)?;
                     // A GPU replica's work stays queued on its thread's stream when the step
                     // returns, as in a plain candle loop: the next step on this thread follows it
                     // in stream order, the caller's stream waits for the mark (below), and the
@@ -302,12 +331,21 @@ where
             let first = self.strategy.extended().first_replica_id();
             let mut local = Vec::with_capacity(self.replicas.len());
             for r in 0..self.replicas.len() {
-                local.push(variables::fingerprints(&self.lock_settled(r)?.vars)?);
+                let mut prints = variables::fingerprints(&self.lock_settled(r)?.vars)?;
+                // Per-replica buffers are left out: their copies may differ.
+                for (print, policy) in prints.iter_mut().zip(&self.policies) {
+                    if *policy == VarPolicy::PerReplica {
+                        *print = 0;
+                    }
+                }
+                local.push(prints);
             }
             for (r, prints) in local.iter().enumerate().skip(1) {
                 if let Some(i) = (0..self.manifest.len()).find(|&i| prints[i] != local[0][i]) {
                     return Err(Error::OutOfSync(format!(
-                        "variable '{}' of replica {} differs from replica {first}'s",
+                        "variable '{}' of replica {} differs from replica {first}'s (a \
+                         variable that changes outside the optimizer, such as batch-norm \
+                         statistics, needs a rule in Config::var_policies)",
                         self.manifest[i].name,
                         first + r
                     )));
@@ -767,6 +805,7 @@ where
             buckets: Vec::new(),
             updates: 0,
             grad_norm: None,
+            buffer_buckets: Vec::new(),
         });
         manifests.push(manifest);
     }

@@ -7,9 +7,13 @@
 //! its copy and its input as candle tensors. Inside the step, [`ReplicaStep::backward_step`]
 //! all-reduces every variable's gradient in one fused bucket, in the variables' name order, so
 //! every copy receives bit-identical gradients and stays bit-identical
-//! ([`DataParallel::check_in_sync`] proves it cheaply). Only gradients are reduced: a model
-//! whose variables change outside the optimizer (batch normalisation's running statistics)
-//! keeps per-replica values there, which `check_in_sync` reports. Errors of candle and of the user's code
+//! ([`DataParallel::check_in_sync`] proves it cheaply). A variable that changes outside
+//! the optimizer (batch normalisation's running statistics) follows its [`VarPolicy`]: averaged
+//! or taken from replica 0 after every step, or kept per replica. The optimizers'
+//! state ([`AdamW`], [`Sgd`], any [`OptimizerState`]), the update count and the schedule's
+//! position travel in `save`, `load` and `Checkpoints`, so a run resumes exactly;
+//! [`Config`] adds learning-rate [`Schedule`]s and clipping by the global gradient norm, and
+//! [`DataParallel::evaluate`] sums [`Metrics`] over a held-out dataset, each row once. Errors of candle and of the user's code
 //! propagate with `?` and come back naming the replica. Each CPU replica's candle kernels get
 //! their share of the cores ([`CpuThreads`]). With feature `cuda`, a `/gpu:N` replica trains on
 //! candle's CUDA device `N` (gradients reduced through host memory).
@@ -19,10 +23,12 @@
 //! traits (`Strategy`, `StrategyExtended`, `CheckpointVariable`) and the `Workers` seam.
 //! It knows nothing of particular strategies, of MPI or of how collectives move bytes.
 
+mod buffers;
 mod clip;
 mod convert;
 mod data_parallel;
 mod error;
+mod evaluate;
 #[cfg(feature = "cuda")]
 #[path = "cuda.rs"]
 mod gpu;
@@ -31,6 +37,7 @@ mod gpu;
 mod gpu;
 mod gradients;
 mod optim;
+mod policy;
 mod schedule;
 mod threads;
 mod training_state;
@@ -39,7 +46,11 @@ mod variables;
 pub use convert::{CandleMasked, ToCandle, from_candle, to_candle};
 pub use data_parallel::{Config, DataParallel, ReplicaStep};
 pub use error::{Error, StepError};
+pub use evaluate::{
+    Metrics, all_reduce_scalar, all_reduce_scalars, all_reduce_tensor, all_reduce_tensors,
+};
 pub use optim::{AdamW, OptimizerState, ParamsSgd, Sgd, StateTensor};
+pub use policy::{BATCH_NORM_MEAN, VarPolicy};
 pub use schedule::{Decay, Schedule};
 pub use threads::CpuThreads;
 pub use variables::VarInfo;

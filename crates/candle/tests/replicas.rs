@@ -84,7 +84,9 @@ fn a_copy_that_drifts_is_named_by_the_check() {
     assert!(matches!(err, Error::OutOfSync(_)), "{err:?}");
     assert_eq!(
         err.to_string(),
-        "the model copies are out of sync: variable 'l1.bias' of replica 1 differs from replica 0's"
+        "the model copies are out of sync: variable 'l1.bias' of replica 1 differs from replica \
+         0's (a variable that changes outside the optimizer, such as batch-norm statistics, needs \
+         a rule in Config::var_policies)"
     );
 }
 
