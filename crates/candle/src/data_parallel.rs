@@ -52,6 +52,9 @@ pub struct Config {
     /// is refused. [`BATCH_NORM_MEAN`](crate::BATCH_NORM_MEAN) averages candle-nn's batch-norm
     /// statistics. Default: none (every variable [`VarPolicy::Trained`]).
     pub var_policies: &'static [(&'static str, VarPolicy)],
+    /// The seed of [`ReplicaStep::dropout`]'s masks (with the replica, the update and the call,
+    /// it keys each mask). Default 0.
+    pub seed: u64,
 }
 
 impl Default for Config {
@@ -63,6 +66,7 @@ impl Default for Config {
             schedule: None,
             clip_norm: None,
             var_policies: &[],
+            seed: 0,
         }
     }
 }
@@ -145,6 +149,7 @@ pub struct DataParallel<'s, S, M, O> {
     clip_norm: Option<f64>,
     /// Each variable's policy, manifest order.
     policies: Vec<VarPolicy>,
+    seed: u64,
 }
 
 impl<'s, S, M, O> DataParallel<'s, S, M, O>
@@ -227,6 +232,7 @@ where
             schedule: config.schedule,
             clip_norm: config.clip_norm,
             policies,
+            seed: config.seed,
         };
         model.copy_from_first_replica()?;
         Ok(model)
@@ -281,6 +287,8 @@ where
                         manifest,
                         schedule: self.schedule,
                         clip_norm: self.clip_norm,
+                        seed: self.seed,
+                        dropouts: std::cell::Cell::new(0),
                     };
                     let output = step(&mut view, input).map_err(Failure::Step)?;
                     buffers::synchronize(
@@ -847,6 +855,9 @@ pub struct ReplicaStep<'a, 'c, M, O> {
     manifest: &'a [VarInfo],
     schedule: Option<Schedule>,
     clip_norm: Option<f64>,
+    seed: u64,
+    /// Dropout calls so far in this step.
+    dropouts: std::cell::Cell<u64>,
 }
 
 impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
@@ -946,6 +957,28 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
     /// Updates applied to this replica's copy so far (the schedule's position).
     pub fn updates(&self) -> u64 {
         self.replica.updates
+    }
+
+    /// `xs` with each element zeroed with probability `p` and the others scaled by
+    /// `1 / (1 − p)` (candle's `ops::dropout`, PyTorch's `Dropout` in training mode), with a
+    /// mask that is reproducible: drawn from [`Config::seed`], this replica's global id, the
+    /// updates applied so far and the number of dropout calls before this one in the step. So
+    /// every replica draws its own mask, the same job twice draws the same masks, and a job
+    /// resumed from a checkpoint (which restores the update count) draws the masks the
+    /// uninterrupted job drew. The mask is made on the host and copied to the replica's device.
+    /// In evaluation, call the model without it (candle's `ModuleT::forward_t(xs, false)`).
+    ///
+    /// candle's own `ops::dropout` and `Dropout` also keep the copies identical (the gradients
+    /// are reduced), but draw from a thread-local generator that cannot be seeded: runs differ.
+    pub fn dropout(&self, xs: &Tensor, p: f32) -> Result<Tensor, Error> {
+        let key = crate::dropout::Key {
+            seed: self.seed,
+            replica: self.ctx.replica_id() as u64,
+            update: self.replica.updates,
+            call: self.dropouts.get(),
+        };
+        self.dropouts.set(key.call + 1);
+        crate::dropout::dropout(xs, p, key, &self.replica.device)
     }
 
     /// The optimizer's step with `grads`, at the schedule's rate for this update.

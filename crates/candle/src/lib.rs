@@ -27,6 +27,7 @@ mod buffers;
 mod clip;
 mod convert;
 mod data_parallel;
+mod dropout;
 mod error;
 mod evaluate;
 #[cfg(feature = "cuda")]
