@@ -5,24 +5,24 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
-use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Tensor, Var};
-use candle_nn::{Optimizer, VarBuilder, VarMap};
-use distribute_device_spec::{DeviceKind, LocalDevice};
+use candle_core::{DType, Tensor, Var};
+use candle_nn::{Optimizer, VarBuilder};
 use distribute_strategy::{
-    CheckpointVariable, ReplicaContext, RunError, Strategy, StrategyError, StrategyExtended,
+    CheckpointVariable, RunError, Strategy, StrategyError, StrategyExtended,
 };
-use distribute_values::{Distributed, ReduceOp};
+use distribute_values::Distributed;
 
 use crate::error::outside_step;
 use crate::gpu::StepDone;
 use crate::optim::OptimizerState;
 use crate::policy::{self, VarPolicy};
+use crate::replica::{Replica, build_replicas, is_cpu};
 use crate::schedule::Schedule;
+use crate::step::ReplicaStep;
 use crate::threads::{self, CpuThreads};
 use crate::training_state::{self, Saved};
 use crate::variables::{self, VarInfo};
-use crate::{Error, StepError, ToCandle, buffers, clip, gradients};
+use crate::{Error, StepError, ToCandle, buffers};
 
 /// Settings of a [`DataParallel`] model.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -69,29 +69,6 @@ impl Default for Config {
             seed: 0,
         }
     }
-}
-
-/// One replica's model, optimizer and variables.
-struct Replica<M, O> {
-    model: M,
-    optimizer: O,
-    /// The model's variables in name order (the manifest's).
-    vars: Vec<Var>,
-    device: Device,
-    /// Gradients summed over micro-batches since the last update, name order.
-    accumulated: Option<Vec<Option<Tensor>>>,
-    /// The last step's gradient buckets (one per dtype), written over by the next step's when
-    /// nothing else holds them: a step then allocates no bucket of its own (a large buffer
-    /// allocated and freed every step makes the allocator hand memory back to the system and
-    /// fault it in again).
-    buckets: Vec<Option<distribute_tensor::Tensor>>,
-    /// Updates applied (the schedule's position, saved in checkpoints).
-    updates: u64,
-    /// The global norm of the last reduced gradients, when clipping took it.
-    grad_norm: Option<f64>,
-    /// The last step's buffer buckets (as `buckets`, for [`VarPolicy::Mean`] and
-    /// [`VarPolicy::FirstReplica`] buffers).
-    buffer_buckets: Vec<Option<distribute_tensor::Tensor>>,
 }
 
 /// How one replica's step failed: the user's step returned its error, or this crate's own part
@@ -770,317 +747,5 @@ where
             Error::ModelMismatch(format!("the checkpoint {reason}"))
         })
         .map_err(StrategyError::step)
-    }
-}
-
-/// Builds every local replica's model and optimizer; their manifests.
-#[allow(clippy::type_complexity)]
-fn build_replicas<M, O, FM, FO, EM, EO>(
-    devices: &[LocalDevice],
-    first: usize,
-    dtype: DType,
-    build_model: &FM,
-    build_optimizer: &FO,
-) -> Result<(Vec<Replica<M, O>>, Vec<Vec<VarInfo>>), Error>
-where
-    FM: Fn(VarBuilder<'_>) -> Result<M, EM>,
-    EM: Into<StepError>,
-    FO: Fn(Vec<Var>) -> Result<O, EO>,
-    EO: Into<StepError>,
-{
-    let mut replicas = Vec::with_capacity(devices.len());
-    let mut manifests = Vec::with_capacity(devices.len());
-    for (r, device) in devices.iter().enumerate() {
-        let failed = |source: StepError| Error::Replica {
-            replica: first + r,
-            source,
-        };
-        let device = candle_device(device)?;
-        let varmap = VarMap::new();
-        let vb = VarBuilder::from_varmap(&varmap, dtype, &device);
-        let model = build_model(vb).map_err(|e| failed(e.into()))?;
-        let (manifest, vars) = {
-            let data = varmap.data().lock().unwrap_or_else(|e| e.into_inner());
-            variables::sorted(&data)
-        };
-        let optimizer = build_optimizer(vars.clone()).map_err(|e| failed(e.into()))?;
-        replicas.push(Replica {
-            model,
-            optimizer,
-            vars,
-            device,
-            accumulated: None,
-            buckets: Vec::new(),
-            updates: 0,
-            grad_norm: None,
-            buffer_buckets: Vec::new(),
-        });
-        manifests.push(manifest);
-    }
-    Ok((replicas, manifests))
-}
-
-/// Whether candle runs this replica on the CPU.
-fn is_cpu(device: &LocalDevice) -> bool {
-    *device.kind() == DeviceKind::Cpu
-}
-
-/// The candle device of a replica: the CPU, or with feature `cuda` candle's CUDA device of a
-/// `/gpu:N` replica.
-fn candle_device(device: &LocalDevice) -> Result<Device, Error> {
-    let reason = match device.kind() {
-        DeviceKind::Cpu => return Ok(Device::Cpu),
-        DeviceKind::Gpu => match crate::gpu::cuda_device(device.index() as usize) {
-            Ok(device) => return Ok(device),
-            Err(reason) => reason,
-        },
-        DeviceKind::Tpu => "a candle step is Rust code that runs eagerly, which TpuStrategy's \
-                            compiled XLA programs cannot trace; train candle models with \
-                            MirroredStrategy"
-            .into(),
-        _ => "candle has no backend for this device type; use CPU or GPU replicas".into(),
-    };
-    Err(Error::Device {
-        device: device.name().to_owned(),
-        reason,
-    })
-}
-
-/// What a step function sees of its replica: its copy of the model and optimizer, its device,
-/// and the gradient all-reduce.
-pub struct ReplicaStep<'a, 'c, M, O> {
-    ctx: &'a ReplicaContext<'c>,
-    local: usize,
-    replica: &'a mut Replica<M, O>,
-    manifest: &'a [VarInfo],
-    schedule: Option<Schedule>,
-    clip_norm: Option<f64>,
-    seed: u64,
-    /// Dropout calls so far in this step.
-    dropouts: std::cell::Cell<u64>,
-}
-
-impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
-    /// This replica's copy of the model.
-    pub fn model(&self) -> &M {
-        &self.replica.model
-    }
-
-    /// This replica's copy of the model, to change (a learning-rate schedule inside it, say).
-    pub fn model_mut(&mut self) -> &mut M {
-        &mut self.replica.model
-    }
-
-    /// This replica's optimizer.
-    pub fn optimizer_mut(&mut self) -> &mut O {
-        &mut self.replica.optimizer
-    }
-
-    /// The candle device this replica's tensors live on.
-    pub fn device(&self) -> &Device {
-        &self.replica.device
-    }
-
-    /// This replica's global id (worker `w`'s local replica `r` is `w·R + r`).
-    pub fn replica_id(&self) -> usize {
-        self.ctx.replica_id()
-    }
-
-    /// This replica's index among this process's replicas (its id on this worker).
-    pub fn local_replica(&self) -> usize {
-        self.local
-    }
-
-    /// The replicas running the step, on every worker.
-    pub fn num_replicas_in_sync(&self) -> usize {
-        self.ctx.num_replicas_in_sync()
-    }
-
-    /// The strategy's replica context: other collectives, `merge_call`.
-    pub fn context(&self) -> &ReplicaContext<'_> {
-        self.ctx
-    }
-
-    /// The model's variables on this replica, sorted by name.
-    pub fn vars(&self) -> &[Var] {
-        &self.replica.vars
-    }
-
-    /// Every variable's gradient in `grads` (from `loss.backward()`) reduced with `op` across all
-    /// replicas of all workers, as a `GradStore` for the optimizer. The gradients travel in one
-    /// bucket per dtype, in the order of the variables' names; a variable without a gradient on
-    /// this replica contributes zeros. The result is bit-identical on every replica.
-    ///
-    /// `Mean` divides the sum by the number of replicas; for a loss averaged over the *global*
-    /// batch (each replica's summed loss divided by the global batch size, TF's
-    /// `compute_average_loss`), use `Sum`. A variable that had a gradient on no replica gets
-    /// none, so the optimizer leaves it alone, as candle's own step does.
-    ///
-    /// With one replica in sync the gradients are returned as they are (the sum or mean of one
-    /// replica's, bit for bit), on its device. With more, the returned gradients are views of one
-    /// buffer per dtype: candle's optimizers only read them, but an in-place candle call
-    /// (`slice_set`, `inplace_op*`) on one would write into its neighbours.
-    ///
-    /// With [`Config::clip_norm`] the reduced gradients are clipped to that global norm
-    /// ([`grad_norm`](Self::grad_norm) then says the norm before clipping).
-    pub fn all_reduce_gradients(
-        &mut self,
-        grads: &GradStore,
-        op: ReduceOp,
-    ) -> Result<GradStore, Error> {
-        let local: Vec<Option<Tensor>> = self
-            .replica
-            .vars
-            .iter()
-            .map(|v| grads.get(v.as_tensor()).cloned())
-            .collect();
-        let reduced = self.reduce(&local, op)?;
-        Ok(gradients::into_store(&self.replica.vars, reduced))
-    }
-
-    /// `loss.backward()`, the gradients' all-reduce with `op` (clipped with
-    /// [`Config::clip_norm`]), the schedule's rate set on this replica's optimizer
-    /// ([`Config::schedule`]) and the optimizer's step: one training step's update.
-    pub fn backward_step(&mut self, loss: &Tensor, op: ReduceOp) -> Result<(), Error> {
-        let grads = loss.backward()?;
-        let reduced = self.all_reduce_gradients(&grads, op)?;
-        self.update(&reduced)
-    }
-
-    /// The global norm of the last reduced gradients, before clipping; `None` unless
-    /// [`Config::clip_norm`] is set (only clipping takes it) or before the first update. The
-    /// same on every replica and worker.
-    pub fn grad_norm(&self) -> Option<f64> {
-        self.replica.grad_norm
-    }
-
-    /// Updates applied to this replica's copy so far (the schedule's position).
-    pub fn updates(&self) -> u64 {
-        self.replica.updates
-    }
-
-    /// `xs` with each element zeroed with probability `p` and the others scaled by
-    /// `1 / (1 − p)` (candle's `ops::dropout`, PyTorch's `Dropout` in training mode), with a
-    /// mask that is reproducible: drawn from [`Config::seed`], this replica's global id, the
-    /// updates applied so far and the number of dropout calls before this one in the step. So
-    /// every replica draws its own mask, the same job twice draws the same masks, and a job
-    /// resumed from a checkpoint (which restores the update count) draws the masks the
-    /// uninterrupted job drew. The mask is made on the host and copied to the replica's device.
-    /// In evaluation, call the model without it (candle's `ModuleT::forward_t(xs, false)`).
-    ///
-    /// candle's own `ops::dropout` and `Dropout` also keep the copies identical (the gradients
-    /// are reduced), but draw from a thread-local generator that cannot be seeded: runs differ.
-    pub fn dropout(&self, xs: &Tensor, p: f32) -> Result<Tensor, Error> {
-        let key = crate::dropout::Key {
-            seed: self.seed,
-            replica: self.ctx.replica_id() as u64,
-            update: self.replica.updates,
-            call: self.dropouts.get(),
-        };
-        self.dropouts.set(key.call + 1);
-        crate::dropout::dropout(xs, p, key, &self.replica.device)
-    }
-
-    /// The optimizer's step with `grads`, at the schedule's rate for this update.
-    fn update(&mut self, grads: &GradStore) -> Result<(), Error> {
-        if let Some(schedule) = &self.schedule {
-            let rate = schedule.rate(self.replica.updates);
-            self.replica.optimizer.set_learning_rate(rate);
-        }
-        self.replica.optimizer.step(grads)?;
-        self.replica.updates += 1;
-        Ok(())
-    }
-
-    /// Adds `loss`'s gradients to this replica's accumulator, without talking to any other
-    /// replica: gradient accumulation over micro-batches. [`step_accumulated`] then reduces the
-    /// sums once and updates.
-    ///
-    /// [`step_accumulated`]: Self::step_accumulated
-    pub fn accumulate(&mut self, loss: &Tensor) -> Result<(), Error> {
-        let grads = loss.backward()?;
-        let sums = self
-            .replica
-            .accumulated
-            .get_or_insert_with(|| vec![None; self.manifest.len()]);
-        for (sum, var) in sums.iter_mut().zip(&self.replica.vars) {
-            if let Some(grad) = grads.get(var.as_tensor()) {
-                *sum = Some(match sum.take() {
-                    Some(s) => s.add(grad)?.detach(),
-                    None => grad.detach(),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// The gradients summed by [`accumulate`](Self::accumulate) since the last update, reduced
-    /// with `op` across replicas (one all-reduce), applied by this replica's optimizer; the
-    /// accumulator starts again empty. Every replica must call it in the same step.
-    pub fn step_accumulated(&mut self, op: ReduceOp) -> Result<(), Error> {
-        let sums = self
-            .replica
-            .accumulated
-            .take()
-            .unwrap_or_else(|| vec![None; self.manifest.len()]);
-        let reduced = self.reduce(&sums, op)?;
-        let reduced = gradients::into_store(&self.replica.vars, reduced);
-        self.update(&reduced)
-    }
-
-    /// `local` all-reduced with `op`, clipped with [`Config::clip_norm`].
-    fn reduce(
-        &mut self,
-        local: &[Option<Tensor>],
-        op: ReduceOp,
-    ) -> Result<Vec<Option<Tensor>>, Error> {
-        let reduced = gradients::all_reduce(
-            self.ctx,
-            op,
-            self.manifest,
-            local,
-            &self.replica.device,
-            &mut self.replica.buckets,
-        )?;
-        let Some(max_norm) = self.clip_norm else {
-            return Ok(reduced);
-        };
-        let norm = clip::global_norm(&reduced)?;
-        self.replica.grad_norm = Some(norm);
-        clip::scale(reduced, clip::factor(max_norm, norm))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use distribute_device_spec::LocalDevices;
-
-    use super::*;
-
-    #[test]
-    fn cpu_replicas_get_the_cpu_and_the_others_a_device_or_the_reason_why_not() {
-        let devices = LocalDevices::new(["/cpu:0", "/gpu:0", "/tpu:0"]).unwrap();
-        assert!(matches!(candle_device(&devices[0]), Ok(Device::Cpu)));
-        // A GPU replica is refused by a build without `cuda` (saying which feature), and by one
-        // with it on a machine without that GPU (candle's reason); with the GPU, it is a CUDA
-        // device.
-        let gpu_reason = if crate::gpu::HAS_CUDA {
-            "candle could not open CUDA device 0"
-        } else {
-            "feature `cuda`"
-        };
-        let mut refused = vec![(&devices[2], "MirroredStrategy")];
-        match candle_device(&devices[1]) {
-            Ok(gpu) => assert!(crate::gpu::HAS_CUDA && gpu.is_cuda()),
-            Err(_) => refused.push((&devices[1], gpu_reason)),
-        }
-        for (device, reason) in refused {
-            let err = candle_device(device).unwrap_err().to_string();
-            assert!(
-                err.starts_with(&format!("replica device '{}': ", device.name())),
-                "{err}"
-            );
-            assert!(err.contains(reason), "{err}");
-        }
     }
 }

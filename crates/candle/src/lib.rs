@@ -39,13 +39,15 @@ mod gpu;
 mod gradients;
 mod optim;
 mod policy;
+mod replica;
 mod schedule;
+mod step;
 mod threads;
 mod training_state;
 mod variables;
 
 pub use convert::{CandleMasked, ToCandle, from_candle, to_candle};
-pub use data_parallel::{Config, DataParallel, ReplicaStep};
+pub use data_parallel::{Config, DataParallel};
 pub use error::{Error, StepError};
 pub use evaluate::{
     Metrics, all_reduce_scalar, all_reduce_scalars, all_reduce_tensor, all_reduce_tensors,
@@ -53,5 +55,6 @@ pub use evaluate::{
 pub use optim::{AdamW, OptimizerState, ParamsSgd, Sgd, StateTensor};
 pub use policy::{BATCH_NORM_MEAN, VarPolicy};
 pub use schedule::{Decay, Schedule};
+pub use step::ReplicaStep;
 pub use threads::CpuThreads;
 pub use variables::VarInfo;

@@ -1,0 +1,139 @@
+//! One replica's state ([`Replica`]: its copy of the model, its optimizer, its variables in name
+//! order, its device) and how it is built from the user's closures on a strategy's device.
+
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{VarBuilder, VarMap};
+use distribute_device_spec::{DeviceKind, LocalDevice};
+
+use crate::variables::{self, VarInfo};
+use crate::{Error, StepError};
+
+/// One replica's model, optimizer and variables.
+pub(crate) struct Replica<M, O> {
+    pub(crate) model: M,
+    pub(crate) optimizer: O,
+    /// The model's variables in name order (the manifest's).
+    pub(crate) vars: Vec<Var>,
+    pub(crate) device: Device,
+    /// Gradients summed over micro-batches since the last update, name order.
+    pub(crate) accumulated: Option<Vec<Option<Tensor>>>,
+    /// The last step's gradient buckets (one per dtype), written over by the next step's when
+    /// nothing else holds them: a step then allocates no bucket of its own (a large buffer
+    /// allocated and freed every step makes the allocator hand memory back to the system and
+    /// fault it in again).
+    pub(crate) buckets: Vec<Option<distribute_tensor::Tensor>>,
+    /// Updates applied (the schedule's position, saved in checkpoints).
+    pub(crate) updates: u64,
+    /// The global norm of the last reduced gradients, when clipping took it.
+    pub(crate) grad_norm: Option<f64>,
+    /// The last step's buffer buckets (as `buckets`, for [`VarPolicy::Mean`] and
+    /// [`VarPolicy::FirstReplica`] buffers).
+    pub(crate) buffer_buckets: Vec<Option<distribute_tensor::Tensor>>,
+}
+
+/// Builds every local replica's model and optimizer; their manifests.
+#[allow(clippy::type_complexity)]
+pub(crate) fn build_replicas<M, O, FM, FO, EM, EO>(
+    devices: &[LocalDevice],
+    first: usize,
+    dtype: DType,
+    build_model: &FM,
+    build_optimizer: &FO,
+) -> Result<(Vec<Replica<M, O>>, Vec<Vec<VarInfo>>), Error>
+where
+    FM: Fn(VarBuilder<'_>) -> Result<M, EM>,
+    EM: Into<StepError>,
+    FO: Fn(Vec<Var>) -> Result<O, EO>,
+    EO: Into<StepError>,
+{
+    let mut replicas = Vec::with_capacity(devices.len());
+    let mut manifests = Vec::with_capacity(devices.len());
+    for (r, device) in devices.iter().enumerate() {
+        let failed = |source: StepError| Error::Replica {
+            replica: first + r,
+            source,
+        };
+        let device = candle_device(device)?;
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, dtype, &device);
+        let model = build_model(vb).map_err(|e| failed(e.into()))?;
+        let (manifest, vars) = {
+            let data = varmap.data().lock().unwrap_or_else(|e| e.into_inner());
+            variables::sorted(&data)
+        };
+        let optimizer = build_optimizer(vars.clone()).map_err(|e| failed(e.into()))?;
+        replicas.push(Replica {
+            model,
+            optimizer,
+            vars,
+            device,
+            accumulated: None,
+            buckets: Vec::new(),
+            updates: 0,
+            grad_norm: None,
+            buffer_buckets: Vec::new(),
+        });
+        manifests.push(manifest);
+    }
+    Ok((replicas, manifests))
+}
+
+/// Whether candle runs this replica on the CPU.
+pub(crate) fn is_cpu(device: &LocalDevice) -> bool {
+    *device.kind() == DeviceKind::Cpu
+}
+
+/// The candle device of a replica: the CPU, or with feature `cuda` candle's CUDA device of a
+/// `/gpu:N` replica.
+pub(crate) fn candle_device(device: &LocalDevice) -> Result<Device, Error> {
+    let reason = match device.kind() {
+        DeviceKind::Cpu => return Ok(Device::Cpu),
+        DeviceKind::Gpu => match crate::gpu::cuda_device(device.index() as usize) {
+            Ok(device) => return Ok(device),
+            Err(reason) => reason,
+        },
+        DeviceKind::Tpu => "a candle step is Rust code that runs eagerly, which TpuStrategy's \
+                            compiled XLA programs cannot trace; train candle models with \
+                            MirroredStrategy"
+            .into(),
+        _ => "candle has no backend for this device type; use CPU or GPU replicas".into(),
+    };
+    Err(Error::Device {
+        device: device.name().to_owned(),
+        reason,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use distribute_device_spec::LocalDevices;
+
+    use super::*;
+
+    #[test]
+    fn cpu_replicas_get_the_cpu_and_the_others_a_device_or_the_reason_why_not() {
+        let devices = LocalDevices::new(["/cpu:0", "/gpu:0", "/tpu:0"]).unwrap();
+        assert!(matches!(candle_device(&devices[0]), Ok(Device::Cpu)));
+        // A GPU replica is refused by a build without `cuda` (saying which feature), and by one
+        // with it on a machine without that GPU (candle's reason); with the GPU, it is a CUDA
+        // device.
+        let gpu_reason = if crate::gpu::HAS_CUDA {
+            "candle could not open CUDA device 0"
+        } else {
+            "feature `cuda`"
+        };
+        let mut refused = vec![(&devices[2], "MirroredStrategy")];
+        match candle_device(&devices[1]) {
+            Ok(gpu) => assert!(crate::gpu::HAS_CUDA && gpu.is_cuda()),
+            Err(_) => refused.push((&devices[1], gpu_reason)),
+        }
+        for (device, reason) in refused {
+            let err = candle_device(device).unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("replica device '{}': ", device.name())),
+                "{err}"
+            );
+            assert!(err.contains(reason), "{err}");
+        }
+    }
+}

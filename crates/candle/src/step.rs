@@ -1,0 +1,218 @@
+//! [`ReplicaStep`]: what a step function sees of its replica (its copy of the model and
+//! optimizer, its device, the gradient all-reduce with clipping, the schedule, dropout).
+
+use candle_core::backprop::GradStore;
+use candle_core::{Device, Tensor, Var};
+use candle_nn::Optimizer;
+use distribute_strategy::ReplicaContext;
+use distribute_values::ReduceOp;
+
+use crate::replica::Replica;
+use crate::schedule::Schedule;
+use crate::variables::VarInfo;
+use crate::{Error, clip, gradients};
+
+/// What a step function sees of its replica: its copy of the model and optimizer, its device,
+/// and the gradient all-reduce.
+pub struct ReplicaStep<'a, 'c, M, O> {
+    pub(crate) ctx: &'a ReplicaContext<'c>,
+    pub(crate) local: usize,
+    pub(crate) replica: &'a mut Replica<M, O>,
+    pub(crate) manifest: &'a [VarInfo],
+    pub(crate) schedule: Option<Schedule>,
+    pub(crate) clip_norm: Option<f64>,
+    pub(crate) seed: u64,
+    /// Dropout calls so far in this step.
+    pub(crate) dropouts: std::cell::Cell<u64>,
+}
+
+impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
+    /// This replica's copy of the model.
+    pub fn model(&self) -> &M {
+        &self.replica.model
+    }
+
+    /// This replica's copy of the model, to change (a learning-rate schedule inside it, say).
+    pub fn model_mut(&mut self) -> &mut M {
+        &mut self.replica.model
+    }
+
+    /// This replica's optimizer.
+    pub fn optimizer_mut(&mut self) -> &mut O {
+        &mut self.replica.optimizer
+    }
+
+    /// The candle device this replica's tensors live on.
+    pub fn device(&self) -> &Device {
+        &self.replica.device
+    }
+
+    /// This replica's global id (worker `w`'s local replica `r` is `w·R + r`).
+    pub fn replica_id(&self) -> usize {
+        self.ctx.replica_id()
+    }
+
+    /// This replica's index among this process's replicas (its id on this worker).
+    pub fn local_replica(&self) -> usize {
+        self.local
+    }
+
+    /// The replicas running the step, on every worker.
+    pub fn num_replicas_in_sync(&self) -> usize {
+        self.ctx.num_replicas_in_sync()
+    }
+
+    /// The strategy's replica context: other collectives, `merge_call`.
+    pub fn context(&self) -> &ReplicaContext<'_> {
+        self.ctx
+    }
+
+    /// The model's variables on this replica, sorted by name.
+    pub fn vars(&self) -> &[Var] {
+        &self.replica.vars
+    }
+
+    /// Every variable's gradient in `grads` (from `loss.backward()`) reduced with `op` across all
+    /// replicas of all workers, as a `GradStore` for the optimizer. The gradients travel in one
+    /// bucket per dtype, in the order of the variables' names; a variable without a gradient on
+    /// this replica contributes zeros. The result is bit-identical on every replica.
+    ///
+    /// `Mean` divides the sum by the number of replicas; for a loss averaged over the *global*
+    /// batch (each replica's summed loss divided by the global batch size, TF's
+    /// `compute_average_loss`), use `Sum`. A variable that had a gradient on no replica gets
+    /// none, so the optimizer leaves it alone, as candle's own step does.
+    ///
+    /// With one replica in sync the gradients are returned as they are (the sum or mean of one
+    /// replica's, bit for bit), on its device. With more, the returned gradients are views of one
+    /// buffer per dtype: candle's optimizers only read them, but an in-place candle call
+    /// (`slice_set`, `inplace_op*`) on one would write into its neighbours.
+    ///
+    /// With [`Config::clip_norm`] the reduced gradients are clipped to that global norm
+    /// ([`grad_norm`](Self::grad_norm) then says the norm before clipping).
+    pub fn all_reduce_gradients(
+        &mut self,
+        grads: &GradStore,
+        op: ReduceOp,
+    ) -> Result<GradStore, Error> {
+        let local: Vec<Option<Tensor>> = self
+            .replica
+            .vars
+            .iter()
+            .map(|v| grads.get(v.as_tensor()).cloned())
+            .collect();
+        let reduced = self.reduce(&local, op)?;
+        Ok(gradients::into_store(&self.replica.vars, reduced))
+    }
+
+    /// `loss.backward()`, the gradients' all-reduce with `op` (clipped with
+    /// [`Config::clip_norm`]), the schedule's rate set on this replica's optimizer
+    /// ([`Config::schedule`]) and the optimizer's step: one training step's update.
+    pub fn backward_step(&mut self, loss: &Tensor, op: ReduceOp) -> Result<(), Error> {
+        let grads = loss.backward()?;
+        let reduced = self.all_reduce_gradients(&grads, op)?;
+        self.update(&reduced)
+    }
+
+    /// The global norm of the last reduced gradients, before clipping; `None` unless
+    /// [`Config::clip_norm`] is set (only clipping takes it) or before the first update. The
+    /// same on every replica and worker.
+    pub fn grad_norm(&self) -> Option<f64> {
+        self.replica.grad_norm
+    }
+
+    /// Updates applied to this replica's copy so far (the schedule's position).
+    pub fn updates(&self) -> u64 {
+        self.replica.updates
+    }
+
+    /// `xs` with each element zeroed with probability `p` and the others scaled by
+    /// `1 / (1 − p)` (candle's `ops::dropout`, PyTorch's `Dropout` in training mode), with a
+    /// mask that is reproducible: drawn from [`Config::seed`], this replica's global id, the
+    /// updates applied so far and the number of dropout calls before this one in the step. So
+    /// every replica draws its own mask, the same job twice draws the same masks, and a job
+    /// resumed from a checkpoint (which restores the update count) draws the masks the
+    /// uninterrupted job drew. The mask is made on the host and copied to the replica's device.
+    /// In evaluation, call the model without it (candle's `ModuleT::forward_t(xs, false)`).
+    ///
+    /// candle's own `ops::dropout` and `Dropout` also keep the copies identical (the gradients
+    /// are reduced), but draw from a thread-local generator that cannot be seeded: runs differ.
+    pub fn dropout(&self, xs: &Tensor, p: f32) -> Result<Tensor, Error> {
+        let key = crate::dropout::Key {
+            seed: self.seed,
+            replica: self.ctx.replica_id() as u64,
+            update: self.replica.updates,
+            call: self.dropouts.get(),
+        };
+        self.dropouts.set(key.call + 1);
+        crate::dropout::dropout(xs, p, key, &self.replica.device)
+    }
+
+    /// The optimizer's step with `grads`, at the schedule's rate for this update.
+    fn update(&mut self, grads: &GradStore) -> Result<(), Error> {
+        if let Some(schedule) = &self.schedule {
+            let rate = schedule.rate(self.replica.updates);
+            self.replica.optimizer.set_learning_rate(rate);
+        }
+        self.replica.optimizer.step(grads)?;
+        self.replica.updates += 1;
+        Ok(())
+    }
+
+    /// Adds `loss`'s gradients to this replica's accumulator, without talking to any other
+    /// replica: gradient accumulation over micro-batches. [`step_accumulated`] then reduces the
+    /// sums once and updates.
+    ///
+    /// [`step_accumulated`]: Self::step_accumulated
+    pub fn accumulate(&mut self, loss: &Tensor) -> Result<(), Error> {
+        let grads = loss.backward()?;
+        let sums = self
+            .replica
+            .accumulated
+            .get_or_insert_with(|| vec![None; self.manifest.len()]);
+        for (sum, var) in sums.iter_mut().zip(&self.replica.vars) {
+            if let Some(grad) = grads.get(var.as_tensor()) {
+                *sum = Some(match sum.take() {
+                    Some(s) => s.add(grad)?.detach(),
+                    None => grad.detach(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The gradients summed by [`accumulate`](Self::accumulate) since the last update, reduced
+    /// with `op` across replicas (one all-reduce), applied by this replica's optimizer; the
+    /// accumulator starts again empty. Every replica must call it in the same step.
+    pub fn step_accumulated(&mut self, op: ReduceOp) -> Result<(), Error> {
+        let sums = self
+            .replica
+            .accumulated
+            .take()
+            .unwrap_or_else(|| vec![None; self.manifest.len()]);
+        let reduced = self.reduce(&sums, op)?;
+        let reduced = gradients::into_store(&self.replica.vars, reduced);
+        self.update(&reduced)
+    }
+
+    /// `local` all-reduced with `op`, clipped with [`Config::clip_norm`].
+    fn reduce(
+        &mut self,
+        local: &[Option<Tensor>],
+        op: ReduceOp,
+    ) -> Result<Vec<Option<Tensor>>, Error> {
+        let reduced = gradients::all_reduce(
+            self.ctx,
+            op,
+            self.manifest,
+            local,
+            &self.replica.device,
+            &mut self.replica.buckets,
+        )?;
+        let Some(max_norm) = self.clip_norm else {
+            return Ok(reduced);
+        };
+        let norm = clip::global_norm(&reduced)?;
+        self.replica.grad_norm = Some(norm);
+        clip::scale(reduced, clip::factor(max_norm, norm))
+    }
+}
