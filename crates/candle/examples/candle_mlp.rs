@@ -16,7 +16,9 @@
 //! 0.999, eps 1e-8, weight decay 0.01; SGD's rate defaults to 0.05, AdamW's to 1e-3), `--lr`,
 //! `--weight-decay`, `--warmup W` (a linear warmup over W updates, then cosine decay to zero at
 //! `--steps`; 0, the default, keeps the rate constant), `--clip-norm X` (clip by the global
-//! gradient norm), `--hidden H` (both hidden layers), and `--checkpoint-dir DIR` with
+//! gradient norm), `--hidden H` (both hidden layers), `--precision f32|bf16|f16` (mixed
+//! precision: the model computes in bf16 or f16 over f32 master weights, f16 with dynamic loss
+//! scaling), and `--checkpoint-dir DIR` with
 //! `--checkpoint-every N`: a checkpoint of the model, its optimizer's state and the input
 //! position every N steps, from which a restarted run resumes on the bits of one that never
 //! stopped.
@@ -36,8 +38,8 @@ use std::time::Instant;
 use candle_core::{D, Tensor};
 use candle_nn::{Linear, Module, Optimizer, ParamsAdamW, VarBuilder};
 use distribute_candle::{
-    AdamW, Config, CpuThreads, DataParallel, Decay, OptimizerState, ParamsSgd, Schedule, Sgd,
-    StateTensor,
+    AdamW, Config, CpuThreads, DataParallel, Decay, OptimizerState, ParamsSgd, Precision, Schedule,
+    Sgd, StateTensor,
 };
 use distribute_device_spec::LocalDevices;
 use distribute_input::{Dataset, InputOptions, InputPosition};
@@ -186,6 +188,8 @@ pub(crate) struct Options {
     pub(crate) clip_norm: Option<f64>,
     /// `--hidden`: units of each hidden layer.
     pub(crate) hidden: usize,
+    /// `--precision f32|bf16|f16`: mixed precision over f32 master weights.
+    pub(crate) precision: Precision,
     /// `--checkpoint-dir` and `--checkpoint-every`.
     pub(crate) checkpoints: Option<(PathBuf, u64)>,
     /// `--stop-after N`: stop once step N is done, as if stopped there (the schedule still
@@ -253,6 +257,7 @@ impl Default for Options {
             warmup: 0,
             clip_norm: None,
             hidden: HIDDEN,
+            precision: Precision::Full,
             checkpoints: None,
             stop_after: None,
             after_step: None,
@@ -336,6 +341,7 @@ pub(crate) fn train_on<S: Strategy>(
         threads: options.threads,
         schedule: options.schedule()?,
         clip_norm: options.clip_norm,
+        precision: options.precision,
         ..Config::default()
     };
     let hidden = options.hidden;
@@ -390,7 +396,12 @@ pub(crate) fn train_on<S: Strategy>(
     let todo = last.saturating_sub(first_step);
     for (step, batch) in (first_step + 1..).zip(dataset.iter().take(todo)) {
         let losses = model.run(&batch?, |replica, (x, y)| {
-            let logits = replica.model().forward(&x)?;
+            // The model computes in its dtype (bf16 or f16 with --precision); the loss in f32.
+            let x = x.to_dtype(replica.compute_dtype())?;
+            let logits = replica
+                .model()
+                .forward(&x)?
+                .to_dtype(candle_core::DType::F32)?;
             // This replica's share of the mean over the global batch: its rows' summed
             // cross-entropy over 512, reduced with Sum (TF's compute_average_loss).
             let log_p = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
@@ -454,7 +465,8 @@ fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
                          [--init FILE] [--save-init FILE] [--deadline SECS] [--json] \
                          [--optimizer sgd|adamw] [--lr X] [--weight-decay X] [--warmup W] \
                          [--clip-norm X] [--hidden H] [--checkpoint-dir DIR] \
-                         [--checkpoint-every N] [--stop-after N]";
+                         [--checkpoint-every N] [--stop-after N] \
+                         [--precision f32|bf16|f16]";
     let mut checkpoint_dir = None;
     let mut checkpoint_every = None;
     let mut options = Options::default();
@@ -524,6 +536,16 @@ fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
                     .ok()
                     .filter(|&n| n > 0)
                     .ok_or("--hidden needs a positive number")?;
+            }
+            "--precision" => {
+                options.precision = match value("f32, bf16 or f16")?.as_str() {
+                    "f32" => Precision::Full,
+                    "bf16" => Precision::MixedBf16,
+                    "f16" => Precision::MixedF16,
+                    other => {
+                        return Err(format!("--precision {other}: f32, bf16 or f16").into());
+                    }
+                };
             }
             "--stop-after" => {
                 options.stop_after = Some(

@@ -16,6 +16,7 @@ use crate::error::outside_step;
 use crate::gpu::StepDone;
 use crate::optim::OptimizerState;
 use crate::policy::{self, VarPolicy};
+use crate::precision::Precision;
 use crate::replica::{Replica, build_replicas, is_cpu};
 use crate::schedule::Schedule;
 use crate::step::ReplicaStep;
@@ -55,6 +56,9 @@ pub struct Config {
     /// The seed of [`ReplicaStep::dropout`]'s masks (with the replica, the update and the call,
     /// it keys each mask). Default 0.
     pub seed: u64,
+    /// Full precision, or a model computing in bf16 or f16 over f32 master weights
+    /// ([`Precision`]). Default [`Precision::Full`].
+    pub precision: Precision,
 }
 
 impl Default for Config {
@@ -67,6 +71,7 @@ impl Default for Config {
             clip_norm: None,
             var_policies: &[],
             seed: 0,
+            precision: Precision::Full,
         }
     }
 }
@@ -126,6 +131,10 @@ pub struct DataParallel<'s, S, M, O> {
     clip_norm: Option<f64>,
     /// Each variable's policy, manifest order.
     policies: Vec<VarPolicy>,
+    /// The variables that are buffers (policy not `Trained`).
+    buffers_at: Vec<usize>,
+    /// The dtype the model computes in.
+    compute_dtype: DType,
     seed: u64,
 }
 
@@ -178,8 +187,14 @@ where
             let cpu_replicas = devices.iter().filter(|d| is_cpu(d)).count();
             let co_workers = extended.workers().map_or(1, |w| w.on_this_host());
             let plan = threads::apply(config.threads, cpu_replicas, co_workers)?;
-            let (replicas, manifests) =
-                build_replicas(devices, first, config.dtype, &build_model, &build_optimizer)?;
+            let (replicas, manifests) = build_replicas(
+                devices,
+                first,
+                config.dtype,
+                config.precision,
+                &build_model,
+                &build_optimizer,
+            )?;
             for (r, manifest) in manifests.iter().enumerate().skip(1) {
                 if let Some(diff) = variables::difference(
                     &manifests[0],
@@ -208,8 +223,12 @@ where
             threads_per_replica: plan.per_replica,
             schedule: config.schedule,
             clip_norm: config.clip_norm,
+            buffers_at: (0..policies.len())
+                .filter(|&i| policies[i] != VarPolicy::Trained)
+                .collect(),
             policies,
             seed: config.seed,
+            compute_dtype: config.precision.build_dtype(config.dtype)?,
         };
         model.copy_from_first_replica()?;
         Ok(model)
@@ -266,16 +285,24 @@ where
                         clip_norm: self.clip_norm,
                         seed: self.seed,
                         dropouts: std::cell::Cell::new(0),
+                        compute_dtype: self.compute_dtype,
                     };
                     let output = step(&mut view, input).map_err(Failure::Step)?;
-                    buffers::synchronize(
-                        ctx,
-                        manifest,
-                        policies,
-                        &view.replica.vars,
-                        &view.replica.device,
-                        &mut view.replica.buffer_buckets,
-                    )
+                    // Buffers change in the model's own copies: with mixed precision their
+                    // masters follow before they are synchronized, and the copies after.
+                    let buffers_at = &self.buffers_at;
+                    (|| {
+                        view.replica.pull_from_compute(buffers_at)?;
+                        buffers::synchronize(
+                            ctx,
+                            manifest,
+                            policies,
+                            &view.replica.vars,
+                            &view.replica.device,
+                            &mut view.replica.buffer_buckets,
+                        )?;
+                        view.replica.refresh_compute_at(buffers_at.iter().copied())
+                    })()
                     .map_err(Failure::Ours)?;
                     // A GPU replica's work stays queued on its thread's stream when the step
                     // returns, as in a plain candle loop: the next step on this thread follows it
@@ -378,7 +405,7 @@ where
             for (var, value) in replica.vars.iter().zip(&values) {
                 var.set(&value.to_device(&replica.device)?)?;
             }
-            Ok(())
+            replica.refresh_compute()
         });
         variables::agreed(self.strategy.extended(), set, what)?;
         self.copy_from_first_replica()
@@ -539,6 +566,7 @@ where
         for r in first..self.replicas.len() {
             let mut replica = self.lock(r)?;
             set(r, &mut replica)?;
+            replica.refresh_compute()?;
             // Queued on this thread's stream: done before the replica's thread reads them.
             crate::gpu::settle(&replica.device)?;
         }
@@ -604,6 +632,7 @@ where
             &replica.vars,
             &replica.optimizer,
             replica.updates,
+            replica.loss_scale,
         )
     }
 
@@ -653,6 +682,10 @@ where
         }
         let training = saved.has_training_state();
         let step = saved.step;
+        let loss_scale = match self.lock(0)?.loss_scale.is_some() {
+            true => saved.loss_scale_for().map_err(&misfit)?,
+            false => None,
+        };
         let optimizer = match training {
             true => Some(
                 training_state::optimizer_values(
@@ -678,6 +711,9 @@ where
             }
             if let Some(step) = step {
                 replica.updates = step;
+            }
+            if loss_scale.is_some() {
+                replica.loss_scale = loss_scale;
             }
             Ok(())
         })

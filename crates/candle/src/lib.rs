@@ -39,6 +39,7 @@ mod gpu;
 mod gradients;
 mod optim;
 mod policy;
+mod precision;
 mod replica;
 mod schedule;
 mod step;
@@ -54,6 +55,7 @@ pub use evaluate::{
 };
 pub use optim::{AdamW, OptimizerState, ParamsSgd, Sgd, StateTensor};
 pub use policy::{BATCH_NORM_MEAN, VarPolicy};
+pub use precision::Precision;
 pub use schedule::{Decay, Schedule};
 pub use step::ReplicaStep;
 pub use threads::CpuThreads;

@@ -5,6 +5,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use distribute_device_spec::{DeviceKind, LocalDevice};
 
+use crate::precision::{LossScale, Precision};
 use crate::variables::{self, VarInfo};
 use crate::{Error, StepError};
 
@@ -12,8 +13,14 @@ use crate::{Error, StepError};
 pub(crate) struct Replica<M, O> {
     pub(crate) model: M,
     pub(crate) optimizer: O,
-    /// The model's variables in name order (the manifest's).
+    /// The model's variables in name order (the manifest's): with mixed precision, the f32
+    /// master weights the optimizer updates.
     pub(crate) vars: Vec<Var>,
+    /// With mixed precision, the variables the model computes with, name order: half-precision
+    /// copies of the floating-point masters (the other variables are the masters themselves).
+    pub(crate) compute: Option<Vec<Var>>,
+    /// With f16 mixed precision, dynamic loss scaling's state.
+    pub(crate) loss_scale: Option<LossScale>,
     pub(crate) device: Device,
     /// Gradients summed over micro-batches since the last update, name order.
     pub(crate) accumulated: Option<Vec<Option<Tensor>>>,
@@ -37,6 +44,7 @@ pub(crate) fn build_replicas<M, O, FM, FO, EM, EO>(
     devices: &[LocalDevice],
     first: usize,
     dtype: DType,
+    precision: Precision,
     build_model: &FM,
     build_optimizer: &FO,
 ) -> Result<(Vec<Replica<M, O>>, Vec<Vec<VarInfo>>), Error>
@@ -55,17 +63,29 @@ where
         };
         let device = candle_device(device)?;
         let varmap = VarMap::new();
-        let vb = VarBuilder::from_varmap(&varmap, dtype, &device);
+        let vb = VarBuilder::from_varmap(&varmap, precision.build_dtype(dtype)?, &device);
         let model = build_model(vb).map_err(|e| failed(e.into()))?;
-        let (manifest, vars) = {
+        let (mut manifest, model_vars) = {
             let data = varmap.data().lock().unwrap_or_else(|e| e.into_inner());
             variables::sorted(&data)
+        };
+        let (vars, compute) = match precision.compute() {
+            None => (model_vars, None),
+            Some(half) => {
+                let masters = masters_of(&model_vars, half)?;
+                for (info, master) in manifest.iter_mut().zip(&masters) {
+                    info.dtype = master.dtype();
+                }
+                (masters, Some(model_vars))
+            }
         };
         let optimizer = build_optimizer(vars.clone()).map_err(|e| failed(e.into()))?;
         replicas.push(Replica {
             model,
             optimizer,
             vars,
+            compute,
+            loss_scale: precision.loss_scale(),
             device,
             accumulated: None,
             buckets: Vec::new(),
@@ -76,6 +96,64 @@ where
         manifests.push(manifest);
     }
     Ok((replicas, manifests))
+}
+
+/// f32 master weights for the model's variables of dtype `half` (copies); every other variable
+/// is its own master.
+fn masters_of(model_vars: &[Var], half: DType) -> Result<Vec<Var>, Error> {
+    model_vars
+        .iter()
+        .map(|v| match v.dtype() == half {
+            true => Ok(Var::from_tensor(&v.as_tensor().to_dtype(DType::F32)?)?),
+            false => Ok(v.clone()),
+        })
+        .collect()
+}
+
+impl<M, O> Replica<M, O> {
+    /// The variables the model computes with, name order: the half-precision copies with mixed
+    /// precision, else the variables themselves.
+    pub(crate) fn compute_vars(&self) -> &[Var] {
+        self.compute.as_deref().unwrap_or(&self.vars)
+    }
+
+    /// With mixed precision, sets every half-precision copy from its master (after an update,
+    /// a restore, an assignment).
+    pub(crate) fn refresh_compute(&self) -> Result<(), Error> {
+        self.refresh_compute_at(0..self.vars.len())
+    }
+
+    /// With mixed precision, sets the half-precision copies of variables `indices` from their
+    /// masters.
+    pub(crate) fn refresh_compute_at(
+        &self,
+        indices: impl IntoIterator<Item = usize>,
+    ) -> Result<(), Error> {
+        let Some(compute) = &self.compute else {
+            return Ok(());
+        };
+        for i in indices {
+            let (copy, master) = (&compute[i], &self.vars[i]);
+            if copy.dtype() != master.dtype() {
+                copy.set(&master.as_tensor().to_dtype(copy.dtype())?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// With mixed precision, sets the masters of variables `indices` from their half-precision
+    /// copies (buffers the forward pass changed there).
+    pub(crate) fn pull_from_compute(&self, indices: &[usize]) -> Result<(), Error> {
+        let Some(compute) = &self.compute else {
+            return Ok(());
+        };
+        for &i in indices {
+            if compute[i].dtype() != self.vars[i].dtype() {
+                self.vars[i].set(&compute[i].as_tensor().to_dtype(self.vars[i].dtype())?)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Whether candle runs this replica on the CPU.

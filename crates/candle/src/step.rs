@@ -2,7 +2,7 @@
 //! optimizer, its device, the gradient all-reduce with clipping, the schedule, dropout).
 
 use candle_core::backprop::GradStore;
-use candle_core::{Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::Optimizer;
 use distribute_strategy::ReplicaContext;
 use distribute_values::ReduceOp;
@@ -24,6 +24,8 @@ pub struct ReplicaStep<'a, 'c, M, O> {
     pub(crate) seed: u64,
     /// Dropout calls so far in this step.
     pub(crate) dropouts: std::cell::Cell<u64>,
+    /// The dtype the model computes in.
+    pub(crate) compute_dtype: DType,
 }
 
 impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
@@ -40,6 +42,13 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
     /// This replica's optimizer.
     pub fn optimizer_mut(&mut self) -> &mut O {
         &mut self.replica.optimizer
+    }
+
+    /// The dtype the model computes in: its variables' (`Config::dtype`), or with mixed
+    /// precision bf16 or f16. Inputs go to it before the model (`x.to_dtype(…)`); a loss is
+    /// best computed in f32 from logits converted back.
+    pub fn compute_dtype(&self) -> DType {
+        self.compute_dtype
     }
 
     /// The candle device this replica's tensors live on.
@@ -94,23 +103,63 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
         grads: &GradStore,
         op: ReduceOp,
     ) -> Result<GradStore, Error> {
-        let local: Vec<Option<Tensor>> = self
-            .replica
-            .vars
-            .iter()
-            .map(|v| grads.get(v.as_tensor()).cloned())
-            .collect();
-        let reduced = self.reduce(&local, op)?;
+        let local = self.local_gradients(grads)?;
+        let reduced = self
+            .reduce(&local, op, false)?
+            .expect("unscaled gradients are never skipped");
         Ok(gradients::into_store(&self.replica.vars, reduced))
     }
 
     /// `loss.backward()`, the gradients' all-reduce with `op` (clipped with
     /// [`Config::clip_norm`]), the schedule's rate set on this replica's optimizer
-    /// ([`Config::schedule`]) and the optimizer's step: one training step's update.
+    /// ([`Config::schedule`]) and the optimizer's step: one training step's update. With f16
+    /// mixed precision the loss is scaled before `backward` and the reduced gradients unscaled;
+    /// a step whose reduced gradients overflowed is skipped, on every replica and worker alike
+    /// (it applies no update and does not count in [`updates`](Self::updates)).
     pub fn backward_step(&mut self, loss: &Tensor, op: ReduceOp) -> Result<(), Error> {
-        let grads = loss.backward()?;
-        let reduced = self.all_reduce_gradients(&grads, op)?;
-        self.update(&reduced)
+        let grads = self.scaled(loss)?.backward()?;
+        let local = self.local_gradients(&grads)?;
+        match self.reduce(&local, op, true)? {
+            Some(reduced) => {
+                let reduced = gradients::into_store(&self.replica.vars, reduced);
+                self.update(&reduced)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// `loss` times the loss scale (f16 mixed precision), else `loss`.
+    fn scaled(&self, loss: &Tensor) -> Result<Tensor, Error> {
+        Ok(match &self.replica.loss_scale {
+            Some(s) => (loss * s.scale)?,
+            None => loss.clone(),
+        })
+    }
+
+    /// Each variable's gradient in `grads`, name order, in the dtype of the variable the
+    /// optimizer updates (f32 with mixed precision: the model's half-precision gradients
+    /// converted).
+    fn local_gradients(&self, grads: &GradStore) -> Result<Vec<Option<Tensor>>, Error> {
+        self.replica
+            .compute_vars()
+            .iter()
+            .zip(&self.replica.vars)
+            .map(|(source, master)| {
+                grads
+                    .get(source.as_tensor())
+                    .map(|g| match g.dtype() == master.dtype() {
+                        true => Ok(g.clone()),
+                        false => g.to_dtype(master.dtype()).map_err(Error::from),
+                    })
+                    .transpose()
+            })
+            .collect()
+    }
+
+    /// The current loss scale of f16 mixed precision (the loss is multiplied by it before
+    /// `backward`), else `None`.
+    pub fn loss_scale(&self) -> Option<f64> {
+        self.replica.loss_scale.map(|s| s.scale)
     }
 
     /// The global norm of the last reduced gradients, before clipping; `None` unless
@@ -155,7 +204,7 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
         }
         self.replica.optimizer.step(grads)?;
         self.replica.updates += 1;
-        Ok(())
+        self.replica.refresh_compute()
     }
 
     /// Adds `loss`'s gradients to this replica's accumulator, without talking to any other
@@ -164,15 +213,16 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
     ///
     /// [`step_accumulated`]: Self::step_accumulated
     pub fn accumulate(&mut self, loss: &Tensor) -> Result<(), Error> {
-        let grads = loss.backward()?;
+        let grads = self.scaled(loss)?.backward()?;
+        let local = self.local_gradients(&grads)?;
         let sums = self
             .replica
             .accumulated
             .get_or_insert_with(|| vec![None; self.manifest.len()]);
-        for (sum, var) in sums.iter_mut().zip(&self.replica.vars) {
-            if let Some(grad) = grads.get(var.as_tensor()) {
+        for (sum, grad) in sums.iter_mut().zip(local) {
+            if let Some(grad) = grad {
                 *sum = Some(match sum.take() {
-                    Some(s) => s.add(grad)?.detach(),
+                    Some(s) => s.add(&grad)?.detach(),
                     None => grad.detach(),
                 });
             }
@@ -189,18 +239,24 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
             .accumulated
             .take()
             .unwrap_or_else(|| vec![None; self.manifest.len()]);
-        let reduced = self.reduce(&sums, op)?;
-        let reduced = gradients::into_store(&self.replica.vars, reduced);
-        self.update(&reduced)
+        match self.reduce(&sums, op, true)? {
+            Some(reduced) => {
+                let reduced = gradients::into_store(&self.replica.vars, reduced);
+                self.update(&reduced)
+            }
+            None => Ok(()),
+        }
     }
 
-    /// `local` all-reduced with `op`, clipped with [`Config::clip_norm`].
+    /// `local` all-reduced with `op`, unscaled when `scaled` and f16 loss scaling is on (`None`:
+    /// they overflowed, skip the update), clipped with [`Config::clip_norm`].
     fn reduce(
         &mut self,
         local: &[Option<Tensor>],
         op: ReduceOp,
-    ) -> Result<Vec<Option<Tensor>>, Error> {
-        let reduced = gradients::all_reduce(
+        scaled: bool,
+    ) -> Result<Option<Vec<Option<Tensor>>>, Error> {
+        let mut reduced = gradients::all_reduce(
             self.ctx,
             op,
             self.manifest,
@@ -208,11 +264,26 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
             &self.replica.device,
             &mut self.replica.buckets,
         )?;
+        let mut norm = None;
+        if let (true, Some(loss_scale)) = (scaled, &mut self.replica.loss_scale) {
+            // A power of two: unscaling is exact. The reduced gradients are the same bits on
+            // every replica and worker, so is the decision.
+            reduced = clip::scale(reduced, 1.0 / loss_scale.scale)?;
+            let n = clip::global_norm(&reduced)?;
+            loss_scale.record(n.is_finite());
+            if !n.is_finite() {
+                return Ok(None);
+            }
+            norm = Some(n);
+        }
         let Some(max_norm) = self.clip_norm else {
-            return Ok(reduced);
+            return Ok(Some(reduced));
         };
-        let norm = clip::global_norm(&reduced)?;
+        let norm = match norm {
+            Some(n) => n,
+            None => clip::global_norm(&reduced)?,
+        };
         self.replica.grad_norm = Some(norm);
-        clip::scale(reduced, clip::factor(max_norm, norm))
+        clip::scale(reduced, clip::factor(max_norm, norm)).map(Some)
     }
 }

@@ -8,12 +8,17 @@ use candle_core::{Device, Tensor, Var};
 
 use crate::Error;
 use crate::optim::{OptimizerState, StateTensor};
+use crate::precision::LossScale;
 use crate::variables::VarInfo;
 
 /// The prefix of the optimizer's entries.
 const OPTIMIZER: &str = "optimizer/";
 /// The entry holding the number of updates applied (`i64`, no dimensions).
 const STEP: &str = "training/step";
+/// f16 mixed precision's loss scale (`f64`, no dimensions).
+const LOSS_SCALE: &str = "training/loss_scale";
+/// The steps since its last overflow or growth (`i64`, no dimensions).
+const GOOD_STEPS: &str = "training/good_steps";
 
 /// The entry name of one slot of the optimizer's state: `optimizer/<variable>/<slot>`, or
 /// `optimizer/<slot>` for a value of the whole optimizer.
@@ -40,6 +45,7 @@ pub(crate) fn to_bytes<O: OptimizerState>(
     vars: &[Var],
     optimizer: &O,
     step: u64,
+    loss_scale: Option<LossScale>,
 ) -> Result<Vec<u8>, Error> {
     let mut named: Vec<(String, Tensor)> = manifest
         .iter()
@@ -52,6 +58,11 @@ pub(crate) fn to_bytes<O: OptimizerState>(
     let step = i64::try_from(step)
         .map_err(|_| Error::InvalidArgument(format!("step {step} does not fit an i64")))?;
     named.push((STEP.to_owned(), Tensor::new(step, &Device::Cpu)?));
+    if let Some(s) = loss_scale {
+        named.push((LOSS_SCALE.to_owned(), Tensor::new(s.scale, &Device::Cpu)?));
+        let good = i64::try_from(s.good_steps).unwrap_or(i64::MAX);
+        named.push((GOOD_STEPS.to_owned(), Tensor::new(good, &Device::Cpu)?));
+    }
     safetensors::serialize(named, None).map_err(|e| Error::Candle(candle_core::Error::wrap(e)))
 }
 
@@ -63,6 +74,8 @@ pub(crate) struct Saved {
     pub(crate) optimizer: HashMap<String, Tensor>,
     /// The number of updates applied, when the buffer says.
     pub(crate) step: Option<u64>,
+    /// f16 mixed precision's loss scale, when the buffer has it.
+    pub(crate) loss_scale: Option<LossScale>,
 }
 
 impl Saved {
@@ -73,7 +86,10 @@ impl Saved {
             variables: HashMap::new(),
             optimizer: HashMap::new(),
             step: None,
+            loss_scale: None,
         };
+        let mut scale = None;
+        let mut good = None;
         for (name, tensor) in tensors {
             if name == STEP {
                 let step = tensor
@@ -88,13 +104,50 @@ impl Saved {
                         )
                     })?;
                 saved.step = Some(step);
+            } else if name == LOSS_SCALE {
+                scale = Some(
+                    tensor
+                        .to_scalar::<f64>()
+                        .ok()
+                        .filter(|s| s.is_finite() && *s >= 1.0)
+                        .ok_or_else(|| format!("entry '{LOSS_SCALE}' is not one f64 from 1 on"))?,
+                );
+            } else if name == GOOD_STEPS {
+                good = Some(
+                    tensor
+                        .to_scalar::<i64>()
+                        .ok()
+                        .and_then(|s| u64::try_from(s).ok())
+                        .ok_or_else(|| {
+                            format!("entry '{GOOD_STEPS}' is not one non-negative i64")
+                        })?,
+                );
             } else if name.starts_with(OPTIMIZER) {
                 saved.optimizer.insert(name, tensor);
             } else {
                 saved.variables.insert(name, tensor);
             }
         }
+        saved.loss_scale = match (scale, good) {
+            (Some(scale), Some(good_steps)) => Some(LossScale { scale, good_steps }),
+            (None, None) => None,
+            (Some(_), None) => return Err(format!("has '{LOSS_SCALE}' but no '{GOOD_STEPS}'")),
+            (None, Some(_)) => return Err(format!("has '{GOOD_STEPS}' but no '{LOSS_SCALE}'")),
+        };
         Ok(saved)
+    }
+
+    /// The loss scale an f16 model resumes with: the saved one; a state with training entries
+    /// but none is refused, naming the entry.
+    pub(crate) fn loss_scale_for(&self) -> Result<Option<LossScale>, String> {
+        match (self.loss_scale, self.has_training_state()) {
+            (Some(s), _) => Ok(Some(s)),
+            (None, false) => Ok(None),
+            (None, true) => Err(format!(
+                "has no entry '{LOSS_SCALE}', which f16 mixed precision keeps (a checkpoint of \
+                 another precision?)"
+            )),
+        }
     }
 
     /// Whether the buffer holds any training state beyond the variables.
@@ -178,7 +231,7 @@ mod tests {
     fn the_state_goes_through_bytes_and_back_with_its_entries_named() {
         let (manifest, vars) = model();
         let optimizer = AdamW::new(vars.clone(), Default::default()).unwrap();
-        let bytes = to_bytes(&manifest, &vars, &optimizer, 7).unwrap();
+        let bytes = to_bytes(&manifest, &vars, &optimizer, 7, None).unwrap();
         let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).unwrap();
         let mut names: Vec<&String> = tensors.keys().collect();
         names.sort();
@@ -194,7 +247,7 @@ mod tests {
     fn a_missing_a_mis_shaped_or_a_foreign_entry_is_named() {
         let (manifest, vars) = model();
         let optimizer = AdamW::new(vars.clone(), Default::default()).unwrap();
-        let bytes = to_bytes(&manifest, &vars, &optimizer, 1).unwrap();
+        let bytes = to_bytes(&manifest, &vars, &optimizer, 1, None).unwrap();
         let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).unwrap();
         let saved = Saved::split(tensors).unwrap();
 
