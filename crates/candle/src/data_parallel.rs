@@ -209,6 +209,7 @@ where
             Ok((plan, replicas, manifest))
         })();
         let local = local.and_then(|(plan, replicas, manifest)| {
+            training_state::check_names(&manifest)?;
             let policies = policy::resolve(&manifest, config.var_policies)?;
             Ok((plan, replicas, manifest, policies))
         });

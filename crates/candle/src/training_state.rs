@@ -66,6 +66,22 @@ pub(crate) fn to_bytes<O: OptimizerState>(
     safetensors::serialize(named, None).map_err(|e| Error::Candle(candle_core::Error::wrap(e)))
 }
 
+/// Fails unless every variable's name is free of the training state's prefixes, whose entries
+/// share the file with the variables.
+pub(crate) fn check_names(manifest: &[VarInfo]) -> Result<(), Error> {
+    match manifest
+        .iter()
+        .find(|v| v.name.starts_with(OPTIMIZER) || v.name.starts_with("training/"))
+    {
+        Some(v) => Err(Error::InvalidArgument(format!(
+            "variable '{}': names starting with '{OPTIMIZER}' or 'training/' hold the training \
+             state in a model's files; name the variable otherwise",
+            v.name
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// A saved state taken apart: the variables, the optimizer's entries, the step.
 pub(crate) struct Saved {
     /// Every entry that is neither the optimizer's nor the step: the variables.
@@ -278,6 +294,15 @@ mod tests {
             err.ends_with("which the optimizer does not (another optimizer?)"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_variable_may_not_take_the_training_state_s_names() {
+        let (mut manifest, _) = model();
+        check_names(&manifest).unwrap();
+        manifest[0].name = "optimizer/x".into();
+        let err = check_names(&manifest).unwrap_err().to_string();
+        assert!(err.starts_with("variable 'optimizer/x': names starting with"), "{err}");
     }
 
     #[test]
