@@ -2,18 +2,18 @@
 //! `Checkpoints` (atomic files written by the chief, checksummed, the chief's bytes sent to
 //! every worker on restore). A checkpoint holds
 //!
-//! - `model`: the candle model itself (`DataParallel` is a `CheckpointVariable`: its variables
-//!   as safetensors, checked against the model on restore);
+//! - `model`: the candle model and its training state (`DataParallel` is a
+//!   `CheckpointVariable`: its variables, its optimizer's state and the number of updates
+//!   applied, as safetensors, checked against the model and optimizer on restore): AdamW's
+//!   moments and step count (plain SGD has none), and the position of the `--warmup` schedule,
+//!   so that a resumed run goes on with the same moments and learning rate;
 //! - `demo/run`: no bytes, the run's settings as its signature (steps, batch, learning rate,
-//!   hidden units, seed), so that a directory of another run is refused rather than continued
-//!   with other settings or another data order;
+//!   hidden units, seed, optimizer, weight decay, warmup, clipping), so that a directory of
+//!   another run is refused rather than continued with other settings or another data order;
 //! - `demo/losses`: every step's global-batch loss so far (summed over the workers when the
 //!   checkpoint is written), `demo/validation` the validation curve's `(step, loss)` points and
 //!   `demo/early` the weights after `CHECK_STEPS` steps (empty before), so that a resumed run
 //!   reports the whole run and still checks against one replica.
-//!
-//! The optimizer is candle's plain `SGD`: it has no state besides the learning rate, so nothing
-//! of it is stored.
 
 use anyhow::{Context, Result, anyhow, ensure};
 use candle_nn::Optimizer;
@@ -104,8 +104,17 @@ pub struct Restored {
 /// The settings a checkpoint must have been written with.
 fn run_signature(config: &Config) -> String {
     format!(
-        "candle classifier: {} steps, global batch {}, learning rate {:?}, {} hidden units, seed {}",
-        config.steps, config.global_batch, config.learning_rate, config.hidden, config.seed
+        "candle classifier: {} steps, global batch {}, learning rate {:?}, {} hidden units, seed \
+         {}, optimizer {}, weight decay {:?}, warmup {}, clip norm {:?}",
+        config.steps,
+        config.global_batch,
+        config.learning_rate,
+        config.hidden,
+        config.seed,
+        config.optimizer.name(),
+        config.weight_decay,
+        config.warmup,
+        config.clip_norm
     )
 }
 

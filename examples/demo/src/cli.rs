@@ -10,6 +10,7 @@ use clap::{Parser, ValueEnum};
 use distribute::device_spec::{DeviceKind, LocalDevices};
 
 use crate::Config;
+use crate::candle::OptimizerKind;
 use crate::tpu::StepArithmetic;
 
 /// Which strategy `--strategy` asks for.
@@ -28,7 +29,7 @@ pub enum Framework {
     /// The demo's own MLP regressing the score (11 → H tanh → 1, backprop written by hand),
     /// bit-identical on any number of replicas.
     Native,
-    /// A candle MLP classifying the score (11 → H ReLU → H ReLU → 6, plain SGD) with
+    /// A candle MLP classifying the score (11 → H ReLU → H ReLU → 6, plain SGD or AdamW) with
     /// `distribute-candle`.
     Candle,
 }
@@ -89,9 +90,9 @@ pub struct Options {
     #[arg(long, value_enum, default_value_t = StrategyKind::Mirrored)]
     pub strategy: StrategyKind,
     /// The model: a candle classifier trained with distribute-candle (mirrored only; its
-    /// defaults: --steps 600 --batch 256 --lr 0.02 --hidden 256, plain SGD, --momentum unused),
-    /// or the demo's own regression MLP, bit-identical on any replica count (the defaults in
-    /// brackets below are its)
+    /// defaults: --steps 600 --batch 256 --hidden 256, --optimizer sgd with --lr 0.02, adamw
+    /// with --lr 0.001 --weight-decay 0.01; --momentum unused), or the demo's own regression
+    /// MLP, bit-identical on any replica count (the defaults in brackets below are its)
     /// [default: candle; native with --strategy tpu]
     #[arg(long, value_enum)]
     pub framework: Option<Framework>,
@@ -101,12 +102,28 @@ pub struct Options {
     /// Global batch: rows per step over all replicas [native: 128]
     #[arg(long, value_name = "N", value_parser = positive)]
     pub batch: Option<usize>,
-    /// Learning rate [native: 0.01]
-    #[arg(long, value_name = "X", value_parser = non_negative)]
+    /// Learning rate; with --warmup, the peak rate [native: 0.01]
+    #[arg(long, value_name = "X", value_parser = non_negative, allow_negative_numbers = true)]
     pub lr: Option<f32>,
     /// SGD momentum, 0 for plain SGD (native only) [native: 0.9]
     #[arg(long, value_name = "X", value_parser = non_negative)]
     pub momentum: Option<f32>,
+    /// The candle classifier's optimizer: plain SGD, or AdamW (PyTorch's: betas 0.9 and 0.999,
+    /// eps 1e-8, decoupled weight decay), whose moments --checkpoint-dir saves [default: sgd]
+    #[arg(long, value_enum, value_name = "NAME")]
+    pub optimizer: Option<OptimizerKind>,
+    /// The candle classifier's weight decay: SGD's L2 penalty added to the gradient, AdamW's
+    /// decoupled decay [sgd: 0, adamw: 0.01]
+    #[arg(long, value_name = "X", value_parser = non_negative_f64, allow_negative_numbers = true)]
+    pub weight_decay: Option<f64>,
+    /// The candle classifier's learning-rate schedule: the rate rises linearly over W steps to
+    /// --lr, then falls along a cosine to 0 at the last step; 0 keeps it constant. Below --steps
+    #[arg(long, value_name = "W", default_value_t = 0, value_parser = steps_u64, allow_negative_numbers = true)]
+    pub warmup: u64,
+    /// Clips the candle classifier's all-reduced gradients to this global norm before each
+    /// update (PyTorch's clip_grad_norm_) [default: no clipping]
+    #[arg(long, value_name = "X", value_parser = positive_f64, allow_negative_numbers = true)]
+    pub clip_norm: Option<f64>,
     /// Hidden units [native: 32]
     #[arg(long, value_name = "N", value_parser = positive)]
     pub hidden: Option<usize>,
@@ -126,8 +143,9 @@ pub struct Options {
     #[arg(long, value_name = "SECS", default_value_t = Config::DEFAULT.deadline.as_secs_f64(), value_parser = seconds)]
     pub deadline: f64,
     /// Makes the run resumable (candle classifier): the chief writes a checkpoint (the model,
-    /// the input position, the loss history) into DIR every --checkpoint-every steps, and the
-    /// demo started again with the same arguments goes on from the newest good one there
+    /// its optimizer's state and update count, the input position, the loss history) into DIR
+    /// every --checkpoint-every steps, and the demo started again with the same arguments goes
+    /// on from the newest good one there
     #[arg(long, value_name = "DIR")]
     pub checkpoint_dir: Option<PathBuf>,
     /// Steps between two checkpoints
@@ -138,6 +156,31 @@ pub struct Options {
 /// A whole number of steps above 0.
 fn positive_u64(value: &str) -> Result<u64, String> {
     positive(value).map(|n| n as u64)
+}
+
+/// A whole number of steps, 0 included.
+fn steps_u64(value: &str) -> Result<u64, String> {
+    value
+        .parse::<u64>()
+        .map_err(|_| format!("a whole number of steps (0 or more) is needed, got '{value}'"))
+}
+
+/// A finite number ≥ 0, in f64.
+fn non_negative_f64(value: &str) -> Result<f64, String> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x >= 0.0)
+        .ok_or_else(|| format!("a number ≥ 0 is needed, got '{value}'"))
+}
+
+/// A finite number above 0, in f64.
+fn positive_f64(value: &str) -> Result<f64, String> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .ok_or_else(|| format!("a number above 0 is needed, got '{value}'"))
 }
 
 /// A number of seconds the strategies accept as a deadline: at least 0.1, finite.
@@ -199,19 +242,48 @@ impl Options {
             );
         }
         let defaults = match framework {
-            Framework::Native => Config::DEFAULT,
+            Framework::Native => {
+                let candle_only = [
+                    ("--optimizer", self.optimizer.is_some()),
+                    ("--weight-decay", self.weight_decay.is_some()),
+                    ("--warmup", self.warmup != 0),
+                    ("--clip-norm", self.clip_norm.is_some()),
+                ];
+                if let Some((flag, _)) = candle_only.iter().find(|(_, given)| *given) {
+                    bail!(
+                        "{flag} is the candle classifier's; the native MLP (--framework native, \
+                         and --strategy tpu's) trains with SGD and --momentum: drop {flag}"
+                    );
+                }
+                Config::DEFAULT
+            }
             Framework::Candle => {
                 ensure!(
                     self.momentum.is_none(),
-                    "--momentum is the native MLP's; the candle classifier trains with plain SGD \
-                     (add --framework native to use it)"
+                    "--momentum is the native MLP's; the candle classifier trains with \
+                     --optimizer sgd (plain SGD) or adamw (add --framework native to use it)"
                 );
-                crate::candle::defaults()
+                crate::candle::defaults_for(self.optimizer.unwrap_or_default())
             }
         };
         if self.checkpoint_dir.is_some() && framework != Framework::Candle {
             bail!(
-                "--checkpoint-dir resumes the candle classifier; the native MLP and --strategy                  tpu do not checkpoint (drop --framework native, or --checkpoint-dir)"
+                "--checkpoint-dir resumes the candle classifier; the native MLP and --strategy \
+                 tpu do not checkpoint (drop --framework native, or --checkpoint-dir)"
+            );
+        }
+        let steps = self.steps.unwrap_or(defaults.steps);
+        let learning_rate = self.lr.unwrap_or(defaults.learning_rate);
+        if self.warmup > 0 {
+            ensure!(
+                self.warmup < steps as u64,
+                "--warmup {} must be below --steps ({steps}): the learning rate rises over the \
+                 warmup, then falls to 0 at the last step (0 keeps it constant)",
+                self.warmup
+            );
+            ensure!(
+                learning_rate > 0.0,
+                "--warmup needs an --lr above 0: the rate it rises to (got --lr {learning_rate})"
             );
         }
         let batch = self.batch.unwrap_or(defaults.global_batch);
@@ -239,10 +311,14 @@ impl Options {
         );
         Ok(Args {
             config: Config {
-                steps: self.steps.unwrap_or(defaults.steps),
+                steps,
                 global_batch: batch,
-                learning_rate: self.lr.unwrap_or(defaults.learning_rate),
+                learning_rate,
                 momentum: self.momentum.unwrap_or(defaults.momentum),
+                optimizer: defaults.optimizer,
+                weight_decay: self.weight_decay.unwrap_or(defaults.weight_decay),
+                warmup: self.warmup,
+                clip_norm: self.clip_norm,
                 hidden: self.hidden.unwrap_or(defaults.hidden),
                 seed: self.seed,
                 tpu_arithmetic: self.tpu_arithmetic,

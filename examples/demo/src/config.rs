@@ -23,10 +23,22 @@ pub struct Config {
     pub steps: usize,
     /// Rows per step, over all replicas.
     pub global_batch: usize,
-    /// SGD learning rate.
+    /// The learning rate (with a [`Config::warmup`], the peak rate).
     pub learning_rate: f32,
-    /// Momentum of SGD (0 for plain SGD).
+    /// Momentum of SGD (0 for plain SGD); the native MLP's.
     pub momentum: f32,
+    /// The candle classifier's optimizer (`--optimizer`).
+    pub optimizer: OptimizerKind,
+    /// The candle classifier's weight decay (`--weight-decay`): SGD's L2 penalty added to the
+    /// gradient, AdamW's decoupled decay.
+    pub weight_decay: f64,
+    /// The candle classifier's warmup (`--warmup`): 0 keeps the learning rate constant; else
+    /// it rises linearly over this many steps, then falls along a cosine to zero at the last
+    /// step. Below [`Config::steps`].
+    pub warmup: u64,
+    /// The candle classifier's gradient clipping (`--clip-norm`): the all-reduced gradients
+    /// scaled down to this global norm when above it.
+    pub clip_norm: Option<f64>,
     /// Units of the hidden layer.
     pub hidden: usize,
     /// Seed of the validation split, the initial weights and the shuffle.
@@ -51,6 +63,10 @@ impl Config {
         global_batch: 128,
         learning_rate: 0.01,
         momentum: 0.9,
+        optimizer: OptimizerKind::Sgd,
+        weight_decay: 0.0,
+        warmup: 0,
+        clip_norm: None,
         hidden: 32,
         seed: 7,
         eval_every: 50,
@@ -109,4 +125,27 @@ pub enum StepArithmetic {
     /// f64 products run several times slower than its f32 ones.
     #[default]
     F64Sums,
+}
+
+/// Which optimizer trains the candle classifier (`--optimizer`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OptimizerKind {
+    /// Plain SGD (`distribute_candle::Sgd` without momentum: candle-nn's `SGD` bit for bit);
+    /// `--weight-decay` adds PyTorch's coupled L2 penalty to the gradient.
+    #[default]
+    Sgd,
+    /// AdamW (`distribute_candle::AdamW`: PyTorch's, betas 0.9 and 0.999, eps 1e-8, decoupled
+    /// weight decay), whose moments and step count the checkpoints hold.
+    #[value(name = "adamw")]
+    AdamW,
+}
+
+impl OptimizerKind {
+    /// Its name in the report: `SGD`, `AdamW`.
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerKind::Sgd => "SGD",
+            OptimizerKind::AdamW => "AdamW",
+        }
+    }
 }

@@ -34,11 +34,14 @@
 //!
 //! `--framework candle` trains a candle classifier of the quality class instead, with
 //! `distribute-candle` on `MirroredStrategy` ([`candle`]), checked the same way against one
-//! replica ([`candle::CANDLE_TOLERANCE`]).
+//! replica ([`candle::CANDLE_TOLERANCE`]): plain SGD by default, or `--optimizer adamw`, with
+//! `--weight-decay`, `--warmup W` (linear warmup, then cosine decay to zero at the last step)
+//! and `--clip-norm X` (clipping by the global norm of the all-reduced gradients).
 //!
 //! ```text
 //! cargo xtask demo [--framework native|candle] [--replicas N | --devices /cpu:0,/cpu:1,...] [--strategy mirrored|tpu]
 //!                  [--steps S] [--batch B] [--lr LR] [--momentum M] [--hidden H] [--seed SEED]
+//!                  [--optimizer sgd|adamw] [--weight-decay X] [--warmup W] [--clip-norm X]
 //!                  [--tpu-arithmetic f32|f64-sums] [--plot FILE.png]
 //!                  [--checkpoint-dir DIR [--checkpoint-every N]]
 //! ```
@@ -46,7 +49,8 @@
 //! `--checkpoint-dir DIR` (candle classifier) makes the run resumable: the chief writes a
 //! checkpoint every `--checkpoint-every N` steps ([`checkpoint`]), and the demo started again
 //! with the same arguments goes on from the newest good one, to the bits of a run that never
-//! stopped on the same worker and replica counts.
+//! stopped on the same worker and replica counts (the checkpoint holds the optimizer's state and
+//! the schedule's position too).
 
 pub mod candle;
 pub mod checkpoint;

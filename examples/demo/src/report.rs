@@ -481,9 +481,9 @@ pub fn run_candle_multi_worker(args: &Args) -> Result<()> {
 fn print_candle_model(config: &Config) {
     use crate::candle::CLASSES;
     println!(
-        "model: candle MLP {FEATURES} → {h} ReLU → {h} ReLU → {CLASSES} quality classes, SGD lr \
-         {}, {} steps of global batch {}",
-        config.learning_rate,
+        "model: candle MLP {FEATURES} → {h} ReLU → {h} ReLU → {CLASSES} quality classes, {}, {} \
+         steps of global batch {}",
+        crate::candle::optimizer_description(config),
         config.steps,
         config.global_batch,
         h = config.hidden
@@ -517,7 +517,7 @@ fn report_candle(
         );
     } else {
         print_speed(config, trained.steps_per_s, &trained.losses);
-        print_candle_times(trained);
+        print_candle_times(config, trained);
     }
     if let Some(from) = trained.resumed_from
         && trained.steps_run > 0
@@ -552,7 +552,7 @@ fn report_candle(
 }
 
 /// The time per step of a candle run, by phase.
-fn print_candle_times(trained: &crate::candle::Trained) {
+fn print_candle_times(config: &Config, trained: &crate::candle::Trained) {
     let t = trained.times;
     let total = micros(t.total());
     let share = |d: Duration| 100.0 * micros(d) / total;
@@ -569,8 +569,9 @@ fn print_candle_times(trained: &crate::candle::Trained) {
         share(t.dispatch),
     );
     println!(
-        "  compute: candle's forward, backward and SGD step on replica 0; the all-reduce \
-         includes waiting for the slower replicas"
+        "  compute: candle's forward, backward and {} step on replica 0; the all-reduce \
+         includes waiting for the slower replicas",
+        config.optimizer.name()
     );
 }
 

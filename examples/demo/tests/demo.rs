@@ -1,7 +1,7 @@
 //! The demo's MLP trains to the same weights on 1, 2 and 4 replicas (each replica a contiguous
 //! chunk of the same global batches, gradients summed by all-reduce), on MirroredStrategy and as
 //! a compiled TpuStrategy step, its loss goes down, and its command line refuses what this build
-//! cannot run.
+//! cannot run and takes the candle classifier's optimizer, warmup and clipping.
 
 use distribute_demo::data::{FEATURES, load_wine};
 use distribute_demo::hand_rolled::train_hand_rolled;
@@ -350,6 +350,86 @@ fn the_command_line_refuses_what_this_build_cannot_run() {
             "--replicas N instead",
         ),
         ("--devices /tpu:0,/tpu:1", "--strategy tpu --replicas N"),
+    ] {
+        let err = parse(line).unwrap_err().to_string();
+        assert!(err.contains(expected), "{line}: {err}");
+    }
+}
+
+#[test]
+fn the_candle_classifier_takes_an_optimizer_a_warmup_and_clipping() {
+    use distribute_demo::candle::{OptimizerKind, optimizer_description};
+
+    let parse = |line: &str| distribute_demo::parse_args(line.split_whitespace());
+    let training = |line: &str| {
+        let c = parse(line).unwrap().config;
+        (
+            c.optimizer,
+            c.learning_rate,
+            c.weight_decay,
+            c.warmup,
+            c.clip_norm,
+        )
+    };
+    // The default is today's: plain SGD at 0.02, its model line unchanged.
+    assert_eq!(training(""), (OptimizerKind::Sgd, 0.02, 0.0, 0, None));
+    assert_eq!(
+        optimizer_description(&parse("").unwrap().config),
+        "SGD lr 0.02"
+    );
+    assert_eq!(
+        training("--optimizer sgd --weight-decay 1e-4"),
+        (OptimizerKind::Sgd, 0.02, 1e-4, 0, None)
+    );
+    // AdamW's own defaults: PyTorch's rate and weight decay.
+    assert_eq!(
+        training("--optimizer adamw"),
+        (OptimizerKind::AdamW, 1e-3, 0.01, 0, None)
+    );
+    let line = "--optimizer adamw --lr 0.003 --weight-decay 0 --warmup 20 --clip-norm 1.5";
+    assert_eq!(
+        training(line),
+        (OptimizerKind::AdamW, 0.003, 0.0, 20, Some(1.5))
+    );
+    assert_eq!(
+        optimizer_description(&parse(line).unwrap().config),
+        "AdamW lr 0.003 (20 steps of linear warmup, then cosine decay to 0 at step 600), \
+         gradients clipped to global norm 1.5"
+    );
+
+    for (line, expected) in [
+        ("--optimizer adam", "possible values: sgd, adamw"),
+        ("--lr -1", "invalid value '-1' for '--lr <X>': a number ≥ 0"),
+        (
+            "--weight-decay -0.1",
+            "for '--weight-decay <X>': a number ≥ 0",
+        ),
+        (
+            "--weight-decay nan",
+            "for '--weight-decay <X>': a number ≥ 0",
+        ),
+        ("--warmup -3", "for '--warmup <W>': a whole number of steps"),
+        ("--warmup 600", "--warmup 600 must be below --steps (600)"),
+        ("--steps 10 --warmup 10", "must be below --steps (10)"),
+        ("--warmup 5 --lr 0", "--warmup needs an --lr above 0"),
+        ("--clip-norm 0", "for '--clip-norm <X>': a number above 0"),
+        ("--clip-norm inf", "for '--clip-norm <X>': a number above 0"),
+        (
+            "--framework native --optimizer adamw",
+            "--optimizer is the candle classifier's",
+        ),
+        (
+            "--framework native --weight-decay 0.1",
+            "--weight-decay is the candle classifier's",
+        ),
+        (
+            "--framework native --warmup 5",
+            "--warmup is the candle classifier's",
+        ),
+        (
+            "--framework native --clip-norm 1",
+            "--clip-norm is the candle classifier's",
+        ),
     ] {
         let err = parse(line).unwrap_err().to_string();
         assert!(err.contains(expected), "{line}: {err}");

@@ -1,12 +1,13 @@
 //! `--checkpoint-dir`: a candle run stopped after some step and started again with the same
-//! directory ends with the bits of a run that never stopped, in one process and (feature `mpi`)
-//! as a 2-worker job whose worker 1 is killed with SIGKILL at a random step. The workers are
-//! this test binary started by `mpirun`, running the demo library's own training loop (its
-//! ignored `worker` test).
+//! directory ends with the bits of a run that never stopped, with plain SGD and with AdamW,
+//! warmup and clipping (whose moments and schedule position the checkpoint holds), in one
+//! process and (feature `mpi`) as a 2-worker AdamW job whose worker 1 is killed with SIGKILL at
+//! a random step. The workers are this test binary started by `mpirun`, running the demo
+//! library's own training loop (its ignored `worker` test).
 
 use distribute::prelude::{CheckpointOptions, Checkpoints};
 use distribute_demo::Config;
-use distribute_demo::candle::{Resumable, Trained, train_resumable};
+use distribute_demo::candle::{OptimizerKind, Resumable, Trained, train_resumable};
 use distribute_demo::data::{WineData, load_wine};
 
 /// Steps between checkpoints.
@@ -23,6 +24,20 @@ fn short_run(replicas: usize) -> Config {
         eval_every: 15,
         progress: false,
         ..Config::on_cpus(replicas)
+    }
+}
+
+/// [`short_run`] as `--optimizer adamw --lr 0.01 --warmup 25 --clip-norm 0.5` would train it:
+/// the checkpoint of step 20 falls inside the warmup, and the clipping bites (the test checks
+/// both change the bits).
+fn short_adamw_run(replicas: usize) -> Config {
+    Config {
+        optimizer: OptimizerKind::AdamW,
+        learning_rate: 0.01,
+        weight_decay: 0.01,
+        warmup: 25,
+        clip_norm: Some(0.5),
+        ..short_run(replicas)
     }
 }
 
@@ -61,10 +76,50 @@ fn train_mirrored(config: &Config, data: &WineData, resumable: &Resumable<'_>) -
 #[test]
 fn a_stopped_run_resumes_to_the_uninterrupted_bits() {
     let data = load_wine(7).unwrap();
-    let config = short_run(2);
-    let uninterrupted = train_mirrored(&config, &data, &Resumable::default());
+    let (sgd, adamw) = (short_run(2), short_adamw_run(2));
+    stopped_and_resumed(
+        "sgd",
+        &sgd,
+        &data,
+        &Config {
+            learning_rate: 0.2,
+            ..sgd.clone()
+        },
+    );
+    let uninterrupted = stopped_and_resumed(
+        "adamw",
+        &adamw,
+        &data,
+        &Config {
+            clip_norm: Some(1.0),
+            ..adamw.clone()
+        },
+    );
+    // The AdamW flags are wired: the run is not SGD's, and without its warmup or its clipping
+    // it ends elsewhere.
+    for other in [
+        sgd,
+        Config {
+            warmup: 0,
+            ..adamw.clone()
+        },
+        Config {
+            clip_norm: None,
+            ..adamw.clone()
+        },
+    ] {
+        let trained = train_mirrored(&other, &data, &Resumable::default());
+        assert_ne!(bits(&trained), bits(&uninterrupted), "{other:?}");
+    }
+}
 
-    let dir = fresh_dir("one-process");
+/// Trains `config` uninterrupted, then stopped 7 steps after the checkpoint of step 20 and
+/// started again: the resumed run must end on the uninterrupted bits, report the same history,
+/// and refuse the directory for `other`'s settings. The uninterrupted run.
+fn stopped_and_resumed(what: &str, config: &Config, data: &WineData, other: &Config) -> Trained {
+    let uninterrupted = train_mirrored(config, data, &Resumable::default());
+
+    let dir = fresh_dir(&format!("one-process-{what}"));
     let checkpoints = checkpoints(&dir);
     let with_dir = Resumable {
         checkpoints: Some(&checkpoints),
@@ -72,43 +127,52 @@ fn a_stopped_run_resumes_to_the_uninterrupted_bits() {
     };
     // Stopped 7 steps after the checkpoint of step 20: the resumed run takes those 7 again.
     let stopped = train_mirrored(
-        &config,
-        &data,
+        config,
+        data,
         &Resumable {
             stop_after: Some(27),
             ..with_dir
         },
     );
-    assert_eq!((stopped.resumed_from, stopped.steps_run), (None, 27));
+    assert_eq!(
+        (stopped.resumed_from, stopped.steps_run),
+        (None, 27),
+        "{what}"
+    );
 
-    let resumed = train_mirrored(&config, &data, &with_dir);
-    assert_eq!((resumed.resumed_from, resumed.steps_run), (Some(20), 40));
-    assert_eq!(bits(&resumed), bits(&uninterrupted));
+    let resumed = train_mirrored(config, data, &with_dir);
+    assert_eq!(
+        (resumed.resumed_from, resumed.steps_run),
+        (Some(20), 40),
+        "{what}"
+    );
+    assert_eq!(bits(&resumed), bits(&uninterrupted), "{what}");
     // The report's history: the losses before step 20 and the validation curve come from the
     // checkpoint.
-    assert_eq!(resumed.losses, uninterrupted.losses);
-    assert_eq!(resumed.validation, uninterrupted.validation);
-    assert_eq!(resumed.early_weights, uninterrupted.early_weights);
+    assert_eq!(resumed.losses, uninterrupted.losses, "{what}");
+    assert_eq!(resumed.validation, uninterrupted.validation, "{what}");
+    assert_eq!(resumed.early_weights, uninterrupted.early_weights, "{what}");
 
     // Started again once finished: nothing left to train, the same weights.
-    let again = train_mirrored(&config, &data, &with_dir);
-    assert_eq!((again.resumed_from, again.steps_run), (Some(60), 0));
-    assert_eq!(bits(&again), bits(&uninterrupted));
+    let again = train_mirrored(config, data, &with_dir);
+    assert_eq!(
+        (again.resumed_from, again.steps_run),
+        (Some(60), 0),
+        "{what}"
+    );
+    assert_eq!(bits(&again), bits(&uninterrupted), "{what}");
 
     // Another run's settings are refused, not continued.
-    let other = Config {
-        learning_rate: 0.2,
-        ..config.clone()
-    };
     let strategy = distribute::prelude::MirroredStrategy::new(&other.devices).unwrap();
-    let error = train_resumable(&strategy, &other, &data, &with_dir)
+    let error = train_resumable(&strategy, other, data, &with_dir)
         .err()
         .expect("a checkpoint of other settings is refused");
     assert!(
         format!("{error:#}").contains("demo/run was saved as"),
-        "{error:#}"
+        "{what}: {error:#}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+    uninterrupted
 }
 
 #[cfg(feature = "mpi")]
@@ -128,13 +192,13 @@ mod multi_worker {
     const LIMIT: Duration = Duration::from_secs(300);
 
     /// One worker of the jobs `a_killed_worker_s_job_resumes_to_the_uninterrupted_bits` starts:
-    /// trains the short run on 1 replica, checkpointing into `CHECKPOINT_DIR_VAR` if set;
+    /// trains the short AdamW run (warmup, clipping) on 1 replica, checkpointing into `CHECKPOINT_DIR_VAR` if set;
     /// worker 1 dies at the step `DIE_AT_VAR` names if set; the chief writes its weights' bits
     /// as JSON.
     #[test]
     #[ignore = "a worker process: started by mpirun from a_killed_worker_s_job_resumes_to_the_uninterrupted_bits"]
     fn worker() {
-        let config = short_run(1);
+        let config = short_adamw_run(1);
         let checkpoints = std::env::var_os(CHECKPOINT_DIR_VAR).map(|dir| checkpoints(dir.as_ref()));
         let die = kill_at_step_from_env(1);
         let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
@@ -168,7 +232,7 @@ mod multi_worker {
     fn a_killed_worker_s_job_resumes_to_the_uninterrupted_bits() {
         let (resumed, uninterrupted) = kill_and_resume(
             |env| run_self("multi_worker::worker", 2, env, LIMIT),
-            (EVERY, short_run(1).steps),
+            (EVERY, short_adamw_run(1).steps),
             |result| serde_json::from_str::<serde_json::Value>(result).unwrap(),
             |json| serde_json::from_value(json["resumed_from"].clone()).unwrap(),
         );
