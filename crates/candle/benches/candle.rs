@@ -20,8 +20,39 @@
 //! and the input wait over the step: the library's own work. A `peer` line quotes PyTorch DDP's figures on the same model and
 //! machine (measured once for issue 24, not in this run: torch is not installed here).
 //!
+//! The training state's costs (issue 38), on 2 replicas, the same model and loop, alternating
+//! round by round with the cases above; each `vs_*` is a throughput ratio (this case's steps/s
+//! over its baseline's, as `vs_plain_candle`: below 1 is slower), the median over the rounds of
+//! each round's ratio (the two ran back to back). The step is the one above, written out
+//! (backward, `all_reduce_gradients`, which clips, and the optimizer's `step`: what
+//! `backward_step` does, bar counting updates, so a checkpoint's update count stays 0):
+//!
+//! `{"bench":"candle_mlp_adamw","replicas":2,"steps_per_s","vs_sgd","optimizer_ms",
+//! "sgd_optimizer_ms"}`: AdamW (`distribute_candle::AdamW` with candle-nn's default
+//! `ParamsAdamW`: lr 1e-3, betas 0.9 and 0.999, eps 1e-8, weight decay 0.01) in place of SGD;
+//! `optimizer_ms` and `sgd_optimizer_ms` are replica 0's optimizer step alone, AdamW's and SGD's
+//! (the AdamW step's cost is `1 / vs_sgd` SGD steps).
+//!
+//! `{"bench":"candle_mlp_clip","replicas":2,"clip_norm":1.0,"steps_per_s","vs_unclipped",
+//! "clip_ms","clip_share","clipped_steps_share"}`: SGD with `Config::clip_norm = Some(1.0)`
+//! against SGD without (the `candle_mlp` 2-replica case); `clip_ms` is what clipping adds to the
+//! last arrival's all-reduce (the global norm and the scaling, median of the rounds'
+//! differences), `clip_share` that over the unclipped step, and `clipped_steps_share` the share
+//! of steps whose norm was above the limit (only those scale). The goal, clipping at most 2 % of
+//! a step: `vs_unclipped` at least 0.98 and `clip_share` at most 0.02 (the direct measure, which
+//! a busy machine's noise disturbs far less than the throughputs).
+//!
+//! `{"bench":"candle_mlp_checkpoint_every_50","replicas":2,"optimizer":"adamw","every":50,
+//! "keep":2,"checkpoints","steps_per_s","vs_no_checkpoints","checkpoint_ms","checkpoint_share"}`:
+//! AdamW with a `Checkpoints` save (model, both moments, the input position) after every 50th
+//! step into a temporary directory, keeping 2, against the same AdamW run without checkpoints;
+//! `checkpoints` is the saves in each run's timed steps, `checkpoint_ms` the mean time of one
+//! save over every round's, and `checkpoint_share` the time spent saving over the run's (the
+//! median of the rounds'). The goal, checkpoints costing at most 3 %: `vs_no_checkpoints` at
+//! least 0.97 and `checkpoint_share` at most 0.03 (again the direct measure).
+//!
 //! Without `--bench` (as `cargo test --all-targets` runs it) every case runs once for a few
-//! steps, so the bench cannot rot.
+//! steps (checkpointing every 2nd step), so the bench cannot rot.
 
 #[path = "../examples/candle_mlp.rs"]
 #[allow(dead_code)]
@@ -32,13 +63,13 @@ use std::num::NonZeroUsize;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use candle_core::{D, Device, Tensor};
-use candle_nn::{Module, Optimizer, SGD, VarBuilder, VarMap};
-use distribute_candle::{Config, CpuThreads, DataParallel};
+use candle_core::{D, Device, Tensor, Var};
+use candle_nn::{Module, Optimizer, ParamsAdamW, SGD, VarBuilder, VarMap};
+use distribute_candle::{AdamW, Config, CpuThreads, DataParallel, OptimizerState};
 use distribute_device_spec::LocalDevices;
-use distribute_input::{Dataset, InputOptions};
+use distribute_input::{Dataset, InputOptions, InputPosition};
 use distribute_mirrored::MirroredStrategy;
-use distribute_strategy::Strategy;
+use distribute_strategy::{CheckpointOptions, Checkpoints, Strategy};
 use distribute_tensor::Tensor as HostTensor;
 use distribute_test_support::candle_mlp::{
     FEATURES, GLOBAL_BATCH, HIDDEN, LEARNING_RATE, ROWS, rows,
@@ -47,8 +78,100 @@ use distribute_values::ReduceOp;
 use example::Mlp;
 use indicatif::{ProgressBar, ProgressDrawTarget};
 
-/// The variable that makes this binary run one case and print its result.
+/// The variable that makes this binary run one case and print its result: the case as
+/// `replicas:threads:steps:optimizer:clip_norm:checkpoint_every` ([`Case::encode`]).
 const CHILD: &str = "DISTRIBUTE_CANDLE_BENCH_CASE";
+
+/// The global norm the clipping case clips to.
+const CLIP_NORM: f64 = 1.0;
+/// Checkpoints the checkpointing case keeps.
+const KEEP: usize = 2;
+
+/// Which optimizer a case trains with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Optim {
+    /// candle-nn's `SGD` at the reference rate.
+    Sgd,
+    /// `distribute_candle::AdamW` with candle-nn's default `ParamsAdamW`.
+    AdamW,
+}
+
+/// One case: what its child process trains.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Case {
+    /// Replicas; 0 is the plain candle loop (no library, SGD).
+    replicas: usize,
+    /// Threads per replica; 0 is `CpuThreads::Auto`.
+    threads: usize,
+    optimizer: Optim,
+    /// `Config::clip_norm`.
+    clip_norm: Option<f64>,
+    /// A checkpoint after every this many steps; 0: none.
+    checkpoint_every: u64,
+}
+
+impl Case {
+    /// SGD on `replicas` replicas of `threads` threads, no clipping, no checkpoints.
+    const fn sgd(replicas: usize, threads: usize) -> Case {
+        Case {
+            replicas,
+            threads,
+            optimizer: Optim::Sgd,
+            clip_norm: None,
+            checkpoint_every: 0,
+        }
+    }
+
+    /// `replicas:threads:steps:optimizer:clip_norm:checkpoint_every`, as [`CHILD`] carries it:
+    /// optimizer `sgd` or `adamw`, clip_norm `-` for none, checkpoint_every 0 for none
+    /// (`2:0:150:adamw:-:50`).
+    fn encode(&self, steps: usize) -> String {
+        let optimizer = match self.optimizer {
+            Optim::Sgd => "sgd",
+            Optim::AdamW => "adamw",
+        };
+        let clip = self
+            .clip_norm
+            .map_or_else(|| "-".to_owned(), |c| c.to_string());
+        format!(
+            "{}:{}:{steps}:{optimizer}:{clip}:{}",
+            self.replicas, self.threads, self.checkpoint_every
+        )
+    }
+
+    /// The case and its steps from [`encode`](Self::encode)'s text.
+    fn decode(text: &str) -> Result<(Case, usize), Box<dyn Error>> {
+        let bad = || {
+            format!(
+                "the case is replicas:threads:steps:optimizer:clip_norm:checkpoint_every, not \
+                 {text:?}"
+            )
+        };
+        let [replicas, threads, steps, optimizer, clip, every] =
+            text.split(':').collect::<Vec<_>>()[..]
+        else {
+            return Err(bad().into());
+        };
+        let case = Case {
+            replicas: replicas.parse().map_err(|_| bad())?,
+            threads: threads.parse().map_err(|_| bad())?,
+            optimizer: match optimizer {
+                "sgd" => Optim::Sgd,
+                "adamw" => Optim::AdamW,
+                _ => return Err(bad().into()),
+            },
+            clip_norm: match clip {
+                "-" => None,
+                c => Some(c.parse().map_err(|_| bad())?),
+            },
+            checkpoint_every: every.parse().map_err(|_| bad())?,
+        };
+        if case.replicas == 0 && case != Case::sgd(0, case.threads) {
+            return Err(format!("the plain candle loop is SGD alone, not {text:?}").into());
+        }
+        Ok((case, steps.parse().map_err(|_| bad())?))
+    }
+}
 
 /// One case's measurement.
 #[derive(Debug, Clone, Copy, Default)]
@@ -56,55 +179,146 @@ struct Measured {
     steps_per_s: f64,
     threads_per_replica: usize,
     compute_ms: f64,
+    /// Replica 0's optimizer step (part of `compute_ms`).
+    optimizer_ms: f64,
     all_reduce_ms: f64,
     last_arrival_ms: f64,
     input_ms: f64,
     rest_ms: f64,
+    /// Steps whose gradient norm was above `Config::clip_norm`, over the steps.
+    clipped_share: f64,
+    /// Checkpoints saved in the timed steps.
+    checkpoints: usize,
+    /// Their mean save time.
+    checkpoint_ms: f64,
+}
+
+impl Measured {
+    /// The mean step.
+    fn step_ms(&self) -> f64 {
+        1e3 / self.steps_per_s
+    }
+
+    /// The share of the run spent saving checkpoints.
+    fn checkpoint_share(&self, steps: usize) -> f64 {
+        self.checkpoints as f64 * self.checkpoint_ms / (steps as f64 * self.step_ms())
+    }
+
+    /// As the child prints it.
+    fn to_json(self) -> serde_json::Value {
+        serde_json::json!({
+            "steps_per_s": self.steps_per_s, "threads_per_replica": self.threads_per_replica,
+            "compute_ms": self.compute_ms, "optimizer_ms": self.optimizer_ms,
+            "all_reduce_ms": self.all_reduce_ms, "last_arrival_ms": self.last_arrival_ms,
+            "input_ms": self.input_ms, "rest_ms": self.rest_ms,
+            "clipped_share": self.clipped_share, "checkpoints": self.checkpoints,
+            "checkpoint_ms": self.checkpoint_ms,
+        })
+    }
+
+    /// What [`to_json`](Self::to_json) printed.
+    fn from_json(text: &str) -> Result<Measured, Box<dyn Error>> {
+        let value: serde_json::Value = serde_json::from_str(text)?;
+        let field = |name: &str| {
+            value[name]
+                .as_f64()
+                .ok_or_else(|| format!("the case printed no {name}: {text:?}"))
+        };
+        Ok(Measured {
+            steps_per_s: field("steps_per_s")?,
+            threads_per_replica: field("threads_per_replica")? as usize,
+            compute_ms: field("compute_ms")?,
+            optimizer_ms: field("optimizer_ms")?,
+            all_reduce_ms: field("all_reduce_ms")?,
+            last_arrival_ms: field("last_arrival_ms")?,
+            input_ms: field("input_ms")?,
+            rest_ms: field("rest_ms")?,
+            clipped_share: field("clipped_share")?,
+            checkpoints: field("checkpoints")? as usize,
+            checkpoint_ms: field("checkpoint_ms")?,
+        })
+    }
+}
+
+/// The throughput of `case`'s run over `baseline`'s.
+fn throughput(case: &Measured, baseline: &Measured) -> f64 {
+    case.steps_per_s / baseline.steps_per_s
+}
+
+/// The median of `values` (the upper one of an even count).
+fn median(values: impl IntoIterator<Item = f64>) -> f64 {
+    let mut sorted: Vec<f64> = values.into_iter().collect();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
     if let Ok(case) = std::env::var(CHILD) {
-        let fields: Vec<usize> = case.split(':').map(str::parse).collect::<Result<_, _>>()?;
-        let [replicas, threads, steps] = fields[..] else {
-            return Err("the case is replicas:threads:steps".into());
+        let (case, steps) = Case::decode(&case)?;
+        let m = match (case.replicas, case.optimizer) {
+            (0, _) => plain(steps)?,
+            (_, Optim::Sgd) => ours(&case, steps, |vars| SGD::new(vars, LEARNING_RATE))?,
+            (_, Optim::AdamW) => ours(&case, steps, |vars| {
+                AdamW::new(vars, ParamsAdamW::default())
+            })?,
         };
-        let m = if replicas == 0 {
-            plain(steps)?
-        } else {
-            ours(replicas, NonZeroUsize::new(threads), steps)?
-        };
-        println!(
-            "{} {} {} {} {} {} {}",
-            m.steps_per_s,
-            m.threads_per_replica,
-            m.compute_ms,
-            m.all_reduce_ms,
-            m.last_arrival_ms,
-            m.input_ms,
-            m.rest_ms
-        );
+        println!("{}", m.to_json());
         return Ok(());
     }
     let full = std::env::args().any(|a| a == "--bench");
-    let (rounds, steps) = if full { (5, 150) } else { (1, 4) };
-    // (replicas, threads per replica; 0: CpuThreads::Auto). 0 replicas is the plain candle
-    // loop; 1 replica on 1 thread shows how the replicas scale apart from candle's own threads.
-    // The cases alternate round by round.
-    let cases = [(0usize, 0usize), (1, 0), (1, 1), (2, 0)];
+    // At least 150 steps, so that checkpointing every 50 writes 3 in the timed steps.
+    let (rounds, steps, every) = if full { (5, 150, 50) } else { (1, 4, 2) };
+    // 0 replicas is the plain candle loop; 1 replica on 1 thread shows how the replicas scale
+    // apart from candle's own threads. The cases alternate round by round.
+    const PLAIN: usize = 0;
+    const ONE: usize = 1;
+    const ONE_THREAD: usize = 2;
+    const TWO: usize = 3;
+    const ADAMW: usize = 4;
+    const CLIP: usize = 5;
+    const CHECKPOINT: usize = 6;
+    let cases = [
+        Case::sgd(0, 0),
+        Case::sgd(1, 0),
+        Case::sgd(1, 1),
+        Case::sgd(2, 0),
+        Case {
+            optimizer: Optim::AdamW,
+            ..Case::sgd(2, 0)
+        },
+        Case {
+            clip_norm: Some(CLIP_NORM),
+            ..Case::sgd(2, 0)
+        },
+        Case {
+            optimizer: Optim::AdamW,
+            checkpoint_every: every,
+            ..Case::sgd(2, 0)
+        },
+    ];
     let mut results: Vec<Vec<Measured>> = vec![Vec::new(); cases.len()];
     for _ in 0..rounds {
-        for (i, &(replicas, threads)) in cases.iter().enumerate() {
-            results[i].push(child(replicas, threads, steps)?);
+        for (i, case) in cases.iter().enumerate() {
+            results[i].push(child(case, steps)?);
         }
     }
-    let median = |runs: &[Measured]| -> Measured {
+    let median_run = |runs: &[Measured]| -> Measured {
         let mut sorted = runs.to_vec();
         sorted.sort_by(|a, b| a.steps_per_s.total_cmp(&b.steps_per_s));
         sorted[sorted.len() / 2]
     };
-    let plain = median(&results[0]);
-    let one = median(&results[1]);
-    let one_thread = median(&results[2]);
+    // The median over the rounds of `of(case's run, baseline's run)` in each round.
+    let paired = |case: usize, baseline: usize, of: fn(&Measured, &Measured) -> f64| {
+        median(
+            results[case]
+                .iter()
+                .zip(&results[baseline])
+                .map(|(c, b)| of(c, b)),
+        )
+    };
+    let plain = median_run(&results[PLAIN]);
+    let one = median_run(&results[ONE]);
+    let one_thread = median_run(&results[ONE_THREAD]);
     println!(
         "{}",
         serde_json::json!({
@@ -113,13 +327,13 @@ fn main() -> Result<(), Box<dyn Error>> {
             "rounds": rounds, "steps": steps,
         })
     );
-    for (i, &(replicas, _)) in cases.iter().enumerate().skip(1) {
-        let m = median(&results[i]);
-        let step_ms = 1e3 / m.steps_per_s;
+    for i in [ONE, ONE_THREAD, TWO] {
+        let m = median_run(&results[i]);
+        let step_ms = m.step_ms();
         println!(
             "{}",
             serde_json::json!({
-                "bench": "candle_mlp", "replicas": replicas, "workers": 1,
+                "bench": "candle_mlp", "replicas": cases[i].replicas, "workers": 1,
                 "threads_per_replica": m.threads_per_replica,
                 "steps_per_s": m.steps_per_s,
                 "speedup_vs_1": m.steps_per_s / one.steps_per_s,
@@ -136,6 +350,59 @@ fn main() -> Result<(), Box<dyn Error>> {
             })
         );
     }
+    let sgd = median_run(&results[TWO]);
+    let adamw = median_run(&results[ADAMW]);
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "candle_mlp_adamw", "replicas": cases[ADAMW].replicas, "workers": 1,
+            "threads_per_replica": adamw.threads_per_replica,
+            "steps_per_s": adamw.steps_per_s,
+            "vs_sgd": paired(ADAMW, TWO, throughput),
+            "optimizer_ms": adamw.optimizer_ms,
+            "sgd_optimizer_ms": sgd.optimizer_ms,
+            "rounds": rounds, "steps": steps,
+        })
+    );
+    let clip = median_run(&results[CLIP]);
+    let clip_ms = paired(CLIP, TWO, |c, b| c.last_arrival_ms - b.last_arrival_ms);
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "candle_mlp_clip", "replicas": cases[CLIP].replicas, "workers": 1,
+            "clip_norm": CLIP_NORM,
+            "threads_per_replica": clip.threads_per_replica,
+            "steps_per_s": clip.steps_per_s,
+            "vs_unclipped": paired(CLIP, TWO, throughput),
+            "clip_ms": clip_ms,
+            "clip_share": clip_ms / sgd.step_ms(),
+            "clipped_steps_share": clip.clipped_share,
+            "rounds": rounds, "steps": steps,
+        })
+    );
+    let saved = median_run(&results[CHECKPOINT]);
+    let saves: usize = results[CHECKPOINT].iter().map(|m| m.checkpoints).sum();
+    let save_ms: f64 = results[CHECKPOINT]
+        .iter()
+        .map(|m| m.checkpoints as f64 * m.checkpoint_ms)
+        .sum();
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": format!("candle_mlp_checkpoint_every_{every}"),
+            "replicas": cases[CHECKPOINT].replicas, "workers": 1,
+            "optimizer": "adamw", "every": every, "keep": KEEP,
+            "threads_per_replica": saved.threads_per_replica,
+            "checkpoints": saved.checkpoints,
+            "steps_per_s": saved.steps_per_s,
+            "vs_no_checkpoints": paired(CHECKPOINT, ADAMW, throughput),
+            "checkpoint_ms": save_ms / saves.max(1) as f64,
+            "checkpoint_share": median(
+                results[CHECKPOINT].iter().map(|m| m.checkpoint_share(steps))
+            ),
+            "rounds": rounds, "steps": steps,
+        })
+    );
     println!(
         "{}",
         serde_json::json!({
@@ -148,43 +415,27 @@ fn main() -> Result<(), Box<dyn Error>> {
 }
 
 /// Runs one case in a fresh process of this binary.
-fn child(replicas: usize, threads: usize, steps: usize) -> Result<Measured, Box<dyn Error>> {
-    let out = Command::new(std::env::current_exe()?)
-        .env(CHILD, format!("{replicas}:{threads}:{steps}"))
-        .output()?;
+fn child(case: &Case, steps: usize) -> Result<Measured, Box<dyn Error>> {
+    let encoded = case.encode(steps);
+    let out = Command::new(this_binary()?).env(CHILD, &encoded).output()?;
     if !out.status.success() {
         return Err(format!(
-            "case {replicas} failed: {}",
+            "case {encoded} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         )
         .into());
     }
-    let text = String::from_utf8(out.stdout)?;
-    let fields: Vec<f64> = text
-        .split_whitespace()
-        .map(str::parse)
-        .collect::<Result<_, _>>()?;
-    let [
-        steps_per_s,
-        threads,
-        compute_ms,
-        all_reduce_ms,
-        last_arrival_ms,
-        input_ms,
-        rest_ms,
-    ] = fields[..]
-    else {
-        return Err(format!("case {replicas} printed {text:?}").into());
-    };
-    Ok(Measured {
-        steps_per_s,
-        threads_per_replica: threads as usize,
-        compute_ms,
-        all_reduce_ms,
-        last_arrival_ms,
-        input_ms,
-        rest_ms,
-    })
+    Measured::from_json(&String::from_utf8(out.stdout)?)
+}
+
+/// This binary, to start a case in: on Linux `/proc/self/exe`, which goes on naming the running
+/// binary when a build beside the bench replaces its file; elsewhere its path.
+fn this_binary() -> std::io::Result<std::path::PathBuf> {
+    let running = std::path::Path::new("/proc/self/exe");
+    if cfg!(target_os = "linux") && running.exists() {
+        return Ok(running.to_owned());
+    }
+    std::env::current_exe()
 }
 
 /// A progress bar ticking on its own thread, as a user's loop has; drawn nowhere.
@@ -197,24 +448,29 @@ fn progress(steps: usize) -> ProgressBar {
 /// Steps to run before the clock starts.
 const WARMUP: usize = 5;
 
-/// The model trained with distribute-candle on `replicas` CPU replicas, `threads` each
-/// (`None`: `CpuThreads::Auto`).
-fn ours(
-    replicas: usize,
-    threads: Option<NonZeroUsize>,
-    steps: usize,
-) -> Result<Measured, Box<dyn Error>> {
-    let strategy = MirroredStrategy::new(LocalDevices::cpus(replicas))?;
+/// The model trained with distribute-candle on `case.replicas` CPU replicas, `case.threads` each
+/// (0: `CpuThreads::Auto`), with the optimizer `optimizer` builds, clipping and checkpoints as
+/// the case says.
+fn ours<O, F>(case: &Case, steps: usize, optimizer: F) -> Result<Measured, Box<dyn Error>>
+where
+    O: Optimizer + OptimizerState + Send,
+    F: Fn(Vec<Var>) -> candle_core::Result<O>,
+{
+    let strategy = MirroredStrategy::new(LocalDevices::cpus(case.replicas))?;
     let config = Config {
-        threads: threads.map_or(CpuThreads::Auto, CpuThreads::PerReplica),
+        threads: NonZeroUsize::new(case.threads).map_or(CpuThreads::Auto, CpuThreads::PerReplica),
+        clip_norm: case.clip_norm,
         ..Config::default()
     };
-    let model = DataParallel::new(
-        &strategy,
-        config,
-        |vb| Mlp::new(vb, HIDDEN),
-        |vars| SGD::new(vars, LEARNING_RATE),
-    )?;
+    let model = DataParallel::new(&strategy, config, |vb| Mlp::new(vb, HIDDEN), optimizer)?;
+    let dir = tempfile::tempdir()?;
+    let checkpoints = match case.checkpoint_every {
+        0 => None,
+        every => Some(Checkpoints::new(
+            dir.path(),
+            CheckpointOptions { every, keep: KEEP },
+        )?),
+    };
     let (x, labels) = rows();
     let total = steps + WARMUP;
     let dataset = Dataset::from_tensors((
@@ -226,11 +482,14 @@ fn ours(
     let dataset = strategy.distribute_dataset(dataset, InputOptions::default())?;
     let bar = progress(steps);
     let mut batches = dataset.iter();
-    let (mut compute, mut all_reduce, mut input, mut last_arrival) = (0.0, 0.0, 0.0, 0.0);
+    let (mut compute, mut optimizing, mut all_reduce, mut input, mut last_arrival) =
+        (0.0, 0.0, 0.0, 0.0, 0.0);
+    let (mut clipped, mut saves, mut saving) = (0usize, 0usize, 0.0);
     let mut start = Instant::now();
     for step in 0..total {
         if step == WARMUP {
-            (compute, all_reduce, input, last_arrival) = (0.0, 0.0, 0.0, 0.0);
+            (compute, optimizing, all_reduce, input, last_arrival) = (0.0, 0.0, 0.0, 0.0, 0.0);
+            (clipped, saves, saving) = (0, 0, 0.0);
             start = Instant::now();
         }
         let waited = Instant::now();
@@ -248,32 +507,67 @@ fn ours(
             let t2 = Instant::now();
             replica.optimizer_mut().step(&reduced)?;
             let t3 = Instant::now();
-            Ok(((t1 - t0) + (t3 - t2), t2 - t1))
+            let norm = replica.grad_norm();
+            Ok((t1 - t0, t2 - t1, t3 - t2, norm))
         })?;
-        compute += times[0].0.as_secs_f64();
-        all_reduce += times[0].1.as_secs_f64();
+        let (forward_backward, reduce, update, norm) = times[0];
+        compute += (forward_backward + update).as_secs_f64();
+        optimizing += update.as_secs_f64();
+        all_reduce += reduce.as_secs_f64();
         // The replica that arrived last waited for nobody: its all-reduce is the library's own
-        // cost (packing, the collective, unpacking).
+        // cost (packing, the collective, unpacking; clipping when on).
         last_arrival += times
             .iter()
             .map(|t| t.1)
             .min()
             .unwrap_or_default()
             .as_secs_f64();
+        if let (Some(norm), Some(max)) = (norm, case.clip_norm)
+            && norm > max
+        {
+            clipped += 1;
+        }
+        // A user's loop: a checkpoint after every `every` steps, with the input position.
+        let done = step as u64 + 1;
+        if let Some(checkpoints) = &checkpoints
+            && checkpoints.is_due(done)
+        {
+            let t0 = Instant::now();
+            checkpoints
+                .save(&strategy, done, &[&model], InputPosition::at_step(done))?
+                .ok_or("a due checkpoint was not written")?;
+            saving += t0.elapsed().as_secs_f64();
+            saves += 1;
+        }
         bar.inc(1);
     }
     let wall = start.elapsed().as_secs_f64();
     bar.finish_and_clear();
     model.check_in_sync()?;
+    if let Some(checkpoints) = &checkpoints {
+        let kept = std::fs::read_dir(checkpoints.dir())?.count();
+        let expected = KEEP.min(total / case.checkpoint_every as usize);
+        if kept != expected {
+            return Err(format!("{kept} checkpoints kept, not {expected}").into());
+        }
+    }
     let per_step = |s: f64| s * 1e3 / steps as f64;
     Ok(Measured {
         steps_per_s: steps as f64 / wall,
         threads_per_replica: model.threads_per_replica().unwrap_or(0),
         compute_ms: per_step(compute),
+        optimizer_ms: per_step(optimizing),
         all_reduce_ms: per_step(all_reduce),
         last_arrival_ms: per_step(last_arrival),
         input_ms: per_step(input),
-        rest_ms: per_step(wall - compute - all_reduce - input),
+        rest_ms: per_step(wall - compute - all_reduce - input - saving),
+        clipped_share: clipped as f64 / steps as f64,
+        checkpoints: saves,
+        checkpoint_ms: if saves == 0 {
+            0.0
+        } else {
+            saving * 1e3 / saves as f64
+        },
     })
 }
 
