@@ -42,6 +42,11 @@
 //! a step: `vs_unclipped` at least 0.98 and `clip_share` at most 0.02 (the direct measure, which
 //! a busy machine's noise disturbs far less than the throughputs).
 //!
+//! `{"bench":"candle_mlp_bf16","replicas":2,"steps_per_s","vs_f32","peak_mib","f32_peak_mib"}`:
+//! the 2-replica SGD case with `Precision::MixedBf16` (the model computes in bf16 over f32
+//! master weights), its throughput over the f32 case's and both processes' peak resident memory
+//! (`VmHWM`, MiB; every case's child prints its own).
+//!
 //! `{"bench":"candle_mlp_checkpoint_every_50","replicas":2,"optimizer":"adamw","every":50,
 //! "keep":2,"checkpoints","steps_per_s","vs_no_checkpoints","checkpoint_ms","checkpoint_share"}`:
 //! AdamW with a `Checkpoints` save (model, both moments, the input position) after every 50th
@@ -63,9 +68,9 @@ use std::num::NonZeroUsize;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use candle_core::{D, Device, Tensor, Var};
+use candle_core::{D, DType, Device, Tensor, Var};
 use candle_nn::{Module, Optimizer, ParamsAdamW, SGD, VarBuilder, VarMap};
-use distribute_candle::{AdamW, Config, CpuThreads, DataParallel, OptimizerState};
+use distribute_candle::{AdamW, Config, CpuThreads, DataParallel, OptimizerState, Precision};
 use distribute_device_spec::LocalDevices;
 use distribute_input::{Dataset, InputOptions, InputPosition};
 use distribute_mirrored::MirroredStrategy;
@@ -108,6 +113,8 @@ struct Case {
     clip_norm: Option<f64>,
     /// A checkpoint after every this many steps; 0: none.
     checkpoint_every: u64,
+    /// bf16 mixed precision (`Precision::MixedBf16`) instead of f32.
+    bf16: bool,
 }
 
 impl Case {
@@ -119,12 +126,13 @@ impl Case {
             optimizer: Optim::Sgd,
             clip_norm: None,
             checkpoint_every: 0,
+            bf16: false,
         }
     }
 
-    /// `replicas:threads:steps:optimizer:clip_norm:checkpoint_every`, as [`CHILD`] carries it:
-    /// optimizer `sgd` or `adamw`, clip_norm `-` for none, checkpoint_every 0 for none
-    /// (`2:0:150:adamw:-:50`).
+    /// `replicas:threads:steps:optimizer:clip_norm:checkpoint_every:precision`, as [`CHILD`]
+    /// carries it: optimizer `sgd` or `adamw`, clip_norm `-` for none, checkpoint_every 0 for
+    /// none, precision `f32` or `bf16` (`2:0:150:adamw:-:50:f32`).
     fn encode(&self, steps: usize) -> String {
         let optimizer = match self.optimizer {
             Optim::Sgd => "sgd",
@@ -133,8 +141,9 @@ impl Case {
         let clip = self
             .clip_norm
             .map_or_else(|| "-".to_owned(), |c| c.to_string());
+        let precision = if self.bf16 { "bf16" } else { "f32" };
         format!(
-            "{}:{}:{steps}:{optimizer}:{clip}:{}",
+            "{}:{}:{steps}:{optimizer}:{clip}:{}:{precision}",
             self.replicas, self.threads, self.checkpoint_every
         )
     }
@@ -143,11 +152,11 @@ impl Case {
     fn decode(text: &str) -> Result<(Case, usize), Box<dyn Error>> {
         let bad = || {
             format!(
-                "the case is replicas:threads:steps:optimizer:clip_norm:checkpoint_every, not \
-                 {text:?}"
+                "the case is replicas:threads:steps:optimizer:clip_norm:checkpoint_every:\
+                 precision, not {text:?}"
             )
         };
-        let [replicas, threads, steps, optimizer, clip, every] =
+        let [replicas, threads, steps, optimizer, clip, every, precision] =
             text.split(':').collect::<Vec<_>>()[..]
         else {
             return Err(bad().into());
@@ -165,6 +174,11 @@ impl Case {
                 c => Some(c.parse().map_err(|_| bad())?),
             },
             checkpoint_every: every.parse().map_err(|_| bad())?,
+            bf16: match precision {
+                "f32" => false,
+                "bf16" => true,
+                _ => return Err(bad().into()),
+            },
         };
         if case.replicas == 0 && case != Case::sgd(0, case.threads) {
             return Err(format!("the plain candle loop is SGD alone, not {text:?}").into());
@@ -191,6 +205,8 @@ struct Measured {
     checkpoints: usize,
     /// Their mean save time.
     checkpoint_ms: f64,
+    /// The case's process's peak resident memory (`VmHWM`), MiB.
+    peak_mib: f64,
 }
 
 impl Measured {
@@ -212,7 +228,7 @@ impl Measured {
             "all_reduce_ms": self.all_reduce_ms, "last_arrival_ms": self.last_arrival_ms,
             "input_ms": self.input_ms, "rest_ms": self.rest_ms,
             "clipped_share": self.clipped_share, "checkpoints": self.checkpoints,
-            "checkpoint_ms": self.checkpoint_ms,
+            "checkpoint_ms": self.checkpoint_ms, "peak_mib": self.peak_mib,
         })
     }
 
@@ -236,8 +252,22 @@ impl Measured {
             clipped_share: field("clipped_share")?,
             checkpoints: field("checkpoints")? as usize,
             checkpoint_ms: field("checkpoint_ms")?,
+            peak_mib: field("peak_mib")?,
         })
     }
+}
+
+/// This process's peak resident memory (`VmHWM` of /proc/self/status), MiB; 0 where there is no
+/// /proc.
+fn peak_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+            let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kib / 1024.0)
+        })
+        .unwrap_or(0.0)
 }
 
 /// The throughput of `case`'s run over `baseline`'s.
@@ -262,6 +292,10 @@ fn main() -> Result<(), Box<dyn Error>> {
                 AdamW::new(vars, ParamsAdamW::default())
             })?,
         };
+        let m = Measured {
+            peak_mib: peak_mib(),
+            ..m
+        };
         println!("{}", m.to_json());
         return Ok(());
     }
@@ -277,6 +311,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     const ADAMW: usize = 4;
     const CLIP: usize = 5;
     const CHECKPOINT: usize = 6;
+    const BF16: usize = 7;
     let cases = [
         Case::sgd(0, 0),
         Case::sgd(1, 0),
@@ -293,6 +328,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         Case {
             optimizer: Optim::AdamW,
             checkpoint_every: every,
+            ..Case::sgd(2, 0)
+        },
+        Case {
+            bf16: true,
             ..Case::sgd(2, 0)
         },
     ];
@@ -403,6 +442,19 @@ fn main() -> Result<(), Box<dyn Error>> {
             "rounds": rounds, "steps": steps,
         })
     );
+    let bf16 = median_run(&results[BF16]);
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "candle_mlp_bf16", "replicas": cases[BF16].replicas, "workers": 1,
+            "precision": "bf16 over f32 masters",
+            "threads_per_replica": bf16.threads_per_replica,
+            "steps_per_s": bf16.steps_per_s,
+            "vs_f32": paired(BF16, TWO, throughput),
+            "peak_mib": bf16.peak_mib, "f32_peak_mib": sgd.peak_mib,
+            "rounds": rounds, "steps": steps,
+        })
+    );
     println!(
         "{}",
         serde_json::json!({
@@ -460,6 +512,11 @@ where
     let config = Config {
         threads: NonZeroUsize::new(case.threads).map_or(CpuThreads::Auto, CpuThreads::PerReplica),
         clip_norm: case.clip_norm,
+        precision: if case.bf16 {
+            Precision::MixedBf16
+        } else {
+            Precision::Full
+        },
         ..Config::default()
     };
     let model = DataParallel::new(&strategy, config, |vb| Mlp::new(vb, HIDDEN), optimizer)?;
@@ -497,7 +554,8 @@ where
         input += waited.elapsed().as_secs_f64();
         let times = model.run(&inputs, |replica, (x, y)| {
             let t0 = Instant::now();
-            let logits = replica.model().forward(&x)?;
+            let x = x.to_dtype(replica.compute_dtype())?;
+            let logits = replica.model().forward(&x)?.to_dtype(DType::F32)?;
             let log_p = candle_nn::ops::log_softmax(&logits, D::Minus1)?;
             let loss =
                 (log_p.gather(&y.unsqueeze(1)?, 1)?.sum_all()? * (-1.0 / GLOBAL_BATCH as f64))?;
@@ -568,6 +626,7 @@ where
         } else {
             saving * 1e3 / saves as f64
         },
+        peak_mib: 0.0,
     })
 }
 
