@@ -302,7 +302,10 @@ mod tests {
         check_names(&manifest).unwrap();
         manifest[0].name = "optimizer/x".into();
         let err = check_names(&manifest).unwrap_err().to_string();
-        assert!(err.starts_with("variable 'optimizer/x': names starting with"), "{err}");
+        assert!(
+            err.starts_with("variable 'optimizer/x': names starting with"),
+            "{err}"
+        );
     }
 
     #[test]
