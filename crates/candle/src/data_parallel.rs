@@ -270,6 +270,7 @@ where
         let first = self.strategy.extended().first_replica_id();
         let manifest = &self.manifest;
         let policies = &self.policies;
+        let caller = std::thread::current().id();
         let outputs = self
             .strategy
             .run_each(
@@ -288,7 +289,13 @@ where
                         dropouts: std::cell::Cell::new(0),
                         compute_dtype: self.compute_dtype,
                     };
-                    let output = step(&mut view, input).map_err(Failure::Step)?;
+                    // On the replica's own rayon pool, unless this is the caller's thread.
+                    let cpu = view.replica.device.is_cpu();
+                    let output =
+                        threads::on_replica_pool(self.threads_per_replica, caller, cpu, || {
+                            step(&mut view, input)
+                        })
+                        .map_err(Failure::Step)?;
                     // Buffers change in the model's own copies: with mixed precision their
                     // masters follow before they are synchronized, and the copies after.
                     let buffers_at = &self.buffers_at;

@@ -1,17 +1,29 @@
-//! How many threads each CPU replica's candle kernels use.
+//! How many threads each CPU replica's candle kernels use, and on which rayon pool.
 //!
 //! candle's CPU backend sizes its parallelism from the environment, process-wide: its matrix
 //! multiplications split work into `RAYON_NUM_THREADS` parts (one per physical core when unset)
-//! on the current rayon pool, and its large element-wise kernels use one process-wide pool of
+//! on the current rayon pool, its convolutions split theirs over the current rayon pool whatever
+//! the thread count, and its large element-wise kernels use one process-wide pool of
 //! `CANDLE_NUM_THREADS` threads, created on first use, that callers take turns on. N replicas
 //! each splitting their products for all C cores of the machine fight for those cores, and
 //! their element-wise kernels wait for each other. [`CpuThreads::Auto`] gives each replica its
 //! share instead: `t = max(1, C / (local CPU replicas × worker processes on this machine))`, by
-//! setting both variables to `t` before the first model is built, and, when `t > 1`, building
-//! rayon's global pool with `t × replicas` threads so the replicas' matrix multiplications share
-//! it without oversubscribing. With `t = 1` candle runs every kernel on the replica's own thread.
+//! setting both variables to `t` before the first model is built.
+//!
+//! "The current rayon pool" of a thread that belongs to no pool is the global one, which every
+//! replica of the process would share, as they used to (issue 38): with `t = 1` its one thread
+//! ran every replica's convolutions in turn, so 2 replicas of a ConvNet on 2 cores left a core
+//! idle while both waited for it, where 2 processes have a pool each. So each replica's thread
+//! that the strategy started gets a pool of its own on its first step ([`on_replica_pool`]):
+//! `t` threads, the replica's thread being one of them, kept for the thread's life; with
+//! `t = 1` that is the replica's thread alone, and every candle kernel runs on it. A replica the
+//! strategy runs on the caller's thread (`MirroredStrategy`'s replica 0) does not change that
+//! thread, which is the user's: its kernels run on rayon's global pool, built here with `t`
+//! threads.
 
+use std::cell::OnceCell;
 use std::num::NonZeroUsize;
+use std::thread::ThreadId;
 
 use crate::Error;
 
@@ -79,14 +91,52 @@ pub(crate) fn apply(
             unsafe { std::env::set_var(name, &value) };
         }
     }
-    if per_replica > 1 {
-        // Fails when the global pool already exists (someone used rayon first): the replicas then
-        // share that pool, which is still bounded.
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(per_replica * replicas)
-            .build_global();
-    }
+    // The pool of the replica run on the caller's thread (the others make their own). Fails
+    // when the global pool already exists (someone used rayon first): that replica then uses
+    // that pool.
+    let _ = rayon::ThreadPoolBuilder::new()
+        .num_threads(per_replica)
+        .build_global();
     Ok(plan)
+}
+
+thread_local! {
+    /// The rayon pool this replica thread is worker 0 of, made on its first step; dropped (its
+    /// other threads stopped) when the thread ends.
+    static REPLICA_POOL: OnceCell<Option<rayon::ThreadPool>> = const { OnceCell::new() };
+}
+
+/// Runs `step` of a replica on this thread, which the strategy started (it is not `caller`, the
+/// thread that called `run`), with its candle kernels on the replica's own rayon pool of
+/// `per_replica` threads: made on the thread's first step with the thread as its worker 0, so
+/// with 1 thread every kernel runs right here. The caller's thread, a GPU replica's (`cpu`
+/// false), one already in a rayon pool and [`CpuThreads::Unmanaged`] (`per_replica` `None`)
+/// are left as they are. A thread keeps its pool for its life (rayon cannot take a thread out
+/// of a pool): a later model on the same strategy's threads uses it, whatever its threads.
+pub(crate) fn on_replica_pool<R>(
+    per_replica: Option<usize>,
+    caller: ThreadId,
+    cpu: bool,
+    step: impl FnOnce() -> R,
+) -> R {
+    if let Some(threads) = per_replica
+        && cpu
+        && std::thread::current().id() != caller
+        && rayon::current_thread_index().is_none()
+    {
+        REPLICA_POOL.with(|pool| {
+            pool.get_or_init(|| {
+                // On failure (no thread could be started) the replica keeps the global pool.
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("replica-pool-{i}"))
+                    .use_current_thread()
+                    .build()
+                    .ok()
+            });
+        });
+    }
+    step()
 }
 
 /// The cores this process may run on, and whether that is fewer than the machine's (a launcher

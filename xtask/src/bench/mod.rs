@@ -149,6 +149,16 @@ pub(crate) const SUITES: &[Suite] = &[
         needs: &[Need::Mpi],
         steps: &[Step::Mpirun(multi_worker::bench_multi_worker)],
     },
+    Suite {
+        name: "candle-convnet",
+        about: "candle's mnist-training ConvNet with distribute-candle on 1 and 2 replicas beside \
+                a plain candle loop and 2 processes that exchange nothing",
+        needs: &[],
+        steps: &[Step::Json {
+            package: "distribute-candle",
+            bench: "convnet",
+        }],
+    },
 ];
 
 impl Suite {
