@@ -38,8 +38,8 @@ use std::time::Instant;
 use candle_core::{D, Tensor};
 use candle_nn::{Linear, Module, Optimizer, ParamsAdamW, VarBuilder};
 use distribute_candle::{
-    AdamW, Config, CpuThreads, DataParallel, Decay, OptimizerState, ParamsSgd, Precision, Schedule,
-    Sgd, StateTensor,
+    AnyOptimizer, Config, CpuThreads, DataParallel, Decay, OptimizerConfig, ParamsSgd, Precision,
+    Schedule,
 };
 use distribute_device_spec::LocalDevices;
 use distribute_input::{Dataset, InputOptions, InputPosition};
@@ -77,80 +77,6 @@ pub(crate) enum OptimizerKind {
     Sgd,
     /// AdamW with PyTorch's defaults.
     AdamW,
-}
-
-/// The optimizer a run chose, one type for [`DataParallel`]: its state goes into checkpoints.
-pub(crate) enum TrainOptimizer {
-    /// `--optimizer sgd`.
-    Sgd(Sgd),
-    /// `--optimizer adamw`.
-    AdamW(AdamW),
-}
-
-impl Optimizer for TrainOptimizer {
-    /// Which, the learning rate, the weight decay.
-    type Config = (OptimizerKind, f64, f64);
-
-    fn new(
-        vars: Vec<candle_core::Var>,
-        (kind, lr, weight_decay): Self::Config,
-    ) -> candle_core::Result<Self> {
-        Ok(match kind {
-            OptimizerKind::Sgd => TrainOptimizer::Sgd(Sgd::new(
-                vars,
-                ParamsSgd {
-                    lr,
-                    weight_decay,
-                    ..ParamsSgd::default()
-                },
-            )?),
-            OptimizerKind::AdamW => TrainOptimizer::AdamW(AdamW::new(
-                vars,
-                ParamsAdamW {
-                    lr,
-                    weight_decay,
-                    ..ParamsAdamW::default()
-                },
-            )?),
-        })
-    }
-
-    fn step(&mut self, grads: &candle_core::backprop::GradStore) -> candle_core::Result<()> {
-        match self {
-            TrainOptimizer::Sgd(o) => o.step(grads),
-            TrainOptimizer::AdamW(o) => o.step(grads),
-        }
-    }
-
-    fn learning_rate(&self) -> f64 {
-        match self {
-            TrainOptimizer::Sgd(o) => o.learning_rate(),
-            TrainOptimizer::AdamW(o) => o.learning_rate(),
-        }
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) {
-        match self {
-            TrainOptimizer::Sgd(o) => o.set_learning_rate(lr),
-            TrainOptimizer::AdamW(o) => o.set_learning_rate(lr),
-        }
-    }
-}
-
-impl OptimizerState for TrainOptimizer {
-    fn state(&self) -> Vec<StateTensor> {
-        match self {
-            TrainOptimizer::Sgd(o) => o.state(),
-            TrainOptimizer::AdamW(o) => o.state(),
-        }
-    }
-
-    fn set_state(&mut self, values: &[Tensor]) -> candle_core::Result<()> {
-        match self {
-            TrainOptimizer::Sgd(o) => o.set_state(values),
-            TrainOptimizer::AdamW(o) => o.set_state(values),
-        }
-    }
 }
 
 impl Module for Mlp {
@@ -212,19 +138,22 @@ impl std::fmt::Debug for AfterStep {
 
 impl Options {
     /// The optimizer's configuration.
-    fn optimizer_config(&self) -> (OptimizerKind, f64, f64) {
-        let (lr, weight_decay) = match self.optimizer {
-            OptimizerKind::Sgd => (LEARNING_RATE, 0.0),
-            OptimizerKind::AdamW => (
-                ParamsAdamW::default().lr,
-                ParamsAdamW::default().weight_decay,
-            ),
-        };
-        (
-            self.optimizer,
-            self.lr.unwrap_or(lr),
-            self.weight_decay.unwrap_or(weight_decay),
-        )
+    fn optimizer_config(&self) -> OptimizerConfig {
+        match self.optimizer {
+            OptimizerKind::Sgd => OptimizerConfig::Sgd(ParamsSgd {
+                lr: self.lr.unwrap_or(LEARNING_RATE),
+                weight_decay: self.weight_decay.unwrap_or(0.0),
+                ..ParamsSgd::default()
+            }),
+            OptimizerKind::AdamW => {
+                let defaults = ParamsAdamW::default();
+                OptimizerConfig::AdamW(ParamsAdamW {
+                    lr: self.lr.unwrap_or(defaults.lr),
+                    weight_decay: self.weight_decay.unwrap_or(defaults.weight_decay),
+                    ..defaults
+                })
+            }
+        }
     }
 
     /// The learning-rate schedule: none without a warmup.
@@ -232,7 +161,7 @@ impl Options {
         if self.warmup == 0 {
             return Ok(None);
         }
-        let (_, lr, _) = self.optimizer_config();
+        let lr = self.optimizer_config().lr();
         Ok(Some(Schedule::new(
             lr,
             self.warmup,
@@ -349,7 +278,7 @@ pub(crate) fn train_on<S: Strategy>(
         strategy,
         config,
         |vb| Mlp::new(vb, hidden),
-        |vars| TrainOptimizer::new(vars, options.optimizer_config()),
+        |vars| AnyOptimizer::new(vars, options.optimizer_config()),
     )?;
     if let Some(init) = &options.init {
         model.load(init)?;

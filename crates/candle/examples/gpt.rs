@@ -75,8 +75,8 @@ use std::time::{Duration, Instant};
 use candle_core::{D, DType, Device, Tensor};
 use candle_nn::{Embedding, LayerNorm, Linear, Module, Optimizer, ParamsAdamW, VarBuilder};
 use distribute_candle::{
-    AdamW, Config, CpuThreads, DataParallel, Decay, Metrics, OptimizerState, ParamsSgd, Precision,
-    Schedule, Sgd, StateTensor, StepError,
+    AnyOptimizer, Config, CpuThreads, DataParallel, Decay, Metrics, OptimizerConfig, ParamsSgd,
+    Precision, Schedule, StepError,
 };
 use distribute_device_spec::LocalDevices;
 use distribute_input::{Dataset, GeneratorSource, InputOptions, InputPosition};
@@ -450,82 +450,8 @@ pub(crate) enum OptimizerKind {
     AdamW,
 }
 
-/// The optimizer a run chose, one type for [`DataParallel`]: its state goes into checkpoints.
-pub(crate) enum TrainOptimizer {
-    /// `--optimizer sgd`.
-    Sgd(Sgd),
-    /// `--optimizer adamw`.
-    AdamW(AdamW),
-}
-
-impl Optimizer for TrainOptimizer {
-    /// Which, the learning rate, the weight decay.
-    type Config = (OptimizerKind, f64, f64);
-
-    fn new(
-        vars: Vec<candle_core::Var>,
-        (kind, lr, weight_decay): Self::Config,
-    ) -> candle_core::Result<Self> {
-        Ok(match kind {
-            OptimizerKind::Sgd => TrainOptimizer::Sgd(Sgd::new(
-                vars,
-                ParamsSgd {
-                    lr,
-                    weight_decay,
-                    ..ParamsSgd::default()
-                },
-            )?),
-            OptimizerKind::AdamW => TrainOptimizer::AdamW(AdamW::new(
-                vars,
-                ParamsAdamW {
-                    lr,
-                    weight_decay,
-                    ..ParamsAdamW::default()
-                },
-            )?),
-        })
-    }
-
-    fn step(&mut self, grads: &candle_core::backprop::GradStore) -> candle_core::Result<()> {
-        match self {
-            TrainOptimizer::Sgd(o) => o.step(grads),
-            TrainOptimizer::AdamW(o) => o.step(grads),
-        }
-    }
-
-    fn learning_rate(&self) -> f64 {
-        match self {
-            TrainOptimizer::Sgd(o) => o.learning_rate(),
-            TrainOptimizer::AdamW(o) => o.learning_rate(),
-        }
-    }
-
-    fn set_learning_rate(&mut self, lr: f64) {
-        match self {
-            TrainOptimizer::Sgd(o) => o.set_learning_rate(lr),
-            TrainOptimizer::AdamW(o) => o.set_learning_rate(lr),
-        }
-    }
-}
-
-impl OptimizerState for TrainOptimizer {
-    fn state(&self) -> Vec<StateTensor> {
-        match self {
-            TrainOptimizer::Sgd(o) => o.state(),
-            TrainOptimizer::AdamW(o) => o.state(),
-        }
-    }
-
-    fn set_state(&mut self, values: &[Tensor]) -> candle_core::Result<()> {
-        match self {
-            TrainOptimizer::Sgd(o) => o.set_state(values),
-            TrainOptimizer::AdamW(o) => o.set_state(values),
-        }
-    }
-}
-
 /// The data-parallel model of a run.
-type Gpt2Model<'s, S> = DataParallel<'s, S, Gpt, TrainOptimizer>;
+type Gpt2Model<'s, S> = DataParallel<'s, S, Gpt, AnyOptimizer>;
 
 /// How to train.
 #[derive(Debug, Clone)]
@@ -580,16 +506,22 @@ pub(crate) struct Options {
 
 impl Options {
     /// The optimizer's configuration.
-    fn optimizer_config(&self) -> (OptimizerKind, f64, f64) {
-        let (lr, weight_decay) = match self.optimizer {
-            OptimizerKind::Sgd => (0.3, 0.0),
-            OptimizerKind::AdamW => (3e-3, ParamsAdamW::default().weight_decay),
-        };
-        (
-            self.optimizer,
-            self.lr.unwrap_or(lr),
-            self.weight_decay.unwrap_or(weight_decay),
-        )
+    fn optimizer_config(&self) -> OptimizerConfig {
+        match self.optimizer {
+            OptimizerKind::Sgd => OptimizerConfig::Sgd(ParamsSgd {
+                lr: self.lr.unwrap_or(0.3),
+                weight_decay: self.weight_decay.unwrap_or(0.0),
+                ..ParamsSgd::default()
+            }),
+            OptimizerKind::AdamW => {
+                let defaults = ParamsAdamW::default();
+                OptimizerConfig::AdamW(ParamsAdamW {
+                    lr: self.lr.unwrap_or(3e-3),
+                    weight_decay: self.weight_decay.unwrap_or(defaults.weight_decay),
+                    ..defaults
+                })
+            }
+        }
     }
 
     /// The learning-rate schedule: none without a warmup (or with fewer than 2 steps).
@@ -600,7 +532,7 @@ impl Options {
         if warmup == 0 {
             return Ok(None);
         }
-        let (_, lr, _) = self.optimizer_config();
+        let lr = self.optimizer_config().lr();
         Ok(Some(Schedule::new(
             lr,
             warmup,
@@ -690,8 +622,9 @@ impl Evaluation {
 /// What a training run ends with.
 #[derive(Debug, Clone)]
 pub(crate) struct Trained {
-    /// Every variable's final value, flat, by name (the tests compare them).
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Every variable's final value, flat, by name (`tests/gpt.rs` compares them; the program
+    /// itself does not read them).
+    #[allow(dead_code)]
     pub(crate) weights: BTreeMap<String, Vec<f32>>,
     /// Each step's training loss (mean over the global batch's bytes), from `first_step` on.
     pub(crate) losses: Vec<f32>,
@@ -822,7 +755,7 @@ pub(crate) fn train_on<S: Strategy>(
         strategy,
         config,
         |vb| Gpt::new(shape, vb),
-        |vars| TrainOptimizer::new(vars, options.optimizer_config()),
+        |vars| AnyOptimizer::new(vars, options.optimizer_config()),
     )?;
     model.assign(initial_values(&model, shape.layers, options.seed)?)?;
     let checkpoints = match &options.checkpoints {

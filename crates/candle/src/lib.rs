@@ -53,7 +53,9 @@ pub use error::{Error, StepError};
 pub use evaluate::{
     Metrics, all_reduce_scalar, all_reduce_scalars, all_reduce_tensor, all_reduce_tensors,
 };
-pub use optim::{AdamW, OptimizerState, ParamsSgd, Sgd, StateTensor};
+pub use optim::{
+    AdamW, AnyOptimizer, OptimizerConfig, OptimizerState, ParamsSgd, Sgd, StateTensor,
+};
 pub use policy::{BATCH_NORM_MEAN, VarPolicy};
 pub use precision::Precision;
 pub use schedule::{Decay, Schedule};

@@ -26,8 +26,8 @@ use distribute::prelude::{
     Checkpoints, Dataset, InputOptions, InputPosition, PartialBatch, ReduceOp, Strategy,
 };
 use distribute_candle::{
-    AdamW, Config as CandleConfig, DataParallel, Decay, OptimizerState, ParamsSgd, Schedule, Sgd,
-    StateTensor,
+    AnyOptimizer, Config as CandleConfig, DataParallel, Decay, OptimizerConfig, OptimizerState,
+    ParamsSgd, Schedule, StateTensor,
 };
 
 pub use crate::config::OptimizerKind;
@@ -125,15 +125,9 @@ pub fn schedule(config: &Config) -> Result<Option<Schedule>> {
 /// its state goes into checkpoints ([`OptimizerState`]), and it times its steps for the
 /// report's compute time.
 pub struct TrainOptimizer {
-    chosen: Chosen,
+    chosen: AnyOptimizer,
     /// How long the last step took.
     last_step: Duration,
-}
-
-/// The optimizer `--optimizer` chose.
-enum Chosen {
-    Sgd(Sgd),
-    AdamW(AdamW),
 }
 
 impl TrainOptimizer {
@@ -151,68 +145,47 @@ impl Optimizer for TrainOptimizer {
         vars: Vec<candle_core::Var>,
         (kind, lr, weight_decay): Self::Config,
     ) -> candle_core::Result<Self> {
-        let chosen = match kind {
-            OptimizerKind::Sgd => Chosen::Sgd(Sgd::new(
-                vars,
-                ParamsSgd {
-                    lr,
-                    weight_decay,
-                    ..ParamsSgd::default()
-                },
-            )?),
-            OptimizerKind::AdamW => Chosen::AdamW(AdamW::new(
-                vars,
-                ParamsAdamW {
-                    lr,
-                    weight_decay,
-                    ..ParamsAdamW::default()
-                },
-            )?),
+        let config = match kind {
+            OptimizerKind::Sgd => OptimizerConfig::Sgd(ParamsSgd {
+                lr,
+                weight_decay,
+                ..ParamsSgd::default()
+            }),
+            OptimizerKind::AdamW => OptimizerConfig::AdamW(ParamsAdamW {
+                lr,
+                weight_decay,
+                ..ParamsAdamW::default()
+            }),
         };
         Ok(TrainOptimizer {
-            chosen,
+            chosen: AnyOptimizer::new(vars, config)?,
             last_step: Duration::ZERO,
         })
     }
 
     fn step(&mut self, grads: &candle_core::backprop::GradStore) -> candle_core::Result<()> {
         let start = Instant::now();
-        match &mut self.chosen {
-            Chosen::Sgd(o) => o.step(grads)?,
-            Chosen::AdamW(o) => o.step(grads)?,
-        }
+        self.chosen.step(grads)?;
         self.last_step = start.elapsed();
         Ok(())
     }
 
     fn learning_rate(&self) -> f64 {
-        match &self.chosen {
-            Chosen::Sgd(o) => o.learning_rate(),
-            Chosen::AdamW(o) => o.learning_rate(),
-        }
+        self.chosen.learning_rate()
     }
 
     fn set_learning_rate(&mut self, lr: f64) {
-        match &mut self.chosen {
-            Chosen::Sgd(o) => o.set_learning_rate(lr),
-            Chosen::AdamW(o) => o.set_learning_rate(lr),
-        }
+        self.chosen.set_learning_rate(lr)
     }
 }
 
 impl OptimizerState for TrainOptimizer {
     fn state(&self) -> Vec<StateTensor> {
-        match &self.chosen {
-            Chosen::Sgd(o) => o.state(),
-            Chosen::AdamW(o) => o.state(),
-        }
+        self.chosen.state()
     }
 
     fn set_state(&mut self, values: &[Tensor]) -> candle_core::Result<()> {
-        match &mut self.chosen {
-            Chosen::Sgd(o) => o.set_state(values),
-            Chosen::AdamW(o) => o.set_state(values),
-        }
+        self.chosen.set_state(values)
     }
 }
 

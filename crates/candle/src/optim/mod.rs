@@ -4,9 +4,11 @@
 //! private.
 
 mod adamw;
+mod any;
 mod sgd;
 
 pub use adamw::AdamW;
+pub use any::{AnyOptimizer, OptimizerConfig};
 pub use sgd::{ParamsSgd, Sgd};
 
 use candle_core::Tensor;
