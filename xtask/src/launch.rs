@@ -48,45 +48,23 @@ pub(crate) fn launch(launch: &Args) -> Result<()> {
     let exe = build_release(&metadata, &mpi, &package, "--example", &launch.example)?;
     let args = mpirun_args(launch.workers, cores(), &exe, &launch.args);
     let what = format!("launch {}", launch.example);
-    with_restarts(launch.restarts, &what, |attempt| {
-        if attempt > 0 {
-            eprintln!(
-                "xtask: {what}: restart {attempt} of {}: the job starts again with the same \
-                 arguments (an example given --checkpoint-dir resumes from its newest good \
-                 checkpoint)",
-                launch.restarts
-            );
-        }
-        mpirun(&mpi, &what, &args)
-    })
+    with_restarts(launch.restarts, &what, |_| mpirun(&mpi, &what, &args))
 }
 
-/// Runs `attempt(0)`, and after a failure `attempt(1)`, … up to `restarts` more times; the last
-/// failure is the error, naming how many attempts failed.
+/// Runs `attempt(0)`, and after a failure `attempt(1)`, … up to `restarts` more times
+/// (`distribute-launch`'s restarts, as `cargo distribute run` makes them); the last failure is
+/// the error, naming how many attempts failed.
 pub(crate) fn with_restarts(
     restarts: usize,
     what: &str,
-    mut attempt: impl FnMut(usize) -> Result<()>,
+    attempt: impl FnMut(usize) -> Result<()>,
 ) -> Result<()> {
-    let mut last = None;
-    for n in 0..=restarts {
-        match attempt(n) {
-            Ok(()) => return Ok(()),
-            Err(e) => {
-                eprintln!(
-                    "xtask: {what}: attempt {} of {} failed: {e:#}",
-                    n + 1,
-                    restarts + 1
-                );
-                last = Some(e);
-            }
-        }
-    }
-    let error = last.expect("at least one attempt ran");
-    Err(error.context(format!(
-        "{what}: all {} attempts failed (--restarts {restarts})",
-        restarts + 1
-    )))
+    distribute_launch::job::with_restarts(restarts, "xtask", what, attempt).map_err(|error| {
+        error.context(format!(
+            "{what}: all {} attempts failed (--restarts {restarts})",
+            restarts + 1
+        ))
+    })
 }
 
 #[cfg(test)]

@@ -121,7 +121,7 @@ pub(crate) fn test_mpi(extra: &[String]) -> Result<()> {
             bail!("{message} (or set DISTRIBUTE_SKIP_MPI=1 to skip these tests)");
         }
     };
-    let env = mpi.test_env();
+    let env = mpi.oversubscribed_env();
     let env = env_refs(&env);
     for doc in [false, true] {
         let args = test_args(&packages, doc, extra);

