@@ -21,7 +21,8 @@
 //! scaling), and `--checkpoint-dir DIR` with
 //! `--checkpoint-every N`: a checkpoint of the model, its optimizer's state and the input
 //! position every N steps, from which a restarted run resumes on the bits of one that never
-//! stopped.
+//! stopped. `--sharding zero1|zero2` shards the optimizer's state (and the reduced gradients)
+//! among the replicas (ZeRO), to the same bits; `--momentum X` gives SGD a momentum.
 //!
 //! Built with the feature `mpi` and started by `mpirun`, it trains with
 //! `MultiWorkerMirroredStrategy`: every process is a worker with `--replicas` local replicas, and
@@ -39,7 +40,7 @@ use candle_core::{D, Tensor};
 use candle_nn::{Linear, Module, Optimizer, ParamsAdamW, VarBuilder};
 use distribute_candle::{
     AnyOptimizer, Config, CpuThreads, DataParallel, Decay, OptimizerConfig, ParamsSgd, Precision,
-    Schedule,
+    ReplicaMemory, Schedule, Sharding,
 };
 use distribute_device_spec::LocalDevices;
 use distribute_input::{Dataset, InputOptions, InputPosition};
@@ -118,6 +119,11 @@ pub(crate) struct Options {
     pub(crate) precision: Precision,
     /// `--checkpoint-dir` and `--checkpoint-every`.
     pub(crate) checkpoints: Option<(PathBuf, u64)>,
+    /// `--sharding none|zero1|zero2`: ZeRO, each replica keeping its shard of the optimizer's
+    /// state (and of the reduced gradients).
+    pub(crate) sharding: Sharding,
+    /// `--momentum X`: SGD's momentum (default 0).
+    pub(crate) momentum: f64,
     /// `--stop-after N`: stop once step N is done, as if stopped there (the schedule still
     /// runs to `steps`); a later run resumes from the checkpoints.
     pub(crate) stop_after: Option<usize>,
@@ -143,6 +149,7 @@ impl Options {
             OptimizerKind::Sgd => OptimizerConfig::Sgd(ParamsSgd {
                 lr: self.lr.unwrap_or(LEARNING_RATE),
                 weight_decay: self.weight_decay.unwrap_or(0.0),
+                momentum: self.momentum,
                 ..ParamsSgd::default()
             }),
             OptimizerKind::AdamW => {
@@ -188,6 +195,8 @@ impl Default for Options {
             hidden: HIDDEN,
             precision: Precision::Full,
             checkpoints: None,
+            sharding: Sharding::None,
+            momentum: 0.0,
             stop_after: None,
             after_step: None,
         }
@@ -208,6 +217,8 @@ pub(crate) struct Trained {
     pub(crate) steps_per_s: f64,
     /// Threads each replica's kernels used.
     pub(crate) threads_per_replica: Option<usize>,
+    /// The bytes the library held for the first local replica at the end.
+    pub(crate) memory: ReplicaMemory,
 }
 
 /// Writes fresh initial values (candle's initialisers, on one replica) to `path`: the common
@@ -271,10 +282,11 @@ pub(crate) fn train_on<S: Strategy>(
         schedule: options.schedule()?,
         clip_norm: options.clip_norm,
         precision: options.precision,
+        sharding: options.sharding,
         ..Config::default()
     };
     let hidden = options.hidden;
-    let model = DataParallel::new(
+    let model = DataParallel::new_sharded(
         strategy,
         config,
         |vb| Mlp::new(vb, hidden),
@@ -378,6 +390,7 @@ pub(crate) fn train_on<S: Strategy>(
         first_step,
         steps_per_s,
         threads_per_replica: model.threads_per_replica(),
+        memory: model.memory()?[0],
     })
 }
 
@@ -395,7 +408,8 @@ fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
                          [--optimizer sgd|adamw] [--lr X] [--weight-decay X] [--warmup W] \
                          [--clip-norm X] [--hidden H] [--checkpoint-dir DIR] \
                          [--checkpoint-every N] [--stop-after N] \
-                         [--precision f32|bf16|f16]";
+                         [--precision f32|bf16|f16] [--sharding none|zero1|zero2] \
+                         [--momentum X]";
     let mut checkpoint_dir = None;
     let mut checkpoint_every = None;
     let mut options = Options::default();
@@ -493,6 +507,12 @@ fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
                         .ok_or("--checkpoint-every needs a positive number")?,
                 );
             }
+            "--sharding" => options.sharding = value("none, zero1 or zero2")?.parse()?,
+            "--momentum" => {
+                options.momentum = value("a number")?
+                    .parse()
+                    .map_err(|_| "--momentum needs a number")?;
+            }
             "--json" => json = true,
             "--help" | "-h" => {
                 println!("{USAGE}");
@@ -528,6 +548,13 @@ fn main() -> Result<(), Box<dyn Error>> {
                 "threads_per_replica": trained.threads_per_replica,
                 "weights": trained.weights, "losses": trained.losses,
                 "steps_per_s": trained.steps_per_s, "first_step": trained.first_step,
+                "sharding": options.sharding.to_string(),
+                "memory": {
+                    "parameters": trained.memory.parameters,
+                    "gradients": trained.memory.gradients,
+                    "gradient_buckets": trained.memory.gradient_buckets,
+                    "optimizer_state": trained.memory.optimizer_state,
+                },
             })
         );
     } else {

@@ -14,11 +14,12 @@ use distribute_values::Distributed;
 
 use crate::error::outside_step;
 use crate::gpu::StepDone;
-use crate::optim::OptimizerState;
+use crate::optim::{OptimizerState, ShardOptimizer, StateTensor};
 use crate::policy::{self, VarPolicy};
 use crate::precision::Precision;
 use crate::replica::{Replica, build_replicas, is_cpu};
 use crate::schedule::Schedule;
+use crate::shard::{self, ReplicaMemory, ShardOps, Sharding, Shards};
 use crate::step::ReplicaStep;
 use crate::threads::{self, CpuThreads};
 use crate::training_state::{self, Saved};
@@ -59,6 +60,10 @@ pub struct Config {
     /// Full precision, or a model computing in bf16 or f16 over f32 master weights
     /// ([`Precision`]). Default [`Precision::Full`].
     pub precision: Precision,
+    /// ZeRO: each replica keeps only its shard of the optimizer's state (and of the reduced
+    /// gradients) ([`Sharding`]); needs [`DataParallel::new_sharded`]. Default
+    /// [`Sharding::None`].
+    pub sharding: Sharding,
 }
 
 impl Default for Config {
@@ -72,6 +77,7 @@ impl Default for Config {
             var_policies: &[],
             seed: 0,
             precision: Precision::Full,
+            sharding: Sharding::None,
         }
     }
 }
@@ -136,6 +142,8 @@ pub struct DataParallel<'s, S, M, O> {
     /// The dtype the model computes in.
     compute_dtype: DType,
     seed: u64,
+    /// With [`Config::sharding`], the optimizer's piece operations.
+    shard_ops: Option<ShardOps<O>>,
 }
 
 impl<'s, S, M, O> DataParallel<'s, S, M, O>
@@ -160,11 +168,39 @@ where
     /// threads that read it through C's `getenv` (Rust's `std::env` readers are safe): build the
     /// model before starting such threads, or choose [`CpuThreads::Unmanaged`] and set the
     /// variables before the program starts (under `mpirun`, `-x RAYON_NUM_THREADS=…`).
+    ///
+    /// [`Config::sharding`] must be [`Sharding::None`]: a sharded model is built with
+    /// [`new_sharded`](Self::new_sharded), whose optimizer must be a [`ShardOptimizer`].
     pub fn new<FM, FO, EM, EO>(
         strategy: &'s S,
         config: Config,
         build_model: FM,
         build_optimizer: FO,
+    ) -> Result<Self, Error>
+    where
+        FM: Fn(VarBuilder<'_>) -> Result<M, EM>,
+        EM: Into<StepError>,
+        FO: Fn(Vec<Var>) -> Result<O, EO>,
+        EO: Into<StepError>,
+    {
+        if config.sharding != Sharding::None {
+            return Err(Error::InvalidArgument(format!(
+                "Config::sharding is {}: build a sharded model with DataParallel::new_sharded, \
+                 whose optimizer updates pieces of variables (a ShardOptimizer: AdamW, Sgd, \
+                 AnyOptimizer, candle-nn's SGD)",
+                config.sharding
+            )));
+        }
+        Self::build(strategy, config, build_model, build_optimizer, None)
+    }
+
+    /// [`new`](Self::new) and [`new_sharded`](Self::new_sharded): `ops` with sharding.
+    fn build<FM, FO, EM, EO>(
+        strategy: &'s S,
+        config: Config,
+        build_model: FM,
+        build_optimizer: FO,
+        ops: Option<ShardOps<O>>,
     ) -> Result<Self, Error>
     where
         FM: Fn(VarBuilder<'_>) -> Result<M, EM>,
@@ -194,6 +230,7 @@ where
                 config.precision,
                 &build_model,
                 &build_optimizer,
+                ops.is_some(),
             )?;
             for (r, manifest) in manifests.iter().enumerate().skip(1) {
                 if let Some(diff) = variables::difference(
@@ -213,9 +250,29 @@ where
             let policies = policy::resolve(&manifest, config.var_policies)?;
             Ok((plan, replicas, manifest, policies))
         });
-        let (plan, replicas, manifest, policies) =
+        let (plan, mut replicas, manifest, policies) =
             variables::agreed(extended, local, "building its model")?;
         variables::agree_across_workers(extended, &manifest)?;
+        if let Some(ops) = &ops {
+            let total = extended.total_replicas();
+            let built = replicas
+                .iter_mut()
+                .enumerate()
+                .try_for_each(|(r, replica)| {
+                    let shards = Shards::new(
+                        config.sharding,
+                        &manifest,
+                        total,
+                        first + r,
+                        ops,
+                        &replica.optimizer,
+                        &replica.device,
+                    )?;
+                    replica.shards = Some(shards);
+                    Ok(())
+                });
+            variables::agreed(extended, built, "building its shards")?;
+        }
         let model = DataParallel {
             strategy,
             name: config.name,
@@ -230,6 +287,7 @@ where
             policies,
             seed: config.seed,
             compute_dtype: config.precision.build_dtype(config.dtype)?,
+            shard_ops: ops,
         };
         model.copy_from_first_replica()?;
         Ok(model)
@@ -288,6 +346,7 @@ where
                         seed: self.seed,
                         dropouts: std::cell::Cell::new(0),
                         compute_dtype: self.compute_dtype,
+                        shard_ops: self.shard_ops,
                     };
                     // On the replica's own rayon pool, unless this is the caller's thread.
                     let cpu = view.replica.device.is_cpu();
@@ -427,6 +486,68 @@ where
     /// The threads each CPU replica's kernels use (`None` when [`CpuThreads::Unmanaged`]).
     pub fn threads_per_replica(&self) -> Option<usize> {
         self.threads_per_replica
+    }
+
+    /// The bytes this library holds for each local replica, in replica order: the variables,
+    /// the reduced gradients a step hands the optimizer, the buckets gradients travel in
+    /// (kept between steps), and the optimizer's state. With [`Config::sharding`], the
+    /// optimizer's state is the replica's shard's (and with ZeRO-2 the reduced gradients too).
+    pub fn memory(&self) -> Result<Vec<ReplicaMemory>, Error>
+    where
+        O: OptimizerState,
+    {
+        outside_step("memory")?;
+        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        (0..self.replicas.len())
+            .map(|r| {
+                let replica = self.lock(r)?;
+                let mut parameters: usize = replica.vars.iter().map(|v| bytes(v)).sum();
+                if let Some(compute) = &replica.compute {
+                    parameters += compute
+                        .iter()
+                        .zip(&replica.vars)
+                        .filter(|(c, v)| c.dtype() != v.dtype())
+                        .map(|(c, _)| bytes(c))
+                        .sum::<usize>();
+                }
+                let own: usize = replica
+                    .optimizer
+                    .state()
+                    .iter()
+                    .map(|s| bytes(&s.value))
+                    .sum();
+                let (gradients, optimizer_state) = match &replica.shards {
+                    Some(shards) => (shards.reduced_gradient_bytes(), own + shards.state_bytes()),
+                    None => (
+                        self.manifest
+                            .iter()
+                            .map(|v| v.elem_count() * v.dtype.size_in_bytes())
+                            .sum(),
+                        own,
+                    ),
+                };
+                let buckets = replica
+                    .buckets
+                    .iter()
+                    .flatten()
+                    .map(|b| b.size_in_bytes())
+                    .sum();
+                Ok(ReplicaMemory {
+                    parameters,
+                    gradients,
+                    gradient_buckets: buckets,
+                    optimizer_state,
+                })
+            })
+            .collect()
+    }
+
+    /// How the model is sharded ([`Config::sharding`]).
+    pub fn sharding(&self) -> Sharding {
+        self.replicas
+            .first()
+            .and_then(|r| r.lock().ok()?.shards.as_ref().map(|s| s.sharding))
+            .unwrap_or_default()
     }
 
     /// The strategy the model runs on.
@@ -607,6 +728,71 @@ where
     }
 }
 
+/// ZeRO: models whose optimizer can update pieces of variables.
+impl<'s, S, M, O> DataParallel<'s, S, M, O>
+where
+    S: Strategy,
+    M: Send,
+    O: ShardOptimizer + Send,
+{
+    /// [`new`](Self::new) with [`Config::sharding`] (any, [`Sharding::None`] included): each
+    /// replica owns a shard of the flattened variables ([`Sharding`] says how they are cut)
+    /// and keeps the optimizer's state of its shard only. `build_optimizer` is called with no
+    /// variables (the shards hold the state of the pieces the optimizer updates).
+    ///
+    /// Updates go through [`ReplicaStep::backward_step`] and
+    /// [`ReplicaStep::step_accumulated`]; [`ReplicaStep::all_reduce_gradients`] is refused, as
+    /// the optimizer cannot step whole variables. [`save`](Self::save) and the `Checkpoints`
+    /// route gather every replica's shard (every worker must call them) and write the state
+    /// as an unsharded model writes it, so a checkpoint restores with any replica count and
+    /// any sharding.
+    ///
+    /// ```
+    /// use candle_core::{DType, Tensor};
+    /// use candle_nn::{Module, Optimizer, ParamsAdamW, VarBuilder};
+    /// use distribute_candle::{AdamW, Config, DataParallel, Sharding};
+    /// use distribute_mirrored::MirroredStrategy;
+    /// use distribute_values::ReduceOp;
+    ///
+    /// let strategy = MirroredStrategy::new(&["/cpu:0", "/cpu:1"])?;
+    /// let config = Config { sharding: Sharding::Optimizer, ..Config::default() };
+    /// let model = DataParallel::new_sharded(
+    ///     &strategy,
+    ///     config,
+    ///     |vb: VarBuilder| candle_nn::linear(300, 10, vb.pp("l1")),
+    ///     |vars| AdamW::new(vars, ParamsAdamW::default()),
+    /// )?;
+    /// model.run(&(), |replica, ()| {
+    ///     let x = Tensor::ones((4, 300), DType::F32, replica.device())?;
+    ///     let loss = replica.model().forward(&x)?.sqr()?.mean_all()?;
+    ///     replica.backward_step(&loss, ReduceOp::Mean)?;
+    ///     Ok(())
+    /// })?;
+    /// model.check_in_sync()?;
+    /// // Each replica holds the moments of half of the 3,010 parameters (a shard is a whole
+    /// // number of 1,024-element blocks: 2,048 and 962), and the step count.
+    /// let memory = model.memory()?;
+    /// assert_eq!(memory[0].optimizer_state, 2 * 2048 * 4 + 8);
+    /// assert_eq!(memory[1].optimizer_state, 2 * 962 * 4 + 8);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn new_sharded<FM, FO, EM, EO>(
+        strategy: &'s S,
+        config: Config,
+        build_model: FM,
+        build_optimizer: FO,
+    ) -> Result<Self, Error>
+    where
+        FM: Fn(VarBuilder<'_>) -> Result<M, EM>,
+        EM: Into<StepError>,
+        FO: Fn(Vec<Var>) -> Result<O, EO>,
+        EO: Into<StepError>,
+    {
+        let ops = (config.sharding != Sharding::None).then(ShardOps::<O>::of);
+        Self::build(strategy, config, build_model, build_optimizer, ops)
+    }
+}
+
 /// Saving and restoring the whole training state: an optimizer that says what its state is.
 impl<S, M, O> DataParallel<'_, S, M, O>
 where
@@ -632,16 +818,51 @@ where
         })
     }
 
-    /// Replica 0's training state (every copy being equal) as a safetensors buffer.
+    /// Replica 0's training state (every copy being equal) as a safetensors buffer; a sharded
+    /// model's optimizer state gathered from every replica of every worker first.
     fn to_safetensors(&self) -> Result<Vec<u8>, Error> {
+        let state = match self.shard_ops {
+            Some(ops) => self.gathered_state(&ops)?,
+            None => self.lock_settled(0)?.optimizer.state(),
+        };
         let replica = self.lock_settled(0)?;
         training_state::to_bytes(
             &self.manifest,
             &replica.vars,
-            &replica.optimizer,
+            state,
             replica.updates,
             replica.loss_scale,
         )
+    }
+
+    /// A sharded model's whole optimizer state, as an unsharded optimizer's would list it: the
+    /// optimizer's own values, then every variable's slots gathered from every replica's
+    /// pieces (exchanged across workers: every worker must call it).
+    fn gathered_state(&self, ops: &ShardOps<O>) -> Result<Vec<StateTensor>, Error> {
+        let extended = self.strategy.extended();
+        let local = (|| {
+            let replicas = (0..self.replicas.len())
+                .map(|r| self.lock_settled(r))
+                .collect::<Result<Vec<_>, Error>>()?;
+            let shards = replicas.iter().filter_map(|r| r.shards.as_ref());
+            shard::local_state_bytes(shards)
+        })();
+        let bytes = variables::agreed(extended, local, "reading its optimizer's shards")?;
+        let every = shard::all_gather_bytes(extended, bytes)?;
+        let replica = self.lock_settled(0)?;
+        let shards = replica
+            .shards
+            .as_ref()
+            .expect("a sharded model's replica has shards");
+        let template = (ops.piece_state)(&replica.optimizer, 1, DType::F32, &replica.device)?;
+        let mut state = replica.optimizer.state();
+        state.extend(shard::gather_state(
+            &self.manifest,
+            &shards.plan,
+            &template,
+            &every,
+        )?);
+        Ok(state)
     }
 
     /// Sets every copy of the model from a safetensors file: the variables (exactly the
@@ -694,14 +915,26 @@ where
             true => saved.loss_scale_for().map_err(&misfit)?,
             false => None,
         };
+        // A sharded model expects every variable's slots whole, as an unsharded one saves
+        // them; each replica then takes its pieces' parts.
+        let (expected, own, template_len) = {
+            let replica = self.lock(0)?;
+            let own = replica.optimizer.state();
+            let own_len = own.len();
+            let mut expected = own;
+            let mut template_len = 0;
+            if let Some(ops) = &self.shard_ops {
+                let template =
+                    (ops.piece_state)(&replica.optimizer, 1, DType::F32, &replica.device)?;
+                template_len = template.len();
+                expected.extend(shard::expected_state(&self.manifest, &template)?);
+            }
+            (expected, own_len, template_len)
+        };
         let optimizer = match training {
             true => Some(
-                training_state::optimizer_values(
-                    &self.manifest,
-                    &self.lock(0)?.optimizer,
-                    &saved.optimizer,
-                )
-                .map_err(&misfit)?,
+                training_state::optimizer_values(&self.manifest, &expected, &saved.optimizer)
+                    .map_err(&misfit)?,
             ),
             false => None,
         };
@@ -711,11 +944,16 @@ where
                 var.set(&value.to_device(&replica.device)?)?;
             }
             if let Some(state) = &optimizer {
-                let state = state
+                let (whole, pieces) = state.split_at(own);
+                let whole = whole
                     .iter()
                     .map(|t| t.to_device(&replica.device))
                     .collect::<candle_core::Result<Vec<_>>>()?;
-                replica.optimizer.set_state(&state)?;
+                replica.optimizer.set_state(&whole)?;
+                let device = replica.device.clone();
+                if let Some(shards) = &mut replica.shards {
+                    shard::set_state(shards, template_len, pieces, &device)?;
+                }
             }
             if let Some(step) = step {
                 replica.updates = step;

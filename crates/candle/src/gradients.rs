@@ -56,7 +56,12 @@ pub(crate) fn all_reduce(
         .iter()
         .zip(spares.iter_mut())
         .map(|(&dtype, spare)| {
-            let bucket = pack(dtype, manifest, grads, label, device, spare.take())?;
+            let len = manifest
+                .iter()
+                .filter(|v| v.dtype == dtype)
+                .map(VarInfo::elem_count)
+                .sum();
+            let bucket = pack(dtype, manifest, grads, label, device, spare.take(), len)?;
             *spare = Some(bucket.clone());
             Ok(bucket)
         })
@@ -81,7 +86,7 @@ pub(crate) fn all_reduce(
 }
 
 /// Fails unless candle gradients of `dtype` can be reduced (floating point), naming a variable.
-fn supported(dtype: DType, manifest: &[VarInfo]) -> Result<(), Error> {
+pub(crate) fn supported(dtype: DType, manifest: &[VarInfo]) -> Result<(), Error> {
     match dtype {
         DType::F32 | DType::F64 | DType::BF16 | DType::F16 => Ok(()),
         other => {
@@ -110,17 +115,19 @@ fn check_gradient(var: &VarInfo, grad: &Tensor) -> Result<(), Error> {
     Ok(())
 }
 
-/// The gradients of variables of `dtype` flattened into one host tensor, manifest order: into
-/// `spare` (the last step's bucket) where it fits and nothing else holds it, else a new one. On
-/// a GPU replica they are first joined on the GPU, so the bucket comes to the host in one copy
-/// rather than one per variable.
-fn pack(
+/// The gradients of variables of `dtype` flattened into one host tensor, manifest order, then
+/// zeros up to `padded` elements (a ZeRO bucket is a whole number of shards): into `spare` (the
+/// last step's bucket) where it fits and nothing else holds it, else a new one. On a GPU replica
+/// they are first joined on the GPU, so the bucket comes to the host in one copy rather than one
+/// per variable.
+pub(crate) fn pack(
     dtype: DType,
     manifest: &[VarInfo],
     grads: &[Option<Tensor>],
     label: &str,
     device: &Device,
     spare: Option<distribute_tensor::Tensor>,
+    padded: usize,
 ) -> Result<distribute_tensor::Tensor, Error> {
     supported(dtype, manifest)?;
     let of_dtype = || {
@@ -135,6 +142,7 @@ fn pack(
         }
     }
     let len: usize = of_dtype().map(|(var, _)| var.elem_count()).sum();
+    debug_assert!(padded >= len);
     let joined = if device.is_cpu() {
         None
     } else {
@@ -144,13 +152,17 @@ fn pack(
                 None => Tensor::zeros(var.elem_count(), dtype, device),
             })
             .collect::<candle_core::Result<Vec<_>>>()?;
-        Some(Tensor::cat(&parts, 0)?)
+        let joined = Tensor::cat(&parts, 0)?;
+        Some(match padded > len {
+            true => joined.pad_with_zeros(0, 0, padded - len)?,
+            false => joined,
+        })
     };
     let reusable = spare.filter(|s| {
         joined.is_none()
             && s.is_sole_holder()
             && s.is_contiguous()
-            && s.shape() == [len]
+            && s.shape() == [padded]
             && s.device() == label
     });
     macro_rules! pack_as {
@@ -169,22 +181,24 @@ fn pack(
                     }
                     at += n;
                 }
+                flat[at..].fill(<$ty>::default());
                 return Ok(bucket);
             }
             let flat: Vec<$ty> = match &joined {
                 Some(joined) => joined.to_vec1::<$ty>()?,
                 None => {
-                    let mut flat: Vec<$ty> = Vec::with_capacity(len);
+                    let mut flat: Vec<$ty> = Vec::with_capacity(padded);
                     for (var, grad) in of_dtype() {
                         match grad {
                             Some(grad) => extend_from(&mut flat, grad)?,
                             None => flat.resize(flat.len() + var.elem_count(), <$ty>::default()),
                         }
                     }
+                    flat.resize(padded, <$ty>::default());
                     flat
                 }
             };
-            distribute_tensor::Tensor::from_vec(label, &[len], flat)?
+            distribute_tensor::Tensor::from_vec(label, &[padded], flat)?
         }};
     }
     Ok(match dtype {

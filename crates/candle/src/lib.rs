@@ -42,6 +42,7 @@ mod policy;
 mod precision;
 mod replica;
 mod schedule;
+mod shard;
 mod step;
 mod threads;
 mod training_state;
@@ -54,11 +55,13 @@ pub use evaluate::{
     Metrics, all_reduce_scalar, all_reduce_scalars, all_reduce_tensor, all_reduce_tensors,
 };
 pub use optim::{
-    AdamW, AnyOptimizer, OptimizerConfig, OptimizerState, ParamsSgd, Sgd, StateTensor,
+    AdamW, AnyOptimizer, OptimizerConfig, OptimizerState, ParamsSgd, PieceSlot, Sgd,
+    ShardOptimizer, StateTensor,
 };
 pub use policy::{BATCH_NORM_MEAN, VarPolicy};
 pub use precision::Precision;
 pub use schedule::{Decay, Schedule};
+pub use shard::{ReplicaMemory, Sharding};
 pub use step::ReplicaStep;
 pub use threads::CpuThreads;
 pub use variables::VarInfo;

@@ -33,6 +33,8 @@ pub(crate) struct Replica<M, O> {
     pub(crate) updates: u64,
     /// The global norm of the last reduced gradients, when clipping took it.
     pub(crate) grad_norm: Option<f64>,
+    /// With [`Sharding`](crate::Sharding), this replica's shards and their optimizer state.
+    pub(crate) shards: Option<crate::shard::Shards>,
     /// The last step's buffer buckets (as `buckets`, for [`VarPolicy::Mean`] and
     /// [`VarPolicy::FirstReplica`] buffers).
     pub(crate) buffer_buckets: Vec<Option<distribute_tensor::Tensor>>,
@@ -47,6 +49,7 @@ pub(crate) fn build_replicas<M, O, FM, FO, EM, EO>(
     precision: Precision,
     build_model: &FM,
     build_optimizer: &FO,
+    sharded: bool,
 ) -> Result<(Vec<Replica<M, O>>, Vec<Vec<VarInfo>>), Error>
 where
     FM: Fn(VarBuilder<'_>) -> Result<M, EM>,
@@ -79,7 +82,13 @@ where
                 (masters, Some(model_vars))
             }
         };
-        let optimizer = build_optimizer(vars.clone()).map_err(|e| failed(e.into()))?;
+        // A sharded model's optimizer updates pieces of the variables, whose state the shards
+        // hold: built over no variable, it allocates no state of its own for them.
+        let optimizer_vars = match sharded {
+            true => Vec::new(),
+            false => vars.clone(),
+        };
+        let optimizer = build_optimizer(optimizer_vars).map_err(|e| failed(e.into()))?;
         replicas.push(Replica {
             model,
             optimizer,
@@ -91,6 +100,7 @@ where
             buckets: Vec::new(),
             updates: 0,
             grad_norm: None,
+            shards: None,
             buffer_buckets: Vec::new(),
         });
         manifests.push(manifest);

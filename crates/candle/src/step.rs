@@ -9,6 +9,7 @@ use distribute_values::ReduceOp;
 
 use crate::replica::Replica;
 use crate::schedule::Schedule;
+use crate::shard::{self, ShardOps};
 use crate::variables::VarInfo;
 use crate::{Error, clip, gradients};
 
@@ -26,6 +27,8 @@ pub struct ReplicaStep<'a, 'c, M, O> {
     pub(crate) dropouts: std::cell::Cell<u64>,
     /// The dtype the model computes in.
     pub(crate) compute_dtype: DType,
+    /// With sharding, the optimizer's piece operations.
+    pub(crate) shard_ops: Option<ShardOps<O>>,
 }
 
 impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
@@ -98,11 +101,22 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
     ///
     /// With [`Config::clip_norm`] the reduced gradients are clipped to that global norm
     /// ([`grad_norm`](Self::grad_norm) then says the norm before clipping).
+    ///
+    /// A sharded model ([`Config::sharding`]) refuses it: its optimizer updates shards, in
+    /// [`backward_step`](Self::backward_step) and [`step_accumulated`](Self::step_accumulated).
     pub fn all_reduce_gradients(
         &mut self,
         grads: &GradStore,
         op: ReduceOp,
     ) -> Result<GradStore, Error> {
+        if let Some(shards) = &self.replica.shards {
+            return Err(Error::InvalidArgument(format!(
+                "all_reduce_gradients on a sharded model (Config::sharding {}): its optimizer \
+                 holds only its shard's state and cannot step whole variables; update with \
+                 backward_step or step_accumulated",
+                shards.sharding
+            )));
+        }
         let local = self.local_gradients(grads)?;
         let reduced = self
             .reduce(&local, op, false)?
@@ -119,6 +133,10 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
     pub fn backward_step(&mut self, loss: &Tensor, op: ReduceOp) -> Result<(), Error> {
         let grads = self.scaled(loss)?.backward()?;
         let local = self.local_gradients(&grads)?;
+        drop(grads);
+        if self.replica.shards.is_some() {
+            return self.sharded_update(&local, op);
+        }
         match self.reduce(&local, op, true)? {
             Some(reduced) => {
                 let reduced = gradients::into_store(&self.replica.vars, reduced);
@@ -239,6 +257,9 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
             .accumulated
             .take()
             .unwrap_or_else(|| vec![None; self.manifest.len()]);
+        if self.replica.shards.is_some() {
+            return self.sharded_update(&sums, op);
+        }
         match self.reduce(&sums, op, true)? {
             Some(reduced) => {
                 let reduced = gradients::into_store(&self.replica.vars, reduced);
@@ -269,7 +290,7 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
             // A power of two: unscaling is exact. The reduced gradients are the same bits on
             // every replica and worker, so is the decision.
             reduced = clip::scale(reduced, 1.0 / loss_scale.scale)?;
-            let n = clip::global_norm(&reduced)?;
+            let n = clip::global_norm(self.manifest, &reduced)?;
             loss_scale.record(n.is_finite());
             if !n.is_finite() {
                 return Ok(None);
@@ -281,9 +302,80 @@ impl<M, O: Optimizer> ReplicaStep<'_, '_, M, O> {
         };
         let norm = match norm {
             Some(n) => n,
-            None => clip::global_norm(&reduced)?,
+            None => clip::global_norm(self.manifest, &reduced)?,
         };
         self.replica.grad_norm = Some(norm);
         clip::scale(reduced, clip::factor(max_norm, norm)).map(Some)
     }
+
+    /// A sharded model's update: `local` reduced into this replica's shards, unscaled (f16: a
+    /// step whose gradients overflowed is skipped everywhere) and clipped by the norm of all
+    /// shards (the unsharded norm, to the bit), each shard updated with its optimizer state,
+    /// and every variable set from the all-gathered shards.
+    fn sharded_update(&mut self, local: &[Option<Tensor>], op: ReduceOp) -> Result<(), Error> {
+        let ops = self
+            .shard_ops
+            .expect("a sharded replica's model has its optimizer's piece operations");
+        let replica = &mut *self.replica;
+        let shards = replica
+            .shards
+            .as_mut()
+            .expect("the caller checked the replica is sharded");
+        let (mut parts, present) = shard::reduce(
+            self.ctx,
+            op,
+            self.manifest,
+            shards,
+            local,
+            &replica.device,
+            &mut replica.buckets,
+        )?;
+        let mut norm = None;
+        if let Some(loss_scale) = &mut replica.loss_scale {
+            parts = scale_parts(parts, 1.0 / loss_scale.scale)?;
+            let n = shard::global_norm(self.ctx, shards, &parts)?;
+            loss_scale.record(n.is_finite());
+            if !n.is_finite() {
+                return Ok(());
+            }
+            norm = Some(n);
+        }
+        if let Some(max_norm) = self.clip_norm {
+            let norm = match norm {
+                Some(n) => n,
+                None => shard::global_norm(self.ctx, shards, &parts)?,
+            };
+            replica.grad_norm = Some(norm);
+            parts = scale_parts(parts, clip::factor(max_norm, norm))?;
+        }
+        if let Some(schedule) = &self.schedule {
+            replica
+                .optimizer
+                .set_learning_rate(schedule.rate(replica.updates));
+        }
+        shard::update(
+            self.ctx,
+            &ops,
+            &mut replica.optimizer,
+            shards,
+            self.manifest,
+            &replica.vars,
+            &parts,
+            &present,
+        )?;
+        replica.updates += 1;
+        replica.refresh_compute()
+    }
+}
+
+/// Every shard times `factor`, as [`clip::scale`] scales whole gradients (left as they are when
+/// `factor` is 1 or more), so elementwise to the same bits.
+fn scale_parts(parts: Vec<Tensor>, factor: f64) -> Result<Vec<Tensor>, Error> {
+    if factor >= 1.0 {
+        return Ok(parts);
+    }
+    parts
+        .into_iter()
+        .map(|p| (p * factor).map_err(Error::from))
+        .collect()
 }

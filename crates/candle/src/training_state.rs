@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use candle_core::{Device, Tensor, Var};
 
 use crate::Error;
-use crate::optim::{OptimizerState, StateTensor};
+use crate::optim::StateTensor;
 use crate::precision::LossScale;
 use crate::variables::VarInfo;
 
@@ -40,10 +40,10 @@ fn entry_name(manifest: &[VarInfo], tensor: &StateTensor) -> Result<String, Erro
 }
 
 /// The variables, the optimizer's state and `step` as one safetensors buffer.
-pub(crate) fn to_bytes<O: OptimizerState>(
+pub(crate) fn to_bytes(
     manifest: &[VarInfo],
     vars: &[Var],
-    optimizer: &O,
+    optimizer: Vec<StateTensor>,
     step: u64,
     loss_scale: Option<LossScale>,
 ) -> Result<Vec<u8>, Error> {
@@ -52,7 +52,7 @@ pub(crate) fn to_bytes<O: OptimizerState>(
         .zip(vars)
         .map(|(info, var)| (info.name.clone(), var.as_tensor().clone()))
         .collect();
-    for tensor in optimizer.state() {
+    for tensor in optimizer {
         named.push((entry_name(manifest, &tensor)?, tensor.value));
     }
     let step = i64::try_from(step)
@@ -175,15 +175,15 @@ impl Saved {
 /// The values for `optimizer`'s state, in its order, from `entries` (a saved state's optimizer
 /// entries, all of which must be used); the error names the first entry that is missing, has
 /// another dtype or shape, or that this optimizer does not have.
-pub(crate) fn optimizer_values<O: OptimizerState>(
+pub(crate) fn optimizer_values(
     manifest: &[VarInfo],
-    optimizer: &O,
+    expected: &[StateTensor],
     entries: &HashMap<String, Tensor>,
 ) -> Result<Vec<Tensor>, String> {
     let mut values = Vec::new();
     let mut used = 0;
-    for slot in optimizer.state() {
-        let name = entry_name(manifest, &slot).map_err(|e| e.to_string())?;
+    for slot in expected {
+        let name = entry_name(manifest, slot).map_err(|e| e.to_string())?;
         let value = entries
             .get(&name)
             .ok_or_else(|| format!("has no optimizer entry '{name}', which the optimizer has"))?;
@@ -203,8 +203,7 @@ pub(crate) fn optimizer_values<O: OptimizerState>(
         let extra = entries
             .keys()
             .filter(|name| {
-                !optimizer
-                    .state()
+                !expected
                     .iter()
                     .any(|slot| entry_name(manifest, slot).is_ok_and(|n| &n == *name))
             })
@@ -224,7 +223,7 @@ mod tests {
     use candle_nn::Optimizer;
 
     use super::*;
-    use crate::optim::AdamW;
+    use crate::optim::{AdamW, OptimizerState};
 
     fn model() -> (Vec<VarInfo>, Vec<Var>) {
         let vars = vec![
@@ -247,7 +246,7 @@ mod tests {
     fn the_state_goes_through_bytes_and_back_with_its_entries_named() {
         let (manifest, vars) = model();
         let optimizer = AdamW::new(vars.clone(), Default::default()).unwrap();
-        let bytes = to_bytes(&manifest, &vars, &optimizer, 7, None).unwrap();
+        let bytes = to_bytes(&manifest, &vars, optimizer.state(), 7, None).unwrap();
         let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).unwrap();
         let mut names: Vec<&String> = tensors.keys().collect();
         names.sort();
@@ -255,7 +254,7 @@ mod tests {
         let saved = Saved::split(tensors).unwrap();
         assert_eq!(saved.step, Some(7));
         assert_eq!(saved.variables.len(), 2);
-        let values = optimizer_values(&manifest, &optimizer, &saved.optimizer).unwrap();
+        let values = optimizer_values(&manifest, &optimizer.state(), &saved.optimizer).unwrap();
         assert_eq!(values.len(), optimizer.state().len());
     }
 
@@ -263,13 +262,13 @@ mod tests {
     fn a_missing_a_mis_shaped_or_a_foreign_entry_is_named() {
         let (manifest, vars) = model();
         let optimizer = AdamW::new(vars.clone(), Default::default()).unwrap();
-        let bytes = to_bytes(&manifest, &vars, &optimizer, 1, None).unwrap();
+        let bytes = to_bytes(&manifest, &vars, optimizer.state(), 1, None).unwrap();
         let tensors = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu).unwrap();
         let saved = Saved::split(tensors).unwrap();
 
         let mut missing = saved.optimizer.clone();
         missing.remove("optimizer/l.weight/exp_avg_sq");
-        let err = optimizer_values(&manifest, &optimizer, &missing).unwrap_err();
+        let err = optimizer_values(&manifest, &optimizer.state(), &missing).unwrap_err();
         assert_eq!(
             err,
             "has no optimizer entry 'optimizer/l.weight/exp_avg_sq', which the optimizer has"
@@ -280,7 +279,7 @@ mod tests {
             "optimizer/l.bias/exp_avg".into(),
             Tensor::zeros((3, 2), DType::F32, &Device::Cpu).unwrap(),
         );
-        let err = optimizer_values(&manifest, &optimizer, &reshaped).unwrap_err();
+        let err = optimizer_values(&manifest, &optimizer.state(), &reshaped).unwrap_err();
         assert_eq!(
             err,
             "optimizer entry 'optimizer/l.bias/exp_avg' is f32 [3, 2], the optimizer's is f32 \
@@ -288,7 +287,7 @@ mod tests {
         );
 
         let sgd = candle_nn::SGD::new(vars, 0.1).unwrap();
-        let err = optimizer_values(&manifest, &sgd, &saved.optimizer).unwrap_err();
+        let err = optimizer_values(&manifest, &sgd.state(), &saved.optimizer).unwrap_err();
         assert!(err.starts_with("has optimizer entry 'optimizer/"), "{err}");
         assert!(
             err.ends_with("which the optimizer does not (another optimizer?)"),

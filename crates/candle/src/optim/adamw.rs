@@ -4,7 +4,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Result, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
 
-use super::{OptimizerState, StateTensor};
+use super::{OptimizerState, PieceSlot, ShardOptimizer, StateTensor};
 
 /// One variable AdamW updates, with its moments.
 #[derive(Debug)]
@@ -75,28 +75,16 @@ impl Optimizer for AdamW {
         // candle-nn 0.11.1's `AdamW::step`, operation for operation: only where the moments live
         // differs (new tensors each step instead of `Var`s written in place).
         self.step_t += 1;
-        let lr = self.params.lr;
-        let lambda = self.params.weight_decay;
-        let lr_lambda = lr * lambda;
-        let beta1 = self.params.beta1;
-        let beta2 = self.params.beta2;
-        let scale_m = 1f64 / (1f64 - beta1.powi(self.step_t as i32));
-        let scale_v = 1f64 / (1f64 - beta2.powi(self.step_t as i32));
         for var in self.vars.iter_mut() {
             let theta = &var.var;
             let m = &var.exp_avg;
             let v = &var.exp_avg_sq;
             if let Some(g) = grads.get(theta) {
-                let next_m = ((m * beta1)? + (g * (1.0 - beta1))?)?;
-                let next_v = ((v * beta2)? + (g.sqr()? * (1.0 - beta2))?)?;
-                let m_hat = (&next_m * scale_m)?;
-                let v_hat = (&next_v * scale_v)?;
-                let next_theta = (theta.as_tensor() * (1f64 - lr_lambda))?;
-                let adjusted_grad = (m_hat / (v_hat.sqrt()? + self.params.eps)?)?;
-                let next_theta = (next_theta - (adjusted_grad * lr)?)?;
+                let (next_theta, next_m, next_v) =
+                    update(&self.params, self.step_t, theta.as_tensor(), g, m, v)?;
                 theta.set(&next_theta)?;
-                var.exp_avg = next_m.detach();
-                var.exp_avg_sq = next_v.detach();
+                var.exp_avg = next_m;
+                var.exp_avg_sq = next_v;
             }
         }
         self.step_tensor = step_tensor(self.step_t)?;
@@ -193,6 +181,61 @@ impl OptimizerState for AdamW {
         self.step_t = step_t;
         self.step_tensor = step_tensor;
         Ok(())
+    }
+}
+
+/// candle-nn 0.11.1's `AdamW` update of one variable (or any piece of one: every operation is
+/// elementwise) at step `step_t` (1-based): its next value and moments.
+fn update(
+    params: &ParamsAdamW,
+    step_t: usize,
+    theta: &Tensor,
+    g: &Tensor,
+    m: &Tensor,
+    v: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let lr = params.lr;
+    let lr_lambda = lr * params.weight_decay;
+    let (beta1, beta2) = (params.beta1, params.beta2);
+    let scale_m = 1f64 / (1f64 - beta1.powi(step_t as i32));
+    let scale_v = 1f64 / (1f64 - beta2.powi(step_t as i32));
+    let next_m = ((m * beta1)? + (g * (1.0 - beta1))?)?;
+    let next_v = ((v * beta2)? + (g.sqr()? * (1.0 - beta2))?)?;
+    let m_hat = (&next_m * scale_m)?;
+    let v_hat = (&next_v * scale_v)?;
+    let next_theta = (theta * (1f64 - lr_lambda))?;
+    let adjusted_grad = (m_hat / (v_hat.sqrt()? + params.eps)?)?;
+    let next_theta = (next_theta - (adjusted_grad * lr)?)?;
+    Ok((next_theta, next_m.detach(), next_v.detach()))
+}
+
+/// ZeRO: AdamW on pieces of variables, the same update as [`Optimizer::step`]'s.
+impl ShardOptimizer for AdamW {
+    /// `exp_avg` and `exp_avg_sq`, zeros of the piece's length.
+    fn piece_state(&self, len: usize, dtype: DType, device: &Device) -> Result<Vec<PieceSlot>> {
+        Ok(vec![
+            PieceSlot::new("exp_avg", Tensor::zeros(len, dtype, device)?),
+            PieceSlot::new("exp_avg_sq", Tensor::zeros(len, dtype, device)?),
+        ])
+    }
+
+    fn begin_update(&mut self) -> Result<()> {
+        self.step_t += 1;
+        self.step_tensor = step_tensor(self.step_t)?;
+        Ok(())
+    }
+
+    fn update_piece(&self, value: &Tensor, grad: &Tensor, state: &mut [Tensor]) -> Result<Tensor> {
+        let [m, v] = state else {
+            return Err(candle_core::Error::Msg(format!(
+                "AdamW::update_piece: expected exp_avg and exp_avg_sq, got {} tensors",
+                state.len()
+            )));
+        };
+        let (next, next_m, next_v) = update(&self.params, self.step_t, value, grad, m, v)?;
+        *m = next_m;
+        *v = next_v;
+        Ok(next)
     }
 }
 

@@ -2,10 +2,10 @@
 //! optimizer type a [`DataParallel`](crate::DataParallel) model holds.
 
 use candle_core::backprop::GradStore;
-use candle_core::{Result, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor, Var};
 use candle_nn::{Optimizer, ParamsAdamW};
 
-use super::{AdamW, OptimizerState, ParamsSgd, Sgd, StateTensor};
+use super::{AdamW, OptimizerState, ParamsSgd, PieceSlot, Sgd, ShardOptimizer, StateTensor};
 
 /// Which optimizer [`AnyOptimizer`] is, with its parameters.
 #[derive(Debug, Clone)]
@@ -94,6 +94,29 @@ impl OptimizerState for AnyOptimizer {
         match self {
             AnyOptimizer::Sgd(o) => o.set_state(values),
             AnyOptimizer::AdamW(o) => o.set_state(values),
+        }
+    }
+}
+
+impl ShardOptimizer for AnyOptimizer {
+    fn piece_state(&self, len: usize, dtype: DType, device: &Device) -> Result<Vec<PieceSlot>> {
+        match self {
+            AnyOptimizer::Sgd(o) => o.piece_state(len, dtype, device),
+            AnyOptimizer::AdamW(o) => o.piece_state(len, dtype, device),
+        }
+    }
+
+    fn begin_update(&mut self) -> Result<()> {
+        match self {
+            AnyOptimizer::Sgd(o) => o.begin_update(),
+            AnyOptimizer::AdamW(o) => o.begin_update(),
+        }
+    }
+
+    fn update_piece(&self, value: &Tensor, grad: &Tensor, state: &mut [Tensor]) -> Result<Tensor> {
+        match self {
+            AnyOptimizer::Sgd(o) => o.update_piece(value, grad, state),
+            AnyOptimizer::AdamW(o) => o.update_piece(value, grad, state),
         }
     }
 }

@@ -1,11 +1,11 @@
 //! SGD with momentum and Nesterov momentum, PyTorch's `torch.optim.SGD`, with its state as data.
 
 use candle_core::backprop::GradStore;
-use candle_core::{Result, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor, Var};
 use candle_nn::Optimizer;
 
 use super::adamw::{owned_like, step_count, step_tensor};
-use super::{OptimizerState, StateTensor};
+use super::{OptimizerState, PieceSlot, ShardOptimizer, StateTensor};
 
 /// The hyperparameters of [`Sgd`], PyTorch's `torch.optim.SGD`'s (without `maximize`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -148,48 +148,20 @@ impl Optimizer for Sgd {
     }
 
     fn step(&mut self, grads: &GradStore) -> Result<()> {
-        let ParamsSgd {
-            lr,
-            momentum,
-            dampening,
-            weight_decay,
-            nesterov,
-        } = self.params;
         for var in self.vars.iter_mut() {
             let Some(grad) = grads.get(&var.var) else {
                 continue;
             };
-            let theta = var.var.as_tensor();
-            let mut g = if weight_decay != 0.0 {
-                (grad + (theta * weight_decay)?)?
-            } else {
-                grad.clone()
-            };
-            let mut next_momentum = None;
-            if let Some(state) = &var.momentum {
-                // The first buffer is a copy: the gradient's storage may be reused later.
-                let buf = if state.steps == 0 {
-                    g.copy()?
-                } else {
-                    ((&state.buffer * momentum)? + (&g * (1.0 - dampening))?)?
-                }
-                .detach();
-                g = if nesterov {
-                    (&g + (&buf * momentum)?)?
-                } else {
-                    buf.clone()
-                };
+            let momentum = var.momentum.as_ref().map(|m| (&m.buffer, m.steps));
+            let (next, buf) = update(&self.params, var.var.as_tensor(), grad, momentum)?;
+            var.var.set(&next)?;
+            if let (Some(buf), Some(state)) = (buf, &var.momentum) {
                 let steps = state.steps + 1;
-                next_momentum = Some(Momentum {
+                var.momentum = Some(Momentum {
                     buffer: buf,
                     steps,
                     steps_tensor: step_tensor(steps)?,
                 });
-            }
-            // candle-nn's `SGD::step`: `theta - g * lr`.
-            var.var.set(&theta.sub(&(g * lr)?)?)?;
-            if next_momentum.is_some() {
-                var.momentum = next_momentum;
             }
         }
         Ok(())
@@ -201,6 +173,109 @@ impl Optimizer for Sgd {
 
     fn set_learning_rate(&mut self, lr: f64) {
         self.params.lr = lr
+    }
+}
+
+/// PyTorch's SGD update of one variable (or any piece of one: every operation is elementwise)
+/// with gradient `grad`, given its momentum buffer and the steps it had a gradient in (`None`
+/// without a momentum): its next value, and its next buffer with a momentum.
+fn update(
+    params: &ParamsSgd,
+    theta: &Tensor,
+    grad: &Tensor,
+    momentum_state: Option<(&Tensor, usize)>,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let ParamsSgd {
+        lr,
+        momentum,
+        dampening,
+        weight_decay,
+        nesterov,
+    } = *params;
+    let mut g = if weight_decay != 0.0 {
+        (grad + (theta * weight_decay)?)?
+    } else {
+        grad.clone()
+    };
+    let mut next_buffer = None;
+    if let Some((buffer, steps)) = momentum_state {
+        // The first buffer is a copy: the gradient's storage may be reused later.
+        let buf = if steps == 0 {
+            g.copy()?
+        } else {
+            ((buffer * momentum)? + (&g * (1.0 - dampening))?)?
+        }
+        .detach();
+        g = if nesterov {
+            (&g + (&buf * momentum)?)?
+        } else {
+            buf.clone()
+        };
+        next_buffer = Some(buf);
+    }
+    // candle-nn's `SGD::step`: `theta - g * lr`.
+    Ok((theta.sub(&(g * lr)?)?, next_buffer))
+}
+
+/// ZeRO: SGD on pieces of variables, the same update as [`Optimizer::step`]'s.
+impl ShardOptimizer for Sgd {
+    /// With a momentum, `momentum_buffer` (zeros of the piece's length) and the variable's
+    /// `step` (0-dimensional); nothing without one.
+    fn piece_state(&self, len: usize, dtype: DType, device: &Device) -> Result<Vec<PieceSlot>> {
+        if self.params.momentum == 0.0 {
+            return Ok(Vec::new());
+        }
+        Ok(vec![
+            PieceSlot::new("momentum_buffer", Tensor::zeros(len, dtype, device)?),
+            PieceSlot::new("step", step_tensor(0)?),
+        ])
+    }
+
+    fn begin_update(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn update_piece(&self, value: &Tensor, grad: &Tensor, state: &mut [Tensor]) -> Result<Tensor> {
+        let momentum = match state {
+            [] if self.params.momentum == 0.0 => None,
+            [buffer, steps] if self.params.momentum != 0.0 => {
+                Some((buffer.clone(), step_count(steps, "Sgd", "step")?))
+            }
+            _ => {
+                return Err(candle_core::Error::Msg(format!(
+                    "Sgd::update_piece: {} state tensors do not fit a momentum of {}",
+                    state.len(),
+                    self.params.momentum
+                )));
+            }
+        };
+        let (next, buffer) = update(
+            &self.params,
+            value,
+            grad,
+            momentum.as_ref().map(|(b, s)| (b, *s)),
+        )?;
+        if let (Some(buffer), Some((_, steps))) = (buffer, momentum) {
+            state[0] = buffer;
+            state[1] = step_tensor(steps + 1)?;
+        }
+        Ok(next)
+    }
+}
+
+/// ZeRO: candle-nn's plain SGD on pieces of variables (no state).
+impl ShardOptimizer for candle_nn::SGD {
+    fn piece_state(&self, _len: usize, _dtype: DType, _device: &Device) -> Result<Vec<PieceSlot>> {
+        Ok(Vec::new())
+    }
+
+    fn begin_update(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// candle-nn's `SGD::step`: `theta - grad * lr`.
+    fn update_piece(&self, value: &Tensor, grad: &Tensor, _state: &mut [Tensor]) -> Result<Tensor> {
+        value.sub(&(grad * self.learning_rate())?)
     }
 }
 
