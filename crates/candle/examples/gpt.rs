@@ -38,7 +38,8 @@
 //! every `--eval-every` steps and at the end: the summed per-byte loss and the byte count in
 //! `Metrics`, whence the held-out loss (nats per byte) and perplexity.
 //!
-//! Options (defaults in brackets): `--replicas R` [2], `--steps N` [200], `--layers L` [2],
+//! Options (defaults in brackets): `--replicas R` [2] or `--devices LIST` (the replicas' devices,
+//! e.g. `/gpu:0` when built with the feature `cuda`), `--steps N` [200], `--layers L` [2],
 //! `--embd E` [64], `--heads H` [4], `--block T` [64], `--batch B` (windows per step over all
 //! replicas and workers) [32], `--optimizer adamw|sgd` [adamw: betas 0.9 and 0.999, eps 1e-8],
 //! `--lr` [3e-3 for AdamW, 0.3 for SGD], `--weight-decay` [0.01 for AdamW, 0 for SGD], `--warmup
@@ -402,7 +403,7 @@ pub(crate) fn held_out_windows(text: &[u8], block: usize) -> (usize, Vec<i64>) {
 /// GPT-2's initial values for every variable of `model`, from `seed`: weights N(0, 0.02), the
 /// `c_proj` weights N(0, 0.02/√(2·layers)), biases 0, layer-norm gains 1. Each value is a hash of
 /// the seed, the variable's name and its index (Box–Muller), so it depends on nothing else.
-fn initial_values<S: Strategy>(
+pub(crate) fn initial_values<S: Strategy>(
     model: &Gpt2Model<'_, S>,
     layers: usize,
     seed: u64,
@@ -451,13 +452,16 @@ pub(crate) enum OptimizerKind {
 }
 
 /// The data-parallel model of a run.
-type Gpt2Model<'s, S> = DataParallel<'s, S, Gpt, AnyOptimizer>;
+pub(crate) type Gpt2Model<'s, S> = DataParallel<'s, S, Gpt, AnyOptimizer>;
 
 /// How to train.
 #[derive(Debug, Clone)]
 pub(crate) struct Options {
-    /// Replicas of this process.
+    /// Replicas of this process: on `/cpu:0` … unless `devices` names them.
     pub(crate) replicas: usize,
+    /// `--devices`: the replicas' devices (`/gpu:0` needs the feature `cuda`); `None`:
+    /// `replicas` CPU replicas.
+    pub(crate) devices: Option<Vec<String>>,
     /// Training steps (the schedule's length).
     pub(crate) steps: usize,
     /// The model's shape (`--layers`, `--embd`, `--heads`, `--block`).
@@ -488,6 +492,9 @@ pub(crate) struct Options {
     pub(crate) checkpoints: Option<(PathBuf, u64)>,
     /// `--stop-after N`: stop once step N is done (the schedule still runs to `steps`).
     pub(crate) stop_after: Option<usize>,
+    /// Keep a copy of every variable after step N ([`Trained::snapshot`]): a run of another
+    /// replica count compares its first N steps with it (the demo's check).
+    pub(crate) snapshot_after: Option<usize>,
     /// `--eval-every N`: also evaluate after every N steps (0: before and after training only).
     pub(crate) eval_every: usize,
     /// `--sample N`: bytes generated after training.
@@ -546,6 +553,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             replicas: 2,
+            devices: None,
             steps: 200,
             model: GptConfig {
                 layers: 2,
@@ -566,6 +574,7 @@ impl Default for Options {
             deadline: Duration::from_secs(300),
             checkpoints: None,
             stop_after: None,
+            snapshot_after: None,
             eval_every: 50,
             sample: 0,
             prompt: "The ".to_owned(),
@@ -626,6 +635,9 @@ pub(crate) struct Trained {
     /// itself does not read them).
     #[allow(dead_code)]
     pub(crate) weights: BTreeMap<String, Vec<f32>>,
+    /// Every variable's value after step [`Options::snapshot_after`], if this run trained it.
+    #[allow(dead_code)]
+    pub(crate) snapshot: Option<(usize, BTreeMap<String, Vec<f32>>)>,
     /// Each step's training loss (mean over the global batch's bytes), from `first_step` on.
     pub(crate) losses: Vec<f32>,
     /// The held-out evaluations, in order.
@@ -644,13 +656,17 @@ pub(crate) struct Trained {
     pub(crate) threads_per_replica: Option<usize>,
 }
 
-/// Trains on `options.replicas` CPU replicas of this process.
+/// Trains on the replicas of this process: `options.devices`, or `options.replicas` CPUs.
 pub(crate) fn train(options: &Options) -> Result<Trained, Box<dyn Error>> {
     let config = distribute_mirrored::MirroredConfig {
         deadline: options.deadline,
         ..Default::default()
     };
-    let strategy = MirroredStrategy::with_config(LocalDevices::cpus(options.replicas), config)?;
+    let devices = match &options.devices {
+        Some(devices) => LocalDevices::new(devices)?,
+        None => LocalDevices::cpus(options.replicas),
+    };
+    let strategy = MirroredStrategy::with_config(devices, config)?;
     train_on(&strategy, options)
 }
 
@@ -661,8 +677,12 @@ pub(crate) fn train_multi_worker(
     options: &Options,
 ) -> Result<(Trained, usize, bool), Box<dyn Error>> {
     use distribute_multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
+    let local_devices = match &options.devices {
+        Some(devices) => LocalDevices::new(devices)?,
+        None => LocalDevices::cpus(options.replicas),
+    };
     let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
-        local_devices: LocalDevices::cpus(options.replicas),
+        local_devices,
         deadline: options.deadline,
         ..MultiWorkerConfig::default()
     })?;
@@ -811,6 +831,7 @@ pub(crate) fn train_on<S: Strategy>(
     let p = options.dropout;
     let tokens_per_step = (batch * block) as f64;
     let mut local_losses = Vec::with_capacity(steps);
+    let mut snapshot = None;
     let mut training = Duration::ZERO;
     let last = options.stop_after.map_or(steps, |s| s.min(steps));
     let todo = last.saturating_sub(first_step);
@@ -834,6 +855,9 @@ pub(crate) fn train_on<S: Strategy>(
         })?;
         training += start.elapsed();
         local_losses.push(losses.iter().sum::<f32>());
+        if options.snapshot_after == Some(step) {
+            snapshot = Some((step, weights(&model)?));
+        }
         if let Some(checkpoints) = &checkpoints
             && checkpoints.is_due(step as u64)
         {
@@ -879,6 +903,24 @@ pub(crate) fn train_on<S: Strategy>(
     } else {
         Vec::new()
     };
+    Ok(Trained {
+        parameters: model.variables().iter().map(|v| v.elem_count()).sum(),
+        weights: weights(&model)?,
+        snapshot,
+        losses: losses.into_iter().next().unwrap_or_default(),
+        evaluations,
+        first_step,
+        tokens_per_s,
+        text_bytes: (split, text.len() - split),
+        sample,
+        threads_per_replica: model.threads_per_replica(),
+    })
+}
+
+/// Every variable of replica 0's copy of `model`, flat in f32, by name.
+fn weights<S: Strategy>(
+    model: &Gpt2Model<'_, S>,
+) -> Result<BTreeMap<String, Vec<f32>>, Box<dyn Error>> {
     let mut weights = BTreeMap::new();
     for var in model.variables() {
         let value = model.variable(0, &var.name)?;
@@ -890,17 +932,7 @@ pub(crate) fn train_on<S: Strategy>(
                 .to_vec1::<f32>()?,
         );
     }
-    Ok(Trained {
-        parameters: model.variables().iter().map(|v| v.elem_count()).sum(),
-        weights,
-        losses: losses.into_iter().next().unwrap_or_default(),
-        evaluations,
-        first_step,
-        tokens_per_s,
-        text_bytes: (split, text.len() - split),
-        sample,
-        threads_per_replica: model.threads_per_replica(),
-    })
+    Ok(weights)
 }
 
 /// Whether `mpirun` (Open MPI's, or an MPICH-style launcher's) started this process.
@@ -912,7 +944,7 @@ fn started_by_mpirun() -> bool {
 
 /// The command line.
 fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
-    const USAGE: &str = "usage: gpt [--replicas R] [--steps N] [--layers L] [--embd E] \
+    const USAGE: &str = "usage: gpt [--replicas R | --devices LIST] [--steps N] [--layers L] [--embd E] \
                          [--heads H] [--block T] [--batch B] [--optimizer adamw|sgd] [--lr X] \
                          [--weight-decay X] [--warmup W] [--clip-norm X] [--dropout P] \
                          [--precision f32|bf16|f16] [--seed S] [--threads T] [--deadline SECS] \
@@ -955,6 +987,18 @@ fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
                     "--sample" => options.sample = n,
                     _ => options.stop_after = Some(n),
                 }
+            }
+            "--devices" => {
+                let list: Vec<String> = value("a list such as /gpu:0 or /cpu:0,/cpu:1")?
+                    .split(',')
+                    .map(|d| d.trim().to_owned())
+                    .filter(|d| !d.is_empty())
+                    .collect();
+                if list.is_empty() {
+                    return Err("--devices needs at least one device, e.g. /gpu:0".into());
+                }
+                options.replicas = list.len();
+                options.devices = Some(list);
             }
             "--threads" => {
                 let n: NonZeroUsize = value("a positive number")?

@@ -11,6 +11,7 @@ use distribute::device_spec::{DeviceKind, LocalDevices};
 
 use crate::Config;
 use crate::candle::OptimizerKind;
+use crate::gpt::{DEFAULT_SAMPLE, GptArgs};
 use crate::tpu::StepArithmetic;
 
 /// Which strategy `--strategy` asks for.
@@ -34,9 +35,22 @@ pub enum Framework {
     Candle,
 }
 
+/// Which model `--model` asks for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum ModelKind {
+    /// An MLP on the wine-quality data (`--framework` chooses which).
+    #[default]
+    Mlp,
+    /// A small byte-level GPT on this project's documentation, with `distribute-candle`
+    /// ([`crate::gpt`]).
+    Gpt,
+}
+
 /// The command line, parsed and checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Args {
+    /// `--model gpt`'s run; `None`: the MLP that the rest of the fields describe.
+    pub gpt: Option<GptArgs>,
     /// The training to run.
     pub config: Config,
     /// The strategy asked for.
@@ -80,6 +94,28 @@ impl Args {
              (`cargo xtask demo [options]`)"
 )]
 pub struct Options {
+    /// The model: the wine-quality MLP, or a small byte-level GPT trained on this project's
+    /// documentation (AdamW, warmup-cosine, clipping; its defaults: --steps 200 --batch 32
+    /// windows --lr 0.003 --weight-decay 0.01 --warmup 50 --clip-norm 1; it takes --replicas,
+    /// --steps, --batch, --optimizer, --lr, --weight-decay, --warmup, --clip-norm, --seed,
+    /// --deadline, --checkpoint-dir and its own --layers, --embd, --heads, --block, --sample)
+    #[arg(long, value_enum, default_value_t = ModelKind::Mlp)]
+    pub model: ModelKind,
+    /// The GPT's transformer blocks (--model gpt) [gpt: 2]
+    #[arg(long, value_name = "N", value_parser = positive)]
+    pub layers: Option<usize>,
+    /// The GPT's embedding width, a multiple of --heads (--model gpt) [gpt: 64]
+    #[arg(long, value_name = "N", value_parser = positive)]
+    pub embd: Option<usize>,
+    /// The GPT's attention heads (--model gpt) [gpt: 4]
+    #[arg(long, value_name = "N", value_parser = positive)]
+    pub heads: Option<usize>,
+    /// The GPT's context in bytes (--model gpt) [gpt: 64]
+    #[arg(long, value_name = "N", value_parser = positive)]
+    pub block: Option<usize>,
+    /// Bytes the trained GPT writes after the prompt "The " (--model gpt) [gpt: 240]
+    #[arg(long, value_name = "N", value_parser = steps_usize)]
+    pub sample: Option<usize>,
     /// Replicas on /cpu:0 … /cpu:N-1, or on N PJRT devices with --strategy tpu [default: 2]
     #[arg(long, value_name = "N", value_parser = positive)]
     pub replicas: Option<usize>,
@@ -118,8 +154,8 @@ pub struct Options {
     pub weight_decay: Option<f64>,
     /// The candle classifier's learning-rate schedule: the rate rises linearly over W steps to
     /// --lr, then falls along a cosine to 0 at the last step; 0 keeps it constant. Below --steps
-    #[arg(long, value_name = "W", default_value_t = 0, value_parser = steps_u64, allow_negative_numbers = true)]
-    pub warmup: u64,
+    #[arg(long, value_name = "W", value_parser = steps_u64, allow_negative_numbers = true)]
+    pub warmup: Option<u64>,
     /// Clips the candle classifier's all-reduced gradients to this global norm before each
     /// update (PyTorch's clip_grad_norm_) [default: no clipping]
     #[arg(long, value_name = "X", value_parser = positive_f64, allow_negative_numbers = true)]
@@ -163,6 +199,11 @@ fn steps_u64(value: &str) -> Result<u64, String> {
     value
         .parse::<u64>()
         .map_err(|_| format!("a whole number of steps (0 or more) is needed, got '{value}'"))
+}
+
+/// A whole number, 0 included.
+fn steps_usize(value: &str) -> Result<usize, String> {
+    steps_u64(value).map(|n| n as usize)
 }
 
 /// A finite number ≥ 0, in f64.
@@ -225,6 +266,20 @@ where
 impl Options {
     /// The checks that involve more than one option, and the device list.
     pub fn check(self) -> Result<Args> {
+        if self.model == ModelKind::Gpt {
+            return self.check_gpt();
+        }
+        let gpt_only = [
+            ("--layers", self.layers.is_some()),
+            ("--embd", self.embd.is_some()),
+            ("--heads", self.heads.is_some()),
+            ("--block", self.block.is_some()),
+            ("--sample", self.sample.is_some()),
+        ];
+        if let Some((flag, _)) = gpt_only.iter().find(|(_, given)| *given) {
+            bail!("{flag} is the GPT's: add --model gpt, or drop {flag}");
+        }
+        let warmup = self.warmup.unwrap_or(0);
         if let Some(momentum) = self.momentum {
             ensure!(
                 momentum < 1.0,
@@ -246,7 +301,7 @@ impl Options {
                 let candle_only = [
                     ("--optimizer", self.optimizer.is_some()),
                     ("--weight-decay", self.weight_decay.is_some()),
-                    ("--warmup", self.warmup != 0),
+                    ("--warmup", warmup != 0),
                     ("--clip-norm", self.clip_norm.is_some()),
                 ];
                 if let Some((flag, _)) = candle_only.iter().find(|(_, given)| *given) {
@@ -274,12 +329,11 @@ impl Options {
         }
         let steps = self.steps.unwrap_or(defaults.steps);
         let learning_rate = self.lr.unwrap_or(defaults.learning_rate);
-        if self.warmup > 0 {
+        if warmup > 0 {
             ensure!(
-                self.warmup < steps as u64,
-                "--warmup {} must be below --steps ({steps}): the learning rate rises over the \
-                 warmup, then falls to 0 at the last step (0 keeps it constant)",
-                self.warmup
+                warmup < steps as u64,
+                "--warmup {warmup} must be below --steps ({steps}): the learning rate rises over \
+                 the warmup, then falls to 0 at the last step (0 keeps it constant)"
             );
             ensure!(
                 learning_rate > 0.0,
@@ -310,6 +364,7 @@ impl Options {
             devices.len()
         );
         Ok(Args {
+            gpt: None,
             config: Config {
                 steps,
                 global_batch: batch,
@@ -317,7 +372,7 @@ impl Options {
                 momentum: self.momentum.unwrap_or(defaults.momentum),
                 optimizer: defaults.optimizer,
                 weight_decay: self.weight_decay.unwrap_or(defaults.weight_decay),
-                warmup: self.warmup,
+                warmup,
                 clip_norm: self.clip_norm,
                 hidden: self.hidden.unwrap_or(defaults.hidden),
                 seed: self.seed,
@@ -328,6 +383,86 @@ impl Options {
             strategy: self.strategy,
             framework,
             plot: self.plot,
+            checkpoint_dir: self.checkpoint_dir,
+            checkpoint_every: self.checkpoint_every,
+        })
+    }
+}
+
+impl Options {
+    /// `--model gpt`'s checks: the options it does not take are refused, naming what to use.
+    fn check_gpt(self) -> Result<Args> {
+        let mlp_only = [
+            ("--framework", self.framework.is_some()),
+            ("--strategy tpu", self.strategy == StrategyKind::Tpu),
+            ("--devices", self.devices.is_some()),
+            ("--momentum", self.momentum.is_some()),
+            ("--hidden", self.hidden.is_some()),
+            ("--plot", self.plot.is_some()),
+            (
+                "--tpu-arithmetic",
+                self.tpu_arithmetic != Config::DEFAULT.tpu_arithmetic,
+            ),
+        ];
+        if let Some((flag, _)) = mlp_only.iter().find(|(_, given)| *given) {
+            bail!(
+                "{flag} is the wine-quality MLP's; --model gpt trains the GPT with \
+                 distribute-candle on --replicas N CPU replicas: drop {flag}"
+            );
+        }
+        let replicas = self.replicas.unwrap_or(2);
+        let embd = self.embd.unwrap_or(64);
+        let heads = self.heads.unwrap_or(4);
+        ensure!(
+            embd.is_multiple_of(heads),
+            "--embd {embd} is not a multiple of --heads {heads}: each head takes an equal share \
+             of the width"
+        );
+        if let Some(batch) = self.batch {
+            ensure!(
+                batch >= replicas,
+                "--batch {batch} gives some of the {replicas} replicas no window; use at least \
+                 one window per replica"
+            );
+        }
+        if let (Some(warmup), Some(steps)) = (self.warmup, self.steps) {
+            ensure!(
+                warmup == 0 || warmup < steps as u64,
+                "--warmup {warmup} must be below --steps ({steps})"
+            );
+        }
+        // The f32 that clap read, as the f64 the user wrote (0.003, not 0.003000000026).
+        let lr = self
+            .lr
+            .map(|lr| lr.to_string().parse::<f64>())
+            .transpose()?;
+        let gpt = GptArgs {
+            replicas,
+            steps: self.steps,
+            batch: self.batch,
+            layers: self.layers,
+            embd: self.embd,
+            heads: self.heads,
+            block: self.block,
+            optimizer: self.optimizer,
+            lr,
+            weight_decay: self.weight_decay,
+            warmup: self.warmup,
+            clip_norm: self.clip_norm,
+            seed: self.seed,
+            deadline: std::time::Duration::from_secs_f64(self.deadline),
+            checkpoints: self
+                .checkpoint_dir
+                .clone()
+                .map(|dir| (dir, self.checkpoint_every)),
+            sample: self.sample.unwrap_or(DEFAULT_SAMPLE),
+        };
+        Ok(Args {
+            gpt: Some(gpt),
+            config: Config::on_cpus(replicas),
+            strategy: StrategyKind::Mirrored,
+            framework: Framework::Candle,
+            plot: None,
             checkpoint_dir: self.checkpoint_dir,
             checkpoint_every: self.checkpoint_every,
         })

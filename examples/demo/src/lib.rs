@@ -46,6 +46,11 @@
 //!                  [--checkpoint-dir DIR [--checkpoint-every N]]
 //! ```
 //!
+//! `--model gpt` trains a small byte-level GPT on this project's own documentation instead, with
+//! `distribute-candle` (the `gpt` example's model and training loop, [`gpt`]): held-out loss and
+//! perplexity, a sample the trained model writes, and the same checks against one replica
+//! ([`gpt::GPT_TOLERANCE`]) and the held-out loss's goal ([`gpt::HELD_OUT_GOAL`]).
+//!
 //! `--checkpoint-dir DIR` (candle classifier) makes the run resumable: the chief writes a
 //! checkpoint every `--checkpoint-every N` steps ([`checkpoint`]), and the demo started again
 //! with the same arguments goes on from the newest good one, to the bits of a run that never
@@ -57,6 +62,7 @@ pub mod checkpoint;
 pub mod cli;
 mod config;
 pub mod data;
+pub mod gpt;
 pub mod hand_rolled;
 pub mod mirrored;
 pub mod model;
@@ -64,7 +70,7 @@ mod progress;
 pub mod report;
 pub mod tpu;
 
-pub use cli::{Args, Framework, StrategyKind, parse_args};
+pub use cli::{Args, Framework, ModelKind, StrategyKind, parse_args};
 pub use config::{Config, TOLERANCE, TPU_MIRRORED_TOLERANCE};
 
 /// Whether `mpirun` (Open MPI's, or an MPICH-style launcher) started this process: the demo is

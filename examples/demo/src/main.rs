@@ -16,6 +16,9 @@ fn main() -> Result<()> {
 /// A worker of `cargo xtask demo --workers W`.
 #[cfg(feature = "mpi")]
 fn multi_worker(args: &distribute_demo::Args) -> Result<()> {
+    if let Some(gpt) = &args.gpt {
+        return distribute_demo::gpt::run_multi_worker(gpt);
+    }
     match args.framework {
         distribute_demo::Framework::Candle => {
             distribute_demo::report::run_candle_multi_worker(args)

@@ -17,6 +17,9 @@ use crate::{Config, TOLERANCE, TPU_MIRRORED_TOLERANCE, mirrored, tpu};
 /// when the replicas did not train the same model as one replica (or, with `--strategy tpu`,
 /// as MirroredStrategy).
 pub fn run(args: &Args) -> Result<()> {
+    if let Some(gpt) = &args.gpt {
+        return crate::gpt::run(gpt);
+    }
     let config = &args.config;
     let data = load_wine(config.seed)?;
     print_data(&data);

@@ -508,3 +508,66 @@ fn candle_replicas_learn_the_one_replica_weights_and_a_one_percent_change_does_n
     eprintln!("candle, learning rate 1 % higher, after 100 steps: {difference:e}");
     assert!(difference > 10.0 * CANDLE_TOLERANCE, "{difference}");
 }
+
+#[test]
+fn the_gpt_takes_its_own_options_and_refuses_the_mlps() {
+    let parse = |line: &str| distribute_demo::parse_args(line.split_whitespace());
+    let gpt = parse("--model gpt --replicas 3 --layers 1 --embd 32 --lr 0.003 --sample 0")
+        .unwrap()
+        .gpt
+        .expect("--model gpt");
+    assert_eq!(
+        (
+            gpt.replicas,
+            gpt.layers,
+            gpt.embd,
+            gpt.heads,
+            gpt.lr,
+            gpt.sample
+        ),
+        (3, Some(1), Some(32), None, Some(0.003), 0),
+        "the user's 0.003, not the f32 that clap read"
+    );
+    assert_eq!(parse("").unwrap().gpt, None, "the MLP stays the default");
+    for (line, expected) in [
+        ("--layers 2", "--layers is the GPT's: add --model gpt"),
+        ("--sample 10", "--sample is the GPT's"),
+        (
+            "--model gpt --framework candle",
+            "--framework is the wine-quality MLP's",
+        ),
+        (
+            "--model gpt --strategy tpu",
+            "--strategy tpu is the wine-quality MLP's",
+        ),
+        (
+            "--model gpt --hidden 8",
+            "--hidden is the wine-quality MLP's",
+        ),
+        (
+            "--model gpt --embd 30 --heads 4",
+            "--embd 30 is not a multiple of --heads 4",
+        ),
+        (
+            "--model gpt --batch 1",
+            "--batch 1 gives some of the 2 replicas no window",
+        ),
+        (
+            "--model gpt --steps 10 --warmup 10",
+            "--warmup 10 must be below --steps (10)",
+        ),
+        ("--model llama", "possible values: mlp, gpt"),
+    ] {
+        let err = parse(line).unwrap_err().to_string();
+        assert!(err.contains(expected), "{line}: {err}");
+    }
+}
+
+#[test]
+fn the_gpt_demo_trains_samples_and_matches_one_replica() {
+    // A tiny GPT for a few steps: the whole path of `--model gpt` (train, evaluate, sample,
+    // the check against one replica over all its steps).
+    let line = "--model gpt --steps 6 --warmup 2 --layers 1 --embd 16 --heads 2 --block 16 \
+                --batch 8 --sample 8";
+    distribute_demo::run(&distribute_demo::parse_args(line.split_whitespace()).unwrap()).unwrap();
+}
