@@ -219,6 +219,8 @@ pub(crate) struct Trained {
     pub(crate) threads_per_replica: Option<usize>,
     /// The bytes the library held for the first local replica at the end.
     pub(crate) memory: ReplicaMemory,
+    /// Each worker's peak resident memory in KiB (Linux's `VmHWM`; 0 where unknown).
+    pub(crate) peak_rss_kib: Vec<u64>,
 }
 
 /// Writes fresh initial values (candle's initialisers, on one replica) to `path`: the common
@@ -379,6 +381,22 @@ pub(crate) fn train_on<S: Strategy>(
         )?;
         Ok(total.to_vec::<f32>()?)
     })?;
+    // Each worker's peak resident memory, gathered as the losses are.
+    let replicas = options.replicas;
+    let peak = peak_rss_kib() as f64;
+    let peaks = model.run(&(), |replica, ()| {
+        let workers = replica.num_replicas_in_sync() / replicas;
+        let mut mine = vec![0f64; workers];
+        if replica.local_replica() == 0 {
+            mine[replica.replica_id() / replicas] = peak;
+        }
+        let device = replica.context().device().to_owned();
+        let total = replica.context().all_reduce(
+            ReduceOp::Sum,
+            &HostTensor::from_vec(&device, &[mine.len()], mine)?,
+        )?;
+        Ok(total.to_vec::<f64>()?)
+    })?;
     let mut weights = BTreeMap::new();
     for var in model.variables() {
         let value = model.variable(0, &var.name)?;
@@ -391,7 +409,28 @@ pub(crate) fn train_on<S: Strategy>(
         steps_per_s,
         threads_per_replica: model.threads_per_replica(),
         memory: model.memory()?[0],
+        peak_rss_kib: peaks
+            .into_iter()
+            .next()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| p as u64)
+            .collect(),
     })
+}
+
+/// This process's peak resident memory in KiB (`VmHWM` in `/proc/self/status`), 0 where the
+/// system does not say.
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// Whether `mpirun` (Open MPI's, or an MPICH-style launcher's) started this process.
@@ -549,6 +588,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 "weights": trained.weights, "losses": trained.losses,
                 "steps_per_s": trained.steps_per_s, "first_step": trained.first_step,
                 "sharding": options.sharding.to_string(),
+                "peak_rss_kib": trained.peak_rss_kib,
                 "memory": {
                     "parameters": trained.memory.parameters,
                     "gradients": trained.memory.gradients,
