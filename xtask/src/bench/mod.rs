@@ -5,6 +5,7 @@
 //! processes under `mpirun` ([`multi_worker`]).
 
 mod multi_worker;
+mod zero;
 
 use anyhow::Result;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
@@ -131,8 +132,10 @@ pub(crate) const SUITES: &[Suite] = &[
     Suite {
         name: "candle",
         about: "the reference candle MLP with distribute-candle on 1 and 2 replicas beside a \
-                plain candle loop, then as 2 workers under mpirun beside 1 process (skipped \
-                without MPI)",
+                plain candle loop, then as 2 workers under mpirun beside 1 process; the gpt \
+                example's GPT in tokens/s on 1 and 2 replicas beside a plain candle loop (and \
+                PyTorch where python3 imports torch), then as 2 workers under mpirun beside 2 \
+                replicas (the mpirun cases skipped without MPI)",
         needs: &[Need::Mpi],
         steps: &[
             Step::Json {
@@ -140,6 +143,11 @@ pub(crate) const SUITES: &[Suite] = &[
                 bench: "candle",
             },
             Step::Mpirun(multi_worker::bench_candle_multi_worker),
+            Step::Json {
+                package: "distribute-candle",
+                bench: "gpt",
+            },
+            Step::Mpirun(multi_worker::bench_candle_gpt_multi_worker),
         ],
     },
     Suite {
@@ -148,6 +156,14 @@ pub(crate) const SUITES: &[Suite] = &[
                 workers × 2, and the linear regression as 2 and 4 workers",
         needs: &[Need::Mpi],
         steps: &[Step::Mpirun(multi_worker::bench_multi_worker)],
+    },
+    Suite {
+        name: "zero",
+        about: "ZeRO: the reference candle MLP at 16.3M parameters with AdamW, unsharded, ZeRO-1 \
+                and ZeRO-2, as 1 process × 2 replicas and 2 workers under mpirun, alternating: \
+                each worker's peak resident memory, the library's bytes per replica, steps/s",
+        needs: &[Need::Mpi],
+        steps: &[Step::Mpirun(zero::bench_zero)],
     },
     Suite {
         name: "candle-convnet",

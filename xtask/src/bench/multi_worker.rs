@@ -1,5 +1,5 @@
 //! The benchmark cases that run worker processes under `mpirun` ([`crate::mpirun`]): the suite
-//! `multi-worker` and the `candle` suite's multi-worker case.
+//! `multi-worker` and the `candle` suite's multi-worker cases (the MLP's and the GPT's).
 
 use std::process::Command;
 
@@ -22,6 +22,10 @@ const LINREG_RUNS: usize = 3;
 const CANDLE_MLP: &str = "candle_mlp";
 /// Alternating runs of each candle multi-worker case.
 const CANDLE_RUNS: usize = 3;
+/// The small GPT's example.
+const GPT: &str = "gpt";
+/// Steps of each GPT run (its default model and batch; evaluated before and after only).
+const GPT_STEPS: &str = "40";
 
 /// `cargo xtask bench multi-worker`: `distribute-mirrored`'s `multi_worker_bench` example under
 /// `mpirun` as 2 and 4 workers of 1 replica and 2 workers of 2 (its chief prints the
@@ -137,6 +141,95 @@ pub(super) fn bench_candle_multi_worker() -> Result<()> {
         })
     );
     Ok(())
+}
+
+/// `cargo xtask bench candle`'s GPT multi-worker line: the `gpt` example (its default model and
+/// batch, [`GPT_STEPS`] steps) as 2 worker processes × 1 replica under `mpirun`, alternating
+/// with 1 process × 2 replicas of the same executable in the same run; the medians of the
+/// training tokens per second (evaluation excluded) and the median of the rounds' ratios.
+/// Skipped, with a line saying why, where no Open MPI or libclang can be had.
+pub(super) fn bench_candle_gpt_multi_worker() -> Result<()> {
+    let metadata = metadata()?;
+    let mpi = match resolve(&metadata) {
+        Ok(mpi) => mpi,
+        Err(err) => {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "bench": "candle_gpt", "workers": 2,
+                    "skipped": format!("the multi-worker case: {err:#}"),
+                })
+            );
+            return Ok(());
+        }
+    };
+    let package = package_of_example(&metadata, GPT)?;
+    let exe = build_release(&metadata, &mpi, &package, "--example", GPT)?;
+    let args = |replicas: &str| -> Vec<String> {
+        [
+            "--replicas",
+            replicas,
+            "--json",
+            "--steps",
+            GPT_STEPS,
+            "--eval-every",
+            "0",
+        ]
+        .iter()
+        .map(|a| (*a).to_owned())
+        .collect()
+    };
+    let (mut replicas, mut workers, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let mut threads = Value::Null;
+    for _ in 0..CANDLE_RUNS {
+        let out = Command::new(&exe)
+            .args(args("2"))
+            .envs(mpi.env())
+            .current_dir(workspace_root())
+            .output()
+            .with_context(|| format!("could not start {}", exe.display()))?;
+        if !out.status.success() {
+            bail!(
+                "{GPT} (1 process × 2 replicas) exited with {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let two = tokens_per_s(&chief_json(&String::from_utf8_lossy(&out.stdout))?)?;
+        let out = mpirun_output(
+            &mpi,
+            &format!("{GPT} (2 workers)"),
+            &mpirun_args(2, cores(), &exe, &args("1")),
+        )?;
+        let chief = chief_json(&out)?;
+        let across = tokens_per_s(&chief)?;
+        threads = chief["threads_per_replica"].clone();
+        replicas.push(two);
+        workers.push(across);
+        ratios.push(across / two);
+    }
+    let median = |values: &mut Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    println!(
+        "{}",
+        serde_json::json!({
+            "bench": "candle_gpt", "workers": 2, "replicas_per_worker": 1,
+            "threads_per_replica": threads, "tokens_per_s": median(&mut workers),
+            "one_process_2_replicas_tokens_per_s": median(&mut replicas),
+            "vs_2_replicas": median(&mut ratios), "runs": CANDLE_RUNS,
+            "steps": GPT_STEPS.parse::<usize>()?,
+        })
+    );
+    Ok(())
+}
+
+/// The `tokens_per_s` of a chief's JSON line (the GPT example's).
+fn tokens_per_s(json: &Value) -> Result<f64> {
+    json["tokens_per_s"]
+        .as_f64()
+        .with_context(|| format!("no tokens_per_s in {json}"))
 }
 
 /// The one JSON line a chief printed.
