@@ -12,10 +12,15 @@
 //! the strategy's deadline: the agreement every cross-worker call starts with and the data
 //! collective after it alike. A worker that stops without dying (stopped by a signal, stuck in
 //! I/O or a device call, swapping) therefore cannot hang the others: past the deadline each
-//! waiting worker prints which worker(s) it waited for and in what, gives the other waiting
-//! workers [`MpiWorld::ABORT_GRACE`] to print theirs, and ends the job (`MPI_Abort`, which makes `mpirun`
-//! kill every process, the stopped one included, and exit non-zero). A peer that will never come
-//! cannot be told apart from a slow one, and a started MPI call cannot be cancelled, so ending
+//! waiting worker sends its message (whom it waited for, in what) to the workers it did not wait
+//! for, waits for theirs as they reach their own deadline (bounded by the deadline once more: a
+//! worker that is not waiting never speaks), and the lowest rank of those that spoke prints every
+//! message in one write, lets it drain for [`MpiWorld::ABORT_GRACE`] and ends the job
+//! (`MPI_Abort`, which makes `mpirun` kill every process, the stopped one included, and exit
+//! non-zero). So every waiting worker's message is out before the job ends, on a loaded machine
+//! too, where a fixed grace before the abort did not hold: a second waiting worker reached its
+//! deadline late, or its line was still in `mpirun`'s daemon when the job was killed. A peer that
+//! will never come cannot be told apart from a slow one, and a started MPI call cannot be cancelled, so ending
 //! the job is the only way not to hang.
 //!
 //! Up to [`POINT_TO_POINT_MAX_WORKERS`] workers every call is point to point between each pair,
@@ -35,7 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use mpi::Threading;
-use mpi::request::{Request, Scope};
+use mpi::request::{Request, Scope, StaticScope};
 use mpi::topology::{Communicator, SimpleCommunicator};
 use mpi::traits::*;
 
@@ -81,9 +86,9 @@ extern "C" fn finalize_at_exit() {
 }
 
 impl MpiWorld {
-    /// How long a worker whose wait ran out lets the others that waited with it print their own
-    /// message before it ends the job: part of the margin past the deadline in which a job with
-    /// a frozen worker ends.
+    /// How long a worker whose wait ran out, once every worker that waited with it has spoken,
+    /// lets the job's output drain to `mpirun` before it ends the job: part of the margin past
+    /// the deadline in which a job with a frozen worker ends.
     pub const ABORT_GRACE: Duration = Duration::from_millis(500);
 
     /// The variable of the fault injection in the module docs: `W:N` stops worker `W` right
@@ -174,11 +179,15 @@ impl MpiWorld {
     /// stderr into one stream, where a line written piece by piece (as `eprintln!` writes its
     /// arguments) can interleave with another worker's.
     fn announce(&self, message: &str) {
-        let line = format!(
+        let _ = std::io::stderr().write_all(self.line(message).as_bytes());
+    }
+
+    /// The line that says why this worker ends the job.
+    fn line(&self, message: &str) -> String {
+        format!(
             "distribute: worker {} of {}: {message}; aborting the MPI job\n",
             self.rank, self.size
-        );
-        let _ = std::io::stderr().write_all(line.as_bytes());
+        )
     }
 
     /// Every process's `send` (all the same length) into `recv`, in rank order.
@@ -385,18 +394,24 @@ impl MpiWorld {
                 .filter_map(|(peer, request)| request.test().err().map(|open| (peer, open)))
                 .collect();
             polls = polls.wrapping_add(1);
-            // Checking the clock on every poll would cost more than the poll.
-            if polls.is_multiple_of(1024) && !requests.is_empty() {
+            // Checking the clock on every poll would cost more than the poll; every 64 polls it
+            // costs little, and the deadline is seen in time even where each poll is slow (an
+            // oversubscribed Open MPI yields the core in every poll, so on a loaded machine 1024
+            // polls took seconds, and a waiting worker saw its deadline that much late).
+            if polls.is_multiple_of(64) && !requests.is_empty() {
                 if start.elapsed() > deadline {
                     let peers: Vec<Option<usize>> =
                         requests.iter().map(|&(peer, _)| peer).collect();
-                    self.give_up(&format!(
+                    let message = format!(
                         "waited {deadline:?} for {} in {}",
                         self.suspects(&peers),
                         what()
-                    ));
+                    );
+                    self.give_up(&message, &peers, deadline);
                 }
-                std::thread::yield_now();
+                if polls.is_multiple_of(1024) {
+                    std::thread::yield_now();
+                }
             }
         }
     }
@@ -429,11 +444,72 @@ impl MpiWorld {
         }
     }
 
-    /// A wait ran out: says so, leaves the other waiting workers [`Self::ABORT_GRACE`] to say theirs, and ends the job.
-    fn give_up(&self, message: &str) -> ! {
-        self.announce(message);
-        std::thread::sleep(Self::ABORT_GRACE);
-        SimpleCommunicator::world().abort(1)
+    /// A wait for `waited_for` ran out: ends the job once every waiting worker's message is
+    /// out. Alone (no other worker to hear from), it prints its own message and ends the job.
+    /// Otherwise it sends its message to every worker it did not wait for and waits (up to
+    /// `deadline`) for theirs, as they reach their own deadline; the lowest rank of those that
+    /// spoke prints every message it holds, its own included, in one write, and ends the job,
+    /// while the others wait to be ended (and end the job themselves, printing their own
+    /// message, should that not come). One process prints them all because `mpirun` forwards
+    /// each process's output through its daemon, which a loaded machine can leave behind: a
+    /// line written by a process that another one's abort kills a moment later can be lost.
+    fn give_up(&self, message: &str, waited_for: &[Option<usize>], deadline: Duration) -> ! {
+        let line = self.line(message);
+        let world = SimpleCommunicator::world();
+        let others = self.not_waited_for(waited_for);
+        let end = |lines: &str| -> ! {
+            let _ = std::io::stderr().write_all(lines.as_bytes());
+            std::thread::sleep(Self::ABORT_GRACE);
+            world.abort(1)
+        };
+        if others.is_empty() {
+            end(&line);
+        }
+        // The job ends with this process: the buffer and the sends are never given back.
+        let notice: &'static [u8] = Box::leak(notice_bytes(&line).into_boxed_slice());
+        for &peer in &others {
+            let request = world.process_at_rank(peer as i32).immediate_send_with_tag(
+                StaticScope,
+                notice,
+                GAVE_UP_TAG,
+            );
+            std::mem::forget(request);
+        }
+        let mut heard: Vec<(usize, String)> = vec![(self.rank, line.clone())];
+        let mut waiting = others.clone();
+        let start = Instant::now();
+        while !waiting.is_empty() && start.elapsed() <= deadline {
+            waiting.retain(|&peer| {
+                let process = world.process_at_rank(peer as i32);
+                if process.immediate_probe_with_tag(GAVE_UP_TAG).is_none() {
+                    return true;
+                }
+                let mut buffer = vec![0u8; NOTICE_BYTES];
+                process.receive_into_with_tag(&mut buffer[..], GAVE_UP_TAG);
+                heard.push((peer, notice_text(&buffer)));
+                false
+            });
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        heard.sort();
+        if heard[0].0 == self.rank {
+            end(&heard.into_iter().map(|(_, line)| line).collect::<String>());
+        }
+        // Worker `heard[0]` prints this worker's message with its own and ends the job.
+        std::thread::sleep(deadline + Self::ABORT_GRACE);
+        end(&line)
+    }
+
+    /// The workers a wait that ran out on `waited_for` did not wait for: alive as far as this
+    /// worker knows, and, when they wait for the same worker, about to say so. None when a
+    /// collective's request cannot say whom it waited for.
+    fn not_waited_for(&self, waited_for: &[Option<usize>]) -> Vec<usize> {
+        if waited_for.iter().any(Option::is_none) {
+            return Vec::new();
+        }
+        self.peers()
+            .filter(|peer| !waited_for.contains(&Some(*peer)))
+            .collect()
     }
 }
 
@@ -475,6 +551,31 @@ const POINT_TO_POINT_MAX_WORKERS: usize = 8;
 const GATHER_TAG: i32 = 3;
 const VARCOUNT_TAG: i32 = 4;
 const BROADCAST_TAG: i32 = 5;
+/// The notice a worker whose wait ran out sends the workers it did not wait for: its message,
+/// so that one of them prints every waiting worker's message before the job ends.
+const GAVE_UP_TAG: i32 = 6;
+/// The bytes of that notice: the message as UTF-8, cut at a character boundary, padded with
+/// zeros.
+const NOTICE_BYTES: usize = 1024;
+
+/// `line` as a notice of [`NOTICE_BYTES`], ending in a line break however it was cut.
+fn notice_bytes(line: &str) -> Vec<u8> {
+    let body = line.trim_end_matches('\n');
+    let mut cut = body.len().min(NOTICE_BYTES - 1);
+    while !body.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut bytes = body.as_bytes()[..cut].to_vec();
+    bytes.push(b'\n');
+    bytes.resize(NOTICE_BYTES, 0);
+    bytes
+}
+
+/// The line a notice carries.
+fn notice_text(bytes: &[u8]) -> String {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
 
 /// The largest message [`MpiWorld::send_receive`] posts: counts are C `int`s.
 const MAX_MESSAGE_BYTES: usize = 1 << 30;
@@ -582,6 +683,31 @@ mod tests {
         // A collective's request cannot say whose message is missing.
         assert_eq!(w.suspects(&[None]), "one or more of workers 1, 2 and 3");
         assert_eq!(world(1, 2).suspects(&[None]), "worker 0");
+    }
+
+    #[test]
+    fn a_worker_that_gives_up_hears_from_those_it_did_not_wait_for() {
+        // Worker 0 of 3 waited for worker 2: worker 1, waiting too, must speak first.
+        assert_eq!(world(0, 3).not_waited_for(&[Some(2), Some(2)]), [1]);
+        assert_eq!(world(1, 4).not_waited_for(&[Some(3)]), [0, 2]);
+        // Every other worker suspected, or a collective that cannot say whom: no one to hear.
+        assert!(world(0, 2).not_waited_for(&[Some(1)]).is_empty());
+        assert!(world(0, 3).not_waited_for(&[Some(1), None]).is_empty());
+    }
+
+    #[test]
+    fn a_notice_carries_the_line_whole_or_cut_at_a_character() {
+        let line = "distribute: worker 1 of 3: waited 3s for worker 2 in …; aborting the MPI job\n";
+        let bytes = notice_bytes(line);
+        assert_eq!(bytes.len(), NOTICE_BYTES);
+        assert_eq!(notice_text(&bytes), line);
+        let long = format!("{}\n", "é".repeat(NOTICE_BYTES));
+        let text = notice_text(&notice_bytes(&long));
+        assert!(
+            text.len() < NOTICE_BYTES && text.ends_with("é\n"),
+            "{}",
+            text.len()
+        );
     }
 
     #[test]
