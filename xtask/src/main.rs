@@ -18,6 +18,7 @@ mod bench;
 mod cargo;
 mod ci;
 mod demo;
+mod downstream;
 mod fetch;
 mod launch;
 mod mpirun;
@@ -42,6 +43,7 @@ struct Cli {
 enum Command {
     Test(test::TestArgs),
     TestMpi(test::TestMpiArgs),
+    TestDownstream(downstream::Args),
     Ci(ci::Args),
     TestGpu(test_gpu::Args),
     FetchPjrt(fetch::FetchPjrtArgs),
@@ -81,7 +83,8 @@ fn run(command: Option<Command>) -> Result<()> {
     };
     match command {
         Command::Test(args) => test::test(&args.args),
-        Command::TestMpi(args) => test::test_mpi(&args.args),
+        Command::TestMpi(args) => test::test_mpi(&args.args).map(|_| ()),
+        Command::TestDownstream(_) => downstream::test(&cargo::workspace_root()),
         Command::Ci(_) => ci::ci(),
         Command::TestGpu(args) => test_gpu::command(&args),
         Command::FetchPjrt(args) => fetch::fetch_pjrt(&args),
@@ -119,6 +122,7 @@ mod tests {
             [
                 "test",
                 "test-mpi",
+                "test-downstream",
                 "ci",
                 "test-gpu",
                 "fetch-pjrt",

@@ -2,8 +2,10 @@
 //! test-mpi [CARGO-TEST-ARGS...]`, its part with the `mpi` feature on.
 //!
 //! `test` runs the workspace's tests (all targets, then the doc tests, which `--all-targets`
-//! leaves out) without the packages that need MPI or CUDA to build, then [`test_mpi`], then the
-//! GPU suite that needs only NVRTC, then the GPU bundle's dry run ([`crate::test_gpu`]).
+//! leaves out) without the packages that need MPI or CUDA to build, then the downstream crate on
+//! `distribute-device-spec` alone, then [`test_mpi`] and the downstream crate trained on 2
+//! workers through `cargo distribute` ([`crate::downstream`]), then the GPU suite that needs only
+//! NVRTC, then the GPU bundle's dry run ([`crate::test_gpu`]).
 //! `test_mpi` runs every test of the packages that build with MPI, with the feature on where
 //! they have it (their multi-process tests start `mpirun` themselves, with 2, 3 and 4
 //! processes).
@@ -11,6 +13,7 @@
 use anyhow::{Result, bail};
 
 use crate::cargo::{cargo, cargo_env, metadata, workspace_root};
+use crate::downstream;
 use crate::mpirun::{env_refs, resolve};
 use crate::packages::{MpiPackages, plain_build_excludes};
 use crate::provision::pjrt;
@@ -75,7 +78,13 @@ pub(crate) fn test(extra: &[String]) -> Result<()> {
     }
     cargo("tests", &all_targets)?;
     cargo("doc tests", &doc)?;
-    test_mpi(extra)?;
+    // The crates outside the workspace: only for a whole run, not a filtered one.
+    if extra.is_empty() {
+        downstream::spec_only(&root)?;
+    }
+    if test_mpi(extra)? && extra.is_empty() {
+        downstream::training(&root)?;
+    }
     test_gpu::test_nvrtc(&root, extra)?;
     if extra.is_empty() {
         test_gpu::dry_run(&root)?;
@@ -97,13 +106,13 @@ fn test_args(packages: &MpiPackages, doc: bool, extra: &[String]) -> Vec<String>
 
 /// `cargo xtask test`'s part with the `mpi` feature: every test of the packages that have it,
 /// doc tests included. An error when no MPI can be had, unless `DISTRIBUTE_SKIP_MPI=1` (then a
-/// warning).
-pub(crate) fn test_mpi(extra: &[String]) -> Result<()> {
+/// warning). Whether the tests ran.
+pub(crate) fn test_mpi(extra: &[String]) -> Result<bool> {
     let metadata = metadata()?;
     let packages = MpiPackages::of(&metadata);
     if packages.is_empty() {
         eprintln!("xtask: tests (feature mpi): no package builds with MPI; nothing to run");
-        return Ok(());
+        return Ok(false);
     }
     let mpi = match resolve(&metadata) {
         Ok(mpi) => mpi,
@@ -116,7 +125,7 @@ pub(crate) fn test_mpi(extra: &[String]) -> Result<()> {
                 eprintln!(
                     "xtask: WARNING: SKIPPING the mpi tests (DISTRIBUTE_SKIP_MPI=1): {message}"
                 );
-                return Ok(());
+                return Ok(false);
             }
             bail!("{message} (or set DISTRIBUTE_SKIP_MPI=1 to skip these tests)");
         }
@@ -133,7 +142,7 @@ pub(crate) fn test_mpi(extra: &[String]) -> Result<()> {
         };
         cargo_env(what, &args, &env)?;
     }
-    Ok(())
+    Ok(true)
 }
 
 #[cfg(test)]
