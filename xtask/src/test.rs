@@ -24,7 +24,8 @@ use crate::test_gpu;
 /// Every test of the workspace (unit, integration, property and snapshot tests, the benches in
 /// test mode, doc tests, the tidy tests), then again those of the packages that build with MPI,
 /// with their `mpi` feature on (as test-mpi does; DISTRIBUTE_SKIP_MPI=1 skips them where no MPI
-/// can be had), then the GPU suite that needs only NVRTC (collectives-nvrtc, with fetch-nvrtc's
+/// can be had), the crates outside the workspace built as a user builds them (see
+/// test-downstream), then the GPU suite that needs only NVRTC (collectives-nvrtc, with fetch-nvrtc's
 /// NVRTC), then the GPU bundle's dry run (every GPU suite built and run by its run.sh without a
 /// GPU: the NVRTC and TpuStrategy suites on the CPU plugin pass, the GPU suites fail with the
 /// typed no-GPU error). Installs the PJRT plugins (as fetch-pjrt does) first.
