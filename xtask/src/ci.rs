@@ -1,7 +1,8 @@
 //! `cargo xtask ci`: what CI runs. `cargo fmt --check`; clippy with warnings denied on every
 //! target of the workspace's plain build, then with the GPU features (`cuda`, then `cuda` and
 //! `nccl`), with candle's CUDA backend (built with the pinned CUDA toolkit), with `mpi`, and
-//! with `mpi` and `nccl`; then `cargo xtask test`.
+//! with `mpi` and `nccl`; `cargo package` of every publishable crate ([`package`]); then `cargo
+//! xtask test`.
 
 use std::ffi::OsStr;
 
@@ -18,8 +19,9 @@ use crate::test_gpu;
 /// `cargo fmt --check`; `cargo clippy --all-targets -D warnings` on the workspace's plain build
 /// (without the packages that need MPI or CUDA to build), again with the GPU features (cuda;
 /// cuda and nccl), with distribute-candle's cuda (built with the pinned CUDA 13.0 toolkit,
-/// installed under target/cuda-toolkit/), with mpi and with mpi and nccl; then `cargo xtask
-/// test`.
+/// installed under target/cuda-toolkit/), with mpi and with mpi and nccl; `cargo package` of
+/// every publishable crate (the leaf crates verified by building the package, the others
+/// packaged only); then `cargo xtask test`.
 #[derive(clap::Args)]
 pub(crate) struct Args {}
 
@@ -62,7 +64,70 @@ pub(crate) fn ci() -> Result<()> {
         &toolkit,
     )?;
     clippy_mpi()?;
+    package(&metadata()?)?;
     crate::test::test(&[])
+}
+
+/// The publishable crates whose package `cargo package` also builds (verifies): the leaves,
+/// cheap to build from scratch in the package's own target folder. Verifying the others would
+/// build candle, MPI and everything above them a second time (minutes on CI's 2 cores) for
+/// what the packaged-only check and the workspace's own builds already show: every file a
+/// crate needs is in its package (`include`, `exclude`, paths outside the crate), and its
+/// manifest is publishable (versions on its workspace dependencies, no unpublished normal
+/// dependency).
+const VERIFIED: [&str; 4] = [
+    "distribute-device-spec",
+    "distribute-values-derive",
+    "distribute-values",
+    "distribute-launch",
+];
+
+/// The workspace's publishable packages (`publish` not `false`), from `cargo metadata`.
+fn publishable(metadata: &serde_json::Value) -> Vec<String> {
+    metadata["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|package| {
+            package["publish"]
+                .as_array()
+                .is_none_or(|to| !to.is_empty())
+        })
+        .filter_map(|package| package["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// `cargo package` arguments: the crates of [`VERIFIED`] built from their packages, or every
+/// publishable crate packaged without building it (all in one invocation: a crate's package
+/// resolves its workspace dependencies among the packages of the same invocation, none of
+/// them being on the registry yet).
+fn package_args(publishable: &[String], verify: bool) -> Vec<String> {
+    let mut args = vec!["package".to_owned(), "--allow-dirty".to_owned()];
+    if !verify {
+        args.push("--no-verify".to_owned());
+    }
+    for name in publishable {
+        if !verify || VERIFIED.contains(&name.as_str()) {
+            args.extend(["--package".to_owned(), name.clone()]);
+        }
+    }
+    args
+}
+
+/// `cargo package` of every publishable crate, so the workspace can be published as it is.
+fn package(metadata: &serde_json::Value) -> Result<()> {
+    let publishable = publishable(metadata);
+    for verify in [true, false] {
+        let args = package_args(&publishable, verify);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let what = if verify {
+            "package (the leaves, built)"
+        } else {
+            "package (every publishable crate, not built)"
+        };
+        cargo(what, &args)?;
+    }
+    Ok(())
 }
 
 /// `cargo clippy` arguments that lint every target of `packages` with `mpi` on.
@@ -118,6 +183,42 @@ mod tests {
 
     fn strings(args: &[&str]) -> Vec<String> {
         args.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn every_publishable_crate_is_packaged_and_the_leaves_built() {
+        let metadata: serde_json::Value = serde_json::from_str(
+            r#"{"packages": [
+                {"name": "distribute-values", "publish": null},
+                {"name": "distribute-candle", "publish": null},
+                {"name": "xtask", "publish": []},
+                {"name": "distribute-launch", "publish": ["crates-io"]}
+            ]}"#,
+        )
+        .unwrap();
+        let names = publishable(&metadata);
+        assert_eq!(
+            names,
+            [
+                "distribute-values",
+                "distribute-candle",
+                "distribute-launch"
+            ]
+        );
+        assert_eq!(
+            package_args(&names, true).join(" "),
+            "package --allow-dirty --package distribute-values --package distribute-launch"
+        );
+        assert_eq!(
+            package_args(&names, false).join(" "),
+            "package --allow-dirty --no-verify --package distribute-values --package \
+             distribute-candle --package distribute-launch"
+        );
+        // The verified crates are the workspace's, and publishable.
+        let workspace = publishable(&crate::cargo::metadata().unwrap());
+        for name in VERIFIED {
+            assert!(workspace.iter().any(|n| n == name), "{name}");
+        }
     }
 
     #[test]
