@@ -121,8 +121,12 @@ pub fn to_candle(tensor: &Tensor, device: &Device) -> Result<candle_core::Tensor
     }
 }
 
-/// `tensor` (a candle tensor of a float or 32/64-bit integer dtype) as a host tensor labelled
-/// `device`, same dtype and shape.
+/// `tensor` (a candle tensor of a float or integer dtype) as a host tensor labelled `device`, same
+/// dtype and shape; unsigned and 16-bit integers, which host tensors do not have, widened to
+/// a signed dtype that holds every value: `U8` and `I16` to `I32`, `U32` to `I64`. So the `u8`
+/// labels of candle's MNIST loader (`candle_datasets::vision::mnist`) feed a distributed
+/// dataset as they are, and come to each replica's step as `I32`, which candle's losses and
+/// `gather` take (`.to_dtype(DType::U8)` gives the bytes back, exactly).
 pub fn from_candle(tensor: &candle_core::Tensor, device: &str) -> Result<Tensor, Error> {
     let shape = tensor.dims().to_vec();
     let flat = tensor.flatten_all()?;
@@ -133,6 +137,16 @@ pub fn from_candle(tensor: &candle_core::Tensor, device: &str) -> Result<Tensor,
         CDType::F64 => Tensor::from_vec(device, &shape, flat.to_vec1::<f64>()?)?,
         CDType::I32 => Tensor::from_vec(device, &shape, flat.to_vec1::<i32>()?)?,
         CDType::I64 => Tensor::from_vec(device, &shape, flat.to_vec1::<i64>()?)?,
+        CDType::U8 | CDType::I16 => Tensor::from_vec(
+            device,
+            &shape,
+            flat.to_dtype(CDType::I32)?.to_vec1::<i32>()?,
+        )?,
+        CDType::U32 => Tensor::from_vec(
+            device,
+            &shape,
+            flat.to_dtype(CDType::I64)?.to_vec1::<i64>()?,
+        )?,
         other => {
             return Err(Error::UnsupportedDType {
                 what: "a tensor to move between replicas".into(),
@@ -184,9 +198,28 @@ mod tests {
     }
 
     #[test]
+    fn unsigned_labels_are_widened_to_a_signed_dtype_that_holds_every_value() {
+        let bytes = candle_core::Tensor::new(&[0u8, 7, 255], &Device::Cpu).unwrap();
+        let host = from_candle(&bytes, "/cpu:0").unwrap();
+        assert_eq!(host.to_vec::<i32>().unwrap(), [0, 7, 255]);
+        let back = to_candle(&host, &Device::Cpu).unwrap();
+        assert_eq!(
+            back.to_dtype(CDType::U8).unwrap().to_vec1::<u8>().unwrap(),
+            [0, 7, 255]
+        );
+        let words = candle_core::Tensor::new(&[[u32::MAX], [9]], &Device::Cpu).unwrap();
+        let host = from_candle(&words, "/cpu:0").unwrap();
+        assert_eq!(host.shape(), [2, 1]);
+        assert_eq!(host.to_vec::<i64>().unwrap(), [i64::from(u32::MAX), 9]);
+    }
+
+    #[test]
     fn an_unsupported_dtype_is_named() {
-        let bytes = candle_core::Tensor::new(&[1u8, 2], &Device::Cpu).unwrap();
-        let err = from_candle(&bytes, "/cpu:0").unwrap_err();
-        assert!(err.to_string().contains("U8"), "{err}");
+        let eight = candle_core::Tensor::new(&[1f32, 2.0], &Device::Cpu)
+            .unwrap()
+            .to_dtype(CDType::F8E4M3)
+            .unwrap();
+        let err = from_candle(&eight, "/cpu:0").unwrap_err();
+        assert!(err.to_string().contains("F8E4M3"), "{err}");
     }
 }
