@@ -186,11 +186,10 @@ fn print_model(options: &Options) {
     if let Some(lr) = options.lr {
         how += &format!(" lr {lr}");
     }
-    if options.warmup > 0 {
-        how += &format!(
-            ", {} steps of linear warmup then cosine decay to 0",
-            options.warmup
-        );
+    // The example warms up over all but the last update of a run shorter than its warmup.
+    let warmup = options.warmup.min((options.steps as u64).saturating_sub(1));
+    if warmup > 0 {
+        how += &format!(", {warmup} steps of linear warmup then cosine decay to 0");
     }
     if let Some(max) = options.clip_norm {
         how += &format!(", gradients clipped to global norm {max}");
