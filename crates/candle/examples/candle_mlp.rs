@@ -124,6 +124,8 @@ pub(crate) struct Options {
     pub(crate) sharding: Sharding,
     /// `--momentum X`: SGD's momentum (default 0).
     pub(crate) momentum: f64,
+    /// `--no-weights`: `--json` without the weights (a big model's would be hundreds of MB).
+    pub(crate) no_weights: bool,
     /// `--stop-after N`: stop once step N is done, as if stopped there (the schedule still
     /// runs to `steps`); a later run resumes from the checkpoints.
     pub(crate) stop_after: Option<usize>,
@@ -197,6 +199,7 @@ impl Default for Options {
             checkpoints: None,
             sharding: Sharding::None,
             momentum: 0.0,
+            no_weights: false,
             stop_after: None,
             after_step: None,
         }
@@ -448,7 +451,7 @@ fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
                          [--clip-norm X] [--hidden H] [--checkpoint-dir DIR] \
                          [--checkpoint-every N] [--stop-after N] \
                          [--precision f32|bf16|f16] [--sharding none|zero1|zero2] \
-                         [--momentum X]";
+                         [--momentum X] [--no-weights]";
     let mut checkpoint_dir = None;
     let mut checkpoint_every = None;
     let mut options = Options::default();
@@ -553,6 +556,7 @@ fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
                     .map_err(|_| "--momentum needs a number")?;
             }
             "--json" => json = true,
+            "--no-weights" => options.no_weights = true,
             "--help" | "-h" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -585,7 +589,10 @@ fn main() -> Result<(), Box<dyn Error>> {
             serde_json::json!({
                 "workers": workers, "replicas": options.replicas, "steps": options.steps,
                 "threads_per_replica": trained.threads_per_replica,
-                "weights": trained.weights, "losses": trained.losses,
+                "weights": if options.no_weights { serde_json::Value::Null } else {
+                    serde_json::json!(trained.weights)
+                },
+                "losses": trained.losses,
                 "steps_per_s": trained.steps_per_s, "first_step": trained.first_step,
                 "sharding": options.sharding.to_string(),
                 "peak_rss_kib": trained.peak_rss_kib,

@@ -52,9 +52,12 @@ fn options(init: &str, replicas: usize, sharding: Sharding) -> Options {
 /// float dtype and for Sum and Mean.
 fn reduce_scatter_is_the_all_reduce_slice(strategy: &MultiWorkerMirroredStrategy) -> bool {
     let n = strategy.num_replicas_in_sync();
-    let len = 1024 * n * 3;
     let mut all = true;
-    for dtype in [DType::F32, DType::F64, DType::BF16, DType::F16] {
+    // Small buffers fold whole on every worker, large ones (64 KiB on) are reduce-scattered.
+    for (len, dtype) in [3, 24]
+        .into_iter()
+        .flat_map(|k| [DType::F32, DType::F64, DType::BF16, DType::F16].map(|d| (1024 * n * k, d)))
+    {
         for op in [ReduceOp::Sum, ReduceOp::Mean] {
             let same = strategy
                 .run_each(

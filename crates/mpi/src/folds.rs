@@ -190,6 +190,37 @@ impl Shared {
         let part = n.div_ceil(w);
         let range = |p: usize| (p * part).min(n)..((p + 1) * part).min(n);
         let mine = range(me);
+        self.scatter_part(op, count, data, &mut out[mine]);
+        let peers = || (0..w).filter(move |&p| p != me);
+        let mut parts = split_lengths(out, (0..w).map(|p| range(p).len()));
+        let own: &mut [T] = std::mem::take(&mut parts[me]);
+        let own = &*own;
+        let sends: Vec<(usize, &[u8])> = peers().map(|p| (p, as_bytes(own))).collect();
+        let receives = parts
+            .into_iter()
+            .enumerate()
+            .filter(|&(p, _)| p != me)
+            .map(|(p, block)| (p, as_bytes_mut(block)))
+            .collect();
+        self.world
+            .send_receive(&sends, receives, ALL_GATHER_TAG, self.deadline, &|| {
+                format!("the all-gather of {n} reduced {} elements", T::DTYPE)
+            });
+    }
+
+    /// [`scatter_fold`](Self::scatter_fold)'s first half, the reduce-scatter: this worker's
+    /// part of the fold (part `p` of `ceil(n / W)` elements for worker `p`) into `out`.
+    pub(crate) fn scatter_part<T: Arith>(
+        &self,
+        op: ReduceOp,
+        count: usize,
+        data: &[T],
+        out: &mut [T],
+    ) {
+        let (w, me, n) = (self.workers(), self.world.rank(), data.len());
+        let part = n.div_ceil(w);
+        let range = |p: usize| (p * part).min(n)..((p + 1) * part).min(n);
+        let mine = range(me);
         let peers = || (0..w).filter(move |&p| p != me);
         let mut scratch = self.scratch.lock();
         let received = scratch_of::<T>(&mut scratch, mine.len() * (w - 1));
@@ -213,22 +244,40 @@ impl Shared {
             })
             .collect();
         if !mine.is_empty() {
-            reduce_slices(op, &blocks, &mut out[mine.clone()], count);
+            reduce_slices(op, &blocks, out, count);
         }
-        let mut parts = split_lengths(out, (0..w).map(|p| range(p).len()));
-        let own: &mut [T] = std::mem::take(&mut parts[me]);
-        let own = &*own;
-        let sends: Vec<(usize, &[u8])> = peers().map(|p| (p, as_bytes(own))).collect();
-        let receives = parts
-            .into_iter()
-            .enumerate()
-            .filter(|&(p, _)| p != me)
-            .map(|(p, block)| (p, as_bytes_mut(block)))
-            .collect();
-        self.world
-            .send_receive(&sends, receives, ALL_GATHER_TAG, self.deadline, &|| {
-                format!("the all-gather of {n} reduced {} elements", T::DTYPE)
-            });
+    }
+
+    /// This worker's part of the fold across workers of every worker's host `tensor` (same
+    /// dtype and shape everywhere, agreed before; its first dimension divisible by the worker
+    /// count): worker `p` gets rows `[p·rows/W, (p+1)·rows/W)`, folded in worker order exactly as
+    /// [`fold_across`](Self::fold_across) folds them, so the part is the same bits as that slice
+    /// of the all-reduce, while only the part is received and held (a reduce-scatter).
+    pub(crate) fn fold_part(
+        &self,
+        op: ReduceOp,
+        count: usize,
+        tensor: &Tensor,
+    ) -> Result<Tensor, CollectiveError> {
+        let w = self.workers();
+        let rows = tensor.shape().first().copied().unwrap_or(0);
+        let me = self.world.rank();
+        let mine = me * rows / w..(me + 1) * rows / w;
+        if w == 1 || tensor.size_in_bytes() < SCATTER_MIN_BYTES {
+            return Ok(self.fold_across(op, count, tensor)?.slice_rows(mine)?);
+        }
+        with_dtype!(tensor.dtype(), T => {
+            let array = tensor.array::<T>()?;
+            let data: Cow<'_, [T]> = match contiguous(array) {
+                Some(slice) => Cow::Borrowed(slice),
+                None => Cow::Owned(array.iter().copied().collect()),
+            };
+            let mut shape = tensor.shape().to_vec();
+            shape[0] = mine.len();
+            let mut out = vec![T::zero(); data.len() / w];
+            self.scatter_part(op, count, &data, &mut out);
+            Ok(Tensor::from_vec(tensor.device(), &shape, out)?)
+        })
     }
 
     /// A tensor like `like` (dtype, shape, device) to write a fold into: the buffer of an

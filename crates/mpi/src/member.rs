@@ -157,19 +157,32 @@ impl ReplicaCollectives for MpiMember {
         Ok(out.swap_remove(0).copy_to(tensor.device())?)
     }
 
+    /// The local replicas' sum, then across workers a reduce-scatter: each worker folds and
+    /// keeps only its part (its replicas' rows), in worker order as the all-reduce folds, so
+    /// each replica's rows are the same bits as its slice of the all-reduce.
     fn reduce_scatter(&self, op: ReduceOp, tensor: &Tensor) -> Result<Tensor, CollectiveError> {
-        let reduced = self.all_reduce(op, tensor)?;
-        let n = self.shared.workers() * self.local_replicas();
-        let rows = reduced.shape().first().copied().unwrap_or(0);
-        if rows % n != 0 {
+        check_op(op, tensor.dtype())?;
+        let r = self.local_replicas();
+        let n = self.shared.workers() * r;
+        let rows = tensor.shape().first().copied().unwrap_or(0);
+        if tensor.rank() == 0 || rows % n != 0 {
             return Err(CollectiveError::InvalidArgument(format!(
                 "reduce_scatter: the first dimension ({rows}) must divide evenly among the {n} \
                  replicas of every worker"
             )));
         }
-        let part = rows / n;
-        let global = self.shared.world.rank() * self.local_replicas() + self.member.replica();
-        Ok(reduced.slice_rows(global * part..(global + 1) * part)?)
+        let local = self
+            .local_batch(local_op(op), std::slice::from_ref(tensor))?
+            .swap_remove(0);
+        let shared = &self.shared;
+        let mut part = self.via_leader(1, tensor.device(), || {
+            shared.agree(Record::of(Call::ReduceScatter, Some(op), &[&local]), "")?;
+            Ok(vec![shared.fold_part(op, n, &local)?])
+        })?;
+        let part = part.swap_remove(0);
+        let per = rows / n;
+        let mine = self.member.replica() * per..(self.member.replica() + 1) * per;
+        Ok(part.slice_rows(mine)?.copy_to(tensor.device())?)
     }
 
     fn broadcast(&self, root: usize, tensor: Option<&Tensor>) -> Result<Tensor, CollectiveError> {
