@@ -189,29 +189,21 @@ mod tests {
 
     use super::*;
 
-    fn info(name: &str, dtype: DType, shape: &[usize]) -> VarInfo {
-        VarInfo {
-            name: name.into(),
-            dtype,
-            shape: shape.to_vec(),
-        }
-    }
-
     #[test]
     fn the_norm_covers_every_gradient_and_skips_missing_ones() {
         let a = Tensor::new(&[3f32, 0.0], &Device::Cpu).unwrap();
         let b = Tensor::new(&[[0f64], [4.0]], &Device::Cpu).unwrap();
         let manifest = [
-            info("a", DType::F32, &[2]),
-            info("m", DType::F32, &[7]),
-            info("b", DType::F64, &[2, 1]),
+            VarInfo::new("a", DType::F32, &[2]),
+            VarInfo::new("m", DType::F32, &[7]),
+            VarInfo::new("b", DType::F64, &[2, 1]),
         ];
         let norm = global_norm(&manifest, &[Some(a.clone()), None, Some(b.clone())]).unwrap();
         assert_eq!(norm, 5.0);
         // A view that is not contiguous takes the other path, to the same sum.
         let t = Tensor::new(&[[3f32, 1.0], [4.0, 1.0]], &Device::Cpu).unwrap();
         let column = t.narrow(1, 0, 1).unwrap();
-        let manifest = [info("c", DType::F32, &[2, 1])];
+        let manifest = [VarInfo::new("c", DType::F32, &[2, 1])];
         assert_eq!(global_norm(&manifest, &[Some(column)]).unwrap(), 5.0);
     }
 
@@ -221,9 +213,9 @@ mod tests {
         let a: Vec<f32> = (0..700).map(|i| (i as f32 * 0.37).sin()).collect();
         let c: Vec<f32> = (0..2000).map(|i| (i as f32 * 0.11).cos() * 3.1).collect();
         let manifest = [
-            info("a", DType::F32, &[700]),
-            info("b", DType::F32, &[30, 50]),
-            info("c", DType::F32, &[2000]),
+            VarInfo::new("a", DType::F32, &[700]),
+            VarInfo::new("b", DType::F32, &[30, 50]),
+            VarInfo::new("c", DType::F32, &[2000]),
         ];
         let grads = [
             Some(Tensor::new(a.as_slice(), &Device::Cpu).unwrap()),

@@ -585,21 +585,13 @@ pub(crate) fn all_gather_bytes(
 mod tests {
     use super::*;
 
-    fn info(name: &str, dtype: DType, shape: &[usize]) -> VarInfo {
-        VarInfo {
-            name: name.into(),
-            dtype,
-            shape: shape.to_vec(),
-        }
-    }
-
     #[test]
     fn shards_are_whole_blocks_and_every_element_lies_in_exactly_one_piece() {
         let manifest = [
-            info("a", DType::F32, &[3, 700]),
-            info("b", DType::F64, &[5]),
-            info("c", DType::F32, &[1500]),
-            info("d", DType::F32, &[0]),
+            VarInfo::new("a", DType::F32, &[3, 700]),
+            VarInfo::new("b", DType::F64, &[5]),
+            VarInfo::new("c", DType::F32, &[1500]),
+            VarInfo::new("d", DType::F32, &[0]),
         ];
         for replicas in 1..=4 {
             let plan = Plan::new(&manifest, replicas);

@@ -24,6 +24,16 @@ pub struct VarInfo {
 }
 
 impl VarInfo {
+    /// A variable's description (the tests' shorthand).
+    #[cfg(test)]
+    pub(crate) fn new(name: &str, dtype: DType, shape: &[usize]) -> VarInfo {
+        VarInfo {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+        }
+    }
+
     /// Elements in the variable.
     pub fn elem_count(&self) -> usize {
         self.shape.iter().product()
