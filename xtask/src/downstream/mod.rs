@@ -11,8 +11,12 @@
 //!   without any MPI variable (the rpath the launcher links).
 //!
 //! Cost: both share the workspace's target folder, `Cargo.lock` and profile settings (copied
-//! into their manifests, with the workspace crates' own settings as the members get them), so
-//! cargo reuses what the workspace's tests built and compiles only the downstream programs.
+//! into their manifests, with the workspace crates' own settings as the members get them), and
+//! the features the workspace builds their dependencies with ([`pin_features`]: `cargo tree`
+//! of both, the differences pinned), so cargo reuses every third-party build of the workspace's
+//! tests (checked: the same rlib hashes for candle-core, gemm, half, serde) and compiles only
+//! the workspace's own crates as path dependencies (their hashes differ outside the workspace)
+//! and the programs: 35 s here after `test-mpi`'s build.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -21,7 +25,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::cargo::{cargo, cargo_program};
+use crate::cargo::{cargo, cargo_program, metadata};
+use crate::packages::{MpiPackages, plain_build_excludes};
 
 /// Build and run the crates outside the workspace that `cargo xtask test` builds as a user would
 ///
@@ -100,6 +105,154 @@ fn path_dependency(root: &Path, name: &str, folder: &str, features: &[&str]) -> 
     )
 }
 
+/// One package of a `cargo tree -f "{p} {f}" --prefix none` line: name, version, path (for a
+/// path dependency) and its features.
+#[derive(Debug, PartialEq, Eq)]
+struct TreeNode {
+    name: String,
+    version: String,
+    path: Option<String>,
+    features: Vec<String>,
+}
+
+/// The packages of `cargo tree -f "{p} {f}" --prefix none` output, each once.
+fn tree_nodes(tree: &str) -> Vec<TreeNode> {
+    let mut nodes: Vec<TreeNode> = Vec::new();
+    for line in tree.lines() {
+        let line = line.trim_end().trim_end_matches(" (*)");
+        let mut words = line.split(' ');
+        let (Some(name), Some(version)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let rest: Vec<&str> = words.collect();
+        let (path, features) = match rest.first() {
+            Some(first) if first.starts_with('(') => (
+                Some(first.trim_matches(|c| c == '(' || c == ')').to_owned()),
+                rest.get(1).copied(),
+            ),
+            _ => (None, rest.first().copied()),
+        };
+        let node = TreeNode {
+            name: name.to_owned(),
+            version: version.trim_start_matches('v').to_owned(),
+            path,
+            features: features
+                .unwrap_or_default()
+                .split(',')
+                .filter(|f| !f.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        };
+        if !nodes.contains(&node) {
+            nodes.push(node);
+        }
+    }
+    nodes
+}
+
+/// Dependency lines that give every package of the downstream graph `ours` the features it
+/// has in the workspace's build `theirs` (cargo unifies features, so a package's build is
+/// reused only with the same ones): what the workspace's other crates turn on (a dev-dependency's
+/// `std`, say) and a user's crate would not.
+fn feature_pins(theirs: &[TreeNode], ours: &[TreeNode]) -> Vec<String> {
+    // A package built for the target and for the host (build scripts, proc macros) shows once
+    // per feature set: compare the unions.
+    let union = |nodes: &[TreeNode], name: &str, version: &str| -> Vec<String> {
+        let mut features: Vec<String> = nodes
+            .iter()
+            .filter(|n| n.name == name && n.version == version)
+            .flat_map(|n| n.features.iter().cloned())
+            .collect();
+        features.sort();
+        features.dedup();
+        features
+    };
+    let mut pins: Vec<String> = Vec::new();
+    for node in ours {
+        let built = union(theirs, &node.name, &node.version);
+        let have = union(ours, &node.name, &node.version);
+        if built.iter().all(|f| have.contains(f)) {
+            continue;
+        }
+        let Some(path) = theirs
+            .iter()
+            .find(|t| t.name == node.name && t.version == node.version)
+            .map(|t| t.path.clone())
+        else {
+            continue;
+        };
+        let features: Vec<String> = built.iter().map(|f| format!("\"{f}\"")).collect();
+        let source = match path {
+            Some(path) => format!("path = \"{path}\""),
+            None => format!("version = \"={}\"", node.version),
+        };
+        let pin = format!(
+            "{} = {{ {source}, default-features = false, features = [{}] }}",
+            node.name,
+            features.join(", ")
+        );
+        if !pins.contains(&pin) {
+            pins.push(pin);
+        }
+    }
+    pins
+}
+
+/// `cargo tree` of the packages in `dir` (or, with `args`, of those `args` select), as
+/// [`TreeNode`]s: normal and build dependencies, and dev-dependencies with `dev`.
+fn tree(dir: &Path, args: &[String], dev: bool) -> Result<Vec<TreeNode>> {
+    let edges = if dev {
+        "normal,build,dev"
+    } else {
+        "normal,build"
+    };
+    let output = Command::new(cargo_program())
+        .args(["tree", "--prefix", "none", "-f", "{p} {f}", "-e", edges])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .context("could not run cargo tree")?;
+    if !output.status.success() {
+        bail!(
+            "cargo tree failed in {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(tree_nodes(&String::from_utf8_lossy(&output.stdout)))
+}
+
+/// Writes `manifest` with the dependencies of `feature_pins` added, so that the crate's graph
+/// has the features of the workspace's build that `reference` (`cargo test` arguments that
+/// select packages and features) makes. The tree does not say which side a package is built
+/// for, so each pin is both a dependency and a build-dependency (with an empty build script):
+/// a host package's features (syn's, under the proc macros) decide whether everything above it
+/// is reused.
+fn pin_features(root: &Path, dir: &Path, manifest: &str, reference: &[String]) -> Result<()> {
+    let theirs = tree(root, reference, true)?;
+    let ours = tree(dir, &[], false)?;
+    let pins = feature_pins(&theirs, &ours);
+    if pins.is_empty() {
+        return Ok(());
+    }
+    eprintln!(
+        "xtask: downstream: features as the workspace builds them: {}",
+        pins.join("; ")
+    );
+    let pins = pins.join("\n");
+    let manifest = manifest.replacen(
+        "[dependencies]\n",
+        &format!("[build-dependencies]\n{pins}\n\n[dependencies]\n{pins}\n"),
+        1,
+    );
+    std::fs::write(dir.join("Cargo.toml"), manifest)?;
+    std::fs::write(
+        dir.join("build.rs"),
+        "//! Empty: the build-dependencies only pin host features.\nfn main() {}\n",
+    )?;
+    Ok(())
+}
+
 /// Writes a crate in `dir`: its manifest, the workspace's `Cargo.lock` (the versions the
 /// workspace built) and `program` as its `src/main.rs`.
 fn write_crate(root: &Path, dir: &Path, manifest: &str, program: &str) -> Result<()> {
@@ -150,12 +303,11 @@ pub(crate) fn spec_only(root: &Path) -> Result<()> {
     let dir = scratch("spec")?;
     let name = "distribute-downstream-spec";
     let dependency = path_dependency(root, "distribute-device-spec", "crates/device-spec", &[]);
-    write_crate(
-        root,
-        &dir,
-        &manifest(name, &[dependency], &["distribute-device-spec"]),
-        SPEC,
-    )?;
+    let toml = manifest(name, &[dependency], &["distribute-device-spec"]);
+    write_crate(root, &dir, &toml, SPEC)?;
+    let mut reference = vec!["--workspace".to_owned()];
+    reference.extend(plain_build_excludes()?);
+    pin_features(root, &dir, &toml, &reference)?;
     let target = root.join("target");
     let cargo_in = |args: &[&str]| {
         let mut command = Command::new(cargo_program());
@@ -237,12 +389,11 @@ pub(crate) fn training(root: &Path) -> Result<()> {
         "candle-core = \"0.11.1\"".to_owned(),
         "candle-nn = \"0.11.1\"".to_owned(),
     ];
-    write_crate(
-        root,
-        &dir,
-        &manifest(name, &dependencies, TRAINING_CRATES),
-        TRAIN,
-    )?;
+    let toml = manifest(name, &dependencies, TRAINING_CRATES);
+    write_crate(root, &dir, &toml, TRAIN)?;
+    // The features `cargo xtask test-mpi` builds the workspace's MPI packages with.
+    let reference = MpiPackages::of(&metadata()?).cargo_args();
+    pin_features(root, &dir, &toml, &reference)?;
     // `cargo distribute` finds `cargo-distribute` on PATH, as after `cargo install`.
     let path = std::env::join_paths(std::iter::once(target.join("debug")).chain(
         std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
@@ -343,6 +494,34 @@ mod tests {
                 "the workspace's profiles changed: {part}"
             );
         }
+    }
+
+    #[test]
+    fn a_feature_the_workspace_turns_on_is_pinned_in_the_downstream_crate() {
+        let theirs = tree_nodes(
+            "bytemuck v1.25.2 derive,extern_crate_alloc\n\
+             distribute-values v0.1.0 (/w/crates/values) \n\
+             num-complex v0.4.6 bytemuck,default,std\n\
+             serde v1.0.229 default,derive,std (*)\n",
+        );
+        let ours = tree_nodes(
+            "d v0.1.0 (/tmp/d) \n\
+             bytemuck v1.25.2 derive\n\
+             distribute-values v0.1.0 (/w/crates/values) \n\
+             num-complex v0.4.6 bytemuck\n\
+             serde v1.0.229 default,derive,std\n",
+        );
+        assert_eq!(ours.len(), 5);
+        assert_eq!(ours[2].path.as_deref(), Some("/w/crates/values"));
+        assert_eq!(
+            feature_pins(&theirs, &ours),
+            [
+                "bytemuck = { version = \"=1.25.2\", default-features = false, features = \
+                 [\"derive\", \"extern_crate_alloc\"] }",
+                "num-complex = { version = \"=0.4.6\", default-features = false, features = \
+                 [\"bytemuck\", \"default\", \"std\"] }",
+            ]
+        );
     }
 
     #[test]
