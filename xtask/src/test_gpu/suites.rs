@@ -119,7 +119,9 @@ pub(crate) const SUITES: &[Suite] = &[
         args: &[],
         needs: Needs::Gpu,
     },
-    // candle models on `/gpu:N` replicas (candle's CUDA backend, compiled with nvcc).
+    // candle models on `/gpu:N` replicas (candle's CUDA backend, compiled with nvcc), the `gpt`
+    // example's GPT on `/gpu:0` among them (one executable of candle's kernels: a second would
+    // not fit the bundle).
     Suite {
         name: "candle-gpu",
         package: "distribute-candle",
