@@ -52,6 +52,7 @@ pub(super) fn bench_zero() -> Result<()> {
             "--sharding",
             sharding,
             "--json",
+            "--no-weights",
         ]
         .iter()
         .map(|a| (*a).to_owned())
