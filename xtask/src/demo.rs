@@ -11,7 +11,9 @@ use crate::packages::require_feature;
 /// Train the demo's classifier data-parallel (release build)
 ///
 /// The end-to-end training demo (the `demo` binary of examples/demo): an MLP trained on the
-/// wine-quality data data-parallel, checked against one replica. Every argument goes to the
+/// wine-quality data data-parallel, checked against one replica; with --model gpt, a small
+/// byte-level GPT trained on this project's documentation (held-out loss and perplexity, a
+/// sample, the same check against one replica). Every argument goes to the
 /// demo: `cargo xtask demo --help` lists its options (`cargo xtask help demo` shows this). With
 /// --workers W it trains on W worker processes under mpirun (feature mpi; --replicas R each,
 /// one by default), checked against one process with one replica.
