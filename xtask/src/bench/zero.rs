@@ -21,7 +21,7 @@ const HIDDEN: &str = "4000";
 /// Steps of each run.
 const STEPS: &str = "4";
 /// Rounds of alternating cases; each case's medians.
-const ROUNDS: usize = 2;
+const ROUNDS: usize = 3;
 const SHARDINGS: [&str; 3] = ["none", "zero1", "zero2"];
 
 /// One run's figures.
