@@ -543,6 +543,21 @@ pub fn all_reduce_tensors(
     op: ReduceOp,
     tensors: &[candle_core::Tensor],
 ) -> Result<Vec<candle_core::Tensor>, Error> {
+    use candle_core::DType;
+    // The results keep their tensors' dtypes: one `from_candle` would widen (u8 to i32) is
+    // refused, as a sum could overflow the narrower dtype.
+    if let Some(t) = tensors.iter().find(|t| {
+        !matches!(
+            t.dtype(),
+            DType::F16 | DType::BF16 | DType::F32 | DType::F64 | DType::I32 | DType::I64
+        )
+    }) {
+        return Err(Error::UnsupportedDType {
+            what: "a tensor to all-reduce".into(),
+            dtype: t.dtype(),
+            integers: true,
+        });
+    }
     let host = tensors
         .iter()
         .map(|t| from_candle(t, ctx.device()))
