@@ -188,7 +188,7 @@ impl Case {
 }
 
 /// One case's measurement.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 struct Measured {
     steps_per_s: f64,
     threads_per_replica: usize,
@@ -222,38 +222,12 @@ impl Measured {
 
     /// As the child prints it.
     fn to_json(self) -> serde_json::Value {
-        serde_json::json!({
-            "steps_per_s": self.steps_per_s, "threads_per_replica": self.threads_per_replica,
-            "compute_ms": self.compute_ms, "optimizer_ms": self.optimizer_ms,
-            "all_reduce_ms": self.all_reduce_ms, "last_arrival_ms": self.last_arrival_ms,
-            "input_ms": self.input_ms, "rest_ms": self.rest_ms,
-            "clipped_share": self.clipped_share, "checkpoints": self.checkpoints,
-            "checkpoint_ms": self.checkpoint_ms, "peak_mib": self.peak_mib,
-        })
+        serde_json::to_value(self).expect("a measurement is plain numbers")
     }
 
     /// What [`to_json`](Self::to_json) printed.
     fn from_json(text: &str) -> Result<Measured, Box<dyn Error>> {
-        let value: serde_json::Value = serde_json::from_str(text)?;
-        let field = |name: &str| {
-            value[name]
-                .as_f64()
-                .ok_or_else(|| format!("the case printed no {name}: {text:?}"))
-        };
-        Ok(Measured {
-            steps_per_s: field("steps_per_s")?,
-            threads_per_replica: field("threads_per_replica")? as usize,
-            compute_ms: field("compute_ms")?,
-            optimizer_ms: field("optimizer_ms")?,
-            all_reduce_ms: field("all_reduce_ms")?,
-            last_arrival_ms: field("last_arrival_ms")?,
-            input_ms: field("input_ms")?,
-            rest_ms: field("rest_ms")?,
-            clipped_share: field("clipped_share")?,
-            checkpoints: field("checkpoints")? as usize,
-            checkpoint_ms: field("checkpoint_ms")?,
-            peak_mib: field("peak_mib")?,
-        })
+        serde_json::from_str(text).map_err(|e| format!("the case printed {text:?}: {e}").into())
     }
 }
 

@@ -191,7 +191,7 @@ impl Case {
 }
 
 /// One case's measurement: replica 0's mean step, in milliseconds.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 struct Measured {
     steps_per_s: f64,
     threads_per_replica: usize,
@@ -204,29 +204,12 @@ struct Measured {
 impl Measured {
     /// As the child prints it.
     fn to_json(self) -> serde_json::Value {
-        serde_json::json!({
-            "steps_per_s": self.steps_per_s, "threads_per_replica": self.threads_per_replica,
-            "forward_ms": self.forward_ms, "backward_step_ms": self.backward_step_ms,
-            "input_ms": self.input_ms, "rest_ms": self.rest_ms,
-        })
+        serde_json::to_value(self).expect("a measurement is plain numbers")
     }
 
     /// What [`to_json`](Self::to_json) printed.
     fn from_json(text: &str) -> Result<Measured, Box<dyn Error>> {
-        let value: serde_json::Value = serde_json::from_str(text)?;
-        let field = |name: &str| {
-            value[name]
-                .as_f64()
-                .ok_or_else(|| format!("the case printed no {name}: {text:?}"))
-        };
-        Ok(Measured {
-            steps_per_s: field("steps_per_s")?,
-            threads_per_replica: field("threads_per_replica")? as usize,
-            forward_ms: field("forward_ms")?,
-            backward_step_ms: field("backward_step_ms")?,
-            input_ms: field("input_ms")?,
-            rest_ms: field("rest_ms")?,
-        })
+        serde_json::from_str(text).map_err(|e| format!("the case printed {text:?}: {e}").into())
     }
 }
 

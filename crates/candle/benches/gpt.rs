@@ -109,7 +109,7 @@ fn adamw() -> ParamsAdamW {
 }
 
 /// One case's measurement: replica 0's mean step, in milliseconds.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 struct Measured {
     tokens_per_s: f64,
     threads_per_replica: usize,
@@ -123,31 +123,12 @@ struct Measured {
 impl Measured {
     /// As the child prints it.
     fn to_json(self) -> serde_json::Value {
-        serde_json::json!({
-            "tokens_per_s": self.tokens_per_s, "threads_per_replica": self.threads_per_replica,
-            "compute_ms": self.compute_ms, "all_reduce_ms": self.all_reduce_ms,
-            "last_arrival_ms": self.last_arrival_ms, "input_ms": self.input_ms,
-            "rest_ms": self.rest_ms,
-        })
+        serde_json::to_value(self).expect("a measurement is plain numbers")
     }
 
     /// What [`to_json`](Self::to_json) printed.
     fn from_json(text: &str) -> Result<Measured, Box<dyn Error>> {
-        let value: serde_json::Value = serde_json::from_str(text)?;
-        let field = |name: &str| {
-            value[name]
-                .as_f64()
-                .ok_or_else(|| format!("the case printed no {name}: {text:?}"))
-        };
-        Ok(Measured {
-            tokens_per_s: field("tokens_per_s")?,
-            threads_per_replica: field("threads_per_replica")? as usize,
-            compute_ms: field("compute_ms")?,
-            all_reduce_ms: field("all_reduce_ms")?,
-            last_arrival_ms: field("last_arrival_ms")?,
-            input_ms: field("input_ms")?,
-            rest_ms: field("rest_ms")?,
-        })
+        serde_json::from_str(text).map_err(|e| format!("the case printed {text:?}: {e}").into())
     }
 
     /// The mean step.
