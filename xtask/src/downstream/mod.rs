@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::cargo::{cargo, cargo_program, metadata};
+use crate::cargo::{cargo, cargo_program, metadata, target_directory};
 use crate::packages::{MpiPackages, plain_build_excludes};
 
 /// Build and run the crates outside the workspace that `cargo xtask test` builds as a user would
@@ -308,7 +308,8 @@ pub(crate) fn spec_only(root: &Path) -> Result<()> {
     let mut reference = vec!["--workspace".to_owned()];
     reference.extend(plain_build_excludes()?);
     pin_features(root, &dir, &toml, &reference)?;
-    let target = root.join("target");
+    // The workspace's target folder (`CARGO_TARGET_DIR` when set), whose builds are reused.
+    let target = target_directory(&metadata()?)?;
     let cargo_in = |args: &[&str]| {
         let mut command = Command::new(cargo_program());
         command
@@ -372,7 +373,8 @@ pub(crate) fn training(root: &Path) -> Result<()> {
             "cargo-distribute",
         ],
     )?;
-    let target = root.join("target");
+    // The workspace's target folder (`CARGO_TARGET_DIR` when set), whose builds are reused.
+    let target = target_directory(&metadata()?)?;
     let dir = scratch("training")?;
     let name = "distribute-downstream-train";
     let dependencies = [
