@@ -110,15 +110,11 @@ impl Blocks {
                 if let (candle_core::Storage::Cpu(cpu), Some((start, end))) =
                     (&*storage, layout.contiguous_offsets())
                 {
-                    for x in &cpu.as_slice::<T>()?[start..end] {
-                        blocks.push(x.to_f64());
-                    }
+                    blocks.extend(&cpu.as_slice::<T>()?[start..end]);
                     return Ok(());
                 }
             }
-            for x in grad.flatten_all()?.to_vec1::<T>()? {
-                blocks.push(x.to_f64());
-            }
+            blocks.extend(&grad.flatten_all()?.to_vec1::<T>()?);
             Ok(())
         }
         match grad.dtype() {
@@ -134,13 +130,23 @@ impl Blocks {
         }
     }
 
-    fn push(&mut self, x: f64) {
-        self.sum += x * x;
-        self.filled += 1;
-        if self.filled == BLOCK {
-            self.done.push(self.sum);
-            self.sum = 0.0;
-            self.filled = 0;
+    /// Adds the squares of `xs`, each block's in order, a block's run at a time (no test per
+    /// element on the hot path).
+    fn extend<T: candle_core::WithDType>(&mut self, mut xs: &[T]) {
+        while !xs.is_empty() {
+            let take = xs.len().min(BLOCK - self.filled);
+            let (run, rest) = xs.split_at(take);
+            self.sum = run.iter().fold(self.sum, |sum, x| {
+                let x = x.to_f64();
+                sum + x * x
+            });
+            self.filled += take;
+            xs = rest;
+            if self.filled == BLOCK {
+                self.done.push(self.sum);
+                self.sum = 0.0;
+                self.filled = 0;
+            }
         }
     }
 
