@@ -18,6 +18,20 @@
 //! variable does). One JSON line per size and way: `{"bench":"candle_gpu","model","way",
 //! "steps_per_s","vs_plain_resident","vs_plain_upload"}`, medians over the rounds.
 //!
+//! The `distribute` line also gives `library_share`, the part of a step the library adds over
+//! `plain_upload` (1 − the ratio; the goal is at most 3 %).
+//!
+//! With feature `mpi`, the large model on two worker processes sharing GPU 0 (this executable
+//! started by `mpirun` twice over, each process a "node" of its own for NCCL through
+//! `NCCL_HOSTID`), `MultiWorkerMirroredStrategy` with one replica each, batch 2048 per process:
+//! `nccl` (the gradients reduced in GPU memory over NCCL), `host` (`Config::through_host`:
+//! copied to the host, reduced by MPI, copied back) and, where python3 imports torch with CUDA,
+//! `torch_ddp` (`benches/peers/torch_ddp_gpu.py`: PyTorch DDP over NCCL, the same model and
+//! setup), alternating round by round. One line per way: `{"bench":"candle_gpu_two_processes",
+//! "way","steps_per_s","single_process_steps_per_s","vs_single_process",
+//! "gradient_bytes_through_host_per_step"}`, its single-process rate measured in the same run
+//! (ours: the `distribute` way on the large model; PyTorch's: its script with one process).
+//!
 //! Without `--bench` (as `cargo test --all-targets --features cuda` would build it) a quick smoke
 //! run. Without a GPU it prints `{"skipped": "<why>"}` and succeeds, unless
 //! `DISTRIBUTE_REQUIRE_GPU=1`, where it fails saying so.
@@ -209,6 +223,14 @@ fn median(values: &[f64]) -> f64 {
 }
 
 fn main() {
+    #[cfg(feature = "mpi")]
+    if let Ok(way) = std::env::var(two_processes::WORKER) {
+        if let Err(e) = two_processes::worker(&way) {
+            eprintln!("a two-process benchmark worker failed: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let required = std::env::var("DISTRIBUTE_REQUIRE_GPU").is_ok_and(|v| v == "1");
     let gpu = match Device::new_cuda(0) {
         Ok(gpu) => gpu,
@@ -231,6 +253,7 @@ fn main() {
 
 fn run(gpu: &Device, full: bool) -> Result<(), BoxError> {
     let (rounds, steps) = if full { (5, 100) } else { (1, 3) };
+    let mut single_large = 0.0;
     for size in SIZES {
         let mut results: Vec<Vec<f64>> = vec![Vec::new(); WAYS.len()];
         for _ in 0..rounds {
@@ -239,6 +262,9 @@ fn run(gpu: &Device, full: bool) -> Result<(), BoxError> {
             results[2].push(distribute(size, steps)?);
         }
         let medians: Vec<f64> = results.iter().map(|r| median(r)).collect();
+        if size.name == "large" {
+            single_large = medians[2];
+        }
         for (way, steps_per_s) in WAYS.iter().zip(&medians) {
             println!(
                 "{}",
@@ -248,11 +274,246 @@ fn run(gpu: &Device, full: bool) -> Result<(), BoxError> {
                     "steps_per_s": steps_per_s,
                     "vs_plain_resident": steps_per_s / medians[0],
                     "vs_plain_upload": steps_per_s / medians[1],
+                    "library_share": (*way == "distribute").then(|| 1.0 - steps_per_s / medians[1]),
                     "rounds": rounds, "steps": steps,
                     "mode": if full { "bench" } else { "smoke" },
                 })
             );
         }
     }
+    #[cfg(feature = "mpi")]
+    two_processes::compare(single_large, full)?;
+    #[cfg(not(feature = "mpi"))]
+    let _ = single_large;
     Ok(())
+}
+
+/// The large model on two worker processes sharing GPU 0, over NCCL and through the host, with
+/// PyTorch DDP beside them.
+#[cfg(feature = "mpi")]
+mod two_processes {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+
+    use candle_core::Module;
+    use candle_nn::Optimizer;
+    use distribute_candle::{Config, DataParallel};
+    use distribute_device_spec::LocalDevices;
+    use distribute_input::{Dataset, InputOptions};
+    use distribute_multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
+    use distribute_strategy::Strategy;
+    use distribute_tensor::Tensor as HostTensor;
+    use distribute_test_support::mpirun::{rank, run_self, write_result};
+    use distribute_values::ReduceOp;
+
+    use super::{BATCHES, BoxError, LEARNING_RATE, Mlp, SIZES, WARMUP, loss, median, mlp};
+
+    /// Set in the workers `mpirun` starts: the way (`nccl` or `host`).
+    pub(super) const WORKER: &str = "DISTRIBUTE_BENCH_GPU_WORKER";
+    /// Steps each worker times.
+    const STEPS: &str = "DISTRIBUTE_BENCH_GPU_STEPS";
+    /// How long one `mpirun` may take.
+    const LIMIT: Duration = Duration::from_secs(120);
+
+    /// One worker of a two-process job: trains the large model with the way `way`, leaves its
+    /// steps per second and the bytes its replica copied between GPU and host.
+    pub(super) fn worker(way: &str) -> Result<(), BoxError> {
+        let steps: usize = std::env::var(STEPS)?.parse()?;
+        // NCCL before 2.30 refuses two ranks of one node on one GPU: a host id each.
+        // SAFETY: set before the strategy starts this process's threads.
+        unsafe { std::env::set_var("NCCL_HOSTID", format!("distribute-bench-{}", rank())) };
+        let size = SIZES[1];
+        let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
+            local_devices: LocalDevices::gpus(1),
+            ..MultiWorkerConfig::default()
+        })?;
+        let config = Config {
+            through_host: way == "host",
+            ..Config::default()
+        };
+        let model = DataParallel::new(
+            &strategy,
+            config,
+            |vb| mlp(size, vb),
+            |vars| candle_nn::SGD::new(vars, LEARNING_RATE),
+        )?;
+        let workers = strategy.num_workers();
+        let (x, labels) = super::data(size);
+        let rows = BATCHES * size.batch;
+        let total = steps + WARMUP;
+        // The global batch is every worker's 2048 rows.
+        let dataset = Dataset::from_tensors((
+            HostTensor::from_vec("/cpu:0", &[rows, size.features], x)?,
+            HostTensor::from_vec("/cpu:0", &[rows], labels)?,
+        ))?
+        .repeat((total * workers).div_ceil(BATCHES))?
+        .batch(size.batch * workers, false)?;
+        let dataset = strategy.distribute_dataset(dataset, InputOptions::default())?;
+        let mut batches = dataset.iter();
+        let wait = |model: &DataParallel<'_, MultiWorkerMirroredStrategy, Mlp, candle_nn::SGD>|
+         -> Result<(), BoxError> {
+            model.variable(0, "l3.bias")?.to_vec1::<f32>()?;
+            Ok(())
+        };
+        let mut start = Instant::now();
+        let mut before = 0;
+        for step in 0..total {
+            if step == WARMUP {
+                wait(&model)?;
+                before = model.gradient_bytes_through_host()?[0];
+                start = Instant::now();
+            }
+            let inputs = batches.next().ok_or("the dataset ended early")??;
+            model.run(&inputs, |replica, (x, y)| {
+                let loss = loss(&replica.model().forward(&x)?, &y)?;
+                replica.backward_step(&loss, ReduceOp::Sum)?;
+                Ok(())
+            })?;
+        }
+        wait(&model)?;
+        let wall = start.elapsed().as_secs_f64();
+        let bytes = model.gradient_bytes_through_host()?[0] - before;
+        model.check_in_sync()?;
+        write_result(
+            &serde_json::json!({
+                "workers": workers,
+                "steps_per_s": steps as f64 / wall,
+                "bytes_per_step": bytes as f64 / steps as f64,
+                "buckets_on_gpu": model.buckets_on_gpu()?,
+            })
+            .to_string(),
+        );
+        Ok(())
+    }
+
+    /// One two-process job of ours: the chief's result.
+    fn ours(way: &str, steps: usize) -> Result<serde_json::Value, BoxError> {
+        let job = run_self(
+            "bench-worker",
+            2,
+            &[(WORKER, way.to_owned()), (STEPS, steps.to_string())],
+            LIMIT,
+        );
+        if !job.status.success() || job.results.len() != 2 {
+            return Err(format!(
+                "the {way} job failed ({}, {} results):\n{}",
+                job.status,
+                job.results.len(),
+                job.stdout
+            )
+            .into());
+        }
+        Ok(serde_json::from_str(&job.results[0])?)
+    }
+
+    /// The PyTorch peer's script where python3 imports torch with CUDA, or why it cannot run.
+    fn torch_peer() -> Result<PathBuf, String> {
+        const SCRIPT: &str = "crates/candle/benches/peers/torch_ddp_gpu.py";
+        // The bundle runs away from the build's checkout: look up from here and from the
+        // executable for the working tree the device call carries.
+        let starts = [
+            std::env::current_dir().ok(),
+            std::env::current_exe().ok(),
+            Some(PathBuf::from(env!("CARGO_MANIFEST_DIR"))),
+        ];
+        let script = starts
+            .iter()
+            .flatten()
+            .flat_map(|start| start.ancestors().map(|dir| dir.join(SCRIPT)))
+            .find(|path| path.is_file())
+            .ok_or_else(|| format!("{SCRIPT} is not above this folder or the executable"))?;
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import torch; assert torch.cuda.is_available(), 'no CUDA'",
+            ])
+            .output()
+            .map_err(|e| format!("python3 could not be started: {e}"))?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let last = err.lines().last().unwrap_or("").to_owned();
+            return Err(format!("python3 cannot use torch on a GPU ({last})"));
+        }
+        Ok(script)
+    }
+
+    /// The peer's steps per second with `processes` processes.
+    fn torch(script: &Path, processes: usize, steps: usize) -> Result<f64, BoxError> {
+        let out = Command::new("python3")
+            .arg(script)
+            .args([
+                "--processes",
+                &processes.to_string(),
+                "--steps",
+                &steps.to_string(),
+            ])
+            .output()?;
+        if !out.status.success() {
+            return Err(format!(
+                "{} --processes {processes} failed: {}",
+                script.display(),
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
+        }
+        let line = String::from_utf8_lossy(&out.stdout);
+        let last = line.lines().last().ok_or("the peer printed nothing")?;
+        let v: serde_json::Value = serde_json::from_str(last)?;
+        v["steps_per_s"]
+            .as_f64()
+            .ok_or_else(|| format!("no steps_per_s in {last}").into())
+    }
+
+    /// The two-process lines: `single` is the `distribute` way's steps per second on the large
+    /// model in one process, measured in the same run.
+    pub(super) fn compare(single: f64, full: bool) -> Result<(), BoxError> {
+        let (rounds, steps) = if full { (3, 100) } else { (1, 3) };
+        let peer = torch_peer();
+        let mut nccl = Vec::new();
+        let mut host = Vec::new();
+        let mut nccl_bytes = Vec::new();
+        let mut host_bytes = Vec::new();
+        let mut ddp = Vec::new();
+        let mut torch_single = Vec::new();
+        for _ in 0..rounds {
+            let n = ours("nccl", steps)?;
+            nccl.push(n["steps_per_s"].as_f64().unwrap_or(f64::NAN));
+            nccl_bytes.push(n["bytes_per_step"].as_f64().unwrap_or(f64::NAN));
+            let h = ours("host", steps)?;
+            host.push(h["steps_per_s"].as_f64().unwrap_or(f64::NAN));
+            host_bytes.push(h["bytes_per_step"].as_f64().unwrap_or(f64::NAN));
+            if let Ok(script) = &peer {
+                torch_single.push(torch(script, 1, steps)?);
+                ddp.push(torch(script, 2, steps)?);
+            }
+        }
+        let line = |way: &str, rates: &[f64], single: f64, bytes: Option<f64>| {
+            let rate = median(rates);
+            println!(
+                "{}",
+                serde_json::json!({
+                    "bench": "candle_gpu_two_processes", "way": way, "model": "large",
+                    "processes": 2, "batch_per_process": SIZES[1].batch,
+                    "steps_per_s": rate, "single_process_steps_per_s": single,
+                    "vs_single_process": rate / single,
+                    "gradient_bytes_through_host_per_step": bytes,
+                    "rounds": rounds, "steps": steps,
+                    "mode": if full { "bench" } else { "smoke" },
+                })
+            );
+        };
+        line("nccl", &nccl, single, Some(median(&nccl_bytes)));
+        line("host", &host, single, Some(median(&host_bytes)));
+        match peer {
+            Ok(_) => line("torch_ddp", &ddp, median(&torch_single), None),
+            Err(why) => println!(
+                "{}",
+                serde_json::json!({
+                    "bench": "candle_gpu_two_processes", "way": "torch_ddp", "skipped": why,
+                })
+            ),
+        }
+        Ok(())
+    }
 }

@@ -132,6 +132,12 @@ pub(crate) struct Options {
     /// Called with each step's number (from 1) once the step and its checkpoint are done (the
     /// tests that include this file kill a worker there).
     pub(crate) after_step: Option<AfterStep>,
+    /// `--gpu`: the replicas on GPUs `/gpu:0` … `/gpu:R-1` (each worker's own numbering:
+    /// workers on one machine share them) instead of CPUs (feature `cuda`).
+    pub(crate) gpu: bool,
+    /// `--through-host`: GPU replicas' gradients reduced through host memory
+    /// (`Config::through_host`) instead of in GPU memory.
+    pub(crate) through_host: bool,
 }
 
 /// A hook run after each step.
@@ -202,6 +208,8 @@ impl Default for Options {
             no_weights: false,
             stop_after: None,
             after_step: None,
+            gpu: false,
+            through_host: false,
         }
     }
 }
@@ -224,6 +232,11 @@ pub(crate) struct Trained {
     pub(crate) memory: ReplicaMemory,
     /// Each worker's peak resident memory in KiB (Linux's `VmHWM`; 0 where unknown).
     pub(crate) peak_rss_kib: Vec<u64>,
+    /// Bytes of gradient buckets the first local replica copied between its GPU and the host
+    /// (`DataParallel::gradient_bytes_through_host`): 0 on CPUs and on the GPU path.
+    pub(crate) bytes_through_host: u64,
+    /// Whether the GPU replicas' buckets stayed in GPU memory (`DataParallel::buckets_on_gpu`).
+    pub(crate) buckets_on_gpu: bool,
 }
 
 /// Writes fresh initial values (candle's initialisers, on one replica) to `path`: the common
@@ -239,13 +252,21 @@ pub(crate) fn write_initial_values(path: &std::path::Path) -> Result<(), Box<dyn
     .map(drop)
 }
 
-/// Trains on `options.replicas` CPU replicas of this process.
+/// The replicas' devices: `options.replicas` CPUs, or GPUs with `--gpu`.
+fn local_devices(options: &Options) -> LocalDevices {
+    match options.gpu {
+        true => LocalDevices::gpus(options.replicas),
+        false => LocalDevices::cpus(options.replicas),
+    }
+}
+
+/// Trains on `options.replicas` replicas of this process (CPUs, or GPUs with `--gpu`).
 pub(crate) fn train(options: &Options) -> Result<Trained, Box<dyn Error>> {
     let config = distribute_mirrored::MirroredConfig {
         deadline: options.deadline,
         ..Default::default()
     };
-    let strategy = MirroredStrategy::with_config(LocalDevices::cpus(options.replicas), config)?;
+    let strategy = MirroredStrategy::with_config(local_devices(options), config)?;
     train_on(&strategy, options)
 }
 
@@ -257,7 +278,7 @@ pub(crate) fn train_multi_worker(
 ) -> Result<(Trained, usize, bool), Box<dyn Error>> {
     use distribute_multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
     let strategy = MultiWorkerMirroredStrategy::with_config(MultiWorkerConfig {
-        local_devices: LocalDevices::cpus(options.replicas),
+        local_devices: local_devices(options),
         deadline: options.deadline,
         ..MultiWorkerConfig::default()
     })?;
@@ -288,6 +309,7 @@ pub(crate) fn train_on<S: Strategy>(
         clip_norm: options.clip_norm,
         precision: options.precision,
         sharding: options.sharding,
+        through_host: options.through_host,
         ..Config::default()
     };
     let hidden = options.hidden;
@@ -400,6 +422,8 @@ pub(crate) fn train_on<S: Strategy>(
         )?;
         Ok(total.to_vec::<f64>()?)
     })?;
+    // Every copy of the model the same bits, on every worker.
+    model.check_in_sync()?;
     let mut weights = BTreeMap::new();
     for var in model.variables() {
         let value = model.variable(0, &var.name)?;
@@ -419,6 +443,8 @@ pub(crate) fn train_on<S: Strategy>(
             .into_iter()
             .map(|p| p as u64)
             .collect(),
+        bytes_through_host: model.gradient_bytes_through_host()?[0],
+        buckets_on_gpu: model.buckets_on_gpu()?,
     })
 }
 
@@ -451,7 +477,7 @@ fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
                          [--clip-norm X] [--hidden H] [--checkpoint-dir DIR] \
                          [--checkpoint-every N] [--stop-after N] \
                          [--precision f32|bf16|f16] [--sharding none|zero1|zero2] \
-                         [--momentum X] [--no-weights]";
+                         [--momentum X] [--no-weights] [--gpu] [--through-host]";
     let mut checkpoint_dir = None;
     let mut checkpoint_every = None;
     let mut options = Options::default();
@@ -557,6 +583,8 @@ fn parse_args() -> Result<(Options, bool), Box<dyn Error>> {
             }
             "--json" => json = true,
             "--no-weights" => options.no_weights = true,
+            "--gpu" => options.gpu = true,
+            "--through-host" => options.through_host = true,
             "--help" | "-h" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -596,6 +624,9 @@ fn main() -> Result<(), Box<dyn Error>> {
                 "steps_per_s": trained.steps_per_s, "first_step": trained.first_step,
                 "sharding": options.sharding.to_string(),
                 "peak_rss_kib": trained.peak_rss_kib,
+                "gpu": options.gpu,
+                "buckets_on_gpu": trained.buckets_on_gpu,
+                "bytes_through_host": trained.bytes_through_host,
                 "memory": {
                     "parameters": trained.memory.parameters,
                     "gradients": trained.memory.gradients,

@@ -18,7 +18,7 @@ pub(crate) fn synchronize(
     policies: &[VarPolicy],
     vars: &[Var],
     device: &Device,
-    spares: &mut Vec<Option<distribute_tensor::Tensor>>,
+    kept: &mut gradients::Buckets,
 ) -> Result<(), Error> {
     if ctx.num_replicas_in_sync() == 1 {
         return Ok(());
@@ -40,7 +40,7 @@ pub(crate) fn synchronize(
             .iter()
             .map(|&i| contributes.then(|| vars[i].as_tensor().clone()))
             .collect();
-        let reduced = gradients::all_reduce(ctx, op, &sub, &values, device, spares)?;
+        let reduced = gradients::all_reduce(ctx, op, &sub, &values, device, kept)?;
         for (&i, value) in chosen.iter().zip(reduced) {
             if let Some(value) = value {
                 vars[i].set(&value)?;

@@ -1,10 +1,21 @@
 //! CUDA replicas (feature `cuda`): a `/gpu:N` replica trains on candle's CUDA device `N`.
 //!
-//! Gradients and the initial values still travel through host memory: the bucket of a GPU
-//! replica is copied to the host, reduced by the strategy's collectives there, and copied back
-//! (see docs/candle.md, GPUs, for why the GPU collectives are not used yet).
+//! When every local replica is on a GPU, a replica's gradient buckets stay in its GPU's memory
+//! ([`pack_on_gpu`], [`unpack_from_gpu`]): the strategy's collectives reduce them there (NCCL,
+//! or the reduction kernels), and candle's stream is ordered against theirs with events. With
+//! CPU replicas beside GPU ones, the buckets travel through the host. The initial values still
+//! do (docs/candle.md, GPUs).
 
-use candle_core::Device;
+use std::sync::Arc;
+
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DriverError};
+use candle_core::cuda_backend::{CudaDevice, CudaStorage};
+use candle_core::op::BackpropOp;
+use candle_core::{DType, Device, Storage, Tensor};
+use distribute_tensor::TensorError;
+use distribute_tensor::cuda::{Gpu, GpuArray, current_gpu, driver_error};
+
+use crate::Error;
 
 /// Whether this build has candle's CUDA backend.
 #[cfg(test)]
@@ -26,7 +37,7 @@ pub(crate) fn cuda_device(ordinal: usize) -> Result<Device, String> {
 /// Waits until all GPU work queued on `device`'s GPU by any thread is done (the CUDA context's
 /// synchronize); nothing on the CPU. What the caller's thread does between two steps (reads,
 /// checks, saves, assigned values) is ordered this way against the replicas' threads.
-pub(crate) fn settle(device: &Device) -> Result<(), crate::Error> {
+pub(crate) fn settle(device: &Device) -> Result<(), Error> {
     if let Device::Cuda(cuda) = device {
         cuda.cuda_stream()
             .context()
@@ -43,7 +54,7 @@ pub(crate) struct StepDone(Option<candle_core::cuda_backend::cudarc::driver::Cud
 
 impl StepDone {
     /// Marks what the calling thread has queued on `device` so far (nothing on the CPU).
-    pub(crate) fn mark(device: &Device) -> Result<StepDone, crate::Error> {
+    pub(crate) fn mark(device: &Device) -> Result<StepDone, Error> {
         Ok(StepDone(match device {
             Device::Cuda(cuda) => Some(
                 cuda.cuda_stream()
@@ -55,12 +66,193 @@ impl StepDone {
     }
 
     /// Makes the calling thread's stream on `device` wait for the marked work.
-    pub(crate) fn order_after(&self, device: &Device) -> Result<(), crate::Error> {
+    pub(crate) fn order_after(&self, device: &Device) -> Result<(), Error> {
         if let (Some(event), Device::Cuda(cuda)) = (&self.0, device) {
             cuda.cuda_stream()
                 .wait(event)
                 .map_err(candle_core::Error::wrap)?;
         }
         Ok(())
+    }
+}
+
+/// The GPU of candle's CUDA `device` as the tensor crate's handle: the replica thread's own
+/// (its stream, set by a strategy whose replica threads own their GPU) when it is that device,
+/// else the process-wide handle of the device.
+fn bucket_gpu(device: &CudaDevice) -> Result<Gpu, Error> {
+    let ordinal = device.cuda_stream().context().ordinal();
+    match current_gpu() {
+        Some(gpu) if gpu.ordinal() == ordinal => Ok(gpu),
+        _ => Ok(Gpu::open(ordinal).map_err(TensorError::from)?),
+    }
+}
+
+/// The gradients `parts` (each variable's element count and gradient, `None` for zeros) of a
+/// replica on candle's CUDA `device`, packed into one bucket of `padded` elements of `dtype` in
+/// the memory of that GPU (zeros after the gradients): one device-to-device copy per gradient,
+/// nothing through the host. The bucket is a tensor of the tensor crate labelled `label`, whose
+/// collectives then reduce it on the GPUs (NCCL, or the reduction kernels); `None` when `device`
+/// is no CUDA device.
+///
+/// Ordering without waiting on the host: the copies run on the bucket GPU's stream after an
+/// event marking what the replica's thread queued on candle's stream (the backward pass), and
+/// candle's stream then waits for the copies (so candle frees or reuses no gradient before they
+/// have read it). Whoever reads the bucket next waits for the copies through the bucket's own
+/// event (cudarc's tracking on the tensor crate's streams).
+pub(crate) fn pack_on_gpu<'g>(
+    dtype: DType,
+    parts: impl Iterator<Item = (usize, Option<&'g Tensor>)>,
+    padded: usize,
+    label: &str,
+    device: &Device,
+) -> Result<Option<distribute_tensor::Tensor>, Error> {
+    let Device::Cuda(cuda) = device else {
+        return Ok(None);
+    };
+    let gpu = bucket_gpu(cuda)?;
+    let size = dtype.size_in_bytes();
+    let mut bucket = GpuArray::alloc_bytes(&gpu, padded * size).map_err(TensorError::from)?;
+    let candle_stream = cuda.cuda_stream();
+    let stream = gpu.stream();
+    let wrap = |e: DriverError| Error::from(TensorError::from(driver_error(e)));
+    stream
+        .wait(&candle_stream.record_event(None).map_err(wrap)?)
+        .map_err(wrap)?;
+    let mut at = 0;
+    for (n, grad) in parts {
+        let mut dst = bucket.slice_mut(at * size..(at + n) * size);
+        match grad {
+            None => stream.memset_zeros(&mut dst).map_err(wrap)?,
+            Some(grad) => {
+                let grad = grad.contiguous()?;
+                let (storage, layout) = grad.storage_and_layout();
+                let (Storage::Cuda(storage), Some((start, end))) =
+                    (&*storage, layout.contiguous_offsets())
+                else {
+                    return Err(Error::InvalidArgument(format!(
+                        "a gradient on {label} is not in the memory of candle's CUDA device"
+                    )));
+                };
+                debug_assert_eq!(end - start, n);
+                macro_rules! copy_as {
+                    ($ty:ty) => {{
+                        let src = storage.as_cuda_slice::<$ty>()?.slice(start..end);
+                        // SAFETY: `dst` spans exactly `n` elements of `$ty` (`n * size` bytes),
+                        // and every bit pattern of a float is a valid byte.
+                        let mut dst = unsafe { dst.transmute_mut::<$ty>(n) }
+                            .expect("the bucket's range holds n elements");
+                        stream.memcpy_dtod(&src, &mut dst).map_err(wrap)?;
+                    }};
+                }
+                match dtype {
+                    DType::F32 => copy_as!(f32),
+                    DType::F64 => copy_as!(f64),
+                    DType::BF16 => copy_as!(half::bf16),
+                    DType::F16 => copy_as!(half::f16),
+                    other => unreachable!("supported() refused {other:?}"),
+                }
+            }
+        }
+        at += n;
+    }
+    if padded > at {
+        stream
+            .memset_zeros(&mut bucket.slice_mut(at * size..padded * size))
+            .map_err(wrap)?;
+    }
+    candle_stream
+        .wait(&stream.record_event(None).map_err(wrap)?)
+        .map_err(wrap)?;
+    let array = GpuArray::new(&gpu, to_tensor_dtype(dtype), &[padded], bucket);
+    Ok(Some(distribute_tensor::Tensor::from_gpu_array(
+        label.into(),
+        array,
+    )))
+}
+
+/// The reduced `bucket` as one candle tensor of `dtype` on candle's CUDA `device`, when both the
+/// bucket and the device are on a GPU (`None` otherwise: the bucket came back through the host,
+/// as an MPI backend without NCCL returns it). The bucket's memory becomes the candle tensor's
+/// when nothing else holds it, else it is copied once on the device; either way candle's stream
+/// first waits for the reduction (an event, not the host).
+pub(crate) fn unpack_from_gpu(
+    bucket: &mut Option<distribute_tensor::Tensor>,
+    dtype: DType,
+    device: &Device,
+) -> Result<Option<Tensor>, Error> {
+    let (Device::Cuda(cuda), Some(tensor)) = (device, bucket.as_ref()) else {
+        return Ok(None);
+    };
+    if tensor.placement() == distribute_tensor::Placement::Host {
+        return Ok(None);
+    }
+    let ordinal = cuda.cuda_stream().context().ordinal();
+    let len = tensor.num_elements();
+    let tensor = bucket.take().expect("checked above");
+    let gpu = Gpu::open(ordinal).map_err(TensorError::from)?;
+    let array = tensor.gpu_array_on(&gpu)?;
+    drop(tensor);
+    let candle_stream = cuda.cuda_stream();
+    let wrap = |e: DriverError| Error::from(TensorError::from(driver_error(e)));
+    // What filled the bucket (the collective) before anything candle queues next.
+    candle_stream
+        .wait(&array.gpu.stream().record_event(None).map_err(wrap)?)
+        .map_err(wrap)?;
+    macro_rules! take_as {
+        ($ty:ty) => {{
+            let slice: CudaSlice<$ty> = match Arc::try_unwrap(array.bytes) {
+                Ok(bytes) if bytes.len() == len * dtype.size_in_bytes() && len > 0 => {
+                    let ptr = bytes.leak();
+                    // SAFETY: `ptr` is a live allocation of `len` elements of `$ty` (its byte
+                    // length checked above) on this device, filled by the reduction candle's
+                    // stream now waits for, and nothing else holds it (leaked from the sole
+                    // holder): candle's slice owns and frees it.
+                    unsafe { candle_stream.upgrade_device_ptr::<$ty>(ptr, len) }
+                }
+                bytes => {
+                    let bytes: Arc<CudaSlice<u8>> = match bytes {
+                        Ok(sole) => Arc::new(sole),
+                        Err(shared) => shared,
+                    };
+                    // SAFETY: candle allocates `len` elements, all written by the copy below.
+                    let mut out =
+                        unsafe { candle_stream.alloc::<$ty>(len.max(1)) }.map_err(wrap)?;
+                    if len > 0 {
+                        // SAFETY: the bucket holds at least `len` elements of `$ty`.
+                        let src = unsafe { bytes.transmute::<$ty>(len) }
+                            .expect("the bucket holds its elements");
+                        candle_stream
+                            .memcpy_dtod(&src, &mut out.slice_mut(..len))
+                            .map_err(wrap)?;
+                    }
+                    out
+                }
+            };
+            CudaStorage::wrap_cuda_slice(slice, cuda.clone())
+        }};
+    }
+    let storage = match dtype {
+        DType::F32 => take_as!(f32),
+        DType::F64 => take_as!(f64),
+        DType::BF16 => take_as!(half::bf16),
+        DType::F16 => take_as!(half::f16),
+        other => unreachable!("pack refused {other:?}"),
+    };
+    Ok(Some(Tensor::from_storage(
+        Storage::Cuda(storage),
+        len,
+        BackpropOp::none(),
+        false,
+    )))
+}
+
+/// The tensor crate's dtype of a candle float dtype.
+fn to_tensor_dtype(dtype: DType) -> distribute_tensor::DType {
+    match dtype {
+        DType::F32 => distribute_tensor::DType::F32,
+        DType::F64 => distribute_tensor::DType::F64,
+        DType::BF16 => distribute_tensor::DType::BF16,
+        DType::F16 => distribute_tensor::DType::F16,
+        other => unreachable!("supported() refused {other:?}"),
     }
 }

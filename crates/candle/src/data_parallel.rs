@@ -64,6 +64,13 @@ pub struct Config {
     /// gradients) ([`Sharding`]); needs [`DataParallel::new_sharded`]. Default
     /// [`Sharding::None`].
     pub sharding: Sharding,
+    /// GPU replicas' gradients (and buffers) travel through host memory to be reduced: copied
+    /// to the host, reduced there, copied back. Default `false`: when every local replica is on
+    /// a GPU, a replica's buckets stay in its GPU's memory and the strategy's collectives
+    /// reduce them there (NCCL with `distribute-mirrored`'s or `distribute-multi-worker`'s
+    /// `nccl`). With CPU replicas beside GPU ones they always take the host. For comparisons
+    /// (`benches/gpu.rs`) and for collectives that cannot read GPU memory.
+    pub through_host: bool,
 }
 
 impl Default for Config {
@@ -78,6 +85,7 @@ impl Default for Config {
             seed: 0,
             precision: Precision::Full,
             sharding: Sharding::None,
+            through_host: false,
         }
     }
 }
@@ -223,7 +231,7 @@ where
             let cpu_replicas = devices.iter().filter(|d| is_cpu(d)).count();
             let co_workers = extended.workers().map_or(1, |w| w.on_this_host());
             let plan = threads::apply(config.threads, cpu_replicas, co_workers)?;
-            let (replicas, manifests) = build_replicas(
+            let (mut replicas, manifests) = build_replicas(
                 devices,
                 first,
                 config.dtype,
@@ -232,6 +240,14 @@ where
                 &build_optimizer,
                 ops.is_some(),
             )?;
+            // Buckets stay in GPU memory when every local replica is on a GPU; with CPU
+            // replicas beside GPU ones they all travel through the host, where the CPU
+            // replicas' are.
+            let on_gpu = !config.through_host && replicas.iter().all(|r| r.device.is_cuda());
+            for replica in &mut replicas {
+                replica.buckets.on_gpu = on_gpu;
+                replica.buffer_buckets.on_gpu = on_gpu;
+            }
             for (r, manifest) in manifests.iter().enumerate().skip(1) {
                 if let Some(diff) = variables::difference(
                     &manifests[0],
@@ -488,6 +504,29 @@ where
         self.threads_per_replica
     }
 
+    /// For each local replica, in replica order: the bytes of gradient (and buffer) buckets it
+    /// has copied between its GPU and host memory since the model was built, both ways. Zero
+    /// on CPU replicas, and on GPU replicas whose buckets stay on the GPU (every local replica
+    /// on a GPU, without [`Config::through_host`]) unless the strategy's collectives hand the
+    /// reduced buckets back in host memory (MPI's, without NCCL).
+    pub fn gradient_bytes_through_host(&self) -> Result<Vec<u64>, Error> {
+        outside_step("gradient_bytes_through_host")?;
+        (0..self.replicas.len())
+            .map(|r| {
+                let replica = self.lock(r)?;
+                Ok(replica.buckets.host_bytes + replica.buffer_buckets.host_bytes)
+            })
+            .collect()
+    }
+
+    /// Whether this model's GPU replicas keep their gradient buckets in GPU memory (see
+    /// [`Config::through_host`]): every local replica is on a GPU and the config does not send
+    /// them through the host.
+    pub fn buckets_on_gpu(&self) -> Result<bool, Error> {
+        outside_step("buckets_on_gpu")?;
+        Ok(self.lock(0)?.buckets.on_gpu)
+    }
+
     /// The bytes this library holds for each local replica, in replica order: the variables,
     /// the reduced gradients a step hands the optimizer, the buckets gradients travel in
     /// (kept between steps), and the optimizer's state. With [`Config::sharding`], the
@@ -526,12 +565,7 @@ where
                         own,
                     ),
                 };
-                let buckets = replica
-                    .buckets
-                    .iter()
-                    .flatten()
-                    .map(|b| b.size_in_bytes())
-                    .sum();
+                let buckets = replica.buckets.kept_bytes();
                 Ok(ReplicaMemory {
                     parameters,
                     gradients,

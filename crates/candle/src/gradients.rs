@@ -9,20 +9,48 @@ use half::{bf16, f16};
 use crate::Error;
 use crate::variables::VarInfo;
 
+/// A replica's gradient buckets between steps: the last step's host buckets (written over by
+/// the next step's when nothing else holds them: a step then allocates no bucket of its own, as
+/// a large buffer allocated and freed every step makes the allocator hand memory back to the
+/// system and fault it in again), whether they stay in GPU memory, and what went through the
+/// host.
+#[derive(Default)]
+pub(crate) struct Buckets {
+    /// The last step's buckets, one per dtype (host buckets only).
+    pub(crate) spares: Vec<Option<distribute_tensor::Tensor>>,
+    /// Whether a GPU replica's buckets stay in its GPU's memory and its strategy's collectives
+    /// reduce them there (every local replica is on a GPU); else they travel through the host.
+    pub(crate) on_gpu: bool,
+    /// Bytes of buckets copied between the host and a GPU so far (to the host and back): zero
+    /// on a CPU replica and on the GPU path.
+    pub(crate) host_bytes: u64,
+}
+
+impl Buckets {
+    /// The bytes the kept buckets take.
+    pub(crate) fn kept_bytes(&self) -> usize {
+        self.spares
+            .iter()
+            .flatten()
+            .map(distribute_tensor::Tensor::size_in_bytes)
+            .sum()
+    }
+}
+
 /// The all-reduction of one gradient per variable (`grads[i]` for `manifest[i]`, `None` for a
 /// variable without a gradient on this replica, which contributes zeros), as candle tensors on
 /// `device`; `None` for a variable that had a gradient on no replica, which an optimizer then
 /// leaves alone (no weight decay, no moments), as candle's own step does. Variables of one
 /// dtype share a bucket; all buckets, and one flag per variable saying whether this replica
-/// had its gradient, travel in one `all_reduce`. `spares` holds the last step's buckets, which
-/// this one writes over where nothing else holds them.
+/// had its gradient, travel in one `all_reduce`. `buckets` holds the last step's buckets, which
+/// this one writes over where nothing else holds them, and says whether they stay on the GPU.
 pub(crate) fn all_reduce(
     ctx: &ReplicaContext<'_>,
     op: ReduceOp,
     manifest: &[VarInfo],
     grads: &[Option<Tensor>],
     device: &Device,
-    spares: &mut Vec<Option<distribute_tensor::Tensor>>,
+    kept: &mut Buckets,
 ) -> Result<Vec<Option<Tensor>>, Error> {
     if !matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
         return Err(Error::InvalidArgument(format!(
@@ -51,19 +79,24 @@ pub(crate) fn all_reduce(
         }
         return Ok(grads.to_vec());
     }
-    spares.resize(dtypes.len(), None);
     let buckets = dtypes
         .iter()
-        .zip(spares.iter_mut())
-        .map(|(&dtype, spare)| {
+        .enumerate()
+        .map(|(i, &dtype)| {
             let len = manifest
                 .iter()
                 .filter(|v| v.dtype == dtype)
                 .map(VarInfo::elem_count)
                 .sum();
-            let bucket = pack(dtype, manifest, grads, label, device, spare.take(), len)?;
-            *spare = Some(bucket.clone());
-            Ok(bucket)
+            if kept.on_gpu {
+                let parts = of_dtype(manifest, grads, dtype)
+                    .map(|(var, grad)| (var.elem_count(), grad.as_ref()));
+                checked(dtype, manifest, grads)?;
+                if let Some(bucket) = crate::gpu::pack_on_gpu(dtype, parts, len, label, device)? {
+                    return Ok(bucket);
+                }
+            }
+            pack(dtype, manifest, grads, label, device, kept, i, len)
         })
         .collect::<Result<Vec<_>, Error>>()?;
     let present: Vec<f32> = grads
@@ -76,7 +109,14 @@ pub(crate) fn all_reduce(
     let present = present.to_vec::<f32>()?;
     let mut out: Vec<Option<Tensor>> = vec![None; manifest.len()];
     for (dtype, bucket) in dtypes.iter().zip(reduced) {
-        unpack(*dtype, manifest, bucket, device, &mut out)?;
+        unpack(
+            *dtype,
+            manifest,
+            bucket,
+            device,
+            &mut out,
+            &mut kept.host_bytes,
+        )?;
     }
     Ok(out
         .into_iter()
@@ -115,34 +155,76 @@ fn check_gradient(var: &VarInfo, grad: &Tensor) -> Result<(), Error> {
     Ok(())
 }
 
+/// The variables of `dtype` in `manifest` with their gradients in `grads`, manifest order.
+fn of_dtype<'m>(
+    manifest: &'m [VarInfo],
+    grads: &'m [Option<Tensor>],
+    dtype: DType,
+) -> impl Iterator<Item = (&'m VarInfo, &'m Option<Tensor>)> {
+    manifest
+        .iter()
+        .zip(grads)
+        .filter(move |(var, _)| var.dtype == dtype)
+}
+
+/// Fails unless gradients of `dtype` can be reduced and each of them in `grads` has its
+/// variable's shape and dtype.
+fn checked(dtype: DType, manifest: &[VarInfo], grads: &[Option<Tensor>]) -> Result<(), Error> {
+    supported(dtype, manifest)?;
+    for (var, grad) in of_dtype(manifest, grads, dtype) {
+        if let Some(grad) = grad {
+            check_gradient(var, grad)?;
+        }
+    }
+    Ok(())
+}
+
 /// The gradients of variables of `dtype` flattened into one host tensor, manifest order, then
-/// zeros up to `padded` elements (a ZeRO bucket is a whole number of shards): into `spare` (the
-/// last step's bucket) where it fits and nothing else holds it, else a new one. On a GPU replica
-/// they are first joined on the GPU, so the bucket comes to the host in one copy rather than one
-/// per variable.
+/// zeros up to `padded` elements (a ZeRO bucket is a whole number of shards): the `slot`-th
+/// bucket, written into `kept`'s spare of the last step where it fits and nothing else holds
+/// it, else a new one (kept for the next step). A GPU replica's gradients are first joined on
+/// the GPU, so the bucket comes to the host in one copy rather than one per variable.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn pack(
     dtype: DType,
     manifest: &[VarInfo],
     grads: &[Option<Tensor>],
     label: &str,
     device: &Device,
-    spare: Option<distribute_tensor::Tensor>,
+    kept: &mut Buckets,
+    slot: usize,
     padded: usize,
 ) -> Result<distribute_tensor::Tensor, Error> {
-    supported(dtype, manifest)?;
-    let of_dtype = || {
-        manifest
-            .iter()
-            .zip(grads)
-            .filter(move |(var, _)| var.dtype == dtype)
-    };
-    for (var, grad) in of_dtype() {
-        if let Some(grad) = grad {
-            check_gradient(var, grad)?;
-        }
-    }
+    checked(dtype, manifest, grads)?;
+    let of_dtype = || of_dtype(manifest, grads, dtype);
     let len: usize = of_dtype().map(|(var, _)| var.elem_count()).sum();
     debug_assert!(padded >= len);
+    if kept.spares.len() <= slot {
+        kept.spares.resize(slot + 1, None);
+    }
+    let spare = kept.spares[slot].take();
+    let bucket = pack_on_host(dtype, of_dtype, label, device, spare, len, padded)?;
+    if !device.is_cpu() {
+        kept.host_bytes += bucket.size_in_bytes() as u64;
+    }
+    kept.spares[slot] = Some(bucket.clone());
+    Ok(bucket)
+}
+
+/// [`pack`]'s host bucket: the gradients `of_dtype` gives (`len` elements) and zeros up to
+/// `padded`, in `spare` where it fits and nothing else holds it.
+fn pack_on_host<'m, I>(
+    dtype: DType,
+    of_dtype: impl Fn() -> I,
+    label: &str,
+    device: &Device,
+    spare: Option<distribute_tensor::Tensor>,
+    len: usize,
+    padded: usize,
+) -> Result<distribute_tensor::Tensor, Error>
+where
+    I: Iterator<Item = (&'m VarInfo, &'m Option<Tensor>)>,
+{
     let joined = if device.is_cpu() {
         None
     } else {
@@ -219,7 +301,38 @@ fn unpack(
     bucket: distribute_tensor::Tensor,
     device: &Device,
     out: &mut [Option<Tensor>],
+    host_bytes: &mut u64,
 ) -> Result<(), Error> {
+    let mut bucket = Some(bucket);
+    let whole = match crate::gpu::unpack_from_gpu(&mut bucket, dtype, device)? {
+        Some(whole) => whole,
+        None => {
+            let bucket = bucket.expect("left when not taken to the GPU");
+            if !device.is_cpu() {
+                *host_bytes += bucket.size_in_bytes() as u64;
+            }
+            whole_on_host(dtype, bucket, device)?
+        }
+    };
+    let mut offset = 0;
+    for (var, slot) in manifest.iter().zip(out.iter_mut()) {
+        if var.dtype != dtype {
+            continue;
+        }
+        let n = var.elem_count();
+        *slot = Some(whole.narrow(0, offset, n)?.reshape(var.shape.as_slice())?);
+        offset += n;
+    }
+    Ok(())
+}
+
+/// A reduced host `bucket` as one candle tensor on `device` (taking the bucket's buffer when
+/// nobody else holds it, so no copy on a CPU device).
+fn whole_on_host(
+    dtype: DType,
+    bucket: distribute_tensor::Tensor,
+    device: &Device,
+) -> Result<Tensor, Error> {
     macro_rules! whole_as {
         ($ty:ty) => {{
             let host = bucket.to_host()?;
@@ -236,23 +349,13 @@ fn unpack(
             }
         }};
     }
-    let whole = match dtype {
+    Ok(match dtype {
         DType::F32 => whole_as!(f32),
         DType::F64 => whole_as!(f64),
         DType::BF16 => whole_as!(bf16),
         DType::F16 => whole_as!(f16),
         _ => unreachable!("pack refused the dtype"),
-    };
-    let mut offset = 0;
-    for (var, slot) in manifest.iter().zip(out.iter_mut()) {
-        if var.dtype != dtype {
-            continue;
-        }
-        let n = var.elem_count();
-        *slot = Some(whole.narrow(0, offset, n)?.reshape(var.shape.as_slice())?);
-        offset += n;
-    }
-    Ok(())
+    })
 }
 
 /// Appends `grad`'s elements (row-major) to `flat`: straight from candle's host buffer when the

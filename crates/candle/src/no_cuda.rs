@@ -1,6 +1,8 @@
 //! Without feature `cuda`: a `/gpu:N` replica is refused with the way to get one.
 
-use candle_core::Device;
+use candle_core::{DType, Device, Tensor};
+
+use crate::Error;
 
 /// Whether this build has candle's CUDA backend.
 #[cfg(test)]
@@ -34,4 +36,24 @@ impl StepDone {
     pub(crate) fn order_after(&self, _device: &Device) -> Result<(), crate::Error> {
         Ok(())
     }
+}
+
+/// No GPU bucket: this build has no CUDA devices, so gradients are packed on the host.
+pub(crate) fn pack_on_gpu<'g>(
+    _dtype: DType,
+    _parts: impl Iterator<Item = (usize, Option<&'g Tensor>)>,
+    _padded: usize,
+    _label: &str,
+    _device: &Device,
+) -> Result<Option<distribute_tensor::Tensor>, Error> {
+    Ok(None)
+}
+
+/// No GPU bucket: this build's buckets are all on the host.
+pub(crate) fn unpack_from_gpu(
+    _bucket: &mut Option<distribute_tensor::Tensor>,
+    _dtype: DType,
+    _device: &Device,
+) -> Result<Option<Tensor>, Error> {
+    Ok(None)
 }

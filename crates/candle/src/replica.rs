@@ -5,6 +5,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{VarBuilder, VarMap};
 use distribute_device_spec::{DeviceKind, LocalDevice};
 
+use crate::gradients::Buckets;
 use crate::precision::{LossScale, Precision};
 use crate::variables::{self, VarInfo};
 use crate::{Error, StepError};
@@ -24,11 +25,8 @@ pub(crate) struct Replica<M, O> {
     pub(crate) device: Device,
     /// Gradients summed over micro-batches since the last update, name order.
     pub(crate) accumulated: Option<Vec<Option<Tensor>>>,
-    /// The last step's gradient buckets (one per dtype), written over by the next step's when
-    /// nothing else holds them: a step then allocates no bucket of its own (a large buffer
-    /// allocated and freed every step makes the allocator hand memory back to the system and
-    /// fault it in again).
-    pub(crate) buckets: Vec<Option<distribute_tensor::Tensor>>,
+    /// The gradient buckets kept from one step to the next, and where they live.
+    pub(crate) buckets: Buckets,
     /// Updates applied (the schedule's position, saved in checkpoints).
     pub(crate) updates: u64,
     /// The global norm of the last reduced gradients, when clipping took it.
@@ -37,7 +35,7 @@ pub(crate) struct Replica<M, O> {
     pub(crate) shards: Option<crate::shard::Shards>,
     /// The last step's buffer buckets (as `buckets`, for [`VarPolicy::Mean`] and
     /// [`VarPolicy::FirstReplica`] buffers).
-    pub(crate) buffer_buckets: Vec<Option<distribute_tensor::Tensor>>,
+    pub(crate) buffer_buckets: Buckets,
 }
 
 /// Builds every local replica's model and optimizer; their manifests.
@@ -97,11 +95,11 @@ where
             loss_scale: precision.loss_scale(),
             device,
             accumulated: None,
-            buckets: Vec::new(),
+            buckets: Buckets::default(),
             updates: 0,
             grad_norm: None,
             shards: None,
-            buffer_buckets: Vec::new(),
+            buffer_buckets: Buckets::default(),
         });
         manifests.push(manifest);
     }

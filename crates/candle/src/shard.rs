@@ -13,6 +13,7 @@ use distribute_strategy::{ReplicaContext, StrategyExtended};
 use distribute_values::ReduceOp;
 
 use crate::clip::{self, BLOCK};
+use crate::gradients::Buckets;
 use crate::optim::{PieceSlot, ShardOptimizer, StateTensor};
 use crate::variables::VarInfo;
 use crate::{Error, convert, gradients};
@@ -280,7 +281,7 @@ pub(crate) fn reduce(
     shards: &Shards,
     local: &[Option<Tensor>],
     device: &Device,
-    spares: &mut Vec<Option<distribute_tensor::Tensor>>,
+    kept: &mut Buckets,
 ) -> Result<(Vec<Tensor>, Vec<bool>), Error> {
     if !matches!(op, ReduceOp::Sum | ReduceOp::Mean) {
         return Err(Error::InvalidArgument(format!(
@@ -289,24 +290,13 @@ pub(crate) fn reduce(
     }
     let plan = &shards.plan;
     let label = ctx.device();
-    spares.resize(plan.groups.len(), None);
     let buckets = plan
         .groups
         .iter()
-        .zip(spares.iter_mut())
-        .map(|(group, spare)| {
+        .enumerate()
+        .map(|(i, group)| {
             let padded = group.shard * plan.replicas;
-            let bucket = gradients::pack(
-                group.dtype,
-                manifest,
-                local,
-                label,
-                device,
-                spare.take(),
-                padded,
-            )?;
-            *spare = Some(bucket.clone());
-            Ok(bucket)
+            gradients::pack(group.dtype, manifest, local, label, device, kept, i, padded)
         })
         .collect::<Result<Vec<_>, Error>>()?;
     let present: Vec<f32> = local
@@ -333,6 +323,9 @@ pub(crate) fn reduce(
             .collect::<Result<Vec<_>, Error>>()?;
         (parts, present)
     };
+    if !device.is_cpu() {
+        kept.host_bytes += parts.iter().map(|p| p.size_in_bytes() as u64).sum::<u64>();
+    }
     let parts = parts
         .iter()
         .map(|p| convert::to_candle(p, device))

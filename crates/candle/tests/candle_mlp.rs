@@ -77,4 +77,27 @@ fn the_same_replica_count_trains_the_same_bits_twice() {
     let b = run(2, &init);
     assert_eq!(max_difference(&a, &b), 0.0);
     assert_eq!(a.losses, b.losses);
+    // CPU replicas: no bucket is a GPU's, and none crosses between a GPU and the host.
+    assert!(!a.buckets_on_gpu);
+    assert_eq!(a.bytes_through_host, 0);
+}
+
+#[test]
+fn through_host_changes_nothing_on_cpu_replicas() {
+    // `Config::through_host` only concerns GPU replicas: CPU replicas train the same bits.
+    let dir = tempfile::tempdir().unwrap();
+    let init = dir.path().join("init.safetensors");
+    write_initial_values(&init).unwrap();
+    let options = |through_host| Options {
+        replicas: 2,
+        steps: 5,
+        init: Some(init.clone()),
+        through_host,
+        threads: CpuThreads::PerReplica(NonZeroUsize::new(1).unwrap()),
+        ..Options::default()
+    };
+    let plain = train(&options(false)).unwrap();
+    let through = train(&options(true)).unwrap();
+    assert_eq!(plain.weights, through.weights);
+    assert_eq!(through.bytes_through_host, 0);
 }
