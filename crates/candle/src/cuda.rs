@@ -112,6 +112,12 @@ pub(crate) fn pack_on_gpu<'g>(
     let gpu = bucket_gpu(cuda)?;
     let size = dtype.size_in_bytes();
     let mut bucket = GpuArray::alloc_bytes(&gpu, padded * size).map_err(TensorError::from)?;
+    // Contiguous first (a copy on candle's stream where a gradient is not), so that the event
+    // below marks every gradient's last write; kept until candle's stream has waited for the
+    // bucket's copies, so candle frees none of them while they are read.
+    let parts = parts
+        .map(|(n, grad)| Ok((n, grad.map(Tensor::contiguous).transpose()?)))
+        .collect::<Result<Vec<_>, Error>>()?;
     let candle_stream = cuda.cuda_stream();
     let stream = gpu.stream();
     let wrap = |e: DriverError| Error::from(TensorError::from(driver_error(e)));
@@ -119,12 +125,12 @@ pub(crate) fn pack_on_gpu<'g>(
         .wait(&candle_stream.record_event(None).map_err(wrap)?)
         .map_err(wrap)?;
     let mut at = 0;
-    for (n, grad) in parts {
+    for (n, grad) in &parts {
+        let n = *n;
         let mut dst = bucket.slice_mut(at * size..(at + n) * size);
         match grad {
             None => stream.memset_zeros(&mut dst).map_err(wrap)?,
             Some(grad) => {
-                let grad = grad.contiguous()?;
                 let (storage, layout) = grad.storage_and_layout();
                 let (Storage::Cuda(storage), Some((start, end))) =
                     (&*storage, layout.contiguous_offsets())
@@ -163,6 +169,7 @@ pub(crate) fn pack_on_gpu<'g>(
     candle_stream
         .wait(&stream.record_event(None).map_err(wrap)?)
         .map_err(wrap)?;
+    drop(parts);
     let array = GpuArray::new(&gpu, to_tensor_dtype(dtype), &[padded], bucket);
     Ok(Some(distribute_tensor::Tensor::from_gpu_array(
         label.into(),
