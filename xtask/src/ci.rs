@@ -1,6 +1,6 @@
 //! `cargo xtask ci`: what CI runs. `cargo fmt --check`; clippy with warnings denied on every
-//! target of the workspace's plain build, then with the GPU features (`cuda`, then `cuda` and
-//! `nccl`), with candle's CUDA backend (built with the pinned CUDA toolkit), with `mpi`, and
+//! target of the workspace's plain build, then with the GPU features (`cuda` and `nccl`) and
+//! candle's CUDA backend (built with the pinned CUDA toolkit) in one pass, with `mpi`, and
 //! with `mpi` and `nccl`; `cargo package` of every publishable crate ([`package`]); then `cargo
 //! xtask test`.
 
@@ -17,9 +17,9 @@ use crate::test_gpu;
 /// Run what CI runs: fmt check, clippy with every feature set, then test
 ///
 /// `cargo fmt --check`; `cargo clippy --all-targets -D warnings` on the workspace's plain build
-/// (without the packages that need MPI or CUDA to build), again with the GPU features (cuda;
-/// cuda and nccl), with distribute-candle's cuda (built with the pinned CUDA 13.0 toolkit,
-/// installed under target/cuda-toolkit/), with mpi and with mpi and nccl; `cargo package` of
+/// (without the packages that need MPI or CUDA to build), again with the GPU features (cuda and
+/// nccl) and distribute-candle's cuda (built with the pinned CUDA 13.0 toolkit, installed under
+/// target/cuda-toolkit/), with mpi and with mpi and nccl; `cargo package` of
 /// every publishable crate (the leaf crates verified by building the package, the others
 /// packaged only); then `cargo xtask test`.
 #[derive(clap::Args)]
@@ -33,34 +33,20 @@ pub(crate) fn ci() -> Result<()> {
     clippy.extend(excludes.iter().map(String::as_str));
     clippy.extend(["--", "-D", "warnings"]);
     cargo("clippy", &clippy)?;
-    for features in [&["cuda"][..], &["cuda", "nccl"]] {
-        let gpu_clippy = test_gpu::clippy_args(features);
-        let gpu_clippy: Vec<&str> = gpu_clippy.iter().map(String::as_str).collect();
-        cargo(
-            &format!("clippy (features {})", features.join(", ")),
-            &gpu_clippy,
-        )?;
-    }
-    // candle's CUDA backend, built with the pinned toolkit (nvcc), in a lint of its own: it links
-    // CUDA, which cannot share a build with the run-time loading of the GPU lints above.
+    // The GPU features (`cuda` and `nccl`) with candle's CUDA backend, in one lint: since the
+    // workspace's cudarc falls back to loading only when nothing links CUDA, candle's
+    // `dynamic-linking` and the workspace's GPU crates build together (one executable holds
+    // both), so one pass covers them all. candle's kernels need the pinned CUDA toolkit (nvcc).
     let toolkit = cuda_toolkit::fetch(&workspace_root())?.build_env(false)?;
     let toolkit: Vec<(&str, &OsStr)> = toolkit
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_os_str()))
         .collect();
+    let gpu_clippy = with_candle_cuda(test_gpu::clippy_args(&["cuda", "nccl"]));
+    let gpu_clippy: Vec<&str> = gpu_clippy.iter().map(String::as_str).collect();
     cargo_env(
-        "clippy (distribute-candle/cuda)",
-        &[
-            "clippy",
-            "--package",
-            "distribute-candle",
-            "--all-targets",
-            "--features",
-            "distribute-candle/cuda",
-            "--",
-            "-D",
-            "warnings",
-        ],
+        "clippy (features cuda, nccl, distribute-candle/cuda)",
+        &gpu_clippy,
         &toolkit,
     )?;
     clippy_mpi()?;
@@ -128,6 +114,21 @@ fn package(metadata: &serde_json::Value) -> Result<()> {
         cargo(what, &args)?;
     }
     Ok(())
+}
+
+/// `args` (a GPU lint's cargo command line, with `--features`) with distribute-candle and its
+/// `cuda` added.
+fn with_candle_cuda(mut args: Vec<String>) -> Vec<String> {
+    let at = args
+        .iter()
+        .position(|a| a == "--features")
+        .expect("a GPU lint names its features");
+    args[at + 1] = format!("{},distribute-candle/cuda", args[at + 1]);
+    args.splice(
+        at..at,
+        ["--package".to_owned(), "distribute-candle".to_owned()],
+    );
+    args
 }
 
 /// `cargo clippy` arguments that lint every target of `packages` with `mpi` on.
@@ -219,6 +220,19 @@ mod tests {
         for name in VERIFIED {
             assert!(workspace.iter().any(|n| n == name), "{name}");
         }
+    }
+
+    #[test]
+    fn the_gpu_lint_takes_candle_with_its_cuda_beside_the_gpu_features() {
+        let args = with_candle_cuda(crate::test_gpu::clippy_args(&["cuda", "nccl"])).join(" ");
+        assert!(
+            args.contains("--package distribute-candle --features distribute-tensor/cuda,"),
+            "{args}"
+        );
+        assert!(
+            args.contains("distribute/nccl,distribute-candle/cuda -- -D warnings"),
+            "{args}"
+        );
     }
 
     #[test]
