@@ -24,8 +24,10 @@
 //! With feature `mpi`, the large model on two worker processes sharing GPU 0 (this executable
 //! started by `mpirun` twice over, each process a "node" of its own for NCCL through
 //! `NCCL_HOSTID`), `MultiWorkerMirroredStrategy` with one replica each, batch 2048 per process:
-//! `nccl` (the gradients reduced in GPU memory over NCCL), `host` (`Config::through_host`:
-//! copied to the host, reduced by MPI, copied back) and, where python3 imports torch with CUDA,
+//! `nccl` (the gradients reduced in GPU memory over NCCL), `host` (`Config::through_host`, the
+//! path before GPU buckets: each bucket copied to the host and handed to the collectives there,
+//! which, being NCCL's, upload it, reduce it and download the result, then copied back; the
+//! line counts this library's copies only) and, where python3 imports torch with CUDA,
 //! `torch_ddp` (`benches/peers/torch_ddp_gpu.py`: PyTorch DDP over NCCL, the same model and
 //! setup), alternating round by round. One line per way: `{"bench":"candle_gpu_two_processes",
 //! "way","steps_per_s","single_process_steps_per_s","vs_single_process",

@@ -181,7 +181,7 @@ pub(crate) fn pack_on_gpu<'g>(
 /// bucket and the device are on a GPU (`None` otherwise: the bucket came back through the host,
 /// as an MPI backend without NCCL returns it). The bucket's memory becomes the candle tensor's
 /// when nothing else holds it, else it is copied once on the device; either way candle's stream
-/// first waits for the reduction (an event, not the host).
+/// first waits for the stream that owns the bucket (an event, not the host).
 pub(crate) fn unpack_from_gpu(
     bucket: &mut Option<distribute_tensor::Tensor>,
     dtype: DType,
@@ -201,15 +201,16 @@ pub(crate) fn unpack_from_gpu(
     drop(tensor);
     let candle_stream = cuda.cuda_stream();
     let wrap = |e: DriverError| Error::from(TensorError::from(driver_error(e)));
-    // What filled the bucket (the collective) before anything candle queues next.
-    candle_stream
-        .wait(&array.gpu.stream().record_event(None).map_err(wrap)?)
-        .map_err(wrap)?;
     macro_rules! take_as {
         ($ty:ty) => {{
             let slice: CudaSlice<$ty> = match Arc::try_unwrap(array.bytes) {
                 Ok(bytes) if bytes.len() == len * dtype.size_in_bytes() && len > 0 => {
+                    let owner = bytes.stream().clone();
+                    // The owning stream first waits for every read and write recorded on the
+                    // bucket (the collective's, a peer's copy), then candle's for the owner:
+                    // candle's work, and its eventual free, come after all of them.
                     let ptr = bytes.leak();
+                    candle_stream.join(&owner).map_err(wrap)?;
                     // SAFETY: `ptr` is a live allocation of `len` elements of `$ty` (its byte
                     // length checked above) on this device, filled by the reduction candle's
                     // stream now waits for, and nothing else holds it (leaked from the sole
@@ -225,12 +226,17 @@ pub(crate) fn unpack_from_gpu(
                     let mut out =
                         unsafe { candle_stream.alloc::<$ty>(len.max(1)) }.map_err(wrap)?;
                     if len > 0 {
+                        // The copy after what filled the bucket (the collective).
+                        candle_stream.join(bytes.stream()).map_err(wrap)?;
                         // SAFETY: the bucket holds at least `len` elements of `$ty`.
                         let src = unsafe { bytes.transmute::<$ty>(len) }
                             .expect("the bucket holds its elements");
                         candle_stream
                             .memcpy_dtod(&src, &mut out.slice_mut(..len))
                             .map_err(wrap)?;
+                        // candle's context records no read on the bucket: its owner waits
+                        // for the copy before it may free or reuse the memory.
+                        bytes.stream().join(&candle_stream).map_err(wrap)?;
                     }
                     out
                 }

@@ -64,12 +64,15 @@ pub struct Config {
     /// gradients) ([`Sharding`]); needs [`DataParallel::new_sharded`]. Default
     /// [`Sharding::None`].
     pub sharding: Sharding,
-    /// GPU replicas' gradients (and buffers) travel through host memory to be reduced: copied
-    /// to the host, reduced there, copied back. Default `false`: when every local replica is on
-    /// a GPU, a replica's buckets stay in its GPU's memory and the strategy's collectives
-    /// reduce them there (NCCL with `distribute-mirrored`'s or `distribute-multi-worker`'s
-    /// `nccl`). With CPU replicas beside GPU ones they always take the host. For comparisons
-    /// (`benches/gpu.rs`) and for collectives that cannot read GPU memory.
+    /// GPU replicas' gradients (and buffers) travel through host memory: each replica's bucket
+    /// is copied to the host and handed to the strategy's collectives there (which reduce it
+    /// on the host, or, with an NCCL backend, upload it, reduce it on the GPUs and download
+    /// the result), and the reduced bucket copied back. Default `false`: when every local
+    /// replica is on a GPU, a replica's buckets stay in its GPU's memory and the strategy's
+    /// collectives reduce them there (NCCL with `distribute-mirrored`'s or
+    /// `distribute-multi-worker`'s `nccl`). With CPU replicas beside GPU ones they always take
+    /// the host. The path before GPU buckets, kept for comparisons (`benches/gpu.rs`) and for
+    /// collectives that cannot read GPU memory.
     pub through_host: bool,
 }
 
@@ -504,11 +507,13 @@ where
         self.threads_per_replica
     }
 
-    /// For each local replica, in replica order: the bytes of gradient (and buffer) buckets it
-    /// has copied between its GPU and host memory since the model was built, both ways. Zero
-    /// on CPU replicas, and on GPU replicas whose buckets stay on the GPU (every local replica
-    /// on a GPU, without [`Config::through_host`]) unless the strategy's collectives hand the
-    /// reduced buckets back in host memory (MPI's, without NCCL).
+    /// For each local replica, in replica order: the bytes of gradient (and buffer) buckets
+    /// this library has copied between the replica's GPU and host memory since the model was
+    /// built, both ways. Zero on CPU replicas, and on GPU replicas whose buckets stay on the
+    /// GPU (every local replica on a GPU, without [`Config::through_host`]) unless the
+    /// strategy's collectives hand the reduced buckets back in host memory (MPI's, without
+    /// NCCL). Copies the collectives make themselves (an NCCL backend uploading a host bucket,
+    /// MPI downloading a GPU one) are theirs and not counted.
     pub fn gradient_bytes_through_host(&self) -> Result<Vec<u64>, Error> {
         outside_step("gradient_bytes_through_host")?;
         (0..self.replicas.len())

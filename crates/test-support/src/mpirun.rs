@@ -20,6 +20,10 @@ pub struct Job {
     pub status: ExitStatus,
     /// Every worker's standard output, as `mpirun` forwarded it (for messages only).
     pub stdout: String,
+    /// Every worker's (and `mpirun`'s) standard error, as forwarded: where a worker that gives
+    /// up on a frozen one says so before the job is aborted. Also echoed to this process's
+    /// standard error, so a failing test shows it.
+    pub stderr: String,
     /// The results the workers wrote, ordered by rank.
     pub results: Vec<String>,
 }
@@ -180,14 +184,18 @@ pub fn run_self(worker_test: &str, workers: usize, env: &[(&str, String)], limit
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("mpirun (Open MPI) must be installed to test the mpi feature");
-    let mut stdout = child.stdout.take().expect("stdout is piped");
-    // Read while waiting, so a chatty job cannot fill the pipe and stall.
-    let reader = std::thread::spawn(move || {
-        let mut out = String::new();
-        stdout.read_to_string(&mut out).map(|_| out)
-    });
+    // Read while waiting, so a chatty job cannot fill a pipe and stall.
+    let read = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut out = String::new();
+            pipe.read_to_string(&mut out).map(|_| out)
+        })
+    };
+    let reader = read(Box::new(child.stdout.take().expect("stdout is piped")));
+    let err_reader = read(Box::new(child.stderr.take().expect("stderr is piped")));
     let start = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().expect("mpirun's status") {
@@ -204,6 +212,11 @@ pub fn run_self(worker_test: &str, workers: usize, env: &[(&str, String)], limit
         .join()
         .expect("the reader thread")
         .expect("mpirun's output is text");
+    let err = err_reader
+        .join()
+        .expect("the reader thread")
+        .expect("mpirun's errors are text");
+    eprint!("{err}");
     let mut names: Vec<_> = std::fs::read_dir(&results_dir)
         .expect("the result directory exists")
         .map(|entry| entry.expect("a readable result directory").path())
@@ -218,6 +231,7 @@ pub fn run_self(worker_test: &str, workers: usize, env: &[(&str, String)], limit
     Job {
         status,
         stdout: out,
+        stderr: err,
         results,
     }
 }
