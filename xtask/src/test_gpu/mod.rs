@@ -7,8 +7,10 @@
 //! - [`runner`]: `cargo xtask test` runs the one suite a machine without a GPU can run (kernels
 //!   compiled to PTX, with the NVRTC of `fetch-nvrtc`); `cargo xtask test-gpu` runs every suite
 //!   on this machine's GPU.
-//! - [`bundle`]: `cargo xtask test-gpu --build-only DIR [SUITE...]` builds the suites into `DIR`
-//!   with `run.sh` (`test_gpu/run.sh`), which runs them on another machine that has no Rust.
+//! - [`bundle`]: `cargo xtask test-gpu --build-only DIR [SUITE...|--all]` builds the suites into
+//!   `DIR` with `run.sh` (`test_gpu/run.sh`), which runs them on another machine that has no
+//!   Rust, and the Open MPI that the suites with `mpi` were built against (that machine has
+//!   none).
 //! - [`dry_run`](mod@dry_run): `cargo xtask test-gpu --dry-run` (and the end of `cargo xtask test`) builds the
 //!   bundle and runs its `run.sh` here, without a GPU, checking what each suite must give.
 //! - `cargo xtask ci` also runs clippy with the GPU features on (`cuda`, then `cuda` + `nccl`;
@@ -16,6 +18,13 @@
 //!
 //! The TpuStrategy suites (`pjrt-plugin`, `tpu-*`, `bench-tpu`, `demo-tpu`) are the CPU
 //! plugin's suites run with `PJRT_PLUGIN` set to JAX's CUDA plugin (`xla_cuda_plugin.so`).
+//!
+//! What a device call carries (the working tree and the bundle) is 64 MiB at most, and every
+//! suite with the carried Open MPI is more. So `--build-only DIR` without suite names builds the
+//! set the next GPU session runs ([`suites::DEFAULT_SUITES`]: the candle suites, which run two
+//! workers under `mpirun`, and the CUDA and NCCL suites beneath them), naming suites builds
+//! those, and `--all` builds every one. The dry run builds and runs every suite, and checks that
+//! the default set fits a device call (docs/gpus.md, "What the next GPU session runs").
 //!
 //! cudarc loads CUDA, NVRTC and NCCL at run time. It looks for `libnccl.so` and
 //! `libnccl.so.<CUDA major>` but never `libnccl.so.2`, the only name the PyPI NCCL wheels ship,
@@ -48,33 +57,42 @@ pub(crate) use suites::{clippy_args, gpu_only_packages};
 /// skipped with a warning when missing, and DISTRIBUTE_REQUIRE_{GPU,NVRTC,NCCL}=1. The candle
 /// suites build with a CUDA 13.0 toolkit (nvcc) of 5 pinned wheels, installed under
 /// target/cuda-toolkit/ with link-time stubs of the driver, cuBLAS and cuRAND
-/// (DISTRIBUTE_CUDA_COMPUTE_CAP overrides the GPU architecture).
+/// (DISTRIBUTE_CUDA_COMPUTE_CAP overrides the GPU architecture), and with the MPI of test-mpi
+/// (DISTRIBUTE_MPI), whose mpirun starts their two-worker cases.
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// Build the GPU suites (every one, or those named) into DIR (stripped; e.g.
-    /// target/gpu-bundle) with DIR/run.sh, which runs them on a GPU machine without Rust:
-    /// `DIR/run.sh [SUITE...]` (NCCL_LIB_DIR, NVRTC_LIB_DIR, PJRT_PLUGIN override what it
-    /// finds); executables over 16 MiB go in xz-compressed, which run.sh unpacks
+    /// Build the GPU suites (the next GPU session's, those named, or --all) into DIR
+    /// (stripped; e.g. target/gpu-bundle) with DIR/run.sh, which runs them on a GPU machine
+    /// without Rust: `DIR/run.sh [SUITE...]` (NCCL_LIB_DIR, NVRTC_LIB_DIR, PJRT_PLUGIN override
+    /// what it finds); executables over 16 MiB go in xz-compressed, which run.sh unpacks, and
+    /// so does the Open MPI (the pinned wheel's) that the candle suites' workers run under
     #[arg(long, value_name = "DIR", conflicts_with = "dry_run")]
     build_only: Option<PathBuf>,
     /// Build the bundle into target/gpu-bundle-dry and run its run.sh on this machine without a
     /// GPU, checking each suite's expected outcome (what `test` ends with)
     #[arg(long)]
     dry_run: bool,
-    /// The suites --build-only builds (default: every one)
+    /// The suites --build-only builds (default: what the next GPU session runs: collectives-nvrtc,
+    /// collectives-gpu, nccl, nccl-exchange-cluster, mirrored-gpu, candle-gpu, bench-candle-gpu)
     #[arg(
         value_name = "SUITE",
         requires = "build_only",
         value_parser = PossibleValuesParser::new(suites::SUITES.iter().map(|suite| suite.name))
     )]
     suites: Vec<String>,
+    /// With --build-only: every suite, the TpuStrategy ones too (more than a device run carries
+    /// with the Open MPI of the candle suites)
+    #[arg(long, requires = "build_only", conflicts_with = "suites")]
+    all: bool,
 }
 
 /// `cargo xtask test-gpu [--build-only DIR [SUITE...] | --dry-run]`.
 pub(crate) fn command(args: &Args) -> Result<()> {
     let root = workspace_root();
     match (&args.build_only, args.dry_run) {
-        (Some(dir), _) => bundle::build_only(&root, dir, &args.suites),
+        (Some(dir), _) => {
+            bundle::build_only(&root, dir, &bundle::selected(&args.suites, args.all)?)
+        }
         (None, true) => dry_run::dry_run(&root),
         (None, false) => runner::run_here(&root),
     }
@@ -89,11 +107,18 @@ mod tests {
     #[test]
     fn test_gpu_takes_a_bundle_folder_and_suites_or_the_dry_run() {
         let parsed = |args: &[&str]| match parse(args).unwrap() {
-            Command::TestGpu(args) => (args.build_only, args.dry_run, args.suites),
+            Command::TestGpu(args) => (args.build_only, args.dry_run, args.suites, args.all),
             _ => panic!("{args:?} is not test-gpu"),
         };
-        assert_eq!(parsed(&["test-gpu"]), (None, false, vec![]));
-        assert_eq!(parsed(&["test-gpu", "--dry-run"]), (None, true, vec![]));
+        assert_eq!(parsed(&["test-gpu"]), (None, false, vec![], false));
+        assert_eq!(
+            parsed(&["test-gpu", "--dry-run"]),
+            (None, true, vec![], false)
+        );
+        assert_eq!(
+            parsed(&["test-gpu", "--build-only", "b", "--all"]),
+            (Some("b".into()), false, vec![], true)
+        );
         for form in [
             &["test-gpu", "--build-only", "b", "nccl", "demo-tpu"][..],
             &["test-gpu", "--build-only=b", "nccl", "demo-tpu"],
@@ -103,7 +128,8 @@ mod tests {
                 (
                     Some("b".into()),
                     false,
-                    vec!["nccl".to_owned(), "demo-tpu".to_owned()]
+                    vec!["nccl".to_owned(), "demo-tpu".to_owned()],
+                    false
                 ),
                 "{form:?}"
             );
@@ -126,6 +152,11 @@ mod tests {
                 &["test-gpu", "--build-only", "b", "nonsense"],
                 ErrorKind::InvalidValue,
             ),
+            (
+                &["test-gpu", "--build-only", "b", "--all", "nccl"],
+                ErrorKind::ArgumentConflict,
+            ),
+            (&["test-gpu", "--all"], ErrorKind::MissingRequiredArgument),
         ] {
             let Err(err) = parse(args) else {
                 panic!("{args:?} parsed");

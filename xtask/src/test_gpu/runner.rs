@@ -12,7 +12,8 @@ use super::libs::{
     find_nvrtc, ld_library_path, link_nccl, python_site_dirs, wheel_lib_dirs,
 };
 use super::suites::{Kind, NVRTC_SUITE, Needs, SUITES, suite};
-use crate::cargo::cargo_env;
+use crate::cargo::{cargo_env, metadata};
+use crate::mpirun::resolve;
 use crate::provision::{nvrtc, pjrt};
 
 /// Runs [`NVRTC_SUITE`] with the pinned NVRTC of `fetch-nvrtc` and `DISTRIBUTE_REQUIRE_NVRTC=1`:
@@ -116,6 +117,9 @@ pub(super) fn run_here(root: &Path) -> Result<()> {
         env.push(("DISTRIBUTE_REQUIRE_NCCL", OsStr::new("1")));
     }
 
+    // The suites with `mpi` build against the MPI of test-mpi and start their workers with its
+    // mpirun: resolved once, when the first of them comes.
+    let mut mpi = None;
     let mut outcomes = Vec::new();
     for suite in SUITES {
         if suite.needs == Needs::Nccl && nccl_dir.is_none() {
@@ -158,6 +162,16 @@ pub(super) fn run_here(root: &Path) -> Result<()> {
                 "LD_LIBRARY_PATH".to_owned(),
                 super::libs::ld_library_path(&linked, Some(ld_library_path.clone()))?,
             ));
+        }
+        if suite.mpi() {
+            match mpi.get_or_insert_with(|| metadata().and_then(|metadata| resolve(&metadata))) {
+                Ok(mpi) => super::bundle::with_mpi(&mut suite_env, mpi, true),
+                Err(err) => {
+                    let why = format!("no MPI for its two-worker cases: {err:#}");
+                    outcomes.push((suite.name, Outcome::Failed(why)));
+                    continue;
+                }
+            }
         }
         if suite.needs == Needs::CudaPjrt {
             let Some(plugin) = &cuda_pjrt else {

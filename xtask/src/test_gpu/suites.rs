@@ -2,7 +2,7 @@
 //! the workspace tests do not have (NVRTC, a GPU, NCCL, the CUDA PJRT plugin), what each needs,
 //! and the cargo arguments that build, run or lint them.
 
-/// What a suite needs besides a build (with its feature, if any).
+/// What a suite needs besides a build (with its features).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Needs {
     /// NVRTC only: runs on a machine without a GPU.
@@ -55,7 +55,8 @@ impl Kind {
     }
 }
 
-/// One GPU suite: a test, bench or binary target of a package, built with at most one feature.
+/// One GPU suite: a test, bench or binary target of a package, built with the features it
+/// requires.
 #[derive(Debug)]
 pub(crate) struct Suite {
     /// The stable name: of the executable in a `--build-only` folder, and in summaries.
@@ -64,12 +65,19 @@ pub(crate) struct Suite {
     pub(crate) kind: Kind,
     /// The cargo target name (`--test NAME` / `--bench NAME` / `--bin NAME`).
     pub(crate) target: &'static str,
-    /// The package feature the target requires (`required-features`), if any.
-    pub(crate) feature: Option<&'static str>,
+    /// The features it is built with: the package's own (`cuda`: what `required-features`
+    /// asks) or a dependency's, package-qualified (`distribute-multi-worker/nccl`). With its
+    /// package's `mpi`, the suite is built against the MPI that the bundle carries and runs
+    /// with that Open MPI's `mpirun` first on `PATH` ([`Suite::mpi`]).
+    pub(crate) features: &'static [&'static str],
     pub(crate) needs: Needs,
     /// Arguments for a binary (tests and benches get their kind's own).
     pub(crate) args: &'static [&'static str],
 }
+
+/// candle's CUDA backend, and its two-worker cases: MultiWorkerMirroredStrategy (`mpi`) with
+/// NCCL across the processes.
+const CANDLE_GPU_FEATURES: &[&str] = &["cuda", "mpi", "distribute-multi-worker/nccl"];
 
 /// Every GPU suite, in the order they run. The one table to edit when targets change.
 pub(crate) const SUITES: &[Suite] = &[
@@ -78,7 +86,7 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-collectives",
         kind: Kind::Test,
         target: "nvrtc",
-        feature: Some("cuda"),
+        features: &["cuda"],
         args: &[],
         needs: Needs::Nvrtc,
     },
@@ -87,7 +95,7 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-collectives",
         kind: Kind::Test,
         target: "gpu",
-        feature: Some("cuda"),
+        features: &["cuda"],
         args: &[],
         needs: Needs::Gpu,
     },
@@ -96,7 +104,7 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-nccl",
         kind: Kind::Test,
         target: "nccl",
-        feature: None,
+        features: &[],
         args: &[],
         needs: Needs::Nccl,
     },
@@ -105,7 +113,7 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-nccl-exchange",
         kind: Kind::Test,
         target: "nccl_cluster",
-        feature: Some("nccl"),
+        features: &["nccl"],
         args: &[],
         needs: Needs::Nccl,
     },
@@ -115,19 +123,20 @@ pub(crate) const SUITES: &[Suite] = &[
         kind: Kind::Test,
         target: "gpu",
         // With NCCL, so `choose_the_best` can pick it on two GPUs.
-        feature: Some("nccl"),
+        features: &["nccl"],
         args: &[],
         needs: Needs::Gpu,
     },
     // candle models on `/gpu:N` replicas (candle's CUDA backend, compiled with nvcc), the `gpt`
     // example's GPT on `/gpu:0` among them (one executable of candle's kernels: a second would
-    // not fit the bundle).
+    // not fit the bundle), and two workers under `mpirun` sharing one GPU over NCCL
+    // (MultiWorkerMirroredStrategy).
     Suite {
         name: "candle-gpu",
         package: "distribute-candle",
         kind: Kind::Test,
         target: "gpu",
-        feature: Some("cuda"),
+        features: CANDLE_GPU_FEATURES,
         args: &[],
         needs: Needs::CudaLinked,
     },
@@ -136,7 +145,7 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-collectives",
         kind: Kind::Bench,
         target: "gpu",
-        feature: Some("cuda"),
+        features: &["cuda"],
         args: &[],
         needs: Needs::Gpu,
     },
@@ -145,17 +154,17 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-nccl",
         kind: Kind::Bench,
         target: "two_ranks",
-        feature: None,
+        features: &[],
         args: &[],
         needs: Needs::Nccl,
     },
-    // distribute-candle on one GPU against plain candle loops on it.
+    // distribute-candle on one GPU against plain candle loops on it, and two workers on it.
     Suite {
         name: "bench-candle-gpu",
         package: "distribute-candle",
         kind: Kind::Bench,
         target: "gpu",
-        feature: Some("cuda"),
+        features: CANDLE_GPU_FEATURES,
         args: &[],
         needs: Needs::CudaLinked,
     },
@@ -165,7 +174,7 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-pjrt",
         kind: Kind::Test,
         target: "plugin",
-        feature: None,
+        features: &[],
         needs: Needs::CudaPjrt,
         args: &[],
     },
@@ -176,7 +185,7 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-pjrt",
         kind: Kind::Test,
         target: "cuda_plugin",
-        feature: None,
+        features: &[],
         needs: Needs::CudaPjrt,
         args: &[],
     },
@@ -185,7 +194,7 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-tpu",
         kind: Kind::Test,
         target: "strategy",
-        feature: None,
+        features: &[],
         needs: Needs::CudaPjrt,
         args: &[],
     },
@@ -194,7 +203,7 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-tpu",
         kind: Kind::Test,
         target: "variables",
-        feature: None,
+        features: &[],
         needs: Needs::CudaPjrt,
         args: &[],
     },
@@ -203,7 +212,7 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-tpu",
         kind: Kind::Test,
         target: "input",
-        feature: None,
+        features: &[],
         needs: Needs::CudaPjrt,
         args: &[],
     },
@@ -212,7 +221,7 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-tpu",
         kind: Kind::Bench,
         target: "tpu",
-        feature: None,
+        features: &[],
         needs: Needs::CudaPjrt,
         args: &[],
     },
@@ -221,7 +230,7 @@ pub(crate) const SUITES: &[Suite] = &[
         package: "distribute-demo",
         kind: Kind::Bin,
         target: "demo",
-        feature: None,
+        features: &[],
         needs: Needs::CudaPjrt,
         args: &["--strategy", "tpu", "--replicas", "1"],
     },
@@ -229,6 +238,24 @@ pub(crate) const SUITES: &[Suite] = &[
 
 /// The suite `cargo xtask test` runs on every machine.
 pub(crate) const NVRTC_SUITE: &str = "collectives-nvrtc";
+
+/// The suites `cargo xtask test-gpu --build-only DIR` builds when none is named (`--all` builds
+/// every one): what the next GPU session runs. A device call carries the working tree and the
+/// bundle, 64 MiB at most, and every suite with the Open MPI that the candle suites need would
+/// not fit; so this set holds the candle suites (new: two workers under `mpirun` on one GPU)
+/// and the CUDA and NCCL suites beneath them, and leaves out what passed on an H200 and does
+/// not depend on them: the TpuStrategy suites (`pjrt-*`, `tpu-*`, `bench-tpu`, `demo-tpu`) and
+/// the `bench-gpu` and `bench-nccl` figures, built by naming them. The dry run builds and runs
+/// every suite, and checks that this set fits a device call.
+pub(crate) const DEFAULT_SUITES: &[&str] = &[
+    "collectives-nvrtc",
+    "collectives-gpu",
+    "nccl",
+    "nccl-exchange-cluster",
+    "mirrored-gpu",
+    "candle-gpu",
+    "bench-candle-gpu",
+];
 
 /// The packages with GPU features and which of `cuda` and `nccl` each has; `cargo xtask ci` lints
 /// them with those features on. A package with none (`distribute-nccl`) needs CUDA whatever its
@@ -264,18 +291,45 @@ impl Suite {
             args.push("--release".to_owned());
         }
         args.extend(["--package".to_owned(), self.package.to_owned()]);
-        if let Some(feature) = self.feature {
-            // Qualified by the package, which cargo accepts with one `-p` or several.
-            args.extend([
-                "--features".to_owned(),
-                format!("{}/{feature}", self.package),
-            ]);
+        if !self.features.is_empty() {
+            args.extend(["--features".to_owned(), self.qualified_features().join(",")]);
         }
         args.extend([
             format!("--{}", self.kind.cargo_name()),
             self.target.to_owned(),
         ]);
         args
+    }
+
+    /// [`Suite::features`], each qualified by its package (the suite's own unless it names
+    /// another), which cargo accepts with one `-p` or several.
+    pub(super) fn qualified_features(&self) -> Vec<String> {
+        self.features
+            .iter()
+            .map(|feature| match feature.contains('/') {
+                true => (*feature).to_owned(),
+                false => format!("{}/{feature}", self.package),
+            })
+            .collect()
+    }
+
+    /// Whether the suite is built with its package's `mpi` feature: against the MPI that the
+    /// bundle carries (the pinned Open MPI wheel's), run with its `mpirun` first on `PATH` (the
+    /// tests start their workers with `mpirun` from `PATH`).
+    pub(crate) fn mpi(&self) -> bool {
+        self.features.contains(&"mpi")
+    }
+
+    /// Whether one cargo invocation builds this suite and `other` without changing either:
+    /// the same package, kind (so profile), features and build environment (the CUDA
+    /// toolkit's for `cuda-linked` suites). Suites of different packages stay apart even with
+    /// the same features: cargo unifies the features of every package it builds at once, which
+    /// could change a dependency's build for one of them.
+    pub(super) fn builds_with(&self, other: &Suite) -> bool {
+        self.package == other.package
+            && self.kind == other.kind
+            && self.features == other.features
+            && (self.needs == Needs::CudaLinked) == (other.needs == Needs::CudaLinked)
     }
 
     /// What the executable is run with.
@@ -286,6 +340,39 @@ impl Suite {
             Kind::Bin => self.args,
         }
     }
+}
+
+/// `cargo ARGS` that builds the suites of `group` (which [`Suite::builds_with`] the first) in
+/// one invocation: the first's build arguments and every other's target.
+pub(super) fn group_build_args(group: &[&Suite]) -> Vec<String> {
+    let (first, rest) = group.split_first().expect("a group has a suite");
+    let mut args = first.cargo_args(true);
+    for suite in rest {
+        assert!(
+            first.builds_with(suite),
+            "{} and {}",
+            first.name,
+            suite.name
+        );
+        args.extend([
+            format!("--{}", suite.kind.cargo_name()),
+            suite.target.to_owned(),
+        ]);
+    }
+    args
+}
+
+/// `suites` in groups that one cargo invocation each builds ([`Suite::builds_with`]), in the
+/// order of their first suites.
+pub(super) fn build_groups<'a>(suites: &[&'a Suite]) -> Vec<Vec<&'a Suite>> {
+    let mut groups: Vec<Vec<&Suite>> = Vec::new();
+    for suite in suites {
+        match groups.iter_mut().find(|group| group[0].builds_with(suite)) {
+            Some(group) => group.push(suite),
+            None => groups.push(vec![suite]),
+        }
+    }
+    groups
 }
 
 pub(super) fn suite(name: &str) -> &'static Suite {
@@ -386,6 +473,62 @@ mod tests {
             suite("demo-tpu").run_args(),
             ["--strategy", "tpu", "--replicas", "1"]
         );
+        // A dependency's feature stays qualified by its own package.
+        assert_eq!(
+            suite("candle-gpu").cargo_args(true).join(" "),
+            "test --no-run --message-format=json-render-diagnostics --package distribute-candle \
+             --features distribute-candle/cuda,distribute-candle/mpi,distribute-multi-worker/nccl \
+             --test gpu"
+        );
+        let mpi: Vec<&str> = SUITES.iter().filter(|s| s.mpi()).map(|s| s.name).collect();
+        assert_eq!(mpi, ["candle-gpu", "bench-candle-gpu"]);
+    }
+
+    #[test]
+    fn suites_of_one_package_kind_and_features_build_together() {
+        let all: Vec<&Suite> = SUITES.iter().collect();
+        let groups = build_groups(&all);
+        let names: Vec<Vec<&str>> = groups
+            .iter()
+            .map(|group| group.iter().map(|suite| suite.name).collect())
+            .collect();
+        assert_eq!(names.len(), 12, "{names:?}");
+        for together in [
+            &["collectives-nvrtc", "collectives-gpu"][..],
+            &["pjrt-plugin", "pjrt-cuda-options"],
+            &["tpu-strategy", "tpu-variables", "tpu-input"],
+            &["candle-gpu"],
+            &["bench-candle-gpu"],
+        ] {
+            assert!(names.iter().any(|group| group == together), "{names:?}");
+        }
+        assert_eq!(
+            groups.iter().map(Vec::len).sum::<usize>(),
+            SUITES.len(),
+            "every suite once"
+        );
+        let tpu = groups.iter().find(|g| g[0].name == "tpu-strategy").unwrap();
+        assert_eq!(
+            group_build_args(tpu).join(" "),
+            "test --no-run --message-format=json-render-diagnostics --package distribute-tpu \
+             --test strategy --test variables --test input"
+        );
+    }
+
+    #[test]
+    fn the_default_set_is_the_next_gpu_sessions() {
+        for name in DEFAULT_SUITES {
+            suite(name);
+        }
+        // Every suite that needs the carried Open MPI is in it, and no TpuStrategy suite.
+        for suite in SUITES {
+            if suite.mpi() {
+                assert!(DEFAULT_SUITES.contains(&suite.name), "{}", suite.name);
+            }
+            if suite.needs == Needs::CudaPjrt {
+                assert!(!DEFAULT_SUITES.contains(&suite.name), "{}", suite.name);
+            }
+        }
     }
 
     #[test]
