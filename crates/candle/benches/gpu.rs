@@ -43,12 +43,12 @@ use std::time::{Duration, Instant};
 
 use candle_core::{D, DType, Device, Module, Tensor};
 use candle_nn::{Linear, Optimizer, SGD, VarBuilder, VarMap};
-use distribute_candle::{Config, DataParallel};
+use distribute_candle::{Config, DataParallel, ToCandle};
 use distribute_input::{Dataset, InputOptions};
 use distribute_mirrored::MirroredStrategy;
 use distribute_strategy::Strategy;
 use distribute_tensor::Tensor as HostTensor;
-use distribute_values::ReduceOp;
+use distribute_values::{Distributed, ReduceOp};
 use indicatif::{ProgressBar, ProgressDrawTarget};
 
 type BoxError = Box<dyn Error>;
@@ -193,29 +193,55 @@ fn distribute(size: Size, steps: usize) -> Result<f64, BoxError> {
     let dataset = strategy.distribute_dataset(dataset, InputOptions::default())?;
     let mut batches = dataset.iter();
     let bar = progress(steps);
+    let (wall, _) = timed_steps(&model, &mut batches, total, Some(&bar))?;
+    bar.finish_and_clear();
+    Ok(steps as f64 / wall)
+}
+
+/// Runs `total` steps of `model` on `batches` (the first [`WARMUP`] untimed), ticking `bar`:
+/// the seconds the timed steps took, from a drained GPU queue to a drained one, and the bytes
+/// of gradients its first replica copied between its GPU and the host in them.
+fn timed_steps<S, D, E>(
+    model: &DataParallel<'_, S, Mlp, SGD>,
+    batches: &mut impl Iterator<Item = Result<D, E>>,
+    total: usize,
+    bar: Option<&ProgressBar>,
+) -> Result<(f64, u64), BoxError>
+where
+    S: Strategy,
+    D: Distributed + Sync,
+    D::Local: ToCandle<Candle = (Tensor, Tensor)>,
+    E: Into<BoxError>,
+{
     // A read of a variable waits for the replica's queued steps (`run` itself does not wait).
-    let wait = |model: &DataParallel<'_, MirroredStrategy, Mlp, SGD>| -> Result<(), BoxError> {
+    let wait = || -> Result<(), BoxError> {
         model.variable(0, "l3.bias")?.to_vec1::<f32>()?;
         Ok(())
     };
     let mut start = Instant::now();
+    let mut before = 0;
     for step in 0..total {
         if step == WARMUP {
-            wait(&model)?;
+            wait()?;
+            before = model.gradient_bytes_through_host()?[0];
             start = Instant::now();
         }
-        let inputs = batches.next().ok_or("the dataset ended early")??;
+        let inputs = batches
+            .next()
+            .ok_or("the dataset ended early")?
+            .map_err(Into::into)?;
         model.run(&inputs, |replica, (x, y)| {
             let loss = loss(&replica.model().forward(&x)?, &y)?;
             replica.backward_step(&loss, ReduceOp::Sum)?;
             Ok(())
         })?;
-        bar.inc(1);
+        if let Some(bar) = bar {
+            bar.inc(1);
+        }
     }
-    wait(&model)?;
+    wait()?;
     let wall = start.elapsed().as_secs_f64();
-    bar.finish_and_clear();
-    Ok(steps as f64 / wall)
+    Ok((wall, model.gradient_bytes_through_host()?[0] - before))
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -296,9 +322,8 @@ fn run(gpu: &Device, full: bool) -> Result<(), BoxError> {
 mod two_processes {
     use std::path::{Path, PathBuf};
     use std::process::Command;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
-    use candle_core::Module;
     use candle_nn::Optimizer;
     use distribute_candle::{Config, DataParallel};
     use distribute_device_spec::LocalDevices;
@@ -307,9 +332,8 @@ mod two_processes {
     use distribute_strategy::Strategy;
     use distribute_tensor::Tensor as HostTensor;
     use distribute_test_support::mpirun::{rank, run_self, write_result};
-    use distribute_values::ReduceOp;
 
-    use super::{BATCHES, BoxError, LEARNING_RATE, Mlp, SIZES, WARMUP, loss, median, mlp};
+    use super::{BATCHES, BoxError, LEARNING_RATE, SIZES, WARMUP, median, mlp, timed_steps};
 
     /// Set in the workers `mpirun` starts: the way (`nccl` or `host`).
     pub(super) const WORKER: &str = "DISTRIBUTE_BENCH_GPU_WORKER";
@@ -353,29 +377,7 @@ mod two_processes {
         .batch(size.batch * workers, false)?;
         let dataset = strategy.distribute_dataset(dataset, InputOptions::default())?;
         let mut batches = dataset.iter();
-        let wait = |model: &DataParallel<'_, MultiWorkerMirroredStrategy, Mlp, candle_nn::SGD>|
-         -> Result<(), BoxError> {
-            model.variable(0, "l3.bias")?.to_vec1::<f32>()?;
-            Ok(())
-        };
-        let mut start = Instant::now();
-        let mut before = 0;
-        for step in 0..total {
-            if step == WARMUP {
-                wait(&model)?;
-                before = model.gradient_bytes_through_host()?[0];
-                start = Instant::now();
-            }
-            let inputs = batches.next().ok_or("the dataset ended early")??;
-            model.run(&inputs, |replica, (x, y)| {
-                let loss = loss(&replica.model().forward(&x)?, &y)?;
-                replica.backward_step(&loss, ReduceOp::Sum)?;
-                Ok(())
-            })?;
-        }
-        wait(&model)?;
-        let wall = start.elapsed().as_secs_f64();
-        let bytes = model.gradient_bytes_through_host()?[0] - before;
+        let (wall, bytes) = timed_steps(&model, &mut batches, total, None)?;
         model.check_in_sync()?;
         write_result(
             &serde_json::json!({
