@@ -123,6 +123,22 @@ fn data(size: Size) -> (Vec<f32>, Vec<i64>) {
     (x, labels)
 }
 
+/// [`data`] as `steps` global batches of `workers` times the size's batch (one per process).
+fn dataset(
+    size: Size,
+    steps: usize,
+    workers: usize,
+) -> Result<Dataset<(HostTensor, HostTensor)>, BoxError> {
+    let (x, labels) = data(size);
+    let rows = BATCHES * size.batch;
+    Ok(Dataset::from_tensors((
+        HostTensor::from_vec("/cpu:0", &[rows, size.features], x)?,
+        HostTensor::from_vec("/cpu:0", &[rows], labels)?,
+    ))?
+    .repeat((steps * workers).div_ceil(BATCHES))?
+    .batch(size.batch * workers, false)?)
+}
+
 /// A progress bar ticking on its own thread, as a user's loop has; drawn nowhere.
 fn progress(steps: usize) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(Some(steps as u64), ProgressDrawTarget::hidden());
@@ -181,15 +197,8 @@ fn distribute(size: Size, steps: usize) -> Result<f64, BoxError> {
         |vb| mlp(size, vb),
         |vars| SGD::new(vars, LEARNING_RATE),
     )?;
-    let (x, labels) = data(size);
-    let rows = BATCHES * size.batch;
     let total = steps + WARMUP;
-    let dataset = Dataset::from_tensors((
-        HostTensor::from_vec("/cpu:0", &[rows, size.features], x)?,
-        HostTensor::from_vec("/cpu:0", &[rows], labels)?,
-    ))?
-    .repeat(total.div_ceil(BATCHES))?
-    .batch(size.batch, false)?;
+    let dataset = dataset(size, total, 1)?;
     let dataset = strategy.distribute_dataset(dataset, InputOptions::default())?;
     let mut batches = dataset.iter();
     let bar = progress(steps);
@@ -327,13 +336,12 @@ mod two_processes {
     use candle_nn::Optimizer;
     use distribute_candle::{Config, DataParallel};
     use distribute_device_spec::LocalDevices;
-    use distribute_input::{Dataset, InputOptions};
+    use distribute_input::InputOptions;
     use distribute_multi_worker::{MultiWorkerConfig, MultiWorkerMirroredStrategy};
     use distribute_strategy::Strategy;
-    use distribute_tensor::Tensor as HostTensor;
     use distribute_test_support::mpirun::{rank, run_self, write_result};
 
-    use super::{BATCHES, BoxError, LEARNING_RATE, SIZES, WARMUP, median, mlp, timed_steps};
+    use super::{BoxError, LEARNING_RATE, SIZES, WARMUP, median, mlp, timed_steps};
 
     /// Set in the workers `mpirun` starts: the way (`nccl` or `host`).
     pub(super) const WORKER: &str = "DISTRIBUTE_BENCH_GPU_WORKER";
@@ -365,16 +373,9 @@ mod two_processes {
             |vars| candle_nn::SGD::new(vars, LEARNING_RATE),
         )?;
         let workers = strategy.num_workers();
-        let (x, labels) = super::data(size);
-        let rows = BATCHES * size.batch;
         let total = steps + WARMUP;
         // The global batch is every worker's 2048 rows.
-        let dataset = Dataset::from_tensors((
-            HostTensor::from_vec("/cpu:0", &[rows, size.features], x)?,
-            HostTensor::from_vec("/cpu:0", &[rows], labels)?,
-        ))?
-        .repeat((total * workers).div_ceil(BATCHES))?
-        .batch(size.batch * workers, false)?;
+        let dataset = super::dataset(size, total, workers)?;
         let dataset = strategy.distribute_dataset(dataset, InputOptions::default())?;
         let mut batches = dataset.iter();
         let (wall, bytes) = timed_steps(&model, &mut batches, total, None)?;
