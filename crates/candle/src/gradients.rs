@@ -42,8 +42,9 @@ impl Buckets {
 /// `device`; `None` for a variable that had a gradient on no replica, which an optimizer then
 /// leaves alone (no weight decay, no moments), as candle's own step does. Variables of one
 /// dtype share a bucket; all buckets, and one flag per variable saying whether this replica
-/// had its gradient, travel in one `all_reduce`. `buckets` holds the last step's buckets, which
-/// this one writes over where nothing else holds them, and says whether they stay on the GPU.
+/// had its gradient, travel in one `all_reduce`. `kept` holds the last step's host buckets,
+/// which this one writes over where nothing else holds them, says whether a GPU replica's
+/// buckets stay in GPU memory, and counts the bytes that crossed to the host and back.
 pub(crate) fn all_reduce(
     ctx: &ReplicaContext<'_>,
     op: ReduceOp,
